@@ -1,0 +1,96 @@
+"""The solver contract: a small class with declared parameters and `predict(batch) -> (B,)`.
+
+Write a solver by subclassing `Solver`, declaring `params` (name -> `Param`) and implementing
+`predict`. Register it with `@register_solver("name")` (inside icl_bench) or through the
+`icl_bench.solvers` entry-point group (plugins; see README).
+
+    @register_solver("my-solver")
+    class MySolver(Solver):
+        '''One line that `icl-bench list` shows.'''
+        params = {"steps": Param(4, "number of iterations")}
+
+        def predict(self, batch):          # batch: PromptBatch
+            ...                            # -> (B,) tensor, batch.dtype, batch.device
+"""
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from icl_bench.prompts import PromptBatch
+
+
+class SkipCell(Exception):
+    """Raised by a solver that cannot handle a cell; the runner records status="skipped"."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """A declared solver parameter: its default (which fixes the type), help text and choices."""
+
+    default: Any
+    help: str = ""
+    choices: tuple | None = None  # accepted values, or None for any value of the default's type
+    min: float | None = None  # inclusive lower bound for numbers
+
+    def check(self, solver: str, name: str, value: Any) -> Any:
+        """Validate and coerce `value`; ValueError naming solver, parameter and accepted values."""
+        kind = type(self.default)
+        where = f"solvers.{solver}.{name}"
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if type(value) is not kind:
+            raise ValueError(f"{where}: expected {kind.__name__}, got {value!r}")
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"{where}: {value!r} is not accepted; accepted: {', '.join(map(str, self.choices))}")
+        if self.min is not None and not value >= self.min:
+            raise ValueError(f"{where}: must be >= {self.min} (got {value!r})")
+        return value
+
+
+class Solver(ABC):
+    """Base class. Subclasses set `params` and implement `predict`.
+
+    Attributes:
+        name: the registered name (set by the registry).
+        params: class-level declaration, name -> Param.
+        values: this instance's parameter values, name -> value (defaults filled in).
+    """
+
+    name: ClassVar[str] = ""
+    params: ClassVar[dict[str, Param]] = {}
+
+    def __init__(self, **values: Any):
+        unknown = sorted(set(values) - set(self.params))
+        if unknown:
+            accepted = ", ".join(self.params) or "(none)"
+            raise ValueError(f"solvers.{self.name}.{unknown[0]}: unknown parameter; accepted: {accepted}")
+        self.values = {k: p.check(self.name, k, values.get(k, p.default)) for k, p in self.params.items()}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.values.items())
+        return f"{type(self).__name__}({args})"
+
+    @property
+    def params_json(self) -> str:
+        """The parameter values as canonical JSON text (the result table's `solver_params`)."""
+        return json.dumps(self.values, sort_keys=True)
+
+    def check_batch(self, batch: PromptBatch) -> None:
+        """Raise SkipCell with a reason if this solver cannot run on `batch` (default: can)."""
+
+    @abstractmethod
+    def predict(self, batch: PromptBatch) -> torch.Tensor:
+        """Predictions at the queries: (B,) tensor in batch.dtype on batch.device. Never mutates batch."""
+
+    def weights(self) -> dict[str, torch.Tensor] | None:
+        """Named weight matrices for sparsity analysis, or None for solvers without weights."""
+        return None
+
+    def probe(self, batch: PromptBatch) -> dict[str, torch.Tensor]:
+        """Named intermediate tensors (solvers without internals return {})."""
+        return {}
