@@ -1,0 +1,66 @@
+"""Per-cell metrics: prediction errors against OLS / truth / target, and weight sparsity.
+
+Errors are computed in float64 over the prompts where both the prediction and the reference are
+finite; the non-finite predictions are counted (`n_nonfinite`), never silently averaged.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from icl_bench.prompts import PromptBatch
+
+SPARSITY_REL_THRESHOLD = 1e-3  # |w| < 1e-3 * max|w| counts as zero (DESIGN section 3)
+
+
+def _mse(pred: torch.Tensor, ref: torch.Tensor) -> float:
+    ok = torch.isfinite(pred) & torch.isfinite(ref)
+    if not bool(ok.any()):
+        return math.nan
+    return float(((pred[ok] - ref[ok]) ** 2).mean())
+
+
+def prediction_metrics(pred: torch.Tensor, batch: PromptBatch) -> dict[str, float | int]:
+    """Error metrics of predictions against a batch's references.
+
+    Args:
+        pred: (B,) predictions (any float dtype/device).
+        batch: the PromptBatch they answer.
+    Returns:
+        mse_vs_ols, mse_vs_truth (vs y_query_clean; NaN for real data), mse_vs_target
+        (vs the noisy y_query), abs_err_median and abs_err_p99 (quantiles of |pred - ols|),
+        n_nonfinite (number of non-finite predictions). Units: squared units of y, units of y.
+    Raises:
+        ValueError: pred is not of shape (B,).
+    """
+    if pred.shape != (batch.B,):
+        raise ValueError(f"predict: returned shape {tuple(pred.shape)}, expected ({batch.B},)")
+    p = pred.detach().to("cpu", torch.float64)
+    ols = batch.ols_prediction.detach().to("cpu", torch.float64)
+    err = (p - ols).abs()
+    err = err[torch.isfinite(err)]
+    q = (lambda a: float(torch.quantile(err, a))) if err.numel() else (lambda a: math.nan)
+    return {
+        "mse_vs_ols": _mse(p, ols),
+        "mse_vs_truth": _mse(p, batch.y_query_clean.detach().to("cpu", torch.float64)),
+        "mse_vs_target": _mse(p, batch.y_query.detach().to("cpu", torch.float64)),
+        "abs_err_median": q(0.5),
+        "abs_err_p99": q(0.99),
+        "n_nonfinite": int((~torch.isfinite(p)).sum()),
+    }
+
+
+def weight_sparsity(weights: dict[str, torch.Tensor] | None, rel: float = SPARSITY_REL_THRESHOLD) -> float:
+    """Fraction of all weight entries with |w| < rel * max|w| (max over every tensor); NaN if None."""
+    if not weights:
+        return math.nan
+    flat = torch.cat([w.detach().reshape(-1).abs().double().cpu() for w in weights.values()])
+    return float((flat < rel * flat.max()).double().mean())
+
+
+def weight_l1(weights: dict[str, torch.Tensor] | None) -> float:
+    """Sum of |w| over every weight entry; NaN if None."""
+    if not weights:
+        return math.nan
+    return float(sum(w.detach().abs().double().sum().cpu() for w in weights.values()))
