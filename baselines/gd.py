@@ -113,12 +113,7 @@ class GD(Solver):
     }
 
     def __init__(self, **values):
-        try:
-            super().__init__(**values)
-        except ConfigError:
-            raise
-        except ValueError as exc:  # Param.check's message already names the field
-            raise ConfigError(str(exc)) from None
+        super().__init__(**values)
         check_gd_params(self.values["steps"], self.values["lr"], self.values["variant"], f"solvers.{self.name}")
 
     def predict(self, batch: PromptBatch) -> torch.Tensor:

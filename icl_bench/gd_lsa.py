@@ -114,12 +114,7 @@ class GDLSA(Solver):
     }
 
     def __init__(self, **values):
-        try:
-            super().__init__(**values)
-        except ConfigError:
-            raise
-        except ValueError as exc:  # Param.check's message already names solvers.gd-lsa.<field>
-            raise ConfigError(str(exc)) from None
+        super().__init__(**values)
         v = self.values
         if not (math.isfinite(v["lr"]) and v["lr"] > 0):
             raise ConfigError(f"solvers.{self.name}.lr: must be a finite number > 0 (got {v['lr']!r})")
