@@ -1,9 +1,9 @@
 """README's examples are checked, so they stay true."""
 from pathlib import Path
 
-import tomllib
 
-from icl_bench.config import parse_config
+
+from icl_bench.config import parse_config, tomllib
 
 README = (Path(__file__).parents[1] / "README.md").read_text()
 
