@@ -185,7 +185,7 @@ class LNClosedForm(Solver):
     Scale (`standardize`). The construction needs R >> |x_bar|, |y_bar|, |b_hat (u - x_bar)|; its
     error grows like (scale / R)^2. With standardize=False (the default) the tokens are fed
     as they are, which is the mechanism the suite studies and the input a trained model sees; on
-    data in the hundreds with R = 1000 its predictions are off by several percent (measured in
+    data in the hundreds with R = 1000 its predictions are off by a few percent (measured in
     docs/ln-closed-form.md). With standardize=True each prompt's x and y are centred and scaled from its
     context (see `standardize_prompts`) and the output is mapped back: the construction then
     only divides (layer 1 has nothing left to centre) and is accurate to (|u'|/R)^2 at any

@@ -146,9 +146,10 @@ def test_standardize_is_exactly_invertible():
 
 @pytest.mark.parametrize("standardize", [False, True])
 def test_degenerate_prompts_give_nan_and_leave_others(standardize):
-    x = torch.randn(5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    x = torch.randn(6, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
     y = 2 * x + 1
-    u = torch.zeros(5, dtype=torch.float64)
+    u = torch.zeros(6, dtype=torch.float64)
+    y[5] = 4.0  # constant y is not degenerate: OLS predicts 4
     x[0] = 3.0  # var(x) = 0 at a nonzero level
     x[1] = 0.0  # var(x) = 0 at zero
     y[2, 3] = float("nan")
@@ -157,6 +158,7 @@ def test_degenerate_prompts_give_nan_and_leave_others(standardize):
     pred = get_solver("ln-closed-form", standardize=standardize).predict(b)
     assert torch.isnan(pred[:4]).all()
     assert pred[4] == pytest.approx(1.0, abs=1e-6)  # the clean prompt: y = 2x + 1 at u = 0
+    assert pred[5] == pytest.approx(4.0, abs=1e-9 if standardize else 1e-4)  # raw: O((y_bar/R)^2) error
 
 
 def test_bad_configuration():
