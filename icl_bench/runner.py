@@ -36,6 +36,7 @@ from icl_bench.metrics import prediction_metrics, weight_l1, weight_sparsity
 from icl_bench.prompts import Dist, PromptSpec, sample_prompts
 from icl_bench.registry import get_solver, known_names
 from icl_bench.solver import SkipCell
+from icl_bench.timing import sync, time_passes
 
 COLUMNS = [
     "solver", "solver_params", "N", "noise", "R", "dtype", "device", "seed", "n_prompts",
@@ -122,37 +123,28 @@ def _prompts(source: str, N: int, noise: float, R: float, n_prompts: int, seed: 
     return sample_prompts(PromptSpec(N=N, noise=noise, R=R, **dists), n_prompts, seed=pseed, dtype=dtype, device=device)
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def _timed_predictions(solver, batch, cell: Cell) -> tuple[torch.Tensor, float]:
-    """Warm up, then time `repeats` full passes of predict over the batch in chunks.
+    """Warm up, then time full passes of predict over the batch in chunks (icl_bench.timing).
 
     Returns (predictions of the last pass (B,), median seconds per pass). Only predict() is
-    inside the timer; CUDA work is synchronised before each clock read.
+    inside the timer (the chunks are views cut before it starts); CUDA work is synchronised
+    before each clock read; passes shorter than timing.MIN_SAMPLE_S are grouped per sample.
     """
     chunks = [batch.slice(i, i + cell.batch_size) for i in range(0, batch.B, cell.batch_size)]
     with torch.no_grad():
         solver.predict(chunks[0])  # warm-up: lazy construction, caches, kernels
-        _sync(cell.device)
-        times, spent = [], 0.0
-        for _ in range(cell.repeats):
-            t0 = time.perf_counter()
-            preds = [solver.predict(c) for c in chunks]
-            _sync(cell.device)
-            times.append(time.perf_counter() - t0)
-            spent += times[-1]
-            if spent >= cell.max_seconds:
-                break
+        if chunks[-1].B != chunks[0].B:
+            solver.predict(chunks[-1])  # the odd-sized last chunk too
+        sync(cell.device)
+        preds, seconds, _, _ = time_passes(lambda: [solver.predict(c) for c in chunks], cell.device,
+                                           repeats=cell.repeats, max_seconds=cell.max_seconds)
     for p, c in zip(preds, chunks):
         if not isinstance(p, torch.Tensor) or p.shape != (c.B,):
             shape = tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__
             raise TypeError(f"predict returned {shape}, expected a tensor of shape ({c.B},)")
         if p.dtype != c.dtype:
             raise TypeError(f"predict returned dtype {p.dtype}, expected {c.dtype}")
-    return torch.cat(preds), sorted(times)[len(times) // 2]
+    return torch.cat(preds), seconds
 
 
 def run_cell(cell: Cell) -> dict:
