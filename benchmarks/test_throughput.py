@@ -1,0 +1,112 @@
+"""Throughput of every registered solver and of the references, in one pytest-benchmark run.
+
+    python -m pytest benchmarks/ --benchmark-only [--benchmark-json=PATH]
+    python benchmarks/summarize.py [PATH]          # the ratio table (results/throughput.md, .csv)
+
+Cases: every name the registry knows (built-ins and plugins, never a fixed list) x N in NS x
+float32 / float64 x cpu / cuda, plus the references of throughput_cases.py. A solver that is
+unavailable (fails to load, needs what this machine lacks) or raises SkipCell is skipped with the
+reason; cuda cases are skipped without CUDA. Each benchmark times one predict() (or reference)
+call on a batch under torch.no_grad(), synchronising CUDA inside the timed call, after a warm-up
+call; extra_info records kind, name, N, dtype, device and batch_size, so figures are compared
+per prompt. Nothing is asserted about speed here: benchmarks/summarize.py reports the ratios.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from icl_bench.registry import get_solver, known_names
+from icl_bench.solver import SkipCell
+from icl_bench.timing import sync
+from throughput_cases import (DEVICES, DTYPES, NS, fit_batch, linregress_loop, numpy_ols, prompts,
+                              quadratic_batch_cap, reference_transformer, require_device)
+
+GRID = pytest.mark.parametrize("device", DEVICES)
+DTYPE = pytest.mark.parametrize("dtype", DTYPES)
+SIZES = pytest.mark.parametrize("N", NS, ids=[f"N{n}" for n in NS])
+
+
+def _run(benchmark, kind: str, name: str, N: int, dtype: str, device: str, B: int, call, **info) -> None:
+    """Warm up call(B) once more, then hand it to pytest-benchmark with the case's extra_info."""
+
+    def timed():
+        with torch.no_grad():
+            out = call(B)
+        sync(device)
+        return out
+
+    timed()
+    benchmark.extra_info.update(kind=kind, name=name, N=N, dtype=dtype, device=device, batch_size=B, **info)
+    benchmark(timed)
+
+
+@GRID
+@DTYPE
+@SIZES
+@pytest.mark.parametrize("name", known_names())
+def test_solver(benchmark, bench_opts, name, N, dtype, device):
+    require_device(device)
+    try:
+        solver = get_solver(name)
+    except Exception as exc:  # not installed, broken plugin, needs parameters: skip, with why
+        pytest.skip(f"{name}: unavailable: {type(exc).__name__}: {exc}")
+    batch = prompts(N, dtype, device, bench_opts.batch)
+    try:
+        solver.check_batch(batch)
+        B = fit_batch(lambda b: solver.predict(batch.slice(0, b)), batch.B, bench_opts.budget, device)
+    except SkipCell as exc:
+        pytest.skip(f"{name}: {exc}")
+    _run(benchmark, "solver", name, N, dtype, device, B, lambda b: solver.predict(batch.slice(0, b)),
+         params=solver.params_json)
+
+
+@GRID
+@DTYPE
+@SIZES
+def test_numpy_ols(benchmark, bench_opts, N, dtype, device):
+    if device != "cpu":
+        pytest.skip("numpy-ols: numpy runs on the CPU only")
+    batch = prompts(N, dtype, device, bench_opts.batch)
+    x, y, u = batch.x.numpy(), batch.y.numpy(), batch.x_query.numpy()  # views, no copy
+    assert abs(numpy_ols(x, y, u) - batch.ols_prediction.numpy()).max() < 1e-3  # it computes OLS
+    _run(benchmark, "reference", "numpy-ols", N, dtype, device, batch.B, lambda b: numpy_ols(x[:b], y[:b], u[:b]))
+
+
+@GRID
+@DTYPE
+@SIZES
+def test_linregress_loop(benchmark, bench_opts, N, dtype, device):
+    if device != "cpu":
+        pytest.skip("linregress-loop: scipy runs on the CPU only")
+    batch = prompts(N, dtype, device, bench_opts.batch)
+    x, y, u = batch.x.numpy(), batch.y.numpy(), batch.x_query.numpy()
+    call = lambda b: linregress_loop(x[:b], y[:b], u[:b])  # noqa: E731
+    B = fit_batch(call, batch.B, bench_opts.budget, device)
+    _run(benchmark, "reference", "linregress-loop", N, dtype, device, B, call)
+
+
+@GRID
+@DTYPE
+@SIZES
+def test_quadratic_attention(benchmark, bench_opts, N, dtype, device):
+    require_device(device)
+    batch = prompts(N, dtype, device, bench_opts.batch)
+    module, what = reference_transformer(dtype, device)
+    call = lambda b: module.forward_quadratic(batch.tokens[:b])  # noqa: E731
+    with torch.no_grad():
+        B = fit_batch(call, min(batch.B, quadratic_batch_cap(module, N, dtype)), bench_opts.budget, device)
+    _run(benchmark, "reference", "quadratic-attention", N, dtype, device, B, call, transformer=what)
+
+
+@GRID
+@DTYPE
+@SIZES
+def test_transformer_forward(benchmark, bench_opts, N, dtype, device):
+    require_device(device)
+    batch = prompts(N, dtype, device, bench_opts.batch)
+    module, what = reference_transformer(dtype, device)
+    call = lambda b: module(batch.tokens[:b])  # noqa: E731
+    with torch.no_grad():
+        B = fit_batch(call, batch.B, bench_opts.budget, device)
+    _run(benchmark, "reference", "transformer-forward", N, dtype, device, B, call, transformer=what)
