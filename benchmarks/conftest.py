@@ -53,7 +53,8 @@ def pytest_configure(config):
         torch.set_num_threads(threads)
     _RUN["loadavg_start"] = os.getloadavg()
     _RUN["started_at"] = datetime.now(timezone.utc).isoformat()
-    if config.getoption("benchmark_json", None) is None and not config.getoption("benchmark_disable", False):
+    wanted = not (config.getoption("collectonly") or config.getoption("benchmark_disable", False))
+    if wanted and config.getoption("benchmark_json", None) is None:
         DEFAULT_JSON_DIR.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         config.option.benchmark_json = open(DEFAULT_JSON_DIR / f"{stamp}.json", "wb")  # noqa: SIM115 (pytest-benchmark closes it)

@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "throughput", help="output stem: writes STEM.md and STEM.csv")
     ap.add_argument("--update-docs", action="store_true", help="rewrite the marked blocks of README.md and docs/throughput.md")
     args = ap.parse_args(argv)
-    path = args.run or max(RUNS.glob("*.json"), key=lambda p: p.stat().st_mtime, default=None)
+    path = args.run or max((p for p in RUNS.glob("*.json") if p.stat().st_size), key=lambda p: p.stat().st_mtime, default=None)
     if path is None:
         raise SystemExit("no run given and none in results/runs/throughput/; run: python -m pytest benchmarks/ --benchmark-only")
     t, run = load(path)

@@ -6,7 +6,8 @@
 Cases: every name the registry knows (built-ins and plugins, never a fixed list) x N in NS x
 float32 / float64 x cpu / cuda, plus the references of throughput_cases.py. A solver that is
 unavailable (fails to load, needs what this machine lacks) or raises SkipCell is skipped with the
-reason; cuda cases are skipped without CUDA. Each benchmark times one predict() (or reference)
+reason; cuda cases are skipped without CUDA. All cases of one (N, dtype, device) run back to
+back. Each benchmark times one predict() (or reference)
 call on a batch under torch.no_grad(), synchronising CUDA inside the timed call, after a warm-up
 call; extra_info records kind, name, N, dtype, device and batch_size, so figures are compared
 per prompt. Nothing is asserted about speed here: benchmarks/summarize.py reports the ratios.
@@ -22,9 +23,8 @@ from icl_bench.timing import sync
 from throughput_cases import (DEVICES, DTYPES, NS, fit_batch, linregress_loop, numpy_ols, prompts,
                               quadratic_batch_cap, reference_transformer, require_device)
 
-GRID = pytest.mark.parametrize("device", DEVICES)
-DTYPE = pytest.mark.parametrize("dtype", DTYPES)
-SIZES = pytest.mark.parametrize("N", NS, ids=[f"N{n}" for n in NS])
+REFERENCES = ("numpy-ols", "linregress-loop", "quadratic-attention", "transformer-forward")
+CASES = [f"solver:{name}" for name in known_names()] + [f"reference:{name}" for name in REFERENCES]
 
 
 def _run(benchmark, kind: str, name: str, N: int, dtype: str, device: str, B: int, call, **info) -> None:
@@ -41,11 +41,20 @@ def _run(benchmark, kind: str, name: str, N: int, dtype: str, device: str, B: in
     benchmark(timed)
 
 
-@GRID
-@DTYPE
-@SIZES
-@pytest.mark.parametrize("name", known_names())
-def test_solver(benchmark, bench_opts, name, N, dtype, device):
+# the first parameter varies fastest: all cases of one (N, dtype, device) run back to back, so the
+# ratios between them compare measurements taken seconds apart (the machine's load drifts)
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("N", NS, ids=[f"N{n}" for n in NS])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_throughput(benchmark, bench_opts, case, N, dtype, device):
+    kind, name = case.split(":", 1)
+    if kind == "solver":
+        return _solver(benchmark, bench_opts, name, N, dtype, device)
+    return REFERENCE_CASES[name](benchmark, bench_opts, N, dtype, device)
+
+
+def _solver(benchmark, bench_opts, name, N, dtype, device):
     require_device(device)
     try:
         solver = get_solver(name)
@@ -54,17 +63,15 @@ def test_solver(benchmark, bench_opts, name, N, dtype, device):
     batch = prompts(N, dtype, device, bench_opts.batch)
     try:
         solver.check_batch(batch)
-        B = fit_batch(lambda b: solver.predict(batch.slice(0, b)), batch.B, bench_opts.budget, device)
+        with torch.no_grad():
+            B = fit_batch(lambda b: solver.predict(batch.slice(0, b)), batch.B, bench_opts.budget, device)
     except SkipCell as exc:
         pytest.skip(f"{name}: {exc}")
     _run(benchmark, "solver", name, N, dtype, device, B, lambda b: solver.predict(batch.slice(0, b)),
          params=solver.params_json)
 
 
-@GRID
-@DTYPE
-@SIZES
-def test_numpy_ols(benchmark, bench_opts, N, dtype, device):
+def _numpy_ols(benchmark, bench_opts, N, dtype, device):
     if device != "cpu":
         pytest.skip("numpy-ols: numpy runs on the CPU only")
     batch = prompts(N, dtype, device, bench_opts.batch)
@@ -73,10 +80,7 @@ def test_numpy_ols(benchmark, bench_opts, N, dtype, device):
     _run(benchmark, "reference", "numpy-ols", N, dtype, device, batch.B, lambda b: numpy_ols(x[:b], y[:b], u[:b]))
 
 
-@GRID
-@DTYPE
-@SIZES
-def test_linregress_loop(benchmark, bench_opts, N, dtype, device):
+def _linregress_loop(benchmark, bench_opts, N, dtype, device):
     if device != "cpu":
         pytest.skip("linregress-loop: scipy runs on the CPU only")
     batch = prompts(N, dtype, device, bench_opts.batch)
@@ -86,10 +90,7 @@ def test_linregress_loop(benchmark, bench_opts, N, dtype, device):
     _run(benchmark, "reference", "linregress-loop", N, dtype, device, B, call)
 
 
-@GRID
-@DTYPE
-@SIZES
-def test_quadratic_attention(benchmark, bench_opts, N, dtype, device):
+def _quadratic_attention(benchmark, bench_opts, N, dtype, device):
     require_device(device)
     batch = prompts(N, dtype, device, bench_opts.batch)
     module, what = reference_transformer(dtype, device)
@@ -99,10 +100,7 @@ def test_quadratic_attention(benchmark, bench_opts, N, dtype, device):
     _run(benchmark, "reference", "quadratic-attention", N, dtype, device, B, call, transformer=what)
 
 
-@GRID
-@DTYPE
-@SIZES
-def test_transformer_forward(benchmark, bench_opts, N, dtype, device):
+def _transformer_forward(benchmark, bench_opts, N, dtype, device):
     require_device(device)
     batch = prompts(N, dtype, device, bench_opts.batch)
     module, what = reference_transformer(dtype, device)
@@ -110,3 +108,7 @@ def test_transformer_forward(benchmark, bench_opts, N, dtype, device):
     with torch.no_grad():
         B = fit_batch(call, batch.B, bench_opts.budget, device)
     _run(benchmark, "reference", "transformer-forward", N, dtype, device, B, call, transformer=what)
+
+
+REFERENCE_CASES = {"numpy-ols": _numpy_ols, "linregress-loop": _linregress_loop,
+                   "quadratic-attention": _quadratic_attention, "transformer-forward": _transformer_forward}

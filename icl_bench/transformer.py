@@ -116,9 +116,8 @@ class LinearSelfAttention(nn.Module):
         W_kv, K = maps
         b, d, _ = hT.shape
         Hd = W_kv.shape[0] // 2
-        kv = torch.bmm(W_kv.expand(b, -1, -1).contiguous(), hT)  # (B, 2Hd, T): keys, then values
-        if self.keys == "masked":
-            kv = kv[:, :, :-1]  # (B, 2Hd, M): the context tokens only
+        hk = hT[:, :, :-1] if self.keys == "masked" else hT  # (B, d, M): the key tokens, a view
+        kv = torch.bmm(W_kv.expand(b, -1, -1).contiguous(), hk)  # (B, 2Hd, M): keys, then values
         S = torch.bmm(kv[:, :Hd], kv[:, Hd:].transpose(1, 2)) / kv.shape[2]  # (B, Hd, Hd)
         P = (S.view(b, Hd * Hd) @ K.T).view(b, d, d)  # (B, d, d)
         h = hT[:, :, -1:] if query_only else hT  # (B, d, T')
@@ -176,7 +175,7 @@ class Transformer(nn.Module):
     forward(tokens (B, N+1, d_in)) -> predictions (B,) in the module's dtype.
     """
 
-    CHUNK_TOKENS = 32768  # CPU forward: prompts per chunk = this // (N+1), at least 1 (cache-sized)
+    CHUNK_TOKENS = 65536  # CPU forward: prompts per chunk = this // (N+1), at least 1 (cache-sized)
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -216,7 +215,8 @@ class Transformer(nn.Module):
 
     def _forward_channels(self, tokens: torch.Tensor, maps: list[tuple]) -> torch.Tensor:
         """One chunk of `forward`: tokens (b, T, d_in) -> (b,)."""
-        hT = torch.einsum("kc,btc->bkt", self.embed.weight, tokens).contiguous()  # (b, d, T)
+        W = self.embed.weight  # (d, d_in)
+        hT = torch.bmm(W.expand(tokens.shape[0], -1, -1).contiguous(), tokens.transpose(1, 2))  # (b, d, T)
         last = len(self.blocks) - 1
         for i, (block, K) in enumerate(zip(self.blocks, maps)):
             hT = block.forward_channels(hT, K, query_only=(i == last and self.cfg.readout == "query"))
