@@ -54,6 +54,7 @@ def cmd_run(args) -> int:
     if args.solver:  # keep the config's parameters for a named solver, defaults otherwise
         given = raw.get("solvers", {}) if isinstance(raw.get("solvers"), dict) else {}
         raw["solvers"] = {name: given.get(name, {}) for name in args.solver}
+        raw["all_solvers"] = False
     if args.data is not None:
         if not (args.x and args.y):
             raise ConfigError("--data: needs --x COLUMN and --y COLUMN")

@@ -8,8 +8,9 @@ that names the key and the accepted values, before anything is written to disk.
     batch_size = 2048        # prompts per predict() call
     [grid]                   # N, noise, R, dtype, device: lists or scalars
     [prompts]                # x / slope / intercept = { dist, loc, scale } (default standard normal)
-    [solvers.NAME]           # one table per solver, its parameters (lists = grids);
-                             # no [solvers] table = every registered solver with its defaults
+    all_solvers = true       # run every registered solver (default: true iff there is no [solvers])
+    [solvers.NAME]           # one table per solver, its parameters (lists = grids); with
+                             # all_solvers, the solvers not named here run with their defaults
     [data]                   # optional CSV prompt source: path, x, y (columns)
     [timing]                 # repeats (median reported), max_seconds (stop repeating after)
 """
@@ -29,7 +30,7 @@ except ModuleNotFoundError:  # Python < 3.11
 from icl_bench.errors import ConfigError
 from icl_bench.prompts import DISTRIBUTIONS, DTYPES, Dist
 
-TOP_KEYS = ("seed", "n_prompts", "batch_size", "grid", "prompts", "solvers", "data", "timing")
+TOP_KEYS = ("seed", "n_prompts", "batch_size", "all_solvers", "grid", "prompts", "solvers", "data", "timing")
 GRID_DEFAULTS = {"N": [20], "noise": [0.1], "R": [100.0], "dtype": ["float32"], "device": ["cpu"]}
 DEVICES = ("cpu", "cuda")
 PROMPT_KEYS = ("x", "slope", "intercept")
@@ -67,7 +68,8 @@ class MatrixConfig:
     batch_size: int = 2048
     grid: dict[str, list] = field(default_factory=lambda: {k: list(v) for k, v in GRID_DEFAULTS.items()})
     prompts: dict[str, Dist] = field(default_factory=lambda: {k: Dist() for k in PROMPT_KEYS})
-    solvers: dict[str, list[dict[str, Any]]] | None = None  # name -> expanded parameter sets
+    solvers: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # name -> expanded parameter sets
+    all_solvers: bool = True  # also run every other registered solver with its default parameters
     data: DataSource | None = None
     timing: Timing = field(default_factory=Timing)
 
@@ -142,12 +144,12 @@ def _dist(raw, key: str) -> Dist:
     return Dist(dist, loc, _float(raw.get("scale", 1.0), f"{key}.scale", positive=False))
 
 
-def _solvers(raw) -> dict[str, list[dict]]:
+def _solvers(raw, all_solvers: bool) -> dict[str, list[dict]]:
     from icl_bench.registry import SolverLoadError, UnknownSolverError, get_solver_class
 
     _check_keys(raw, list(raw) if isinstance(raw, dict) else (), "solvers")
-    if not raw:
-        _fail("solvers", "empty table; name at least one solver or remove [solvers]")
+    if not raw and not all_solvers:
+        _fail("solvers", "empty table; name at least one solver, remove [solvers] or set all_solvers = true")
     out = {}
     for name, params in raw.items():
         if not isinstance(params, dict):
@@ -197,8 +199,11 @@ def parse_config(raw: dict, *, base_dir: Path | None = None) -> MatrixConfig:
         _check_keys(t, ("repeats", "max_seconds"), "timing")
         cfg.timing = Timing(_int(t.get("repeats", 3), "timing.repeats", 1),
                             _float(t.get("max_seconds", 1.0), "timing.max_seconds", positive=True))
+    cfg.all_solvers = raw.get("all_solvers", "solvers" not in raw)
+    if not isinstance(cfg.all_solvers, bool):
+        _fail("all_solvers", f"expected true or false, got {cfg.all_solvers!r}")
     if "solvers" in raw:
-        cfg.solvers = _solvers(raw["solvers"])
+        cfg.solvers = _solvers(raw["solvers"], cfg.all_solvers)
     if "data" in raw:
         cfg.data = _data(raw["data"], cfg.grid["N"], base_dir)
     return cfg

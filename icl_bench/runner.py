@@ -85,10 +85,9 @@ def prompt_seed(seed: int, N: int, noise: float, R: float) -> int:
 
 def expand_cells(cfg: MatrixConfig) -> list[Cell]:
     """Every cell of the matrix, in a fixed order (grid point, then solver, then parameters)."""
-    if cfg.solvers is None:
-        solvers = {name: [{}] for name in known_names()}
-    else:
-        solvers = cfg.solvers
+    solvers = dict(cfg.solvers)
+    if cfg.all_solvers:
+        solvers = {name: cfg.solvers.get(name, [{}]) for name in sorted(set(known_names()) | set(solvers))}
     if cfg.data is not None:
         source = json.dumps({"csv": asdict(cfg.data)}, sort_keys=True)
         noises = [math.nan]

@@ -44,6 +44,7 @@ CASES = [  # (id, edit of the tiny config, text that must start the message afte
     ("solver-unknown", lambda r: _set(r, {}, "solvers", "olss"), "solvers.olss: unknown name 'olss'; known: "),
     ("solver-param-unknown", lambda r: _set(r, 3, "solvers", "ols", "steps"), "solvers.ols.steps: unknown parameter"),
     ("solvers-empty", lambda r: _set(r, {}, "solvers"), "solvers: empty table"),
+    ("all-solvers-type", lambda r: _set(r, "yes", "all_solvers"), "all_solvers: expected true or false"),
     ("prompt-dist", lambda r: _set(r, {"dist": "cauchy"}, "prompts", "x"), "prompts.x.dist: unknown distribution 'cauchy'; accepted: normal, uniform"),
     ("prompt-scale", lambda r: _set(r, {"scale": -1.0}, "prompts", "slope"), "prompts.slope.scale: must be finite and >= 0"),
     ("prompt-key", lambda r: _set(r, {"mean": 1.0}, "prompts", "x"), "prompts.x.mean: unknown key; accepted: dist, loc, scale"),
