@@ -116,7 +116,8 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
                 s.predict(batch)
             w = s.weights()
             if not w or not has_layernorm(w):
-                continue  # no weights, or a LayerNorm-free model: not comparable with the construction
+                notes.append(f"{label}: no LayerNorm weights, not drawn beside the LayerNorm construction")
+                continue
             if construction is not None and _same(w, construction):
                 notes.append(f"{label}: weights identical to the construction (shown once)")
                 continue
@@ -156,7 +157,8 @@ def weight_heatmaps(models: dict[str, dict]) -> Figure:
         raise PlotSkipped("weight heat-maps: no transformer weights (construction or solver) to draw")
     names = list(dict.fromkeys(k for mm in maps.values() for k in mm))
     sns.set_theme(style="white", context="paper")
-    fig = Figure(figsize=(1.55 * len(names) + 0.5, 1.9 * len(maps) + 0.8))
+    width, height = 1.55 * len(names) + 0.5, 1.9 * len(maps) + 0.8  # inches
+    fig = Figure(figsize=(width, height))
     axes = fig.subplots(len(maps), len(names), squeeze=False)
     for i, (label, mm) in enumerate(maps.items()):
         for j, name in enumerate(names):
@@ -176,7 +178,9 @@ def weight_heatmaps(models: dict[str, dict]) -> Figure:
             if i == 0:
                 ax.set_title(name, fontsize=7)
     fig.suptitle("Weights (QK = W_Qᵀ W_K, OV = W_O W_V; each panel on its own colour scale, unaligned)", fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    # equal small panels: fixed margins in inches (tight_layout would measure ~200 annotations)
+    fig.subplots_adjust(left=0.9 / width, right=1 - 0.1 / width, bottom=0.45 / height, top=1 - 0.65 / height,
+                        wspace=0.35, hspace=0.45)
     return fig
 
 

@@ -263,6 +263,21 @@ def test_weight_heatmaps_show_symmetry_reduced_maps(monkeypatch, tables):
         model_plots.probe_scatter(models)
 
 
+def test_model_plots_draw_the_construction_and_its_probes(tables):
+    pytest.importorskip("icl_bench.ln_closed_form", reason="the ln-closed-form construction is not merged")
+    from icl_bench import model_plots
+
+    table, _, setting = tables
+    models, notes = model_plots.collect_models(table, setting, n_prompts=128)
+    assert list(models) == ["construction (R=10)"], notes  # the run's only weighted solver has no LayerNorm
+    assert notes == ["test-weighted: no LayerNorm weights, not drawn beside the LayerNorm construction"]
+    fig = model_plots.weight_heatmaps(models)
+    assert [ax.get_title() for ax in fig.axes][:3] == ["embed", "L1H1 QK", "L1H1 OV"]
+    fig = model_plots.probe_scatter(models)
+    assert len(fig.axes) == 3 and all("R² = 1.0000" in ax.get_title() or "R² = 0.99" in ax.get_title() for ax in fig.axes)
+    assert fig.axes[2].get_xlabel().startswith("closed form b_hat (u - x_bar)")
+
+
 def _cli(capsys, *args):
     code = main(["publish", *map(str, args)])
     err = capsys.readouterr().err
