@@ -35,7 +35,7 @@ class PlotSkipped(Exception):
 
 
 def _fmt(v) -> str:
-    return "nan" if isinstance(v, float) and math.isnan(v) else f"{v:g}" if isinstance(v, float) else str(v)
+    return "n/a" if isinstance(v, float) and math.isnan(v) else f"{v:g}" if isinstance(v, float) else str(v)
 
 
 def _spans(values, decades: float) -> bool:

@@ -83,7 +83,10 @@ def _html_table(df: pd.DataFrame) -> str:
 
 
 def _setting_text(setting: dict) -> str:
-    return ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}" for k, v in setting.items())
+    def fmt(v):
+        return ("n/a" if math.isnan(v) else f"{v:g}") if isinstance(v, float) else str(v)
+
+    return ", ".join(f"{k} = {fmt(v)}" for k, v in setting.items())
 
 
 def _index_html(ctx: dict) -> str:
@@ -108,7 +111,7 @@ def _index_html(ctx: dict) -> str:
     parts += ["<h2>Failed and skipped cells</h2>", _html_table(ctx["failures"]),
               "<h2>Weight sparsity</h2>", _html_table(ctx["sparsity"]),
               "<h2>All cells (summary.csv)</h2><details><summary>show</summary>",
-              _html_table(ctx["summary"]), "</details>", "<h2>Runs</h2>"]
+              _html_table(ctx["summary_shown"]), "</details>", "<h2>Runs</h2>"]
     for run, meta in ctx["runs"].items():
         parts.append(f"<h3>{e(run)}</h3>")
         if meta is None:
@@ -174,6 +177,8 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
            "headline": head, "headline_md": headline_md, "headline_at": headline_at, "plots": list(figs),
            "notes": notes, "failures": report.failure_summary(table), "sparsity": report.sparsity(table),
            "summary": summary.drop(columns=["series_rank"], errors="ignore"), "runs": metas}
+    one_source = summary["prompts"].nunique() <= 1  # then the long prompt-source JSON says nothing
+    ctx["summary_shown"] = ctx["summary"].drop(columns=["prompts"] if one_source else [])
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
@@ -184,7 +189,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         for name, df in frames.items():
             df.to_csv(tmp / f"{name}.csv", index=False)
         table.drop(columns=["series_rank"]).to_csv(tmp / "results.csv", index=False)
-        (tmp / "summary.md").write_text(report.to_markdown(ctx["summary"]))
+        (tmp / "summary.md").write_text(report.to_markdown(ctx["summary_shown"]))
         (tmp / "failures.md").write_text(report.to_markdown(ctx["failures"]))
         (tmp / "sparsity.md").write_text(report.to_markdown(ctx["sparsity"]))
         (tmp / "headline.md").write_text(headline_md)

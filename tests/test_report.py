@@ -154,6 +154,19 @@ def test_seeds_pool_and_repeated_runs_count_once(run_dir, tmp_path, solvers):
     assert got.mse_vs_ols_se == pytest.approx(math.sqrt((rows.mse_vs_ols_se ** 2).sum()) / 2, rel=1e-12)
 
 
+def test_runs_without_standard_errors_get_nan_intervals(run_dir, tmp_path):
+    from icl_bench import report
+
+    old = tmp_path / "old-run"
+    old.mkdir()
+    pd.read_parquet(run_dir / "results.parquet").drop(columns=["mse_vs_ols_se", "mse_vs_truth_se"]).to_parquet(
+        old / "results.parquet")
+    table, metas = report.load_runs([old])
+    s = report.aggregate(table)
+    assert metas == {str(old): None} and s.mse_vs_ols.notna().all()
+    assert s.mse_vs_ols_ci_low[s.mse_vs_ols > 0].isna().all()
+
+
 def test_failed_cells_are_listed_never_dropped(run_dir, published):
     fails = pd.read_csv(published / "failures.csv")
     assert len(fails) == 8 and set(fails.solver) == {"test-fails"} and set(fails.N) == {12}
@@ -232,6 +245,9 @@ def test_throughput_plot_one_bar_per_solver_and_dtype(tables):
     assert [t.get_text() for t in ax.get_xticklabels()] == SERIES
     assert [len(c) for c in ax.containers] == [len(SERIES)] * 2  # float32 and float64
     assert sorted(ax.get_legend_handles_labels()[1]) == ["float32", "float64"]
+    fig = plots.throughput(pd.concat([table, table[table.solver == "ols"].assign(device="cuda")]))
+    assert [ax.get_title() for ax in fig.axes] == ["device = cpu", "device = cuda"]
+    assert [len(c) for c in fig.axes[1].containers] == [1, 1]  # only ols ran on cuda
 
 
 def test_weight_heatmaps_show_symmetry_reduced_maps(monkeypatch, tables):
