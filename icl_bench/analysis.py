@@ -2,7 +2,7 @@
 
 `analyze(model, R)` returns one flat dict of headline numbers (the l1 sweep's table rows):
 
-    sparsity, l1, hoyer          over every weight; also "sparsity:<param>", ... per parameter
+    sparsity, l1, hoyer          over every weight; "per_matrix": the same per parameter (JSON text)
     similarity                   weight-space similarity to the construction, invariant to the
                                  exact symmetries of shared DESIGN.md section 7 (icl_bench.symmetry)
     similarity.<component>       its cosines: embed, layer{i}.out, layer{i}.gram, readout
@@ -51,22 +51,27 @@ def hoyer(w: torch.Tensor) -> float:
     return (math.sqrt(n) - float(v.abs().sum()) / l2) / (math.sqrt(n) - 1.0)
 
 
-def sparsity_report(model: Transformer) -> dict[str, float]:
-    """Sparsity, l1 norm and Hoyer sparsity, overall and per parameter (Transformer.weight_matrices:
-    embedding, W_Q/W_K/W_V/W_O, LayerNorm gains and biases, readout).
+def sparsity_report(model: Transformer) -> dict:
+    """Sparsity, l1 norm and Hoyer sparsity over every weight (Transformer.weight_matrices:
+    embedding, W_Q/W_K/W_V/W_O, LayerNorm gains and biases, readout), and per parameter.
 
-    Returns: {"sparsity", "l1", "hoyer", "sparsity:<name>", "l1:<name>", "hoyer:<name>"}.
+    Returns: {"sparsity", "l1", "hoyer": floats, "per_matrix": JSON text of
+    {name: {"sparsity", "l1", "hoyer"}} (NaN as null)}.
     """
     w = model.weight_matrices()
-    out = {"sparsity": weight_sparsity(w), "l1": weight_l1(w),
-           "hoyer": hoyer(torch.cat([t.reshape(-1).double().cpu() for t in w.values()]))}
+    per = {}
     for name, t in w.items():
         a = t.detach().abs().double()
         top = float(a.max()) if a.numel() else 0.0
-        out[f"sparsity:{name}"] = float((a < SPARSITY_REL_THRESHOLD * top).double().mean()) if top > 0 else 1.0
-        out[f"l1:{name}"] = float(a.sum())
-        out[f"hoyer:{name}"] = hoyer(t)
-    return out
+        per[name] = {"sparsity": float((a < SPARSITY_REL_THRESHOLD * top).double().mean()) if top > 0 else 1.0,
+                     "l1": float(a.sum()), "hoyer": _finite_or_none(hoyer(t))}
+    return {"sparsity": weight_sparsity(w), "l1": weight_l1(w),
+            "hoyer": hoyer(torch.cat([t.reshape(-1).double().cpu() for t in w.values()])),
+            "per_matrix": json.dumps(per)}
+
+
+def _finite_or_none(v: float):
+    return v if math.isfinite(v) else None
 
 
 def _r2_per_column(pred: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -118,46 +123,51 @@ def linear_map_fit(source: torch.Tensor, target: torch.Tensor) -> dict:
 
 @torch.no_grad()
 def representation_similarity(model: Transformer, construction: Transformer, tokens: torch.Tensor) -> dict:
-    """Representation-space comparison (DESIGN section 7): for each block i, one linear map from
-    the model's residual stream after it to the construction's, fitted on every token of the first
-    half of the prompts (`linear_map_fit`), scored on the second half: over all tokens, and on the
-    query token alone (where the construction holds b_hat (u - x_bar) in slot 3; on context tokens
-    that slot is b_hat x~_i ~ y~_i, which any stream holding y predicts). As a baseline, the same
-    fit from the raw tokens (x, y, R): what needs no computation at all (x predicts x - x_bar
-    with R^2 ~ 1 - 1/N).
+    """Representation-space comparison (DESIGN section 7): for each block i, linear maps from the
+    model's residual stream after it to the construction's (`linear_map_fit`), fitted on the
+    first half of the prompts and scored on the second half, two ways:
+      all tokens  one map for every token (the symmetries are one map for the whole stream);
+      query       a map for the query token alone: the only token the readout reads, so after
+                  the last block the context tokens are free (the construction's slot 3 there is
+                  b_hat x~_i ~ y~_i, which any stream holding y predicts).
+    Baseline: the all-token fit from the raw tokens (x, y, R), what needs no computation at all
+    (x alone predicts x - x_bar with R^2 ~ 1 - 1/N).
 
     Args:
         model, construction: Transformers with the same number of blocks (float64 advised).
-        tokens: (B, N+1, 3) prompts both read, B >= 4.
+        tokens: (B, N+1, 3) prompts both read, B >= 8.
     Returns:
         flat {"repr.layer{i}.r2.s{j}", "repr.layer{i}.query_r2.s{j}", "repr.layer{i}.token_r2.s{j}"
-        (the raw-token baseline), "repr.layer{i}.r2_mean" (over non-constant slots, all tokens),
-        "repr.layer{i}.gp", "repr.layer{i}.assignment" (JSON)}.
+        (held-out R^2 per construction slot j; NaN for a constant slot), "repr.layer{i}.r2_mean"
+        (over non-constant slots, all tokens), "repr.layer{i}.gp", "repr.layer{i}.query_gp"
+        (closeness to a generalized permutation), "repr.layer{i}.assignment" (JSON: slot ->
+        model coordinate of the all-token map)}.
     Raises:
-        ConfigError: different numbers of blocks, or fewer than 4 prompts.
+        ConfigError: different numbers of blocks, or fewer than 8 prompts.
     """
     if len(model.blocks) != len(construction.blocks):
         raise ConfigError(f"model: has {len(model.blocks)} blocks, the construction {len(construction.blocks)}")
     B, T, _ = tokens.shape
-    if B < 4:
-        raise ConfigError(f"tokens: need at least 4 prompts (got {B})")
+    if B < 8:
+        raise ConfigError(f"tokens: need at least 8 prompts (got {B})")
     tm = model.probe(tokens.to(next(model.parameters()).dtype))
     tc = construction.probe(tokens.to(next(construction.parameters()).dtype))
+    h = B // 2  # prompts per half: rows are prompt-major, so each half holds whole prompts
     out = {}
     for i in range(len(model.blocks)):
         key = f"layer{i}.resid"
-        h = B // 2  # prompts per half: rows are prompt-major, so each half holds whole prompts
         hm, hc = tm[key][: 2 * h].double().cpu(), tc[key][: 2 * h].double().cpu()  # (2h, T, d) each
         fit = linear_map_fit(hm.reshape(2 * h * T, -1), hc.reshape(2 * h * T, -1))
-        q_r2 = _r2_per_column(hm[h:, -1].numpy() @ fit["W"].T, hc[h:, -1].numpy())  # held-out queries
-        base = linear_map_fit(tokens[: 2 * h].reshape(2 * h * T, -1), hc.reshape(2 * h * T, -1))["r2"]
+        query = linear_map_fit(hm[:, -1], hc[:, -1])  # (2h, d): the query token only
+        base = linear_map_fit(tokens[: 2 * h].reshape(2 * h * T, -1), hc.reshape(2 * h * T, -1))
         for j in range(hc.shape[-1]):
             out[f"repr.layer{i}.r2.s{j}"] = float(fit["r2"][j])
-            out[f"repr.layer{i}.query_r2.s{j}"] = float(q_r2[j])
-            out[f"repr.layer{i}.token_r2.s{j}"] = float(base[j])
+            out[f"repr.layer{i}.query_r2.s{j}"] = float(query["r2"][j])
+            out[f"repr.layer{i}.token_r2.s{j}"] = float(base["r2"][j])
         finite = fit["r2"][np.isfinite(fit["r2"])]
         out[f"repr.layer{i}.r2_mean"] = float(finite.mean()) if finite.size else math.nan
         out[f"repr.layer{i}.gp"] = fit["gp"]
+        out[f"repr.layer{i}.query_gp"] = query["gp"]
         out[f"repr.layer{i}.assignment"] = json.dumps(fit["assignment"])
     return out
 
@@ -184,7 +194,7 @@ def analyze(model: Transformer, R: float, *, n_prompts: int = 2048, N: int | Non
         model: any Transformer (a float64 copy is analysed; the model is not modified).
         R: the embedding constant the model was trained for; the construction is built for it,
             with the model's key set (masked / query-in-context), and the prompts carry it.
-        n_prompts: analysis prompts (>= 4; half fit, half score the representation maps).
+        n_prompts: analysis prompts (>= 8; half fit, half score the representation maps).
         N: context length; default: the model's N for a flatten readout, else 20.
         seed: seeds the prompts and the alignment search.
         noise: label noise of the prompts.
@@ -199,8 +209,8 @@ def analyze(model: Transformer, R: float, *, n_prompts: int = 2048, N: int | Non
     """
     from icl_bench.ln_closed_form import build_construction
 
-    if isinstance(n_prompts, bool) or not isinstance(n_prompts, int) or n_prompts < 4:
-        raise ConfigError(f"n_prompts: must be an integer >= 4 (got {n_prompts!r})")
+    if isinstance(n_prompts, bool) or not isinstance(n_prompts, int) or n_prompts < 8:
+        raise ConfigError(f"n_prompts: must be an integer >= 8 (got {n_prompts!r})")
     if not isinstance(noise, (int, float)) or not math.isfinite(noise) or noise < 0:
         raise ConfigError(f"noise: must be a finite number >= 0 (got {noise!r})")
     cfg = model.cfg
@@ -234,7 +244,8 @@ def analyze(model: Transformer, R: float, *, n_prompts: int = 2048, N: int | Non
 
 
 def analyze_checkpoint(path: str | Path, **kwargs) -> dict:
-    """`analyze` of a saved checkpoint (icl_bench.checkpoint), at the R stored in its metadata.
+    """`analyze` of a saved checkpoint (icl_bench.checkpoint), at the R stored in its metadata and,
+    unless N is given, the training N stored there (query readout; a flatten readout fixes N).
 
     Args:
         path: the checkpoint (either file of the .safetensors / .json pair, or the stem).
@@ -244,37 +255,47 @@ def analyze_checkpoint(path: str | Path, **kwargs) -> dict:
     Raises:
         ConfigError: a missing or bad checkpoint, metadata without a finite R > 0, bad kwargs.
     """
-    from icl_bench.checkpoint import load_checkpoint
-
+    try:
+        from icl_bench.checkpoint import load_checkpoint
+    except ImportError:
+        raise ConfigError("checkpoint: icl_bench.checkpoint is not available in this install") from None
     model, meta = load_checkpoint(path)
     R = meta.get("R")
     if isinstance(R, bool) or not isinstance(R, (int, float)) or not math.isfinite(R) or R <= 0:
-        raise ConfigError(f"{path}: checkpoint metadata has no valid R (got {R!r})")
+        raise ConfigError(f"checkpoint: {path} metadata has no valid R (got {R!r})")
+    N = meta.get("N")
+    if kwargs.get("N") is None and model.cfg.readout == "query" and isinstance(N, int) and not isinstance(N, bool) and N >= 2:
+        kwargs["N"] = N  # the context length it was trained on
     return {"checkpoint": str(path), **analyze(model, float(R), **kwargs)}
 
 
 def to_json(result: dict) -> str:
     """A result dict as strict JSON text (NaN / inf -> null), keys sorted."""
-    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in result.items()}
+    clean = {k: (_finite_or_none(v) if isinstance(v, float) else v) for k, v in result.items()}
     return json.dumps(clean, indent=2, sort_keys=True)
 
 
+# the few numbers a table or a console line should show (analyze returns many more)
 HEADLINE = ("mse_vs_ols", "sparsity", "l1", "hoyer", "similarity", "repr.layer0.r2_mean", "repr.layer1.r2_mean",
-            "probe.centering.x.r2", "probe.centering.y.r2", "probe.division.r2", "probe.division.slope")
+            "repr.layer1.query_r2.s3", "repr.layer1.gp", "probe.centering.x.r2", "probe.centering.y.r2",
+            "probe.division.r2", "probe.division.slope")
 
 
 def run_cli(checkpoint: str, *, out: str | None = None, n_prompts: int = 2048, seed: int = 0,
             N: int | None = None) -> int:
-    """`icl-bench analyze CHECKPOINT [--out FILE.json]`: print the headline numbers (and the
-    alignment), write every number to --out as JSON. Returns the exit code (0); bad input raises
-    ConfigError (the CLI prints it as one line, exit 2)."""
+    """`icl-bench analyze CHECKPOINT [--out FILE.json]`: print the headline numbers, the sparsity
+    per parameter and the alignment; write every number to --out as JSON. Returns the exit code
+    (0); bad input raises ConfigError (the CLI prints it as one line, exit 2)."""
     if out is not None and Path(out).suffix != ".json":
         raise ConfigError(f"--out: must name a .json file (got {out!r})")
     result = analyze_checkpoint(checkpoint, n_prompts=n_prompts, seed=seed, N=N)
+    fmt = lambda v: "nan" if v is None else f"{v:.4g}"  # noqa: E731
     for k in HEADLINE:
-        if k in result:
-            print(f"{k:24s} {result[k]:.4g}")
-    print(f"{'alignment':24s} {result['alignment']}")
+        print(f"{k:26s} {fmt(_finite_or_none(float(result[k])) if k in result else None)}")
+    print(f"{'per matrix':26s} sparsity   l1         hoyer")
+    for name, v in json.loads(result["per_matrix"]).items():
+        print(f"  {name:24s} {fmt(v['sparsity']):10s} {fmt(v['l1']):10s} {fmt(v['hoyer'])}")
+    print(f"{'alignment':26s} {result['alignment']}")
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(to_json(result) + "\n")
