@@ -8,7 +8,8 @@
     similarity.<component>       its cosines: embed, layer{i}.out, layer{i}.gram, readout
     alignment                    JSON text: the residual-slot alignment that similarity found
     repr.layer{i}.r2.s{j}        representation space (DESIGN section 7): R^2 of construction slot j
-                                 after block i, linearly decoded from the model's residual stream
+                                 after block i, linearly decoded from the model's residual stream;
+                                 .query_r2 the same at the query token, .token_r2 from the raw tokens
     repr.layer{i}.gp             how close that linear map is to a generalized permutation (1 = one)
     probe.*                      LayerNorm probes (icl_bench.probes): layer 1 vs centred x, y; the
                                  query's layer-2 LN output vs b_hat (u - x_bar)
@@ -56,7 +57,7 @@ def sparsity_report(model: Transformer) -> dict:
     embedding, W_Q/W_K/W_V/W_O, LayerNorm gains and biases, readout), and per parameter.
 
     Returns: {"sparsity", "l1", "hoyer": floats, "per_matrix": JSON text of
-    {name: {"sparsity", "l1", "hoyer"}} (NaN as null)}.
+    {name: {"sparsity", "l1", "hoyer"}} (NaN as null; an all-zero tensor has sparsity 1)}.
     """
     w = model.weight_matrices()
     per = {}
@@ -96,15 +97,17 @@ def linear_map_fit(source: torch.Tensor, target: torch.Tensor) -> dict:
         gp: rows of W (one per non-zero target slot; source columns scaled to unit RMS) are
         normalised, a one-to-one slot -> column matching maximises the sum of squared entries
         (scipy.optimize.linear_sum_assignment), gp = that sum / number of rows: 1 exactly when
-        each slot reads a single column, ~1/d_s for a dense map.
+        each slot reads a single column, 1/d_s for a perfectly flat map.
     Raises:
-        ConfigError: fewer than 4 rows, or row counts that differ.
+        ConfigError: row counts that differ, or fewer than 4 rows with finite values.
     """
     X, Y = source.detach().double().cpu().numpy(), target.detach().double().cpu().numpy()
     if X.shape[0] != Y.shape[0] or X.shape[0] < 4:
         raise ConfigError(f"source: need the same number (>= 4) of rows as target (got {X.shape[0]}, {Y.shape[0]})")
     ok = np.isfinite(X).all(1) & np.isfinite(Y).all(1)
     X, Y = X[ok], Y[ok]
+    if X.shape[0] < 4:
+        raise ConfigError(f"source: need >= 4 rows with finite values (got {X.shape[0]})")
     rms = np.sqrt((X ** 2).mean(axis=0))
     X = X / np.where(rms > 0, rms, 1.0)  # (n, d_s): unit-RMS columns
     half = X.shape[0] // 2
