@@ -1,5 +1,9 @@
 """Where the time goes: cProfile of the goal cases at N=1000, float32, batch 1024, one torch thread.
 
+Cases: ols, numpy-ols, ln-closed-form, gd-lsa, the transformer's associative forward
+(Transformer.forward, the fast path) and its token-major reference path (Transformer._run with
+nn.LayerNorm, what forward was before issue 7).
+
     python benchmarks/profile_throughput.py [--out results/throughput_profile.md] [--update-docs]
 
 For each case (ols, numpy-ols, ln-closed-form, the associative transformer forward, gd-lsa) the
@@ -7,6 +11,8 @@ script warms up, then runs the call under cProfile for about --seconds and repor
 per call and the functions and torch built-ins with the most own time (tottime), as a share of
 the profiled time. cProfile's per-call overhead is small next to these multi-millisecond calls;
 torch.profiler was tried and inflates small batched matmuls several-fold, so it is not used.
+It also times each case (no profiler; best of --repeats calls) with 1 torch thread and with all
+logical CPUs, which shows what torch's thread pool does on this machine at the current load.
 --update-docs rewrites the marked profile block of docs/throughput.md.
 """
 from __future__ import annotations
@@ -43,6 +49,7 @@ def cases(N: int, dtype: str, B: int) -> dict:
         except Exception as exc:  # absent solver: say so in the report
             print(f"# {name}: unavailable ({type(exc).__name__}: {exc})", file=sys.stderr)
     out["transformer-forward"] = lambda: module(batch.tokens)
+    out["transformer-token-major"] = lambda: module._run(batch.tokens, quadratic=False, keep=False)[0]
     return out
 
 
@@ -71,6 +78,23 @@ def profile(call, seconds: float) -> tuple[float, int, str]:
     return wall, n, "\n".join(lines)
 
 
+def best_time(call, threads: int, repeats: int) -> float:
+    """Fastest of `repeats` calls (after one warm-up) with `threads` torch threads, in seconds."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            call()
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(old)
+    return min(times)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--N", type=int, default=1000)
@@ -78,6 +102,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--seconds", type=float, default=1.5, help="profiled time per case")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the suite's default is 1)")
+    ap.add_argument("--repeats", type=int, default=7, help="calls per case in the thread comparison")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "throughput_profile.md")
     ap.add_argument("--update-docs", action="store_true")
     args = ap.parse_args(argv)
@@ -88,7 +113,14 @@ def main(argv=None) -> int:
             f"torch {torch.__version__}; {datetime.now(timezone.utc).isoformat(timespec='seconds')}; "
             f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}. Share = own time / all profiled time.")
     parts = [head]
-    for name, call in cases(args.N, args.dtype, args.batch).items():
+    all_cpus = os.cpu_count() or 1
+    rows = ["| case | 1 thread, ms | " + f"{all_cpus} threads, ms | ratio |", "|---|---|---|---|"]
+    todo = cases(args.N, args.dtype, args.batch)
+    for name, call in todo.items():
+        one, many = best_time(call, 1, args.repeats), best_time(call, all_cpus, args.repeats)
+        rows.append(f"| `{name}` | {one * 1e3:.2f} | {many * 1e3:.2f} | {many / one:.2f} |")
+    parts.append("Best of " + str(args.repeats) + " calls per thread count (no profiler):\n\n" + "\n".join(rows))
+    for name, call in todo.items():
         wall, n, table = profile(call, args.seconds)
         parts.append(f"#### `{name}`: {wall * 1e3:.2f} ms per call ({n} calls profiled)\n\n```\n{table}\n```")
     text = "\n\n".join(parts)
