@@ -1,7 +1,11 @@
 """pytest options, JSON destination and machine description of the throughput suite.
 
 Options (besides pytest-benchmark's own, e.g. --benchmark-max-time, --benchmark-min-rounds):
-    --bench-batch N      prompts per call for batched cases (default 1024)
+    --bench-values V     context values (B x N) per call: a case at context length N gets
+                         B = V // N prompts (default 2**20: B = 1048 at N = 1000), so every N
+                         moves the same amount of data and the scaling t(4000) / t(1000) is not
+                         confounded by the batch outgrowing the cache
+    --bench-batch B      a fixed number of prompts per call instead (0 = use --bench-values)
     --bench-budget S     seconds one call may take; slower cases get fewer prompts (default 0.3)
     --torch-threads K    torch.set_num_threads(K) for the run (default 1; 0 = torch's own choice).
                          One thread matches the single-threaded numpy / scipy references, and on
@@ -35,13 +39,19 @@ _RUN: dict = {"skipped": []}
 
 @dataclass(frozen=True)
 class BenchOptions:
-    batch: int  # prompts per call for batched cases
+    values: int  # context values per call (B = values // N) unless `fixed_batch`
+    fixed_batch: int  # prompts per call at every N (0: derive from `values`)
     budget: float  # seconds one call may take before its batch is reduced
+
+    def batch(self, N: int) -> int:
+        """Prompts per call for cases at context length N (before any budget reduction)."""
+        return self.fixed_batch or max(1, self.values // N)
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("icl-bench throughput")
-    group.addoption("--bench-batch", type=int, default=1024, help="prompts per call for batched cases (default 1024)")
+    group.addoption("--bench-values", type=int, default=2**20, help="context values per call: B = this // N (default 2**20)")
+    group.addoption("--bench-batch", type=int, default=0, help="fixed prompts per call at every N (default 0: use --bench-values)")
     group.addoption("--bench-budget", type=float, default=0.3, help="seconds one call may take; slower cases get fewer prompts")
     group.addoption("--torch-threads", type=int, default=1, help="torch.set_num_threads for the run (default 1; 0: torch's default)")
 
@@ -62,7 +72,8 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def bench_opts(pytestconfig) -> BenchOptions:
-    return BenchOptions(pytestconfig.getoption("--bench-batch"), pytestconfig.getoption("--bench-budget"))
+    return BenchOptions(pytestconfig.getoption("--bench-values"), pytestconfig.getoption("--bench-batch"),
+                        pytestconfig.getoption("--bench-budget"))
 
 
 def pytest_runtest_logreport(report):
@@ -104,7 +115,8 @@ def machine_description(config) -> dict:
         "cuda_device": torch.cuda.get_device_name(0) if cuda else None,
         "cuda_note": "" if cuda else "no CUDA device on this machine (no GPU was lent to this run): cuda cases skipped",
         "git_commit": _git_commit(),
-        "options": {"bench_batch": config.getoption("--bench-batch"), "bench_budget": config.getoption("--bench-budget"),
+        "options": {"bench_values": config.getoption("--bench-values"), "bench_batch": config.getoption("--bench-batch"),
+                    "bench_budget": config.getoption("--bench-budget"),
                     "torch_threads_option": config.getoption("--torch-threads")},
     }
 

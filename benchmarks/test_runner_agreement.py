@@ -1,7 +1,7 @@
 """The runner's prompts_per_s for `ols` agrees within 2x with pytest-benchmark's figure.
 
 A measurement comparison, so it lives in the benchmark suite (run with --benchmark-only), not in
-the fast CI tests. For each N and dtype of the suite, on the CPU, with the suite's batch size:
+the fast CI tests. For each N and dtype of the suite, on the CPU, with the suite's batch size at that N:
     runner     run_cell() of an `ols` cell with n_prompts = batch_size = B and the config's
                default [timing] (the figure a user gets in results.parquet), run just before
                and just after the benchmark; their geometric mean is compared;
@@ -24,7 +24,7 @@ from throughput_cases import DTYPES, NOISE, NS, R, SEED, prompts
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("N", NS, ids=[f"N{n}" for n in NS])
 def test_runner_agrees_with_benchmark(benchmark, bench_opts, N, dtype):
-    B = bench_opts.batch
+    B = bench_opts.batch(N)
     cfg = parse_config({"seed": SEED, "n_prompts": B, "batch_size": B, "solvers": {"ols": {}}, "all_solvers": False,
                         "grid": {"N": [N], "noise": [NOISE], "R": [R], "dtype": [dtype], "device": ["cpu"]}})
     (cell,) = expand_cells(cfg)

@@ -10,7 +10,8 @@ reason; cuda cases are skipped without CUDA. All cases of one (N, dtype, device)
 back. Each benchmark times one predict() (or reference)
 call on a batch under torch.no_grad(), synchronising CUDA inside the timed call, after a warm-up
 call; extra_info records kind, name, N, dtype, device and batch_size, so figures are compared
-per prompt. Nothing is asserted about speed here: benchmarks/summarize.py reports the ratios.
+per prompt. A call moves the same number of context values at every N (B = --bench-values // N,
+fewer where a call would exceed --bench-budget seconds). Nothing is asserted about speed here: benchmarks/summarize.py reports the ratios.
 """
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def _solver(benchmark, bench_opts, name, N, dtype, device):
         solver = get_solver(name)
     except Exception as exc:  # not installed, broken plugin, needs parameters: skip, with why
         pytest.skip(f"{name}: unavailable: {type(exc).__name__}: {exc}")
-    batch = prompts(N, dtype, device, bench_opts.batch)
+    batch = prompts(N, dtype, device, bench_opts.batch(N))
     try:
         solver.check_batch(batch)
         with torch.no_grad():
@@ -74,7 +75,7 @@ def _solver(benchmark, bench_opts, name, N, dtype, device):
 def _numpy_ols(benchmark, bench_opts, N, dtype, device):
     if device != "cpu":
         pytest.skip("numpy-ols: numpy runs on the CPU only")
-    batch = prompts(N, dtype, device, bench_opts.batch)
+    batch = prompts(N, dtype, device, bench_opts.batch(N))
     x, y, u = batch.x.numpy(), batch.y.numpy(), batch.x_query.numpy()  # views, no copy
     assert abs(numpy_ols(x, y, u) - batch.ols_prediction.numpy()).max() < 1e-3  # it computes OLS
     _run(benchmark, "reference", "numpy-ols", N, dtype, device, batch.B, lambda b: numpy_ols(x[:b], y[:b], u[:b]))
@@ -83,7 +84,7 @@ def _numpy_ols(benchmark, bench_opts, N, dtype, device):
 def _linregress_loop(benchmark, bench_opts, N, dtype, device):
     if device != "cpu":
         pytest.skip("linregress-loop: scipy runs on the CPU only")
-    batch = prompts(N, dtype, device, bench_opts.batch)
+    batch = prompts(N, dtype, device, bench_opts.batch(N))
     x, y, u = batch.x.numpy(), batch.y.numpy(), batch.x_query.numpy()
     call = lambda b: linregress_loop(x[:b], y[:b], u[:b])  # noqa: E731
     B = fit_batch(call, batch.B, bench_opts.budget, device)
@@ -92,7 +93,7 @@ def _linregress_loop(benchmark, bench_opts, N, dtype, device):
 
 def _quadratic_attention(benchmark, bench_opts, N, dtype, device):
     require_device(device)
-    batch = prompts(N, dtype, device, bench_opts.batch)
+    batch = prompts(N, dtype, device, bench_opts.batch(N))
     module, what = reference_transformer(dtype, device)
     call = lambda b: module.forward_quadratic(batch.tokens[:b])  # noqa: E731
     with torch.no_grad():
@@ -102,7 +103,7 @@ def _quadratic_attention(benchmark, bench_opts, N, dtype, device):
 
 def _transformer_forward(benchmark, bench_opts, N, dtype, device):
     require_device(device)
-    batch = prompts(N, dtype, device, bench_opts.batch)
+    batch = prompts(N, dtype, device, bench_opts.batch(N))
     module, what = reference_transformer(dtype, device)
     call = lambda b: module(batch.tokens[:b])  # noqa: E731
     with torch.no_grad():

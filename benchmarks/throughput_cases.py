@@ -14,8 +14,9 @@ References (each measured in the same pytest-benchmark run as the solvers):
 that solver is available, else a TransformerConfig() module (the same shape) with random weights.
 
 Prompts: PromptSpec(N, noise=NOISE, R=R), seed SEED; every case of one (N, dtype, device) reads the
-same prompts. Batch sizes: `fit_batch` shrinks a case's batch until one call takes about
-`budget` seconds (per-prompt loops, quadratic attention); figures are compared per prompt.
+same prompts. Batch sizes: B = values // N by default (conftest.py), then `fit_batch` shrinks a
+case's batch until one call takes about `budget` seconds (per-prompt loops, quadratic attention,
+gd-lsa at large N); figures are compared per prompt.
 """
 from __future__ import annotations
 
