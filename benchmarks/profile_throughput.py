@@ -1,4 +1,4 @@
-"""Where the time goes: cProfile of the goal cases at N=1000, float32, batch 1024, one torch thread.
+"""Where the time goes: cProfile of the goal cases at N=1000, float32, batch 1048, one torch thread.
 
 Cases: ols, numpy-ols, ln-closed-form, gd-lsa, the transformer's associative forward
 (Transformer.forward, the fast path) and its token-major reference path (Transformer._run with
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--N", type=int, default=1000)
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=0, help="prompts per call (default: 2**20 // N, as the suite)")
     ap.add_argument("--seconds", type=float, default=1.5, help="profiled time per case")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the suite's default is 1)")
     ap.add_argument("--repeats", type=int, default=7, help="calls per case in the thread comparison")
@@ -107,6 +107,7 @@ def main(argv=None) -> int:
     ap.add_argument("--update-docs", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    args.batch = args.batch or max(1, 2**20 // args.N)
     import os
 
     head = (f"Profile: N={args.N}, {args.dtype}, batch {args.batch}, {args.threads} torch thread(s), "

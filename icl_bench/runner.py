@@ -20,6 +20,7 @@ import math
 import os
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from functools import lru_cache
@@ -196,6 +197,18 @@ def _load_cell(path: Path, cell: Cell) -> dict | None:
     return row
 
 
+@contextmanager
+def torch_threads(n: int):
+    """torch.set_num_threads(n) inside the block (n = 0: unchanged); the old count is restored."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: bool = False,
                progress: bool = True) -> pd.DataFrame:
     """Run every cell of `config` and return the tidy result table (one row per cell).
@@ -218,24 +231,25 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
             raise ConfigError(f"--out: {out} is not empty; pass --resume to continue that run or choose another folder")
         cell_dir = out / "cells"
         cell_dir.mkdir(parents=True, exist_ok=True)
-    started = datetime.now(timezone.utc).isoformat()
-    rows = []
-    bar = tqdm(cells, total=len(cells), unit="cell", disable=not progress, dynamic_ncols=True)
-    for cell in bar:
-        bar.set_postfix_str(cell.describe(), refresh=False)
-        path = cell_dir / f"{cell.key}.json" if cell_dir else None
-        row = _load_cell(path, cell) if (path and resume) else None
-        if row is None:
-            row = run_cell(cell)
-            if path:
-                _write_atomic(path, json.dumps({**row, "_key": cell.key}, allow_nan=True).encode())
-        rows.append({c: row[c] for c in COLUMNS})
-    table = pd.DataFrame(rows, columns=COLUMNS)
-    if out is not None:
-        meta = metadata.collect(config, started=started, table=table)
-        buf = table.to_parquet(index=False)
-        _write_atomic(out / "results.parquet", buf)
-        _write_atomic(out / "results.csv", table.to_csv(index=False).encode())
-        _write_atomic(out / "metadata.json", json.dumps(meta, indent=2, allow_nan=True).encode())
+    with torch_threads(config.timing.threads):  # timing.threads = 0: torch's default
+        started = datetime.now(timezone.utc).isoformat()
+        rows = []
+        bar = tqdm(cells, total=len(cells), unit="cell", disable=not progress, dynamic_ncols=True)
+        for cell in bar:
+            bar.set_postfix_str(cell.describe(), refresh=False)
+            path = cell_dir / f"{cell.key}.json" if cell_dir else None
+            row = _load_cell(path, cell) if (path and resume) else None
+            if row is None:
+                row = run_cell(cell)
+                if path:
+                    _write_atomic(path, json.dumps({**row, "_key": cell.key}, allow_nan=True).encode())
+            rows.append({c: row[c] for c in COLUMNS})
+        table = pd.DataFrame(rows, columns=COLUMNS)
+        if out is not None:
+            meta = metadata.collect(config, started=started, table=table)
+            buf = table.to_parquet(index=False)
+            _write_atomic(out / "results.parquet", buf)
+            _write_atomic(out / "results.csv", table.to_csv(index=False).encode())
+            _write_atomic(out / "metadata.json", json.dumps(meta, indent=2, allow_nan=True).encode())
     return table
 

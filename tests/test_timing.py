@@ -103,3 +103,31 @@ def test_runner_warms_up_outside_the_timer_and_reports_seconds_per_pass(clock):
     assert solver.sizes[:2] == [20, 10]  # warm-up: first chunk, then the odd-sized last chunk
     assert solver.sizes[2:] == [20, 20, 10] * 3  # three timed passes of three chunks each
     assert seconds == pytest.approx(50 * 1e-3)  # warm-up excluded: one pass = 50 prompts x 1 ms
+
+
+def test_run_matrix_uses_timing_threads_and_restores_them(tiny_raw, monkeypatch):
+    from icl_bench.config import parse_config
+    from icl_bench.runner import run_matrix
+    import icl_bench.runner as runner
+
+    seen = []
+    real = runner.run_cell
+    monkeypatch.setattr(runner, "run_cell", lambda cell: (seen.append(torch.get_num_threads()), real(cell))[1])
+    before = torch.get_num_threads()
+    tiny_raw["timing"]["threads"] = 1
+    run_matrix(parse_config(tiny_raw), progress=False)
+    assert set(seen) == {1} and torch.get_num_threads() == before
+    tiny_raw["timing"]["threads"] = 0  # 0 leaves torch's own setting alone
+    seen.clear()
+    run_matrix(parse_config(tiny_raw), progress=False)
+    assert set(seen) == {before}
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True])
+def test_timing_threads_must_be_a_non_negative_integer(tiny_raw, bad):
+    from icl_bench.config import parse_config
+    from icl_bench.errors import ConfigError
+
+    tiny_raw["timing"]["threads"] = bad
+    with pytest.raises(ConfigError, match="timing.threads"):
+        parse_config(tiny_raw)
