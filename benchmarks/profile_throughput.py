@@ -11,8 +11,8 @@ script warms up, then runs the call under cProfile for about --seconds and repor
 per call and the functions and torch built-ins with the most own time (tottime), as a share of
 the profiled time. cProfile's per-call overhead is small next to these multi-millisecond calls;
 torch.profiler was tried and inflates small batched matmuls several-fold, so it is not used.
-It also times each case (no profiler; best of --repeats calls) with 1 torch thread and with all
-logical CPUs, which shows what torch's thread pool does on this machine at the current load.
+It also times each case (no profiler) with 1 torch thread and with all logical CPUs, alternating
+call by call, which shows what torch's thread pool does on this machine at the current load.
 --update-docs rewrites the marked profile block of docs/throughput.md.
 """
 from __future__ import annotations
@@ -78,21 +78,25 @@ def profile(call, seconds: float) -> tuple[float, int, str]:
     return wall, n, "\n".join(lines)
 
 
-def best_time(call, threads: int, repeats: int) -> float:
-    """Fastest of `repeats` calls (after one warm-up) with `threads` torch threads, in seconds."""
+def thread_times(call, counts: tuple[int, ...], repeats: int) -> dict[int, list[float]]:
+    """Seconds per call for each torch thread count, the counts alternating call by call (so
+    both see the same load), after one warm-up call each."""
     old = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    out: dict[int, list[float]] = {n: [] for n in counts}
     try:
         with torch.no_grad():
-            call()
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
+            for n in counts:
+                torch.set_num_threads(n)
                 call()
-                times.append(time.perf_counter() - t0)
+            for _ in range(repeats):
+                for n in counts:
+                    torch.set_num_threads(n)
+                    t0 = time.perf_counter()
+                    call()
+                    out[n].append(time.perf_counter() - t0)
     finally:
         torch.set_num_threads(old)
-    return min(times)
+    return out
 
 
 def main(argv=None) -> int:
@@ -102,7 +106,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=0, help="prompts per call (default: 2**20 // N, as the suite)")
     ap.add_argument("--seconds", type=float, default=1.5, help="profiled time per case")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the suite's default is 1)")
-    ap.add_argument("--repeats", type=int, default=7, help="calls per case in the thread comparison")
+    ap.add_argument("--repeats", type=int, default=9, help="calls per thread count in the thread comparison")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "throughput_profile.md")
     ap.add_argument("--update-docs", action="store_true")
     args = ap.parse_args(argv)
@@ -115,12 +119,14 @@ def main(argv=None) -> int:
             f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}. Share = own time / all profiled time.")
     parts = [head]
     all_cpus = os.cpu_count() or 1
-    rows = ["| case | 1 thread, ms | " + f"{all_cpus} threads, ms | ratio |", "|---|---|---|---|"]
+    rows = ["| case | 1 thread: best / median ms | " + f"{all_cpus} threads: best / median ms | median ratio |", "|---|---|---|---|"]
     todo = cases(args.N, args.dtype, args.batch)
     for name, call in todo.items():
-        one, many = best_time(call, 1, args.repeats), best_time(call, all_cpus, args.repeats)
-        rows.append(f"| `{name}` | {one * 1e3:.2f} | {many * 1e3:.2f} | {many / one:.2f} |")
-    parts.append("Best of " + str(args.repeats) + " calls per thread count (no profiler):\n\n" + "\n".join(rows))
+        t = thread_times(call, (1, all_cpus), args.repeats)
+        one, many = sorted(t[1]), sorted(t[all_cpus])
+        med1, medn = one[len(one) // 2], many[len(many) // 2]
+        rows.append(f"| `{name}` | {one[0] * 1e3:.2f} / {med1 * 1e3:.2f} | {many[0] * 1e3:.2f} / {medn * 1e3:.2f} | {medn / med1:.2f} |")
+    parts.append(f"Thread counts alternating call by call, {args.repeats} calls each (no profiler):\n\n" + "\n".join(rows))
     for name, call in todo.items():
         wall, n, table = profile(call, args.seconds)
         parts.append(f"#### `{name}`: {wall * 1e3:.2f} ms per call ({n} calls profiled)\n\n```\n{table}\n```")
