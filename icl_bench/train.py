@@ -339,7 +339,7 @@ def train_and_save(cfg: TrainConfig, out_dir: str | Path) -> Path:
     final = history[-1]
     meta = {"solver": cfg.solver, "R": float(cfg.R), "N": cfg.N, "seed": cfg.seed, "train_config": cfg.to_dict(),
             "metrics": {**{k: final[k] for k in ("step", "eval_mse_vs_ols", "eval_rel_mse", "sparsity", "elapsed_s", "steps_per_s")},
-                        "weight_l1": weight_l1(model.weight_matrices()), "fresh_noise0.1": fresh_metrics(model, cfg.R)},
+                        "weight_l1": weight_l1(model.weight_matrices()), "fresh_noise0.1": fresh_metrics(model, cfg.R, n_prompts=cfg.eval_prompts)},
             "history": history}
     return save_checkpoint(model, Path(out_dir) / cfg.name, meta)
 
@@ -360,7 +360,7 @@ def run_command(args) -> int:
     for d in load_runs(args.config, args.run):
         cfg = TrainConfig.from_dict({**d, "progress": d.get("progress", True) and not args.no_progress}, where="runs." + d.get("name", "?"))
         stem = train_and_save(cfg, args.out)
-        meta = json.loads(stem.with_suffix(".json").read_text())["metrics"]
+        meta = json.loads(Path(f"{stem}.json").read_text())["metrics"]
         print(f"{cfg.name}: {meta['step']} steps, held-out MSE vs OLS {meta['eval_mse_vs_ols']:.3e} "
               f"({meta['eval_rel_mse']:.2%} of var(OLS)), sparsity {meta['sparsity']:.2f} -> {stem}.safetensors", flush=True)
     return 0
