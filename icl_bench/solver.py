@@ -15,12 +15,14 @@ Write a solver by subclassing `Solver`, declaring `params` (name -> `Param`) and
 from __future__ import annotations
 
 import json
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
+from icl_bench.errors import ConfigError
 from icl_bench.prompts import PromptBatch
 
 
@@ -38,17 +40,19 @@ class Param:
     min: float | None = None  # inclusive lower bound for numbers
 
     def check(self, solver: str, name: str, value: Any) -> Any:
-        """Validate and coerce `value`; ValueError naming solver, parameter and accepted values."""
+        """Validate and coerce `value`; ConfigError naming solver, parameter and accepted values."""
         kind = type(self.default)
         where = f"solvers.{solver}.{name}"
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if type(value) is not kind:
-            raise ValueError(f"{where}: expected {kind.__name__}, got {value!r}")
+            raise ConfigError(f"{where}: expected {kind.__name__}, got {value!r}")
+        if kind is float and not math.isfinite(value):
+            raise ConfigError(f"{where}: must be finite (got {value!r})")
         if self.choices is not None and value not in self.choices:
-            raise ValueError(f"{where}: {value!r} is not accepted; accepted: {', '.join(map(str, self.choices))}")
+            raise ConfigError(f"{where}: {value!r} is not accepted; accepted: {', '.join(map(str, self.choices))}")
         if self.min is not None and not value >= self.min:
-            raise ValueError(f"{where}: must be >= {self.min} (got {value!r})")
+            raise ConfigError(f"{where}: must be >= {self.min} (got {value!r})")
         return value
 
 
@@ -68,7 +72,7 @@ class Solver(ABC):
         unknown = sorted(set(values) - set(self.params))
         if unknown:
             accepted = ", ".join(self.params) or "(none)"
-            raise ValueError(f"solvers.{self.name}.{unknown[0]}: unknown parameter; accepted: {accepted}")
+            raise ConfigError(f"solvers.{self.name}.{unknown[0]}: unknown parameter; accepted: {accepted}")
         self.values = {k: p.check(self.name, k, values.get(k, p.default)) for k, p in self.params.items()}
 
     def __repr__(self) -> str:

@@ -1,0 +1,184 @@
+"""`gd`: K explicit gradient-descent steps on the prompt's least-squares loss, batched in torch.
+
+This is the ground truth for the `gd-lsa` construction (icl_bench/gd_lsa.py), which must produce
+the same iterates with K linear self-attention (LSA) layers (von Oswald et al. 2023,
+"Transformers learn in-context by gradient descent", section 2, eq. 1-2; the intercept is
+handled as in shared DESIGN.md section 6).
+
+Model and loss, per prompt, over a key set of M examples (x_j, y_j):
+
+    w = (a, b),   phi_j = (1, x_j),   L(w) = 1/(2M) sum_j (w . phi_j - y_j)^2
+    w_0 = (0, 0),   w_{k+1} = w_k - lr * grad L(w_k) = w_k + (lr/M) sum_j r_j phi_j,
+    r_j = y_j - w_k . phi_j   (the residual),     prediction y_hat_K(u) = w_K . (1, u)
+
+Key sets (`variant`), identical to the transformer's:
+    "masked":            the N context examples, M = N  (plain GD on the context).
+    "query-in-context":  the context plus the query as an extra example (u, 0), M = N + 1: the
+                         query's label is the 0 written in its token, so GD also pulls the fit
+                         towards 0 at u. This is what an LSA layer whose keys include the query
+                         token computes; it is *not* GD on the context, and its error vs OLS
+                         carries an O(1/N) bias that does not vanish as K grows.
+
+Convergence: GD on L is stable iff 0 < lr < 2 / lambda_max(H), H = [[1, x_bar], [x_bar, mean x^2]]
+(the Hessian), and its speed is set by lambda_min(H) * lr; a large |x_bar| makes H
+ill-conditioned (see docs/gd-lsa.md, section "Conditioning").
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from icl_bench import PromptBatch, Solver
+from icl_bench.errors import ConfigError
+from icl_bench.gd_lsa import DEFAULT_LR, DEFAULT_STEPS  # the same defaults as gd-lsa
+from icl_bench.solver import Param
+
+VARIANTS = ("masked", "query-in-context")
+
+
+def check_gd_params(steps, lr, variant, where: str) -> None:
+    """Raise ConfigError (one line, naming `where`.field and the accepted values) on bad values."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ConfigError(f"{where}.steps: must be an integer >= 0 (got {steps!r})")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+        raise ConfigError(f"{where}.lr: must be a finite number > 0 (got {lr!r})")
+    if variant not in VARIANTS:
+        raise ConfigError(f"{where}.variant: unknown value {variant!r}; accepted: {', '.join(VARIANTS)}")
+
+
+def key_set(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor, variant: str):
+    """The examples GD fits: (x, y) itself (masked) or with (u, 0) appended (query-in-context).
+
+    Args: x, y (B, N); x_query (B,). Returns: xs, ys of shape (B, M), M = N or N + 1.
+    """
+    if variant == "masked":
+        return x, y
+    return torch.cat([x, x_query[:, None]], dim=1), torch.cat([y, torch.zeros_like(x_query)[:, None]], dim=1)
+
+
+def gd_iterates(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor, lr: float, variant: str = "masked"):
+    """Generator of the GD iterates (a_k, b_k), k = 1, 2, ... (endless; the caller stops it).
+
+    Args: x, y (B, N); x_query (B,) (used only by the query-in-context key set); lr > 0;
+    variant in VARIANTS. Yields: (a, b), each (B,) in x's dtype, after each step.
+    """
+    xs, ys = key_set(x, y, x_query, variant)  # (B, M)
+    a = torch.zeros_like(x_query)  # (B,) intercept, w_0 = 0
+    b = torch.zeros_like(x_query)  # (B,) slope
+    while True:
+        r = ys - a[:, None] - b[:, None] * xs  # (B, M) residuals y_j - w . phi_j
+        a = a + lr * r.mean(dim=1)  # phi_j[0] = 1
+        b = b + lr * (r * xs).mean(dim=1)  # phi_j[1] = x_j
+        yield a, b
+
+
+def gd_trajectory(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor, steps: int, lr: float,
+                  variant: str = "masked") -> torch.Tensor:
+    """Predictions at the query after every GD step 0..K, computed explicitly.
+
+    Args:
+        x, y: (B, N) context, one floating dtype and device.
+        x_query: (B,) query inputs u.
+        steps: K >= 0; lr: the step size eta > 0; variant: one of VARIANTS (the key set).
+    Returns:
+        (K+1, B) tensor in x's dtype: row k = w_k . (1, u); row 0 is 0. A prompt with NaN/inf
+        in its x, y or u gives NaN/inf in its own column only; a prompt with var(x) = 0 gives
+        the finite GD iterate (GD from 0 stays in the span of (1, x), so at u = x it tends to y_bar).
+    Raises:
+        ConfigError: bad steps / lr / variant.
+    """
+    check_gd_params(steps, lr, variant, "solvers.gd")
+    out = [torch.zeros_like(x_query)]  # w_0 . (1, u) = 0
+    it = gd_iterates(x, y, x_query, lr, variant)
+    for _ in range(steps):
+        a, b = next(it)
+        out.append(a + b * x_query)
+    return torch.stack(out)  # (K+1, B)
+
+
+def gd_predict(x, y, x_query, steps: int, lr: float, variant: str = "masked") -> torch.Tensor:
+    """The K-step GD prediction w_K . (1, u), (B,); see gd_trajectory (same arguments)."""
+    return gd_trajectory(x, y, x_query, steps, lr, variant)[-1]
+
+
+class GD(Solver):
+    """K explicit gradient-descent steps on the prompt's squared loss from (a, b) = (0, 0)."""
+
+    params = {
+        "steps": Param(DEFAULT_STEPS, "K, the number of GD steps", min=1),
+        "lr": Param(DEFAULT_LR, "eta, the GD step size (stable while eta < 2 / lambda_max)"),
+        "variant": Param("masked", "key set: masked = context only; query-in-context = also (u, 0)",
+                         choices=VARIANTS),
+    }
+
+    def __init__(self, **values):
+        super().__init__(**values)
+        check_gd_params(self.values["steps"], self.values["lr"], self.values["variant"], f"solvers.{self.name}")
+
+    def predict(self, batch: PromptBatch) -> torch.Tensor:
+        v = self.values
+        return gd_predict(batch.x, batch.y, batch.x_query, v["steps"], v["lr"], v["variant"])  # (B,)
+
+
+# ---- conditioning helpers (used by benchmarks/gd_lr_sweep.py, benchmarks/gd_conditioning.py) ----
+
+def hessian_eigenvalues(xs: torch.Tensor) -> torch.Tensor:
+    """Eigenvalues of the GD Hessian H = [[1, mean x], [mean x, mean x^2]] of each prompt.
+
+    Args: xs (B, M), the key set's inputs. Returns: (B, 2) = (lambda_min, lambda_max), float64.
+    GD with step size lr is stable on a prompt iff lr * lambda_max < 2; the error along the
+    slow direction shrinks by |1 - lr * lambda_min| per step.
+    """
+    xs = xs.double()
+    m1, m2 = xs.mean(dim=1), (xs * xs).mean(dim=1)  # (B,)
+    mid = (1.0 + m2) / 2  # (B,) half the trace
+    rad = torch.sqrt(((m2 - 1.0) / 2) ** 2 + m1 * m1)  # (B,) half the eigenvalue gap
+    return torch.stack([mid - rad, mid + rad], dim=1)
+
+
+def mse_by_step(batch: PromptBatch, steps: int, lr: float, variant: str = "masked") -> torch.Tensor:
+    """MSE vs the OLS prediction after GD steps 0..K, (K+1,) float64, over prompts with finite OLS."""
+    ok = torch.isfinite(batch.ols_prediction)  # (B,)
+    traj = gd_trajectory(batch.x, batch.y, batch.x_query, steps, lr, variant).double()  # (K+1, B)
+    return ((traj[:, ok] - batch.ols_prediction[ok]) ** 2).mean(dim=1)
+
+
+def steps_to_reach(batch: PromptBatch, lr: float, target: float = 1e-3, max_steps: int = 10_000,
+                   variant: str = "masked", blowup: float = 1e6) -> int | None:
+    """The first K with MSE vs OLS <= target (over prompts with finite OLS), or None.
+
+    Stops early: returns None once the MSE is non-finite or above `blowup` times its value at
+    K = 0 (GD diverges: lr * lambda_max >= 2 on some prompt), or after `max_steps` steps.
+    Computed in float64 whatever the batch dtype. Cost: O(K * B * N); iterates are not stored.
+    """
+    check_gd_params(max_steps, lr, variant, "steps_to_reach")
+    ok = torch.isfinite(batch.ols_prediction)  # (B,)
+    ref, u = batch.ols_prediction[ok], batch.x_query[ok].double()  # (B',)
+    mse0 = float((ref ** 2).mean())  # w_0 = 0 predicts 0
+    if mse0 <= target:
+        return 0
+    it = gd_iterates(batch.x[ok].double(), batch.y[ok].double(), u, lr, variant)
+    for k in range(1, max_steps + 1):
+        a, b = next(it)
+        mse = float(((a + b * u - ref) ** 2).mean())
+        if mse <= target:
+            return k
+        if not math.isfinite(mse) or mse > blowup * mse0:
+            return None
+    return None
+
+
+def best_steps_to_reach(batch: PromptBatch, etas, target: float = 1e-3, max_steps: int = 10_000,
+                        variant: str = "masked") -> tuple[float | None, int | None]:
+    """(eta, K): the eta in `etas` that reaches MSE vs OLS <= target in the fewest steps, and
+    that K; (None, None) if none does within max_steps. Each later eta is cut off at the best K
+    so far, so a scan costs about the best K times the number of etas that beat it."""
+    best_eta, best_k = None, None
+    for eta in etas:
+        k = steps_to_reach(batch, eta, target, max_steps if best_k is None else best_k - 1, variant)
+        if k is not None:
+            best_eta, best_k = eta, k
+            if k == 0:
+                break
+    return best_eta, best_k

@@ -1,0 +1,6 @@
+"""`python -m icl_bench` = the `icl-bench` command."""
+import sys
+
+from icl_bench.cli import main
+
+sys.exit(main())

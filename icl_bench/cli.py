@@ -1,0 +1,114 @@
+"""`icl-bench` command line: list, run, train, analyze, publish.
+
+Bad input (config, flags, data, checkpoints) prints one line `icl-bench: error: <field>: <problem>`
+and exits with code 2, without a traceback and without writing anything. A run whose cells
+failed exits with code 1 after writing every row.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from icl_bench.errors import ConfigError
+
+DEFAULT_CONFIG = "benchmarks/default.toml"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse prints usage + message by default)
+        raise ConfigError(message)
+
+
+def default_config_path() -> Path:
+    """benchmarks/default.toml of the source checkout (or of the current folder)."""
+    for base in (Path(__file__).resolve().parents[1], Path.cwd()):
+        if (base / DEFAULT_CONFIG).is_file():
+            return base / DEFAULT_CONFIG
+    raise ConfigError(f"--config: no default matrix found ({DEFAULT_CONFIG}); pass --config FILE.toml")
+
+
+def cmd_list(args) -> int:
+    from icl_bench.registry import list_solvers
+
+    for info in list_solvers():
+        print(f"{info.name}  [{info.origin}]")
+        if info.error:
+            print(f"    BROKEN: {info.error}")
+            continue
+        if info.doc:
+            print(f"    {info.doc}")
+        for pname, p in info.params.items():
+            choices = f" choices: {', '.join(map(str, p.choices))}" if p.choices else ""
+            print(f"    --{pname} = {p.default!r}  {p.help}{choices}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from icl_bench.config import parse_config, read_toml
+    from icl_bench.runner import run_matrix
+
+    path = Path(args.config) if args.config else default_config_path()
+    raw = read_toml(path)
+    if args.solver:  # keep the config's parameters for a named solver, defaults otherwise
+        given = raw.get("solvers", {}) if isinstance(raw.get("solvers"), dict) else {}
+        raw["solvers"] = {name: given.get(name, {}) for name in args.solver}
+        raw["all_solvers"] = False
+    if args.data is not None:
+        if not (args.x and args.y):
+            raise ConfigError("--data: needs --x COLUMN and --y COLUMN")
+        raw["data"] = {"path": args.data, "x": args.x, "y": args.y}
+    elif args.x or args.y:
+        raise ConfigError("--x/--y: only with --data FILE")
+    cfg = parse_config(raw, base_dir=path.parent)
+    out = Path(args.out) if args.out else Path("results/runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    table = run_matrix(cfg, out, resume=args.resume, progress=not args.no_progress)
+    summary = table.groupby("solver").agg(
+        ok=("status", lambda s: int((s == "ok").sum())),
+        skipped=("status", lambda s: int((s == "skipped").sum())),
+        error=("status", lambda s: int((s == "error").sum())),
+        median_mse_vs_ols=("mse_vs_ols", "median"),
+        median_prompts_per_s=("prompts_per_s", "median"),
+    )
+    print(summary.to_string(float_format=lambda v: f"{v:.3g}"))
+    print(f"wrote {out / 'results.parquet'}, results.csv, metadata.json ({len(table)} cells)")
+    errors = table[table.status == "error"]
+    for _, r in errors.head(5).iterrows():
+        print(f"error: {r['solver']} {r['solver_params']} N={r['N']} R={r['R']} {r['dtype']} {r['device']}: {r['message']}",
+              file=sys.stderr)
+    return 1 if len(errors) else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="icl-bench", description="Benchmark in-context learning algorithms for linear regression.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub.add_parser("list", help="list solvers, their parameters and where they come from").set_defaults(func=cmd_list)
+    run = sub.add_parser("run", help="run a benchmark matrix (default: benchmarks/default.toml)")
+    run.add_argument("--config", help="matrix config (TOML)")
+    run.add_argument("--out", help="output folder (default: results/runs/<timestamp>)")
+    run.add_argument("--solver", action="append", help="run only this solver (repeatable)")
+    run.add_argument("--resume", action="store_true", help="reuse the finished cells in --out")
+    run.add_argument("--data", help="CSV file to draw prompts from instead of the generator")
+    run.add_argument("--x", help="CSV column of x (with --data)")
+    run.add_argument("--y", help="CSV column of y (with --data)")
+    run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    run.set_defaults(func=cmd_run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `icl-bench` console script; returns the exit code."""
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"icl-bench: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("icl-bench: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from icl_bench import Dist, PromptSpec, make_batch, sample_prompts
+from icl_bench.ols import ols_predict
+
+
+def test_shapes_dtypes_and_tokens():
+    spec = PromptSpec(N=7, noise=0.1, R=50.0)
+    b = sample_prompts(spec, 11, seed=3, dtype="float32")
+    assert b.x.shape == b.y.shape == (11, 7)
+    for name in ("x_query", "y_query", "y_query_clean", "slope", "intercept", "ols_prediction"):
+        assert getattr(b, name).shape == (11,)
+    assert b.tokens.shape == (11, 8, 3) and b.tokens.dtype == torch.float32
+    assert b.ols_prediction.dtype == torch.float64
+    assert torch.equal(b.tokens[:, :7, 0], b.x) and torch.equal(b.tokens[:, :7, 1], b.y)
+    assert torch.equal(b.tokens[:, 7, 0], b.x_query)
+    assert (b.tokens[:, 7, 1] == 0).all() and (b.tokens[..., 2] == 50.0).all()
+    assert torch.allclose(b.y_query_clean, b.intercept + b.slope * b.x_query)
+
+
+def test_noise_level_and_clean_data():
+    b = sample_prompts(PromptSpec(N=50, noise=0.5), 4000, seed=0, dtype="float64")
+    resid = b.y - (b.intercept[:, None] + b.slope[:, None] * b.x)
+    assert abs(resid.std().item() - 0.5) < 0.01
+    clean = sample_prompts(PromptSpec(N=50, noise=0.0), 100, seed=0, dtype="float64")
+    assert torch.allclose(clean.ols_prediction, clean.y_query_clean.double(), atol=1e-10)
+
+
+def test_same_seed_same_tensors_other_seed_differs():
+    spec = PromptSpec(N=9, noise=0.2, R=10.0, x=Dist("uniform", -1.0, 2.0))
+    a, b = (sample_prompts(spec, 32, seed=5) for _ in range(2))
+    for k, v in a.tensors().items():
+        assert torch.equal(v, getattr(b, k)), k
+    assert not torch.equal(a.x, sample_prompts(spec, 32, seed=6).x)
+
+
+def test_same_seed_same_tensors_across_processes():
+    code = ("import torch;from icl_bench import PromptSpec,sample_prompts;"
+            "b=sample_prompts(PromptSpec(N=6,noise=0.1),8,seed=42,dtype='float64');print(b.tokens.sum().item().hex())")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout for _ in range(2)}
+    here = sample_prompts(PromptSpec(N=6, noise=0.1), 8, seed=42, dtype="float64").tokens.sum().item().hex()
+    assert outs == {here + "\n"}
+
+
+def test_float32_and_float64_share_prompts_and_reference_is_float64_of_cast_values():
+    spec = PromptSpec(N=20, noise=0.1)
+    b32 = sample_prompts(spec, 16, seed=1, dtype="float32")
+    b64 = sample_prompts(spec, 16, seed=1, dtype="float64")
+    assert torch.equal(b32.x, b64.x.float())
+    ref = ols_predict(b32.x.double(), b32.y.double(), b32.x_query.double())
+    assert torch.equal(b32.ols_prediction, ref)
+
+
+def test_uniform_distribution_range():
+    b = sample_prompts(PromptSpec(N=100, x=Dist("uniform", 2.0, 3.0)), 50, seed=0)
+    assert b.x.min() >= 2.0 and b.x.max() <= 5.0
+
+
+def test_make_batch_single_prompt_and_batch():
+    x = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    y = 1.0 + 2.0 * x
+    b = make_batch(x, y, 10.0, R=100.0)
+    assert b.tokens.shape == (1, 5, 3)
+    assert torch.allclose(b.ols_prediction, torch.tensor([21.0], dtype=torch.float64))
+    assert torch.isnan(b.y_query_clean).all()
+    bb = make_batch(torch.stack([x, x]), torch.stack([y, -y]), [1.0, 1.0], R=10.0, dtype="float32")
+    assert torch.allclose(bb.ols_prediction, torch.tensor([3.0, -3.0], dtype=torch.float64))
+
+
+def test_zero_spread_gives_nan_reference():
+    b = make_batch([0.1, 0.1, 0.1], [1.0, 2.0, 3.0], 0.5, R=10.0)
+    assert torch.isnan(b.ols_prediction).all()
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(N=1), "N"), (dict(N=3.0), "N"), (dict(noise=-0.1), "noise"), (dict(R=0.0), "R"),
+    (dict(R=float("inf")), "R"), (dict(noise=float("nan")), "noise"),
+])
+def test_bad_spec_names_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        PromptSpec(**kwargs)
+
+
+def test_bad_make_batch_inputs():
+    with pytest.raises(ValueError, match="^x, y:"):
+        make_batch([[1.0, 2.0]], [1.0, 2.0, 3.0], 0.0, R=1.0)
+    with pytest.raises(ValueError, match="^N:"):
+        make_batch([1.0], [1.0], 0.0, R=1.0)
+    with pytest.raises(ValueError, match="^x_query:"):
+        make_batch([[1.0, 2.0]], [[1.0, 2.0]], [0.0, 1.0], R=1.0)
+    with pytest.raises(ValueError, match="^dtype:"):
+        sample_prompts(PromptSpec(), 2, seed=0, dtype="float16")
+    with pytest.raises(ValueError, match="^dist:"):
+        Dist("cauchy")

@@ -1,0 +1,61 @@
+import subprocess
+import sys
+
+import pytest
+
+from icl_bench import get_solver, list_solvers
+from icl_bench.config import parse_config
+from icl_bench.registry import SolverLoadError, UnknownSolverError, get_solver_class
+from icl_bench.runner import run_matrix
+
+
+def test_unknown_name_lists_known_and_closest():
+    with pytest.raises(UnknownSolverError) as info:
+        get_solver("scipy-lstq")
+    msg = str(info.value)
+    assert "known: " in msg and "ols" in msg and "did you mean 'scipy-lstsq'?" in msg
+
+
+def test_baselines_come_from_the_entry_point_group():
+    infos = {i.name: i for i in list_solvers()}
+    assert infos["ols"].origin.startswith("plugin baselines.ols:OLS")
+    assert infos["scipy-lstsq"].origin.startswith("plugin baselines.scipy_lstsq:")
+
+
+def test_unknown_parameter_and_bad_type():
+    with pytest.raises(ValueError, match=r"solvers\.ols\.steps: unknown parameter"):
+        get_solver("ols", steps=3)
+
+
+def test_plugin_is_listed_and_used_by_the_runner(plugin_path, tiny_raw):
+    infos = {i.name: i for i in list_solvers()}
+    assert infos["plugin-mean-y"].origin.startswith("plugin fake_plugin_good:MeanY (fake-icl-plugin 1.0)")
+    assert "shift" in infos["plugin-mean-y"].params
+    tiny_raw["solvers"] = {"plugin-mean-y": {"shift": [0.0, 1.0]}, "ols": {}}
+    table = run_matrix(parse_config(tiny_raw), progress=False)
+    mine = table[table.solver == "plugin-mean-y"]
+    assert len(mine) == 2 * 8 and (mine.status == "ok").all()
+    assert set(mine.solver_params) == {'{"shift": 0.0}', '{"shift": 1.0}'}
+    assert (mine.mse_vs_ols > 0.01).all()  # a mean-of-y predictor is far from OLS
+
+
+def test_broken_plugin_breaks_nothing_else(plugin_path, tiny_raw):
+    infos = {i.name: i for i in list_solvers()}
+    assert "this plugin is broken on purpose" in infos["plugin-broken"].error
+    assert infos["ols"].error is None
+    with pytest.raises(SolverLoadError, match="broken on purpose"):
+        get_solver_class("plugin-broken")
+    tiny_raw["solvers"] = {"plugin-broken": {}, "ols": {}}
+    table = run_matrix(parse_config(tiny_raw), progress=False)
+    assert (table[table.solver == "plugin-broken"].status == "error").all()
+    assert (table[table.solver == "ols"].status == "ok").all()
+
+
+def test_cli_list_survives_a_broken_plugin(plugin_path):
+    env_path = f"{plugin_path}"
+    out = subprocess.run([sys.executable, "-m", "icl_bench", "list"], capture_output=True, text=True,
+                         env={**__import__("os").environ, "PYTHONPATH": env_path})
+    assert out.returncode == 0, out.stderr
+    assert "plugin-broken" in out.stdout and "BROKEN: ImportError: this plugin is broken on purpose" in out.stdout
+    assert "plugin-mean-y" in out.stdout and "--shift = 0.0" in out.stdout
+    assert "scipy-lstsq" in out.stdout

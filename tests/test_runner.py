@@ -1,0 +1,151 @@
+import json
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from icl_bench import Solver, register_solver
+from icl_bench.cli import main
+from icl_bench.config import parse_config
+from icl_bench.registry import _registered
+from icl_bench.runner import COLUMNS, TIMING_COLUMNS, expand_cells, run_matrix
+
+DESIGN_COLUMNS = ["solver", "solver_params", "N", "noise", "R", "dtype", "device", "seed", "n_prompts",
+                  "mse_vs_ols", "mse_vs_truth", "mse_vs_target", "abs_err_median", "abs_err_p99", "n_nonfinite",
+                  "prompts_per_s", "batch_size", "weight_sparsity", "weight_l1", "status", "message"]
+
+
+def _stable(table: pd.DataFrame) -> pd.DataFrame:
+    return table.drop(columns=list(TIMING_COLUMNS)).reset_index(drop=True)
+
+
+def test_writes_three_files_with_every_design_column(tmp_path, tiny_raw):
+    out = tmp_path / "run"
+    table = run_matrix(parse_config(tiny_raw), out, progress=False)
+    assert set(DESIGN_COLUMNS) <= set(table.columns)
+    for name in ("results.parquet", "results.csv", "metadata.json"):
+        assert (out / name).is_file()
+    assert _stable(pd.read_parquet(out / "results.parquet")).equals(_stable(table))
+    assert len(pd.read_csv(out / "results.csv")) == len(table) == 2 * 2 * 2 * 2
+    meta = json.loads((out / "metadata.json").read_text())
+    for key in ("config", "seed", "packages", "device", "git_commit", "started_at", "finished_at"):
+        assert key in meta
+    assert meta["packages"]["torch"] == torch.__version__
+    assert (table.status == "ok").all() and (table.n_nonfinite == 0).all()
+    assert (table.prompts_per_s > 0).all() and table.weight_sparsity.isna().all()
+
+
+def test_ols_and_scipy_agree_on_the_default_grid():
+    raw = {"n_prompts": 256, "batch_size": 256, "timing": {"repeats": 1},
+           "grid": {"N": [10, 30, 100, 300], "noise": [0.0, 0.1, 0.5], "R": [10.0], "dtype": ["float64"]},
+           "solvers": {"ols": {}, "scipy-lstsq": {}}}
+    from icl_bench.runner import _prompts
+    from icl_bench.registry import get_solver
+
+    for cell in expand_cells(parse_config(raw))[::2]:
+        batch = _prompts(cell.prompts, cell.N, cell.noise, cell.R, cell.n_prompts, cell.seed, "float64", "cpu")
+        a, b = get_solver("ols").predict(batch), get_solver("scipy-lstsq").predict(batch)
+        rel = ((a - b).abs() / b.abs().clamp_min(1.0)).max().item()
+        assert rel <= 1e-10, (cell.N, cell.noise, rel)
+
+
+def test_prompts_shared_by_solvers_and_dtypes_of_a_grid_point(tiny_raw):
+    table = run_matrix(parse_config(tiny_raw), progress=False)
+    # ols in float64 is the reference itself: exactly zero error on every cell
+    assert (table[(table.solver == "ols") & (table.dtype == "float64")].mse_vs_ols < 1e-25).all()
+    clean = table[(table.noise == 0.0) & (table.solver == "ols")]
+    assert (clean.mse_vs_truth < 1e-8).all()
+
+
+def test_same_config_same_table_twice(tiny_raw):
+    cfg = parse_config(tiny_raw)
+    a, b = run_matrix(cfg, progress=False), run_matrix(cfg, progress=False)
+    pd.testing.assert_frame_equal(_stable(a), _stable(b))
+    tiny_raw["seed"] = 1
+    c = run_matrix(parse_config(tiny_raw), progress=False)
+    assert not (_stable(c).mse_vs_target.values == _stable(a).mse_vs_target.values).all()
+
+
+def test_cuda_cells_skip_with_reason_when_no_cuda(tiny_raw):
+    tiny_raw["grid"]["device"] = ["cpu", "cuda"]
+    table = run_matrix(parse_config(tiny_raw), progress=False)
+    cuda = table[table.device == "cuda"]
+    if torch.cuda.is_available():
+        assert (cuda.status == "ok").all()
+    else:
+        assert (cuda.status == "skipped").all()
+        assert cuda.message.str.contains("CUDA is not available").all()
+    assert (table[table.device == "cpu"].status == "ok").all()
+
+
+class Exploding(Solver):
+    """Raises inside predict for N > 5."""
+
+    params = {}
+
+    def predict(self, batch):
+        if batch.N > 5:
+            raise RuntimeError("boom")
+        return batch.y.mean(dim=1)
+
+
+def test_failing_cell_is_a_row_and_run_continues_exit_1(tmp_path, tiny_raw, capsys):
+    register_solver("test-exploding")(Exploding)
+    try:
+        tiny_raw["solvers"] = {"test-exploding": {}, "ols": {}}
+        import tomli_w
+
+        (tmp_path / "c.toml").write_text(tomli_w.dumps(tiny_raw))
+        code = main(["run", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / "o"), "--no-progress"])
+        assert code == 1
+        table = pd.read_parquet(tmp_path / "o" / "results.parquet")
+        bad = table[table.solver == "test-exploding"]
+        assert set(bad[bad.N == 12].status) == {"error"} and set(bad[bad.N == 5].status) == {"ok"}
+        assert bad[bad.N == 12].message.str.startswith("RuntimeError: boom").all()
+        assert (table[table.solver == "ols"].status == "ok").all()
+        assert "error: test-exploding" in capsys.readouterr().err
+    finally:
+        _registered.pop("test-exploding", None)
+
+
+def test_resume_skips_finished_cells_and_refuses_non_empty_out(tmp_path, tiny_raw):
+    cfg = parse_config(tiny_raw)
+    out = tmp_path / "o"
+    first = run_matrix(cfg, out, progress=False)
+    with pytest.raises(Exception, match="--out: .* is not empty; pass --resume"):
+        run_matrix(cfg, out, progress=False)
+    cells = sorted((out / "cells").glob("*.json"))
+    cells[0].unlink()  # lost
+    cells[1].write_text(cells[1].read_text()[:40])  # truncated
+    before = {p.name: p.stat().st_mtime_ns for p in cells[2:]}
+    again = run_matrix(cfg, out, resume=True, progress=False)
+    assert {p.name: p.stat().st_mtime_ns for p in cells[2:]} == before  # untouched
+    assert json.loads(cells[1].read_text())["status"] == "ok"  # recomputed
+    pd.testing.assert_frame_equal(_stable(first), _stable(again))
+
+
+def test_csv_data_source_reports_no_truth(tmp_path):
+    raw = {"n_prompts": 50, "batch_size": 50, "grid": {"N": [10, 30], "R": [100.0], "dtype": ["float64"]},
+           "solvers": {"ols": {}, "scipy-lstsq": {}}, "timing": {"repeats": 1},
+           "data": {"path": "matplotlib:msft.csv", "x": "Open", "y": "Close"}}
+    table = run_matrix(parse_config(raw), progress=False)
+    assert (table.status == "ok").all()
+    assert table.mse_vs_truth.isna().all() and table.noise.isna().all()
+    assert (table.mse_vs_target > 0).all() and (table.mse_vs_target < 10).all()  # next-day close ~ open: dollars
+    assert (table[table.solver == "ols"].mse_vs_ols < 1e-20).all()
+    assert (table[table.solver == "scipy-lstsq"].mse_vs_ols < 1e-18).all()
+
+
+def test_cli_data_flags(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('n_prompts = 20\nbatch_size = 20\n[grid]\nN = [8]\n[solvers.ols]\n[timing]\nrepeats = 1\n')
+    code = main(["run", "--config", str(cfg), "--data", "matplotlib:msft.csv", "--x", "Open", "--y", "Close",
+                 "--out", str(tmp_path / "o"), "--no-progress"])
+    assert code == 0
+    table = pd.read_csv(tmp_path / "o" / "results.csv")
+    assert json.loads(table.prompts[0])["csv"]["x"] == "Open" and math.isnan(table.mse_vs_truth[0])
+
+
+def test_every_column_listed_once():
+    assert len(COLUMNS) == len(set(COLUMNS))
