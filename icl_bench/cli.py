@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--y", help="CSV column of y (with --data)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     run.set_defaults(func=cmd_run)
+    from icl_bench.train import add_train_command  # light: torch + tqdm, no pandas
+
+    add_train_command(sub)
     return p
 
 

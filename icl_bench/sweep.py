@@ -21,13 +21,13 @@ import argparse
 import importlib
 import math
 import sys
-import tomllib
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from icl_bench.checkpoint import load_checkpoint
+from icl_bench.config import tomllib  # tomllib, or tomli on Python 3.10
 from icl_bench.errors import ConfigError
 from icl_bench.metrics import weight_l1, weight_sparsity
 from icl_bench.prompts import PromptSpec, sample_prompts

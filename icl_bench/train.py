@@ -27,7 +27,6 @@ import math
 import random
 import sys
 import time
-import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 from tqdm.auto import tqdm
 
+from icl_bench.config import tomllib  # tomllib, or tomli on Python 3.10
 from icl_bench.errors import ConfigError
 from icl_bench.metrics import weight_l1, weight_sparsity
 from icl_bench.prompts import PromptSpec, resolve_dtype, sample_prompts
