@@ -5,7 +5,7 @@
 
 Config (TOML):
     [sweep]  l1 = [...] (the lambda grid), seeds = [...], out = "results/l1_sweep",
-             eval_N = 30, eval_noise = 0.1, eval_prompts = 4096
+             eval_N = 30, eval_noise = 0.1, eval_prompts = 4096, analysis_prompts = 2048
     [train]  TrainConfig fields shared by every run (R, steps, ...); name/seed/l1 are set here.
 
 Every run's checkpoint is saved under <out>/models/ (so --reuse can redo the table, e.g. once
@@ -33,7 +33,11 @@ from icl_bench.metrics import weight_l1, weight_sparsity
 from icl_bench.prompts import PromptSpec, sample_prompts
 from icl_bench.train import TrainConfig, train_and_save
 
-SWEEP_KEYS = {"l1": None, "seeds": [0], "out": "results/l1_sweep", "eval_N": 30, "eval_noise": 0.1, "eval_prompts": 4096}
+# Columns of the markdown summary (the CSV keeps every column analyze returns).
+MD_COLUMNS = ["l1", "seeds", "rel_mse", "rel_mse_range", "mse_vs_ols", "sparsity", "weight_l1", "hoyer", "similarity",
+              "repr.layer0.r2_mean", "repr.layer1.r2_mean", "probe.centering.x.r2_stream", "probe.centering.y.r2_stream",
+              "probe.division.r2", "probe.division.r2_stream"]
+SWEEP_KEYS = {"l1": None, "seeds": [0], "out": "results/l1_sweep", "eval_N": 30, "eval_noise": 0.1, "eval_prompts": 4096, "analysis_prompts": 2048}
 
 
 def read_config(path: str) -> tuple[dict, dict]:
@@ -83,7 +87,7 @@ def row_for(stem: Path, sweep: dict, analyze) -> dict:
            "sparsity": weight_sparsity(w), "weight_l1": weight_l1(w)}
     if analyze is not None:
         try:
-            result = analyze(model, R, seed=int(meta["seed"]))
+            result = analyze(model, R, seed=int(meta["seed"]), n_prompts=sweep["analysis_prompts"])
             row.update({k: v for k, v in result.items() if isinstance(v, (int, float)) and k not in row})
         except Exception as exc:  # record the failure in the table, keep the sweep
             row["analysis_error"] = f"{type(exc).__name__}: {exc}"
@@ -113,7 +117,11 @@ def write_tables(table: pd.DataFrame, out: Path, sweep: dict, command: str, anal
     out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(f"{out}.csv", index=False)
     summary = summarise(table)
-    note = ("Similarity and probe columns come from `icl_bench.analysis.analyze`." if analysis_found else
+    summary = summary[[c for c in MD_COLUMNS if c in summary.columns]]
+    note = ("hoyer, similarity (to the LN construction, symmetry-invariant; ~0.35 for random weights, see "
+            "results/similarity_calibration.md), repr.* (R^2 of linear maps to the construction's residual stream) "
+            "and probe.* come from `icl_bench.analysis.analyze` "
+            f"(N = 20, {sweep['analysis_prompts']} prompts)." if analysis_found else
             "`icl_bench.analysis` was not available: no similarity / probe columns (rerun with --reuse once it is).")
     lines = [f"# l1 sweep (R = {table.R.iloc[0]:g})", "", f"Made by: `{command}`", "",
              f"Evaluation: {sweep['eval_prompts']} fresh prompts, N = {sweep['eval_N']}, noise = {sweep['eval_noise']}; "
