@@ -48,6 +48,8 @@ EVAL_SEED_OFFSET = 1_000_003  # held-out prompts use seed + this, never a traini
 
 @dataclass
 class TrainConfig:
+    """One training run. Invalid values raise ConfigError("train.<field>: ...; accepted: ...")."""
+
     name: str = "model"  # checkpoint file stem, e.g. "trained-l1-R10"
     solver: str = ""  # the solver this checkpoint serves (trained-l1 / trained-nol1 / trained-lsa) or ""
     seed: int = 0  # seeds the init, the per-step prompts and the held-out prompts
@@ -88,6 +90,16 @@ class TrainConfig:
         self.N = list(self.N)
         def bad(name, accepted):
             raise ConfigError(f"train.{name}: invalid value {getattr(self, name)!r}; accepted: {accepted}")
+        for name in ("R", "noise", "init_scale", "precondition_R", "lr", "warmup_frac", "clip", "l1", "stop_rel_mse"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                bad(name, "a number")
+        for name in ("layernorm", "embed_r_over_R", "progress"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, "true, false")
+        for name in ("name", "solver"):
+            if not isinstance(getattr(self, name), str):
+                bad(name, "a string")
         if not self.N or any(isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in self.N):
             bad("N", "a non-empty list of integers >= 2")
         if not (isinstance(self.R, (int, float)) and math.isfinite(self.R) and self.R > 0):

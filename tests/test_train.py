@@ -58,7 +58,8 @@ def test_flatten_readout_and_noisy_target_train():
 @pytest.mark.parametrize("bad", [
     {"N": []}, {"N": [1]}, {"R": 0.0}, {"R": float("nan")}, {"target": "truth"}, {"readout": "mean"},
     {"schedule": "step"}, {"dtype": "float16"}, {"readout": "flatten", "N": [10, 20]}, {"steps": 0},
-    {"lr": 0.0}, {"l1": -1.0}, {"warmup_frac": 1.0}, {"keys": "causal"},
+    {"lr": 0.0}, {"l1": -1.0}, {"warmup_frac": 1.0}, {"keys": "causal"}, {"noise": "0.1"}, {"layernorm": 1},
+    {"lr": True},
 ])
 def test_bad_config_one_line_error(bad):
     with pytest.raises(ConfigError) as exc:
