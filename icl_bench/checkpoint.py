@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import subprocess
 from pathlib import Path
 
@@ -50,6 +51,17 @@ def stem_of(path: str | Path) -> Path:
     return p.with_suffix("") if p.suffix in (".safetensors", ".json") else p
 
 
+def _strict(v):
+    """NaN / inf -> None, recursively, so the JSON is strict (readable outside Python)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _strict(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_strict(x) for x in v]
+    return v
+
+
 def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None = None) -> Path:
     """Write `<stem>.safetensors` and `<stem>.json`; returns the stem.
 
@@ -58,7 +70,7 @@ def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None
         path_stem: file stem (a .safetensors/.json suffix is dropped); parent dirs are created.
         meta: JSON-serialisable fields to store beside the config (e.g. train_config, metrics,
             seed, R, N). "format", "version", "model_config" and "created" are set here, and
-            "git_commit" unless given.
+            "git_commit" unless given. Non-finite floats are stored as null.
     Raises:
         TypeError: meta is not JSON-serialisable.
     """
@@ -68,7 +80,7 @@ def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None
     doc = {"git_commit": git_commit(Path(__file__).parent), **(meta or {})}
     doc.update(format=FORMAT, version=VERSION, model_config=model.cfg.to_dict(),
                created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
-    text = json.dumps(doc, indent=2, sort_keys=True, allow_nan=True)
+    text = json.dumps(_strict(doc), indent=2, sort_keys=True, allow_nan=False)
     save_file(tensors, str(stem) + ".safetensors", metadata={"format": FORMAT})
     Path(str(stem) + ".json").write_text(text + "\n")
     return stem

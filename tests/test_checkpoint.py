@@ -133,3 +133,13 @@ def test_bad_model_config(saved):
     with pytest.raises(ConfigError, match="model_config") as exc:
         load_checkpoint(stem)
     _one_line(exc)
+
+
+def test_json_is_strict(tmp_path):
+    stem = save_checkpoint(_model(), tmp_path / "s", {"history": [{"loss": float("nan")}], "x": float("inf")})
+
+    def reject(name):
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    meta = json.loads(stem.with_suffix(".json").read_text(), parse_constant=reject)
+    assert meta["history"][0]["loss"] is None and meta["x"] is None
