@@ -12,11 +12,14 @@ LayerNorm gains and biases (docs/training.md explains why: the construction *nee
 gains, R/sqrt(2) and K/sqrt(2), to undo LN's division by the std).
 
 Recipe that leaves the R >= 10 plateau (DESIGN section 8, re-measured in docs/training.md):
-Adam, one-cycle schedule (linear warm-up, cosine decay), gradient-norm clipping, and the R
-column of the embedding initialised at 1/R of the other columns, so h = W_e (x, y, R) starts O(1).
+Adam, one-cycle schedule (linear warm-up, cosine decay), gradient-norm clipping, the R column
+of the embedding initialised at 1/R of the other columns (so h = W_e (x, y, R) starts O(1)), and,
+for R >= 100, that column preconditioned (`precondition_R`): without it R = 1000 stays on the
+MSE ~ 1 plateau. Sources: the reference paper (shared/reference/paper-summary.zh.txt), von
+Oswald et al. 2023 (LSA); one-cycle schedule after Smith & Topin 2017.
 
 Usage:
-    cfg = TrainConfig.from_toml("benchmarks/train.toml", section="l1-R10")
+    cfg = TrainConfig.from_toml("benchmarks/train.toml", section="trained-l1-R10")
     model, history = train(cfg)
 """
 from __future__ import annotations

@@ -5,8 +5,8 @@
     trained-lsa   no LayerNorm, lambda = 0 (expected to learn something like gd-lsa)
 
 Each solver looks in a models directory (default: `results/models/` of the source tree, made by
-`python -m icl_bench.train_models`, see docs/training.md) for the checkpoint whose JSON says
-`"solver": <its name>` and whose R equals the cell's R (and, for a flatten readout, whose N
+`icl-bench train --config benchmarks/train.toml`, see docs/training.md) for the checkpoint whose
+JSON says `"solver": <its name>` and whose R equals the cell's R (and, for a flatten readout, whose N
 equals the cell's N). No fitting checkpoint -> `SkipCell` naming what exists. The model runs
 in the cell's dtype and device (a float32 checkpoint is cast for float64 cells).
 """
