@@ -32,7 +32,7 @@ import torch
 from icl_bench import PromptBatch, Solver
 from icl_bench.errors import ConfigError
 from icl_bench.gd_lsa import DEFAULT_LR, DEFAULT_STEPS  # the same defaults as gd-lsa
-from icl_bench.solver import Param
+from icl_bench.solver import Param, nan_if_ill_posed
 
 VARIANTS = ("masked", "query-in-context")
 
@@ -118,7 +118,8 @@ class GD(Solver):
 
     def predict(self, batch: PromptBatch) -> torch.Tensor:
         v = self.values
-        return gd_predict(batch.x, batch.y, batch.x_query, v["steps"], v["lr"], v["variant"])  # (B,)
+        pred = gd_predict(batch.x, batch.y, batch.x_query, v["steps"], v["lr"], v["variant"])  # (B,)
+        return nan_if_ill_posed(pred, batch)  # var(x) = 0: the GD iterate is finite but no answer
 
 
 # ---- conditioning helpers (used by benchmarks/gd_lr_sweep.py, benchmarks/gd_conditioning.py) ----
