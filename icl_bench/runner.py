@@ -193,7 +193,8 @@ def run_cell(cell: Cell) -> dict:
     except (Exception, SystemExit) as exc:  # one failing cell is a row, never the end of the run
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         where = f" ({Path(frame.filename).name}:{frame.lineno})"
-        row.update(status="error", message=f"{type(exc).__name__}: {exc}{where}")
+        row.update({c: math.nan for c in METRIC_COLUMNS}, n_nonfinite=-1)  # no half-computed numbers
+        row.update(status="error", message=" ".join(f"{type(exc).__name__}: {exc}{where}".splitlines()))
     row["elapsed_s"] = time.perf_counter() - t0
     return row
 
