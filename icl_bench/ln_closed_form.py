@@ -192,7 +192,8 @@ class LNClosedForm(Solver):
     data scale. Standardizing is done outside the transformer, so it is an option, not the default.
 
     Degenerate prompts (all x equal, any NaN / inf in the prompt) predict NaN, like the OLS
-    reference; the other prompts of the batch are unaffected.
+    reference, and so do prompts on a scale where R vanishes in rounding (|x|, |y| or |u| >= R / eps,
+    e.g. ~1e30 with R = 100 in float64); the other prompts of the batch are unaffected.
     """
 
     params = {
@@ -228,6 +229,9 @@ class LNClosedForm(Solver):
         if shift is not None:
             out = shift + scale * out
         bad = degenerate(batch.x, batch.y, batch.x_query)  # (B,)
+        # R lost in rounding next to the data (|value| * eps >= R): the module cannot tell the
+        # constant slot from the data, its output carries no slope at all: no answer, NaN
+        bad |= tokens[..., :2].abs().amax(dim=(1, 2)) * torch.finfo(tokens.dtype).eps >= batch.R
         return torch.where(bad, torch.full_like(out, float("nan")), out)
 
     def weights(self, R: float | None = None) -> dict[str, torch.Tensor]:
