@@ -269,10 +269,14 @@ def load_config(path: str | Path) -> MatrixConfig:
 def read_toml(path: str | Path, key: str = "--config") -> dict:
     """The raw dict of a TOML file; ConfigError (naming `key`) if missing, not UTF-8 or invalid."""
     path = Path(path)
+    if path.is_dir():
+        _fail(key, f"{str(path)!r} is a folder; give a .toml file")
     if not path.is_file():
         _fail(key, f"no such file {str(path)!r}")
     try:
         return tomllib.loads(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        _fail(key, f"cannot read {path.name} ({exc.strerror or type(exc).__name__})")
     except UnicodeDecodeError:
         _fail(key, f"{path.name} is not UTF-8 text")
     except tomllib.TOMLDecodeError as exc:
