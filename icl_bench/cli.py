@@ -89,6 +89,22 @@ def cmd_run(args) -> int:
     return 1 if len(errors) else 0
 
 
+def cmd_publish(args) -> int:
+    from icl_bench.publish import publish
+
+    at = {}
+    for item in args.at or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ConfigError(f"--at: expected AXIS=VALUE (e.g. R=100), got {item!r}")
+        at[key] = value
+    result = publish(args.run_dirs, args.out, force=args.force, at=at, checkpoints=args.checkpoint or [])
+    for note in result["notes"]:
+        print(f"note: {note}")
+    print(f"wrote {len(result['files'])} files to {result['out']} (open {result['out'] / 'index.html'})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="icl-bench", description="Benchmark in-context learning algorithms for linear regression.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -103,6 +119,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--y", help="CSV column of y (with --data)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     run.set_defaults(func=cmd_run)
+    for name in ("publish", "report"):  # `report` is an alias
+        pub = sub.add_parser(name, help="aggregate run folders into tables, plots and index.html"
+                             + (" (alias of publish)" if name == "report" else ""))
+        pub.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="folders written by `icl-bench run`")
+        pub.add_argument("--out", required=True, help="output folder (must be absent or empty unless --force)")
+        pub.add_argument("--force", action="store_true", help="replace a non-empty --out once the new report is complete")
+        pub.add_argument("--at", action="append", metavar="AXIS=VALUE",
+                         help="fix an axis of the plots and headline (N, noise, R, dtype, device); repeatable")
+        pub.add_argument("--checkpoint", action="append", help="a trained-model checkpoint to draw beside the construction")
+        pub.set_defaults(func=cmd_publish)
     return p
 
 

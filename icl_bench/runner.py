@@ -41,10 +41,11 @@ COLUMNS = [
     "mse_vs_ols", "mse_vs_truth", "mse_vs_target", "abs_err_median", "abs_err_p99", "n_nonfinite",
     "prompts_per_s", "batch_size", "weight_sparsity", "weight_l1", "status", "message",
     "prompts", "started_at", "elapsed_s",
+    "mse_vs_ols_se", "mse_vs_truth_se",  # standard errors over the prompts (report: 95 % CIs)
 ]
 TIMING_COLUMNS = ("prompts_per_s", "started_at", "elapsed_s")  # vary from run to run
 METRIC_COLUMNS = ("mse_vs_ols", "mse_vs_truth", "mse_vs_target", "abs_err_median", "abs_err_p99",
-                  "prompts_per_s", "weight_sparsity", "weight_l1")
+                  "prompts_per_s", "weight_sparsity", "weight_l1", "mse_vs_ols_se", "mse_vs_truth_se")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,31 @@
+"""The default matrix (benchmarks/default.toml) is valid and every solver in it runs."""
+from pathlib import Path
+
+from icl_bench.config import parse_config, read_toml
+from icl_bench.registry import known_names
+from icl_bench.runner import expand_cells, run_matrix
+
+DEFAULT = Path(__file__).parents[1] / "benchmarks" / "default.toml"
+
+
+def test_default_matrix_shape():
+    cfg = parse_config(read_toml(DEFAULT))
+    assert cfg.grid == {"N": [10, 30, 100, 300], "noise": [0.0, 0.1, 0.5], "R": [10.0, 100.0, 1000.0],
+                        "dtype": ["float32", "float64"], "device": ["cpu", "cuda"]}
+    cells = expand_cells(cfg)
+    assert {c.solver for c in cells} == set(known_names())
+    assert {c.solver_params for c in cells if c.solver == "gd-lsa"} == {'{"steps": 1}', '{"steps": 4}', '{"steps": 16}'}
+    assert {c.solver_params for c in cells if c.solver == "gd"} == {'{"steps": 1}', '{"steps": 4}', '{"steps": 16}'}
+
+
+def test_every_default_solver_runs_on_a_slice_of_the_default_matrix():
+    raw = read_toml(DEFAULT)
+    raw.update(n_prompts=64, batch_size=64, timing={"repeats": 1})
+    raw["grid"].update(N=[10], noise=[0.1], R=[100.0], device=["cpu"])
+    table = run_matrix(parse_config(raw), progress=False)
+    assert set(table.solver) == set(known_names())
+    assert (table.status != "error").all(), table[table.status == "error"][["solver", "message"]].to_string()
+    for name in ("ols", "scipy-lstsq", "gd", "gd-lsa", "ln-closed-form"):
+        assert (table[table.solver == name].status == "ok").all(), name
+    skipped = table[table.status == "skipped"]
+    assert (skipped.message.str.len() > 0).all()  # a skipped cell always says why

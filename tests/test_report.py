@@ -1,0 +1,371 @@
+"""Report: aggregation equals a direct pandas computation, plots have the right axes and one
+line / bar per solver, `icl-bench publish` writes md / CSV / PNG / HTML atomically, bad input is
+one line and exit 2. One tiny run (64 prompts per cell) is shared by the module."""
+import json
+import math
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy import stats
+
+from icl_bench import Param, Solver, register_solver
+from icl_bench.cli import main
+from icl_bench.config import parse_config
+from icl_bench.registry import _origin, _registered
+from icl_bench.runner import run_matrix
+
+
+class PlusInverseSteps(Solver):
+    """OLS + 1/steps: MSE vs OLS is exactly 1/steps^2 (a stand-in for an iterative solver)."""
+
+    params = {"steps": Param(1, "iterations", min=1)}
+
+    def predict(self, batch):
+        return batch.ols_prediction.to(batch.dtype) + 1.0 / self.values["steps"]
+
+
+class MeanWithWeights(Solver):
+    """Context mean of y, with a fixed 2x2 'weight matrix': sparsity 0.5, L1 3.00001."""
+
+    def predict(self, batch):
+        return batch.y.mean(1)
+
+    def weights(self):
+        return {"w": torch.tensor([[1.0, 0.0], [1e-5, 2.0]], dtype=torch.float64)}
+
+
+class FailsAtN12(Solver):
+    """OLS, except that it raises at N = 12 (an error row every report must list)."""
+
+    def predict(self, batch):
+        if batch.x.shape[1] == 12:
+            raise RuntimeError("boom at N=12")
+        return batch.ols_prediction.to(batch.dtype)
+
+
+TEST_SOLVERS = {"test-steps": PlusInverseSteps, "test-weighted": MeanWithWeights, "test-fails": FailsAtN12}
+RAW = {
+    "seed": 0, "n_prompts": 64, "batch_size": 64, "timing": {"repeats": 1},
+    "grid": {"N": [5, 12], "noise": [0.0, 0.1], "R": [10.0, 100.0], "dtype": ["float32", "float64"], "device": ["cpu"]},
+    "solvers": {"ols": {}, "scipy-lstsq": {}, "test-steps": {"steps": [1, 2, 4]}, "test-weighted": {}, "test-fails": {}},
+}
+SERIES = ["ols", "scipy-lstsq", "test-fails", "test-steps steps=1", "test-steps steps=2", "test-steps steps=4", "test-weighted"]
+
+
+@pytest.fixture(scope="module")
+def solvers():
+    for name, cls in TEST_SOLVERS.items():
+        register_solver(name)(cls)
+    yield
+    for name in TEST_SOLVERS:
+        _registered.pop(name, None)
+        _origin.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, solvers):
+    out = tmp_path_factory.mktemp("runs") / "seed0"
+    run_matrix(parse_config(RAW), out, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def published(run_dir):
+    out = run_dir.parent / "published"
+    assert main(["publish", str(run_dir), "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def tables(run_dir):
+    from icl_bench import report
+
+    table, _ = report.load_runs([run_dir])
+    summary = report.aggregate(table)
+    return table, summary, report.representative(table)
+
+
+def test_publish_writes_markdown_csv_png_and_html(published):
+    for name in ("index.html", "report.md", "headline.md", "summary.csv", "summary.md", "failures.csv",
+                 "failures.md", "sparsity.csv", "sparsity.md", "results.csv", "publish.json"):
+        assert (published / name).is_file(), name
+    pngs = sorted(p.name for p in (published / "plots").glob("*.png"))
+    assert {"mse_vs_n.png", "mse_vs_r.png", "gd_steps.png", "throughput.png"} <= set(pngs)
+    page = (published / "index.html").read_text()
+    for name in pngs:
+        assert f"src='plots/{name}'" in page
+        assert (published / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "git_commit" in page and "packages" in page and "config" in page
+    head = (published / "headline.md").read_text()
+    assert f"icl-bench publish {published.parent / 'seed0'} --out {published} --force" in head
+    assert not [p for p in published.parent.iterdir() if p.name.startswith(".")]  # no temp folders left
+
+
+def test_summary_equals_direct_pandas_aggregation(run_dir, published):
+    raw = pd.read_parquet(run_dir / "results.parquet")
+    ok = raw[raw.status == "ok"]
+    keys = ["solver", "solver_params", "N", "noise", "R", "dtype", "device"]
+    direct = ok.groupby(keys).agg(mse_vs_ols=("mse_vs_ols", "mean"), mse_vs_truth=("mse_vs_truth", "mean"),
+                                  prompts_per_s=("prompts_per_s", "median"), n_prompts=("n_prompts", "sum"))
+    summary = pd.read_csv(published / "summary.csv", dtype={"solver_params": str}).set_index(keys).sort_index()
+    direct = direct.sort_index()
+    assert list(summary.index) == list(direct.index)
+    for col in direct.columns:
+        np.testing.assert_allclose(summary[col], direct[col], rtol=1e-12, atol=0)
+    # 95 % CI: the delta-method log interval of report.py, recomputed here with scipy
+    row = ok[(ok.solver == "test-weighted") & (ok.N == 12)].iloc[0]
+    t = stats.t.ppf(0.975, row.n_prompts - 1)
+    f = math.exp(t * row.mse_vs_ols_se / row.mse_vs_ols)
+    got = summary.loc[tuple(row[k] for k in keys)]
+    assert got.mse_vs_ols_ci_low == pytest.approx(row.mse_vs_ols / f, rel=1e-12)
+    assert got.mse_vs_ols_ci_high == pytest.approx(row.mse_vs_ols * f, rel=1e-12)
+    steps4 = summary.xs(('test-steps', '{"steps": 4}'), level=("solver", "solver_params"))
+    np.testing.assert_allclose(steps4.mse_vs_ols, 1 / 16, rtol=1e-5)
+
+
+def test_standard_error_column_is_std_over_sqrt_n(solvers):
+    from icl_bench.registry import get_solver
+    from icl_bench.runner import Cell, _prompts, run_cell
+
+    cell = Cell("test-weighted", "{}", 12, 0.1, 10.0, "float64", "cpu", 0, 64, 64, json.dumps({}), 1, 1.0)
+    row = run_cell(cell)
+    batch = _prompts(cell.prompts, 12, 0.1, 10.0, 64, 0, "float64", "cpu")
+    sq = (get_solver("test-weighted").predict(batch) - batch.ols_prediction) ** 2
+    assert row["mse_vs_ols"] == pytest.approx(float(sq.mean()), rel=1e-12)
+    assert row["mse_vs_ols_se"] == pytest.approx(float(sq.std() / 8.0), rel=1e-12)
+
+
+def test_seeds_pool_and_repeated_runs_count_once(run_dir, tmp_path, solvers):
+    from icl_bench import report
+
+    raw1 = {**RAW, "seed": 1, "solvers": {"test-weighted": {}}}
+    run_matrix(parse_config(raw1), tmp_path / "seed1", progress=False)
+    shutil.copytree(run_dir, tmp_path / "seed0-again")  # a repeated run: same prompts, same errors
+    table, _ = report.load_runs([run_dir, tmp_path / "seed1", tmp_path / "seed0-again"])
+    s = report.aggregate(table).set_index(["solver", "N", "noise", "R", "dtype"])
+    got = s.loc[("test-weighted", 12, 0.1, 10.0, "float64")]
+    rows = table[(table.solver == "test-weighted") & (table.N == 12) & (table.noise == 0.1) & (table.R == 10.0)
+                 & (table.dtype == "float64")].drop_duplicates("seed")
+    assert got.n_seeds == 2 and got.n_prompts == 128
+    assert got.mse_vs_ols == pytest.approx(rows.mse_vs_ols.mean(), rel=1e-12)
+    assert got.mse_vs_ols_se == pytest.approx(math.sqrt((rows.mse_vs_ols_se ** 2).sum()) / 2, rel=1e-12)
+
+
+def test_runs_without_standard_errors_get_nan_intervals(run_dir, tmp_path):
+    from icl_bench import report
+
+    old = tmp_path / "old-run"
+    old.mkdir()
+    pd.read_parquet(run_dir / "results.parquet").drop(columns=["mse_vs_ols_se", "mse_vs_truth_se"]).to_parquet(
+        old / "results.parquet")
+    table, metas = report.load_runs([old])
+    s = report.aggregate(table)
+    assert metas == {str(old): None} and s.mse_vs_ols.notna().all()
+    assert s.mse_vs_ols_ci_low[s.mse_vs_ols > 0].isna().all()
+
+
+def test_failed_cells_are_listed_never_dropped(run_dir, published):
+    fails = pd.read_csv(published / "failures.csv")
+    assert len(fails) == 8 and set(fails.solver) == {"test-fails"} and set(fails.N) == {12}
+    assert fails.message.str.startswith("RuntimeError: boom at N=12").all()
+    md = (published / "failures.md").read_text()
+    assert "boom at N=12" in md and "| error" in md
+    assert "boom at N=12" in (published / "index.html").read_text()
+    summary = pd.read_csv(published / "summary.csv")
+    assert not ((summary.solver == "test-fails") & (summary.N == 12)).any()
+
+
+def test_sparsity_table_lists_solvers_with_weights(published):
+    sp = pd.read_csv(published / "sparsity.csv")
+    assert set(sp.solver) == {"test-weighted"}
+    np.testing.assert_allclose(sp.weight_sparsity, 0.5)
+    np.testing.assert_allclose(sp.weight_l1, 3.00001)
+    assert sp.n_cells.sum() == 16
+
+
+def test_headline_is_the_summary_at_the_representative_setting(published, tables):
+    from icl_bench.report import headline
+
+    _, summary, setting = tables
+    assert setting == {"N": 5, "noise": 0.0, "R": 10.0, "dtype": "float32", "device": "cpu"}
+    head = headline(summary, setting).set_index("series")
+    assert list(head.index) == SERIES and list(head.columns) == ["N=5", "N=12"]
+    row = summary[(summary.series == "ols") & (summary.N == 12) & (summary.noise == 0.0) & (summary.R == 10.0)
+                  & (summary.dtype == "float32")].iloc[0]
+    assert head.loc["ols", "N=12"].startswith(f"{row.mse_vs_ols:.3g} [")
+    assert head.loc["test-fails", "N=12"] != head.loc["test-fails", "N=12"]  # NaN: no ok cell
+    assert "| test-steps steps=4" in (published / "headline.md").read_text()
+
+
+def _lines(ax):
+    return sorted(line.get_label() for line in ax.get_lines())
+
+
+def test_line_plots_have_labelled_axes_and_one_line_per_solver(tables):
+    from icl_bench import plots
+
+    _, summary, setting = tables
+    fig = plots.mse_vs_n(summary, setting)
+    assert [ax.get_title() for ax in fig.axes] == ["noise σ = 0", "noise σ = 0.1"]
+    for ax in fig.axes:
+        assert ax.get_xlabel() == "context length N (examples)" and _lines(ax) == sorted(SERIES)
+    assert fig.axes[0].get_ylabel() == "MSE vs OLS prediction (y units²)" and fig.axes[0].get_yscale() == "log"
+    fig = plots.mse_vs_r(summary, setting)
+    assert [ax.get_title() for ax in fig.axes] == ["dtype = float32", "dtype = float64"]
+    for ax in fig.axes:
+        assert ax.get_xlabel() == "embedding constant R (token units)" and ax.get_xscale() == "log"
+        assert _lines(ax) == sorted(SERIES)  # at N = 5 test-fails has ok cells too
+
+
+def test_gd_steps_plot_lines_beside_solvers_without_steps(tables):
+    from icl_bench import plots
+
+    _, summary, setting = tables
+    fig = plots.gd_steps(summary, setting)
+    assert [ax.get_title() for ax in fig.axes] == ["N = 5", "N = 12"]
+    assert fig.axes[0].get_xlabel() == "GD steps K (= LSA layers)"
+    others = [s for s in SERIES if not s.startswith("test-steps")]
+    assert _lines(fig.axes[0]) == sorted(["test-steps"] + [f"{s} (no steps)" for s in others])
+    y = dict(zip(*fig.axes[0].get_lines()[0].get_data()))
+    assert y[4.0] == pytest.approx(1 / 16, rel=1e-5)
+    with pytest.raises(plots.PlotSkipped, match="steps"):
+        plots.gd_steps(summary[summary.solver != "test-steps"], setting)
+
+
+def test_throughput_plot_one_bar_per_solver_and_dtype(tables):
+    from icl_bench import plots
+
+    table, _, _ = tables
+    fig = plots.throughput(table)
+    (ax,) = fig.axes
+    assert ax.get_ylabel() == "throughput (prompts / s)" and ax.get_title() == "device = cpu"
+    assert [t.get_text() for t in ax.get_xticklabels()] == SERIES
+    assert [len(c) for c in ax.containers] == [len(SERIES)] * 2  # float32 and float64
+    assert sorted(ax.get_legend_handles_labels()[1]) == ["float32", "float64"]
+    fig = plots.throughput(pd.concat([table, table[table.solver == "ols"].assign(device="cuda")]))
+    assert [ax.get_title() for ax in fig.axes] == ["device = cpu", "device = cuda"]
+    assert [len(c) for c in fig.axes[1].containers] == [1, 1]  # only ols ran on cuda
+
+
+def test_weight_heatmaps_show_symmetry_reduced_maps(monkeypatch, tables):
+    from icl_bench import model_plots
+    from icl_bench.plots import PlotSkipped
+    from icl_bench.transformer import Transformer, TransformerConfig
+
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig()).double()
+    for p in model.parameters():
+        torch.nn.init.normal_(p)
+    maps = model_plots.reduced_maps(model.weight_matrices())
+    a = model.blocks[1].attn
+    np.testing.assert_allclose(maps["L2H1 QK"], (a.W_Q[0].T @ a.W_K[0]).detach().numpy())
+    np.testing.assert_allclose(maps["L2H2 OV"], (a.W_O[1] @ a.W_V[1]).detach().numpy())
+    small = Transformer(TransformerConfig(n_layers=1, n_heads=1))  # 5 maps: embed, QK, OV, LN, readout
+    fig = model_plots.weight_heatmaps({"a": {"weights": small.weight_matrices()}, "b": {"weights": small.weight_matrices()}})
+    assert len(fig.axes) == 2 * 5 and [ax.get_title() for ax in fig.axes[:5]] == [
+        "embed", "L1H1 QK", "L1H1 OV", "L1 LN γ/β", "readout"]
+    assert fig.axes[0].get_ylabel() == "a\noutput slot" and fig.axes[5].get_ylabel() == "b\noutput slot"
+    # without the construction module, and without models, the plots skip with a note
+    table, _, setting = tables
+    monkeypatch.setattr(model_plots, "_optional", lambda module, attr: None)
+    models, notes = model_plots.collect_models(table, setting)
+    assert models == {} and any("build_construction is not available" in n for n in notes)
+    with pytest.raises(PlotSkipped):
+        model_plots.weight_heatmaps(models)
+    with pytest.raises(PlotSkipped, match="mechanism_probes is not available"):
+        model_plots.probe_scatter(models)
+
+
+def test_model_plots_draw_the_construction_and_its_probes(tables):
+    pytest.importorskip("icl_bench.ln_closed_form", reason="the ln-closed-form construction is not merged")
+    from icl_bench import model_plots
+
+    table, _, setting = tables
+    models, notes = model_plots.collect_models(table, setting, n_prompts=128)
+    assert list(models) == ["construction (R=10)"], notes  # the run's only weighted solver has no LayerNorm
+    assert notes == ["test-weighted: no LayerNorm weights, not drawn beside the LayerNorm construction"]
+    fig = model_plots.weight_heatmaps(models)
+    assert [ax.get_title() for ax in fig.axes][:3] == ["embed", "L1H1 QK", "L1H1 OV"]
+    fig = model_plots.probe_scatter(models)
+    assert len(fig.axes) == 3 and all("R² = 1.0000" in ax.get_title() or "R² = 0.99" in ax.get_title() for ax in fig.axes)
+    assert fig.axes[2].get_xlabel().startswith("closed form b_hat (u - x_bar)")
+
+
+def _cli(capsys, *args):
+    code = main(["publish", *map(str, args)])
+    err = capsys.readouterr().err
+    return code, err
+
+
+@pytest.mark.parametrize("case", ["missing", "no-parquet", "corrupt", "bad-at", "bad-at-form"])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, run_dir, capsys):
+    out = tmp_path / "out"
+    bad = tmp_path / "bad"
+    extra = []
+    if case == "no-parquet":
+        bad.mkdir()
+        (bad / "metadata.json").write_text("{}")
+    elif case == "corrupt":
+        bad.mkdir()
+        (bad / "results.parquet").write_bytes((run_dir / "results.parquet").read_bytes()[:300])
+    elif case.startswith("bad-at"):
+        bad, extra = run_dir, ["--at", "R=7" if case == "bad-at" else "R"]
+    code, err = _cli(capsys, bad, "--out", out, *extra)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("icl-bench: error: ")
+    assert "Traceback" not in err and not out.exists()
+    expect = {"missing": "is not a folder", "no-parquet": "has no results.parquet", "corrupt": "cannot be read",
+              "bad-at": "R=7 has no ok cells; accepted: 10.0, 100.0", "bad-at-form": "expected AXIS=VALUE"}[case]
+    assert expect in err
+
+
+def test_out_not_empty_needs_force_and_never_overlaps_a_run(published, run_dir, capsys):
+    before = (published / "index.html").read_text()
+    code, err = _cli(capsys, run_dir, "--out", published)
+    assert code == 2 and "is not empty; pass --force" in err
+    assert (published / "index.html").read_text() == before
+    code, err = _cli(capsys, run_dir, "--out", run_dir / "report", "--force")
+    assert code == 2 and "overlaps the run folder" in err and not (run_dir / "report").exists()
+    code, err = _cli(capsys, run_dir, "--out", run_dir.parent, "--force")
+    assert code == 2 and "overlaps" in err and (run_dir / "results.parquet").is_file()
+
+
+def test_force_replaces_a_previous_report(tmp_path, run_dir, monkeypatch):
+    import icl_bench.publish
+
+    monkeypatch.setattr(icl_bench.publish, "_figures", lambda *a: ({}, ["plots left out (fast test)"]))
+    out = tmp_path / "pub"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")
+    assert main(["report", str(run_dir), "--out", str(out), "--force", "--at", "dtype=float64"]) == 0
+    assert not (out / "stale.txt").exists() and (out / "index.html").is_file()
+    assert json.loads((out / "publish.json").read_text())["setting"]["dtype"] == "float64"
+    assert "dtype = float64" in (out / "headline.md").read_text()
+    assert [p.name for p in tmp_path.iterdir()] == ["pub"]
+
+
+BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+IMAGE_CHECK = """<script>window.addEventListener('load', () => {
+  const imgs = [...document.images];
+  const ok = imgs.filter(i => i.complete && i.naturalWidth > 0).map(i => i.getAttribute('src'));
+  document.body.insertAdjacentHTML('beforeend', `<p id="imgcheck">${ok.length}/${imgs.length} ${ok.join(' ')}</p>`);
+});</script></body>"""
+
+
+@pytest.mark.skipif(BROWSER is None, reason="no headless Chromium (chromium / chromium-browser / google-chrome) on PATH")
+def test_index_html_shows_every_plot_in_headless_chromium(published, tmp_path):
+    import re
+    import subprocess
+
+    site = shutil.copytree(published, tmp_path / "site")
+    page = (site / "index.html").read_text()
+    (site / "check.html").write_text(page.replace("</body>", IMAGE_CHECK))
+    cmd = [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files",
+           "--virtual-time-budget=5000", "--dump-dom", (site / "check.html").as_uri()]
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+    found = re.search(r'<p id="imgcheck">(\d+)/(\d+) ([^<]*)</p>', dom)
+    assert found, dom[-500:]
+    pngs = sorted(f"plots/{p.name}" for p in (site / "plots").glob("*.png"))
+    assert int(found[2]) == len(pngs) and sorted(found[3].split()) == pngs  # every <img> decoded
