@@ -27,9 +27,10 @@ BASE = {"seed": 0, "n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1},
 @dataclass
 class Case:
     id: str
-    argv: Callable[[Path], list[str]]  # tmp folder -> arguments (the harness adds --out)
+    argv: Callable[[Path], list[str]]  # tmp folder -> arguments (the harness adds --out);
+    # tmp/"input-run" is a copy of a finished run the case may use (or damage) as an input
     expected: str  # the line after "icl-bench: error: " starts with this (field first)
-    resume: bool = True  # add --resume when --out already holds a run
+    resume: bool = True  # add the command's "go ahead" flag when --out already holds files
     fresh: bool = True  # also try it with a fresh --out (not for "--out holds a run" cases)
     out: bool = True  # the harness adds --out (not when argparse must see nothing else)
 
@@ -69,6 +70,21 @@ def csv(content: str | bytes | None, x: str = "x", y: str = "y", name: str = "da
 def flags(*args: str):
     """A case's argv: `run --config BASE` plus `args`."""
     return lambda tmp: [*toml(lambda r: None)(tmp), *args]
+
+
+RUN_AT = "{tmp}/"  # replaced by the case's tmp folder
+
+
+def damaged(name: str, content: bytes | None):
+    """A case's argv: `publish RUN` where RUN is a finished run whose file `name` is replaced by
+    `content` (None: deleted)."""
+    def argv(tmp: Path) -> list[str]:
+        target = tmp / "input-run" / name
+        target.unlink()
+        if content is not None:
+            target.write_bytes(content)
+        return ["publish", str(tmp / "input-run")]
+    return argv
 
 
 ROWS = "x,y\n" + "".join(f"{i},{2 * i + 1}\n" for i in range(12))
@@ -146,6 +162,15 @@ CASES = [
     Case("csv-text-column", csv("x,y\n" + "a,1\n" * 8), "--x: column 'x' is not numeric"),
     Case("csv-missing-column", csv(ROWS, y="z"), "--y: no column 'z' in data.csv; columns: x, y"),
     Case("csv-no-finite-rows", csv("x,y\n" + "nan,1\n1,inf\n" * 6), "--data: N=4 needs at least 5 rows with finite x and y"),
+    # ---- run folders given to `icl-bench publish` ----
+    Case("publish-run-missing", lambda tmp: ["publish", str(tmp / "no-such-run")], f"RUN_DIR: {RUN_AT}no-such-run is not a folder"),
+    Case("publish-run-unfinished", damaged("results.parquet", None), f"RUN_DIR: {RUN_AT}input-run has no results.parquet"),
+    Case("publish-parquet-corrupt", damaged("results.parquet", b"PAR1 not really"), f"RUN_DIR: {RUN_AT}input-run/results.parquet cannot be read"),
+    Case("publish-parquet-empty", damaged("results.parquet", b""), f"RUN_DIR: {RUN_AT}input-run/results.parquet cannot be read"),
+    Case("publish-metadata-not-utf8", damaged("metadata.json", b"{\xff"), f"RUN_DIR: {RUN_AT}input-run/metadata.json cannot be read"),
+    Case("publish-at-malformed", lambda tmp: ["publish", str(tmp / "input-run"), "--at", "R"], "--at: expected AXIS=VALUE"),
+    Case("publish-at-unknown-axis", lambda tmp: ["publish", str(tmp / "input-run"), "--at", "K=3"], "--at: unknown axis 'K'"),
+    Case("publish-at-no-cells", lambda tmp: ["publish", str(tmp / "input-run"), "--at", "R=7"], "--at: R=7 has no ok cells"),
 ]
 
 
@@ -166,6 +191,7 @@ PARAMS = [pytest.param(c, where, id=f"{where}-{c.id}") for c in CASES
 
 @pytest.mark.parametrize("case, where", PARAMS)
 def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, finished_run, case, where):
+    shutil.copytree(finished_run, tmp_path / "input-run")
     argv = case.argv(tmp_path)
     if where == "fresh-out":
         out, before = tmp_path / "new-out", None
@@ -174,12 +200,13 @@ def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, finished_ru
         shutil.copytree(finished_run, out)
         before = _snapshot(out)
     if case.out:
-        argv = [*argv, "--out", str(out)] + (["--resume"] if before is not None and case.resume else [])
+        go_ahead = "--force" if argv[:1] == ["publish"] else "--resume"  # publish replaces, run resumes
+        argv = [*argv, "--out", str(out)] + ([go_ahead] if before is not None and case.resume else [])
     code = main(argv)
     captured = capsys.readouterr()
     assert code == 2, captured
     assert captured.out == "" and captured.err.count("\n") == 1 and "Traceback" not in captured.err
-    assert captured.err.startswith("icl-bench: error: " + case.expected), captured.err
+    assert captured.err.startswith("icl-bench: error: " + case.expected.replace(RUN_AT, f"{tmp_path}/")), captured.err
     if before is None:
         assert not out.exists()
     else:

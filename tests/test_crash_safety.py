@@ -37,7 +37,7 @@ def _files(folder: Path) -> dict[str, tuple[int, int]]:
 
 
 # slow enough to be caught mid-way (scipy-lstsq loops over prompts in Python), fast overall
-SLOW = {"seed": 3, "n_prompts": 600, "batch_size": 200, "timing": {"repeats": 1},
+SLOW = {"seed": 3, "n_prompts": 1000, "batch_size": 250, "timing": {"repeats": 1},
         "grid": {"N": [4, 5, 6, 7, 8, 9, 10, 11], "noise": [0.1], "R": [100.0], "dtype": ["float64"]},
         "solvers": {"scipy-lstsq": {}}}
 
