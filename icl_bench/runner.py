@@ -65,11 +65,15 @@ class Cell:
     prompts: str  # canonical JSON of the prompt source (distributions or CSV file)
     repeats: int = 3
     max_seconds: float = 1.0
+    data_sha256: str = ""  # digest of the CSV file's bytes (CSV source only): edited data = new cells
 
     @property
     def key(self) -> str:
         """Stable file name of this cell's row (sha1 of its canonical JSON)."""
-        text = json.dumps(asdict(self), sort_keys=True, allow_nan=True)
+        fields = asdict(self)
+        if not fields["data_sha256"]:  # generator prompts: the key stays what it always was
+            del fields["data_sha256"]
+        text = json.dumps(fields, sort_keys=True, allow_nan=True)
         return hashlib.sha1(text.encode()).hexdigest()[:20]
 
     def describe(self) -> str:
@@ -87,9 +91,11 @@ def expand_cells(cfg: MatrixConfig) -> list[Cell]:
     solvers = dict(cfg.solvers)
     if cfg.all_solvers:
         solvers = {name: cfg.solvers.get(name, [{}]) for name in sorted(set(known_names()) | set(solvers))}
+    digest = ""
     if cfg.data is not None:
         source = json.dumps({"csv": asdict(cfg.data)}, sort_keys=True)
         noises = [math.nan]
+        digest = hashlib.sha256(cfg.data.resolve().read_bytes()).hexdigest()
     else:
         source = json.dumps({k: asdict(v) for k, v in cfg.prompts.items()}, sort_keys=True)
         noises = cfg.grid["noise"]
@@ -105,7 +111,7 @@ def expand_cells(cfg: MatrixConfig) -> list[Cell]:
                                 cells.append(Cell(
                                     name, json.dumps(params, sort_keys=True), N, noise, R, dtype, device,
                                     cfg.seed, cfg.n_prompts, cfg.batch_size, source,
-                                    cfg.timing.repeats, cfg.timing.max_seconds))
+                                    cfg.timing.repeats, cfg.timing.max_seconds, digest))
     return cells
 
 

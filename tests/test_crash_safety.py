@@ -197,3 +197,18 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_folder(tmp_path):
         lock.close()
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     run_matrix(parse_config(SMALL), out, resume=True, progress=False)  # released: fine again
+
+
+def test_resume_after_the_data_file_changed_recomputes(tmp_path):
+    data = tmp_path / "d.csv"
+    data.write_text("x,y\n" + "".join(f"{i},{2 * i + 1}\n" for i in range(20)))
+    raw = {**SMALL, "data": {"path": str(data), "x": "x", "y": "y"}}
+    out = tmp_path / "run"
+    run_matrix(parse_config(raw), out, progress=False)
+    data.write_text("x,y\n" + "".join(f"{i},{-3 * i}\n" for i in range(20)))  # same name, new numbers
+    from icl_bench.data import _columns
+
+    _columns.cache_clear()
+    table = run_matrix(parse_config(raw), out, resume=True, progress=False)
+    assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == 0
+    pd.testing.assert_frame_equal(_stable(table), _stable(run_matrix(parse_config(raw), progress=False)))
