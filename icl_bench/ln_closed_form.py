@@ -24,7 +24,7 @@ import torch
 from icl_bench.errors import ConfigError
 from icl_bench.prompts import PromptBatch, make_tokens
 from icl_bench.registry import register_solver
-from icl_bench.solver import Param, Solver
+from icl_bench.solver import Param, Solver, r_lost
 from icl_bench.transformer import KEY_SETS, Transformer, TransformerConfig
 
 VARIANTS = KEY_SETS  # "masked" (keys = context) or "query-in-context" (keys = context + query)
@@ -228,10 +228,7 @@ class LNClosedForm(Solver):
         out = self.model(batch.R, batch.dtype, batch.device)(tokens)  # (B,)
         if shift is not None:
             out = shift + scale * out
-        bad = degenerate(batch.x, batch.y, batch.x_query)  # (B,)
-        # R lost in rounding next to the data (|value| * eps >= R): the module cannot tell the
-        # constant slot from the data, its output carries no slope at all: no answer, NaN
-        bad |= tokens[..., :2].abs().amax(dim=(1, 2)) * torch.finfo(tokens.dtype).eps >= batch.R
+        bad = degenerate(batch.x, batch.y, batch.x_query) | r_lost(tokens, batch.R)  # (B,)
         return torch.where(bad, torch.full_like(out, float("nan")), out)
 
     def weights(self, R: float | None = None) -> dict[str, torch.Tensor]:
