@@ -105,6 +105,12 @@ def cmd_publish(args) -> int:
     return 0
 
 
+def cmd_analyze(args) -> int:
+    from icl_bench.analysis import run_cli
+
+    return run_cli(args.checkpoint, out=args.out, n_prompts=args.n_prompts, seed=args.seed, N=args.N)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="icl-bench", description="Benchmark in-context learning algorithms for linear regression.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -129,6 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
                          help="fix an axis of the plots and headline (N, noise, R, dtype, device); repeatable")
         pub.add_argument("--checkpoint", action="append", help="a trained-model checkpoint to draw beside the construction")
         pub.set_defaults(func=cmd_publish)
+    ana = sub.add_parser("analyze", help="mechanism analysis of a checkpoint: sparsity, similarity to the construction, probes")
+    ana.add_argument("checkpoint", metavar="CHECKPOINT", help="<stem>.safetensors, <stem>.json or the stem")
+    ana.add_argument("--out", help="write every number to this JSON file")
+    ana.add_argument("--n-prompts", type=int, default=2048, help="analysis prompts (default 2048)")
+    ana.add_argument("--seed", type=int, default=0, help="seed of the prompts and the alignment search")
+    ana.add_argument("--N", type=int, default=None, help="context length (default: the checkpoint's)")
+    ana.set_defaults(func=cmd_analyze)
     return p
 
 
