@@ -235,3 +235,13 @@ def test_out_that_is_a_file_or_under_a_file_or_locked(tmp_path, capsys, finished
 
 def test_catalogue_size():
     assert len(CASES) >= 30
+
+
+@pytest.mark.parametrize("kwargs", [{"n_prompts": 10**12}, {"N": 10**8}])
+def test_analyze_refuses_sizes_it_cannot_hold_before_allocating(kwargs):
+    from icl_bench.analysis import analyze
+    from icl_bench.errors import ConfigError
+    from icl_bench.transformer import Transformer, TransformerConfig
+
+    with pytest.raises(ConfigError, match=r"^n_prompts: n_prompts \* \(N \+ 1\) = \d+ prompt values exceed"):
+        analyze(Transformer(TransformerConfig()), 10.0, **kwargs)
