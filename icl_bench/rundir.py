@@ -91,9 +91,11 @@ def prepare(out: Path, *, resume: bool):
         except OSError:
             lock.close()
             raise ConfigError(f"--out: {out} is in use by another icl-bench run; wait for it or choose another folder") from None
-    for folder in (out, out / "cells"):  # temp files of a killed writer (we hold the lock: none is live)
-        for tmp in folder.glob(f".*{TMP_SUFFIX}"):
-            tmp.unlink(missing_ok=True)
+    # temp files of a killed writer (we hold the lock: none is live); only names write_atomic makes
+    stale = [*(out / "cells").glob(f".*.json.*{TMP_SUFFIX}"),
+             *(p for name in FINAL_FILES for p in out.glob(f".{name}.*{TMP_SUFFIX}"))]
+    for tmp in stale:
+        tmp.unlink(missing_ok=True)
     return lock
 
 

@@ -100,8 +100,11 @@ def test_kill_between_temp_write_and_rename(tmp_path):
     assert len(stale) == 1 and json.loads(stale[0].read_text())["status"] == "ok"  # complete, but never renamed
     done = _files(out / "cells")
     assert len(done) == 2
+    (out / ".my-own-notes.tmp").write_text("not ours")  # a user's file: left alone
+    (out / ".results.csv.123-abcd.tmp").write_text("half a ta")  # a table write cut short
     table = run_matrix(parse_config(SMALL), out, resume=True, progress=False)
     assert not list((out / "cells").glob(".*.tmp"))  # the orphan is cleaned up, not merged
+    assert [p.name for p in out.glob(".*.tmp")] == [".my-own-notes.tmp"]
     assert {k: v for k, v in _files(out / "cells").items() if k in done} == done
     assert len(_files(out / "cells")) == len(table) == 8
     pd.testing.assert_frame_equal(_stable(table), _stable(run_matrix(parse_config(SMALL), progress=False)))
