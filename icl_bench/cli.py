@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     ana.add_argument("--seed", type=int, default=0, help="seed of the prompts and the alignment search")
     ana.add_argument("--N", type=int, default=None, help="context length (default: the checkpoint's)")
     ana.set_defaults(func=cmd_analyze)
+    from icl_bench.train import add_train_command  # light: torch + tqdm, no pandas
+
+    add_train_command(sub)
     return p
 
 

@@ -1,0 +1,91 @@
+"""Training: a tiny run learns (loss falls >= 10x), is reproducible, and configs are validated."""
+import math
+import time
+
+import pytest
+import torch
+
+from icl_bench.errors import ConfigError
+from icl_bench.train import TrainConfig, init_model, load_runs, lr_factor, main, precondition, train, unprecondition
+
+TINY = dict(R=10.0, N=[12], steps=300, batch_size=128, eval_every=100, eval_prompts=512, lr=1e-2, progress=False)
+
+
+def test_tiny_run_loss_falls_tenfold():
+    start = time.perf_counter()
+    _, history = train(TrainConfig(**TINY, l1=1e-5))
+    assert time.perf_counter() - start < 60
+    first, last = history[0]["eval_mse_vs_ols"], history[-1]["eval_mse_vs_ols"]
+    assert math.isfinite(last) and last <= first / 10, (first, last)
+    assert history[-1]["step"] == TINY["steps"] and 0 <= history[-1]["sparsity"] <= 1
+
+
+def test_reproducible_and_seed_matters():
+    cfg = dict(TINY, steps=20, eval_every=10)
+    a, _ = train(TrainConfig(**cfg))
+    b, _ = train(TrainConfig(**cfg))
+    c, _ = train(TrainConfig(**cfg, seed=1))
+    for (k, va), vb, vc in zip(a.state_dict().items(), b.state_dict().values(), c.state_dict().values()):
+        assert torch.equal(va, vb), k
+    assert not all(torch.equal(va, vc) for va, vc in zip(a.state_dict().values(), c.state_dict().values()))
+
+
+def test_preconditioning_keeps_the_function():
+    cfg = TrainConfig(**dict(TINY, R=1000.0, precondition_R=1.0))
+    model = init_model(cfg)
+    tokens = torch.randn(4, 13, 3)
+    tokens[..., 2] = 1000.0
+    before = model(tokens)
+    precondition(model, cfg)
+    torch.testing.assert_close(model(tokens), before)
+    unprecondition(model)
+    torch.testing.assert_close(model(tokens), before)
+    assert set(model.state_dict()) == set(init_model(cfg).state_dict())  # a plain Transformer again
+
+
+def test_schedule_warmup_then_decay():
+    cfg = TrainConfig(**dict(TINY, steps=100, warmup_frac=0.1))
+    f = [lr_factor(cfg, s) for s in range(100)]
+    assert f[0] < f[5] < f[9] == 1.0 and f[50] < 1.0 and f[99] < 0.01
+
+
+def test_flatten_readout_and_noisy_target_train():
+    model, history = train(TrainConfig(**dict(TINY, steps=30, eval_every=10, readout="flatten", target="noisy", dtype="float64")))
+    assert model.cfg.readout == "flatten" and model.cfg.N == 12 and model.readout.weight.dtype == torch.float64
+    assert math.isfinite(history[-1]["eval_mse_vs_ols"])
+
+
+@pytest.mark.parametrize("bad", [
+    {"N": []}, {"N": [1]}, {"R": 0.0}, {"R": float("nan")}, {"target": "truth"}, {"readout": "mean"},
+    {"schedule": "step"}, {"dtype": "float16"}, {"readout": "flatten", "N": [10, 20]}, {"steps": 0},
+    {"lr": 0.0}, {"l1": -1.0}, {"warmup_frac": 1.0}, {"keys": "causal"}, {"noise": "0.1"}, {"layernorm": 1},
+    {"lr": True},
+])
+def test_bad_config_one_line_error(bad):
+    with pytest.raises(ConfigError) as exc:
+        TrainConfig(**bad)
+    field = next(iter(bad)) if not ("readout" in bad and "N" in bad) else "N"
+    assert str(exc.value).startswith(f"train.{field}:") and "accepted" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_toml_runs_and_unknown_keys(tmp_path):
+    path = tmp_path / "t.toml"
+    path.write_text('[defaults]\nR = 10.0\nsteps = 5\n[runs.a]\nl1 = 1e-4\n[runs.b]\nR = 100.0\n')
+    runs = load_runs(str(path))
+    assert [r["name"] for r in runs] == ["a", "b"] and runs[1]["R"] == 100.0 and runs[0]["l1"] == 1e-4
+    assert TrainConfig.from_toml(str(path), "b").R == 100.0
+    with pytest.raises(ConfigError, match="unknown run"):
+        load_runs(str(path), ["c"])
+    with pytest.raises(ConfigError, match=r"train\.stepz: unknown key"):
+        TrainConfig.from_dict({"stepz": 3})
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_runs(str(tmp_path / "missing.toml"))
+
+
+def test_cli_trains_and_saves(tmp_path, capsys):
+    path = tmp_path / "t.toml"
+    path.write_text('[defaults]\nsteps = 5\nbatch_size = 32\neval_every = 5\neval_prompts = 64\n'
+                    '[runs.tiny]\nsolver = "trained-l1"\nR = 10.0\nl1 = 1e-4\n')
+    assert main(["--config", str(path), "--out", str(tmp_path / "m"), "--no-progress"]) == 0
+    assert (tmp_path / "m" / "tiny.safetensors").is_file() and "tiny: 5 steps" in capsys.readouterr().out
+    assert main(["--config", str(tmp_path / "nope.toml")]) == 2

@@ -1,0 +1,86 @@
+"""The checkpoint-backed solvers: shipped checkpoints load, fit the cell or skip with a reason,
+survive degenerate prompts, and trained-l1 meets the 1 % goal on fresh prompts."""
+import math
+
+import pytest
+import torch
+
+from icl_bench import PromptSpec, get_solver, make_batch, sample_prompts
+from icl_bench.checkpoint import save_checkpoint
+from icl_bench.solver import SkipCell
+from icl_bench.trained import DEFAULT_MODELS_DIR, find_checkpoints
+from icl_bench.transformer import Transformer, TransformerConfig
+
+SHIPPED_R = (10.0, 100.0, 1000.0)
+SOLVERS = ("trained-l1", "trained-nol1", "trained-lsa")
+
+
+@pytest.mark.parametrize("name", SOLVERS)
+def test_every_solver_ships_every_default_R(name):
+    found = {meta["R"] for _, meta in find_checkpoints(DEFAULT_MODELS_DIR, name)}
+    assert set(SHIPPED_R) <= found
+
+
+@pytest.mark.parametrize("name", SOLVERS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_predicts_shape_dtype_and_weights(name, dtype):
+    solver = get_solver(name)
+    assert solver.weights() is None  # nothing loaded yet
+    batch = sample_prompts(PromptSpec(N=30, noise=0.1, R=100.0), 64, seed=5, dtype=dtype)
+    tokens = batch.tokens.clone()
+    pred = solver.predict(batch)
+    assert pred.shape == (64,) and pred.dtype == batch.dtype and torch.isfinite(pred).all()
+    assert torch.equal(batch.tokens, tokens)  # never mutates the batch
+    w = solver.weights()
+    assert "blocks.0.attn.W_Q" in w and "embed.weight" in w
+    assert ("blocks.0.ln.weight" in w) == (name != "trained-lsa")
+    assert set(solver.probe(batch)) >= {"embed", "layer0.ln", "layer1.resid"}
+
+
+@pytest.mark.parametrize("R", SHIPPED_R)
+def test_trained_l1_meets_one_percent_goal(R):
+    """MSE vs OLS <= 1 % of var(OLS prediction), fresh prompts, noise 0.1, N of the default grid."""
+    solver = get_solver("trained-l1")
+    for N in (10, 30, 100, 300):
+        batch = sample_prompts(PromptSpec(N=N, noise=0.1, R=R), 2048, seed=777 + N, dtype="float32")
+        pred = solver.predict(batch).double()
+        mse = float(((pred - batch.ols_prediction) ** 2).mean())
+        assert mse <= 0.01 * float(batch.ols_prediction.var()), (R, N, mse)
+
+
+@pytest.mark.parametrize("name", SOLVERS)
+def test_skips_an_R_without_checkpoint(name):
+    batch = sample_prompts(PromptSpec(N=10, R=37.0), 8, seed=0)
+    solver = get_solver(name)
+    with pytest.raises(SkipCell, match=r"no checkpoint for R=37.*available: R=10"):
+        solver.check_batch(batch)
+    with pytest.raises(SkipCell):
+        solver.predict(batch)
+
+
+def test_skips_with_an_empty_models_dir(tmp_path):
+    with pytest.raises(SkipCell, match="available: none"):
+        get_solver("trained-l1", models_dir=str(tmp_path)).predict(sample_prompts(PromptSpec(R=10.0), 4, seed=0))
+
+
+def test_degenerate_prompts_do_not_crash():
+    solver = get_solver("trained-l1")
+    x = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 2.0, math.nan], [0.0, 1.0, 2.0, 3.0], [1e30, -1e30, 0.0, 1.0]])
+    y = torch.tensor([[2.0, 2.0, 2.0, 2.0], [1.0, 2.0, 3.0, 4.0], [math.inf, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    batch = make_batch(x, y, torch.tensor([1.0, 0.5, 0.5, 0.5]), R=10.0, dtype="float32")
+    pred = solver.predict(batch)
+    assert pred.shape == (4,)
+    assert torch.isfinite(pred[0])  # constant x: no OLS answer, but the model still answers
+    assert not torch.isfinite(pred[1]) and not torch.isfinite(pred[2])  # NaN / inf in -> non-finite out
+
+
+def test_flatten_checkpoint_is_chosen_by_N(tmp_path):
+    torch.manual_seed(0)
+    for N in (10, 30):
+        model = Transformer(TransformerConfig(readout="flatten", N=N))
+        save_checkpoint(model, tmp_path / f"flat-N{N}", {"solver": "trained-nol1", "R": 10.0, "N": [N]})
+    solver = get_solver("trained-nol1", models_dir=str(tmp_path))
+    assert solver.checkpoint_for(10.0, 30).name == "flat-N30.json"
+    assert solver.predict(sample_prompts(PromptSpec(N=10, R=10.0), 4, seed=0)).shape == (4,)
+    with pytest.raises(SkipCell, match=r"N=100 .*available: R=10.0,N=10, R=10.0,N=30"):
+        solver.check_batch(sample_prompts(PromptSpec(N=100, R=10.0), 4, seed=0))
