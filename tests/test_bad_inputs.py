@@ -1,12 +1,18 @@
-"""The bad-input catalogue: TOML configs, CLI flags, CSV data and checkpoint files.
+"""The bad-input catalogue: TOML configs, CLI flags, CSV data, run folders and checkpoint files.
 
-Every case must give exactly one line `icl-bench: error: <field>: <problem>` on stderr, exit code
-2, no traceback, nothing on stdout, and leave --out as it was: a fresh --out is not created, and a
-finished run already in --out (resumed with --resume) stays byte-identical.
+Every command-line case must give exactly one line `icl-bench: error: <field>: <problem>` on
+stderr, exit code 2, no traceback, nothing on stdout, and leave --out as it was: a fresh --out is
+not created, and a finished run already in --out (resumed with --resume) stays byte-identical.
+Checkpoint cases go through `load_checkpoint` (what every command uses to read one: a one-line
+ConfigError) and `icl-bench analyze CHECKPOINT --out FILE.json` (exit 2, FILE.json neither created
+nor changed); the checkpoint files stay as they were and no pickle is ever executed.
 """
 from __future__ import annotations
 
 import copy
+import json
+import os
+import pickle
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,11 +20,16 @@ from typing import Callable
 
 import pytest
 import tomli_w
+import torch
+from safetensors.torch import save_file
 
 from icl_bench import rundir
+from icl_bench.checkpoint import load_checkpoint, save_checkpoint
 from icl_bench.cli import main
 from icl_bench.config import parse_config
+from icl_bench.errors import ConfigError
 from icl_bench.runner import run_matrix
+from icl_bench.transformer import Transformer, TransformerConfig
 
 BASE = {"seed": 0, "n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1},
         "grid": {"N": [4], "noise": [0.1], "R": [10.0], "dtype": ["float64"]}, "solvers": {"ols": {}}}
@@ -27,12 +38,15 @@ BASE = {"seed": 0, "n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1},
 @dataclass
 class Case:
     id: str
-    argv: Callable[[Path], list[str]]  # tmp folder -> arguments (the harness adds --out);
+    argv: Callable[[Path], list[str]] | None  # tmp folder -> arguments (the harness adds --out);
     # tmp/"input-run" is a copy of a finished run the case may use (or damage) as an input
     expected: str  # the line after "icl-bench: error: " starts with this (field first)
     resume: bool = True  # add the command's "go ahead" flag when --out already holds files
     fresh: bool = True  # also try it with a fresh --out (not for "--out holds a run" cases)
     out: bool = True  # the harness adds --out (not when argparse must see nothing else)
+    damage: Callable[[Path], None] | None = None  # checkpoint cases: breaks the pair <stem>.*
+    flags: tuple[str, ...] | None = None  # checkpoint cases: `icl-bench analyze <stem> *flags`
+    api: bool = True  # checkpoint cases: load_checkpoint itself must refuse the damaged pair
 
 
 def _set(raw, value, *path):
@@ -122,6 +136,8 @@ CASES = [
     Case("toml-solver-param-choice", toml(lambda r: _set(r, "causal", "solvers", "gd-lsa", "variant")),
          "solvers.gd-lsa.variant: 'causal' is not accepted; accepted: masked, query-in-context"),
     Case("toml-solver-param-empty", toml(lambda r: _set(r, [], "solvers", "gd", "steps")), "solvers.gd.steps: empty list"),
+    Case("toml-models-dir-missing", toml(lambda r: _set(r, "no/such/models", "solvers", "trained-l1", "models_dir")),
+         "solvers.trained-l1.models_dir: no such folder 'no/such/models'"),
     Case("toml-solvers-empty", toml(lambda r: _set(r, {}, "solvers")), "solvers: empty table"),
     Case("toml-all-solvers-type", toml(lambda r: _set(r, "yes", "all_solvers")), "all_solvers: expected true or false"),
     Case("toml-prompt-dist", toml(lambda r: _set(r, {"dist": "cauchy"}, "prompts", "x")),
@@ -174,6 +190,80 @@ CASES = [
 ]
 
 
+class _Evil:
+    """Unpickling this would create the file PWNED beside the checkpoint."""
+
+    def __init__(self, where: Path):
+        self.where = where
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.where / 'PWNED'}",))
+
+
+def _weights(stem: Path, tensors: dict) -> None:
+    Path(f"{stem}.safetensors").unlink()
+    save_file(tensors, f"{stem}.safetensors")
+
+
+def _meta(edit: Callable[[dict], object]):
+    def damage(stem: Path) -> None:
+        path = Path(f"{stem}.json")
+        meta = json.loads(path.read_text())
+        edit(meta)
+        path.write_text(json.dumps(meta))
+    return damage
+
+
+def _bytes(suffix: str, content: Callable[[bytes, Path], bytes] | bytes | None):
+    def damage(stem: Path) -> None:
+        path = Path(f"{stem}{suffix}")
+        old = path.read_bytes()
+        path.unlink()
+        if content is not None:
+            path.write_bytes(content(old, stem) if callable(content) else content)
+    return damage
+
+
+def ckpt(id: str, damage: Callable[[Path], None] | None, expected: str, flags: tuple[str, ...] = (),
+         api: bool = True) -> Case:
+    """A checkpoint case: a sound pair, `damage`d, read by load_checkpoint and `icl-bench analyze`."""
+    return Case(f"checkpoint-{id}", None, expected, damage=damage, flags=flags, api=api and damage is not None)
+
+
+GOOD = TransformerConfig()  # d_model 4, 2 layers, 2 heads, LayerNorm
+NOT_SAFETENSORS = "checkpoint: {stem}.safetensors is not a readable safetensors file"
+CASES += [
+    ckpt("missing-json", _bytes(".json", None), "checkpoint: metadata file {stem}.json is missing"),
+    ckpt("missing-weights", _bytes(".safetensors", None), "checkpoint: weights file {stem}.safetensors is missing"),
+    ckpt("empty-weights", _bytes(".safetensors", b""), NOT_SAFETENSORS),
+    ckpt("truncated", _bytes(".safetensors", lambda b, s: b[: len(b) // 2]), NOT_SAFETENSORS),
+    ckpt("pickle-disguised", _bytes(".safetensors", lambda b, s: pickle.dumps(_Evil(s.parent))), NOT_SAFETENSORS),
+    ckpt("torch-save-disguised", lambda s: torch.save({"w": _Evil(s.parent)}, f"{s}.safetensors"), NOT_SAFETENSORS),
+    ckpt("wrong-shape", _meta(lambda m: m["model_config"].update(d_model=8)),
+         "checkpoint: {stem}.safetensors tensor 'embed.weight' has shape (4, 3), the config needs (8, 3)"),
+    ckpt("wrong-layers", _meta(lambda m: m["model_config"].update(n_layers=3)), "checkpoint: {stem}.safetensors tensor names do not match"),
+    ckpt("huge-model-config", _meta(lambda m: m["model_config"].update(d_model=10**9)),
+         "checkpoint: {stem}.safetensors tensor 'embed.weight' has shape (4, 3), the config needs (1000000000, 3)"),
+    ckpt("model-config-type", _meta(lambda m: m["model_config"].update(d_model="four")), "checkpoint: {stem}.json has a bad model_config"),
+    ckpt("model-config-key", _meta(lambda m: m["model_config"].update(width=4)), "checkpoint: {stem}.json has a bad model_config"),
+    ckpt("not-a-checkpoint", _meta(lambda m: m.update(format="something-else")), "checkpoint: {stem}.json is not an icl-bench checkpoint"),
+    ckpt("json-not-utf8", _bytes(".json", b"{\xff\xfe}"), "checkpoint: {stem}.json is not valid JSON"),
+    ckpt("json-empty", _bytes(".json", b""), "checkpoint: {stem}.json is not valid JSON"),
+    ckpt("json-invalid", _bytes(".json", b"{not json"), "checkpoint: {stem}.json is not valid JSON"),
+    ckpt("json-list", _bytes(".json", b"[]"), "checkpoint: {stem}.json is not an icl-bench checkpoint"),
+    ckpt("integer-weights", lambda s: _weights(s, {k: v.to(torch.int32) for k, v in Transformer(GOOD).state_dict().items()}),
+         "checkpoint: {stem}.safetensors tensors must share one floating dtype"),
+    ckpt("R-not-a-number", _meta(lambda m: m.update(R="big")), "checkpoint: {stem} metadata has no valid R", api=False),
+    ckpt("missing", lambda s: [Path(f"{s}{x}").unlink() for x in (".json", ".safetensors")], "checkpoint: metadata file {stem}.json is missing"),
+    # ---- `icl-bench analyze` flags, on a sound checkpoint ----
+    ckpt("analyze-n-prompts-zero", None, "n_prompts: must be an integer >= 8", ("--n-prompts", "0")),
+    ckpt("analyze-n-prompts-text", None, "argument --n-prompts: invalid int value: 'many'", ("--n-prompts", "many")),
+    ckpt("analyze-n-prompts-huge", None, "n_prompts: n_prompts * (N + 1) = ", ("--n-prompts", str(10**12))),
+    ckpt("analyze-N-one", None, "N: must be an integer >= 2", ("--N", "1")),
+    ckpt("analyze-N-huge", None, "n_prompts: n_prompts * (N + 1) = ", ("--N", str(10**8))),
+]
+
+
 def _snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
@@ -185,12 +275,15 @@ def finished_run(tmp_path_factory) -> Path:
     return out
 
 
-PARAMS = [pytest.param(c, where, id=f"{where}-{c.id}") for c in CASES
+PARAMS = [pytest.param(c, where, id=f"{where}-{c.id}") for c in CASES if c.flags is None
           for where in ("fresh-out", "finished-run-in-out") if c.fresh or where != "fresh-out"]
+PARAMS += [pytest.param(c, "analyze", id=c.id) for c in CASES if c.flags is not None]  # own --out handling
 
 
 @pytest.mark.parametrize("case, where", PARAMS)
 def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, finished_run, case, where):
+    if case.flags is not None:
+        return _checkpoint_case(tmp_path, case, capsys)
     shutil.copytree(finished_run, tmp_path / "input-run")
     argv = case.argv(tmp_path)
     if where == "fresh-out":
@@ -211,6 +304,28 @@ def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, finished_ru
         assert not out.exists()
     else:
         assert _snapshot(out) == before
+
+
+def _checkpoint_case(tmp: Path, case: Case, capsys) -> None:
+    stem = save_checkpoint(Transformer(GOOD), tmp / "ckpt" / "model", {"R": 10.0, "N": 20})
+    load_checkpoint(stem)  # sound before the damage
+    if case.damage is not None:
+        case.damage(stem)
+    expected = case.expected.replace("{stem}", str(stem))
+    before = _snapshot(stem.parent)
+    for path in (stem, f"{stem}.safetensors", f"{stem}.json") if case.api else ():  # every way to name it
+        with pytest.raises(ConfigError) as err:
+            load_checkpoint(path)
+        assert "\n" not in str(err.value) and str(err.value).startswith(expected), str(err.value)
+    old = tmp / "old.json"
+    old.write_bytes(b'{"an earlier analysis": 1}\n')
+    for out in (tmp / "new.json", old):
+        code = main(["analyze", str(stem), *case.flags, "--out", str(out)])
+        captured = capsys.readouterr()
+        assert code == 2 and captured.out == "" and captured.err.count("\n") == 1, captured
+        assert captured.err.startswith("icl-bench: error: " + expected), captured.err
+    assert not (tmp / "new.json").exists() and old.read_bytes() == b'{"an earlier analysis": 1}\n'
+    assert _snapshot(stem.parent) == before and not (stem.parent / "PWNED").exists()
 
 
 def test_out_that_is_a_file_or_under_a_file_or_locked(tmp_path, capsys, finished_run):
