@@ -116,9 +116,16 @@ class GD(Solver):
         super().__init__(**values)
         check_gd_params(self.values["steps"], self.values["lr"], self.values["variant"], f"solvers.{self.name}")
 
+    CHUNK_ELEMENTS = 1 << 16  # CPU: prompts per gd_predict call = this // N (keeps the residuals in cache)
+
     def predict(self, batch: PromptBatch) -> torch.Tensor:
+        """(B,) w_K . (1, u). On the CPU the prompts go through in cache-sized chunks (each
+        prompt's arithmetic is the same; the (chunk, N) residuals of every step stay in cache)."""
         v = self.values
-        pred = gd_predict(batch.x, batch.y, batch.x_query, v["steps"], v["lr"], v["variant"])  # (B,)
+        step = batch.B if batch.device.type != "cpu" else max(1, self.CHUNK_ELEMENTS // batch.N)
+        parts = [gd_predict(c.x, c.y, c.x_query, v["steps"], v["lr"], v["variant"])
+                 for c in (batch.slice(i, i + step) for i in range(0, batch.B, step))]
+        pred = parts[0] if len(parts) == 1 else torch.cat(parts)  # (B,)
         return nan_if_ill_posed(pred, batch)  # var(x) = 0: the GD iterate is finite but no answer
 
 

@@ -12,7 +12,8 @@ that names the key and the accepted values, before anything is written to disk.
     [solvers.NAME]           # one table per solver, its parameters (lists = grids); with
                              # all_solvers, the solvers not named here run with their defaults
     [data]                   # optional CSV prompt source: path, x, y (columns)
-    [timing]                 # repeats (median reported), max_seconds (stop repeating after)
+    [timing]                 # repeats (median reported), max_seconds (stop repeating after),
+                             # threads (torch threads for the run; 0 = torch's default)
 """
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ class DataSource:
 class Timing:
     repeats: int = 3  # timed passes over the cell's prompts; the median is reported
     max_seconds: float = 1.0  # stop repeating once this much time was spent timing (>= 1 pass)
+    threads: int = 0  # torch.set_num_threads for the run (0: leave torch's default); docs/throughput.md
 
 
 @dataclass
@@ -211,9 +213,10 @@ def parse_config(raw: dict, *, base_dir: Path | None = None) -> MatrixConfig:
     cfg.prompts = {k: _dist(prompts.get(k, {}), f"prompts.{k}") for k in PROMPT_KEYS}
     if "timing" in raw:
         t = raw["timing"]
-        _check_keys(t, ("repeats", "max_seconds"), "timing")
+        _check_keys(t, ("repeats", "max_seconds", "threads"), "timing")
         cfg.timing = Timing(_int(t.get("repeats", 3), "timing.repeats", 1),
-                            _float(t.get("max_seconds", 1.0), "timing.max_seconds", positive=True))
+                            _float(t.get("max_seconds", 1.0), "timing.max_seconds", positive=True),
+                            _int(t.get("threads", 0), "timing.threads", 0))
     cfg.all_solvers = raw.get("all_solvers", "solvers" not in raw)
     if not isinstance(cfg.all_solvers, bool):
         _fail("all_solvers", f"expected true or false, got {cfg.all_solvers!r}")

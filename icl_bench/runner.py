@@ -20,6 +20,7 @@ import json
 import math
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from functools import lru_cache
@@ -35,6 +36,7 @@ from icl_bench.metrics import prediction_metrics, weight_l1, weight_sparsity
 from icl_bench.prompts import Dist, PromptSpec, sample_prompts
 from icl_bench.registry import get_solver, known_names
 from icl_bench.solver import SkipCell
+from icl_bench.timing import sync, time_passes
 
 COLUMNS = [
     "solver", "solver_params", "N", "noise", "R", "dtype", "device", "seed", "n_prompts",
@@ -128,30 +130,21 @@ def _prompts(source: str, N: int, noise: float, R: float, n_prompts: int, seed: 
     return sample_prompts(PromptSpec(N=N, noise=noise, R=R, **dists), n_prompts, seed=pseed, dtype=dtype, device=device)
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def _timed_predictions(solver, batch, cell: Cell) -> tuple[torch.Tensor, float]:
-    """Warm up, then time `repeats` full passes of predict over the batch in chunks.
+    """Warm up, then time full passes of predict over the batch in chunks (icl_bench.timing).
 
     Returns (predictions of the last pass (B,), median seconds per pass). Only predict() is
-    inside the timer; CUDA work is synchronised before each clock read.
+    inside the timer (the chunks are views cut before it starts); CUDA work is synchronised
+    before each clock read; passes shorter than timing.MIN_SAMPLE_S are grouped per sample.
     """
     chunks = [batch.slice(i, i + cell.batch_size) for i in range(0, batch.B, cell.batch_size)]
     with torch.no_grad():
         solver.predict(chunks[0])  # warm-up: lazy construction, caches, kernels
-        _sync(cell.device)
-        times, spent = [], 0.0
-        for _ in range(cell.repeats):
-            t0 = time.perf_counter()
-            preds = [solver.predict(c) for c in chunks]
-            _sync(cell.device)
-            times.append(time.perf_counter() - t0)
-            spent += times[-1]
-            if spent >= cell.max_seconds:
-                break
+        if chunks[-1].B != chunks[0].B:
+            solver.predict(chunks[-1])  # the odd-sized last chunk too
+        sync(cell.device)
+        preds, seconds, _, _ = time_passes(lambda: [solver.predict(c) for c in chunks], cell.device,
+                                           repeats=cell.repeats, max_seconds=cell.max_seconds)
     for p, c in zip(preds, chunks):
         if not isinstance(p, torch.Tensor) or tuple(p.shape) != (c.B,):
             shape = tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__
@@ -160,7 +153,7 @@ def _timed_predictions(solver, batch, cell: Cell) -> tuple[torch.Tensor, float]:
             raise TypeError(f"predict returned dtype {p.dtype}, expected {c.dtype}")
         if p.device != c.device:
             raise TypeError(f"predict returned a tensor on {p.device}, expected {c.device}")
-    return torch.cat(preds), sorted(times)[len(times) // 2]
+    return torch.cat(preds), seconds
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -206,6 +199,18 @@ def run_cell(cell: Cell) -> dict:
     return row
 
 
+@contextmanager
+def torch_threads(n: int):
+    """torch.set_num_threads(n) inside the block (n = 0: unchanged); the old count is restored."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: bool = False,
                progress: bool = True) -> pd.DataFrame:
     """Run every cell of `config` and return the tidy result table (one row per cell).
@@ -228,25 +233,26 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
         lock = rundir.prepare(out, resume=resume)
         cell_dir = out / "cells"
     try:
-        started = datetime.now(timezone.utc).isoformat()
-        rows, reused = [], 0
-        bar = tqdm(cells, total=len(cells), unit="cell", disable=not progress, dynamic_ncols=True)
-        for cell in bar:
-            bar.set_postfix_str(cell.describe(), refresh=False)
-            path = cell_dir / f"{cell.key}.json" if cell_dir else None
-            row = rundir.load_cell(path, cell.key, COLUMNS) if (path and resume) else None
-            if row is None:
-                row = run_cell(cell)
-                if path:
-                    rundir.save_cell(path, cell.key, row)
-            else:
-                reused += 1
-            rows.append({c: row[c] for c in COLUMNS})
-        table = pd.DataFrame(rows, columns=COLUMNS)
-        if out is not None:
-            meta = metadata.collect(config, started=started, table=table)
-            meta["n_cells_reused"] = reused  # cells taken from an earlier (interrupted) run by --resume
-            rundir.write_results(out, table, meta)
+        with torch_threads(config.timing.threads):  # timing.threads = 0: torch's default
+            started = datetime.now(timezone.utc).isoformat()
+            rows, reused = [], 0
+            bar = tqdm(cells, total=len(cells), unit="cell", disable=not progress, dynamic_ncols=True)
+            for cell in bar:
+                bar.set_postfix_str(cell.describe(), refresh=False)
+                path = cell_dir / f"{cell.key}.json" if cell_dir else None
+                row = rundir.load_cell(path, cell.key, COLUMNS) if (path and resume) else None
+                if row is None:
+                    row = run_cell(cell)
+                    if path:
+                        rundir.save_cell(path, cell.key, row)
+                else:
+                    reused += 1
+                rows.append({c: row[c] for c in COLUMNS})
+            table = pd.DataFrame(rows, columns=COLUMNS)
+            if out is not None:
+                meta = metadata.collect(config, started=started, table=table)
+                meta["n_cells_reused"] = reused  # cells taken from an earlier (interrupted) run by --resume
+                rundir.write_results(out, table, meta)
     finally:
         if lock is not None:
             lock.close()

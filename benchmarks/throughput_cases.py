@@ -1,0 +1,109 @@
+"""What the throughput suite times, besides the registered solvers: the references and helpers.
+
+References (each measured in the same pytest-benchmark run as the solvers):
+    numpy-ols             closed-form OLS in vectorised numpy, the textbook two-pass formula
+                          (means, centred values, two sums of products): the classical baseline.
+    linregress-loop       scipy.stats.linregress called once per prompt (a Python loop, as a user
+                          with one regression routine would write it); slow, so its batch is small.
+    quadratic-attention   the transformer's forward through the explicit (N+1) x N score matrix
+                          per head (Transformer.forward_quadratic), the O(N^2) way published code
+                          computes linear attention; the batch is capped by memory and time.
+    transformer-forward   the same module's associative forward (Transformer.forward), without
+                          a solver's wrapper: the cost of the architecture itself.
+"the same transformer" is the ln-closed-form construction (2 layers, 2 heads, d_model 4, LN) when
+that solver is available, else a TransformerConfig() module (the same shape) with random weights.
+
+Prompts: PromptSpec(N, noise=NOISE, R=R), seed SEED; every case of one (N, dtype, device) reads the
+same prompts. Batch sizes: B = values // N by default (conftest.py), then `fit_batch` shrinks a
+case's batch until one call takes about `budget` seconds (per-prompt loops, quadratic attention,
+gd-lsa at large N); figures are compared per prompt.
+"""
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+
+import numpy as np
+import scipy.stats
+import torch
+
+from icl_bench import PromptSpec, get_solver, sample_prompts
+from icl_bench.timing import sync
+from icl_bench.transformer import Transformer, TransformerConfig
+
+NS = (100, 1000, 4000)  # context lengths N
+DTYPES = ("float32", "float64")
+DEVICES = ("cpu", "cuda")
+R = 100.0  # embedding constant of the prompts
+NOISE = 0.1
+SEED = 0
+PROBE = 16  # prompts used to estimate a case's cost per prompt
+QUADRATIC_BYTES = 256 * 2**20  # cap on one call's score matrices (all heads of one layer)
+
+
+def require_device(device: str) -> None:
+    """Skip the calling test when `device` is not usable here (the reason names what is missing)."""
+    import pytest
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("CUDA is not available on this machine (torch.cuda.is_available() is False; no GPU lent)")
+
+
+@lru_cache(maxsize=4)
+def prompts(N: int, dtype: str, device: str, B: int):
+    """The shared prompt batch of one (N, dtype, device): B prompts."""
+    return sample_prompts(PromptSpec(N=N, noise=NOISE, R=R), B, seed=SEED, dtype=dtype, device=device)
+
+
+def numpy_ols(x: np.ndarray, y: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Textbook closed-form OLS prediction in numpy. x, y (B, N); u (B,) -> (B,), dtype of x."""
+    x_bar = x.mean(axis=1)  # (B,)
+    y_bar = y.mean(axis=1)
+    xc = x - x_bar[:, None]  # (B, N)
+    yc = y - y_bar[:, None]
+    slope = (xc * yc).sum(axis=1) / (xc * xc).sum(axis=1)
+    return y_bar + slope * (u - x_bar)
+
+
+def linregress_loop(x: np.ndarray, y: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """scipy.stats.linregress per prompt. x, y (B, N); u (B,) -> (B,) float64."""
+    out = np.empty(x.shape[0])
+    for i in range(x.shape[0]):
+        fit = scipy.stats.linregress(x[i], y[i])
+        out[i] = fit.intercept + fit.slope * u[i]
+    return out
+
+
+def reference_transformer(dtype: str, device: str) -> tuple[Transformer, str]:
+    """(module in eval mode, description): the ln-closed-form construction for R if available."""
+    dt = getattr(torch, dtype)
+    try:
+        return get_solver("ln-closed-form").model(R, dt, device), "ln-closed-form construction"
+    except Exception as exc:  # the solver may be absent or broken: keep the reference honest
+        torch.manual_seed(SEED)
+        module = Transformer(TransformerConfig()).to(device=device, dtype=dt).eval()
+        return module, f"TransformerConfig() with random weights (ln-closed-form unavailable: {type(exc).__name__})"
+
+
+def quadratic_batch_cap(module: Transformer, N: int, dtype: str) -> int:
+    """Most prompts whose (N+1) x N score matrices (all heads of one layer) fit QUADRATIC_BYTES."""
+    per_prompt = module.cfg.n_heads * (N + 1) * (N + 1) * torch.finfo(getattr(torch, dtype)).bits // 8
+    return max(1, QUADRATIC_BYTES // per_prompt)
+
+
+def fit_batch(call, B_max: int, budget: float, device: str) -> int:
+    """Largest batch <= B_max whose call is estimated to take <= `budget` seconds (>= 1 prompt).
+
+    call(b) runs the case on the first b prompts; it is warmed up, then timed once at
+    b = min(PROBE, B_max) to get seconds per prompt (an estimate: only the batch is chosen by it).
+    """
+    b = min(PROBE, B_max)
+    call(b)
+    sync(device)
+    t0 = time.perf_counter()
+    call(b)
+    sync(device)
+    per_prompt = (time.perf_counter() - t0) / b
+    if per_prompt * B_max <= budget:
+        return B_max
+    return max(1, min(B_max, int(budget / per_prompt)))
