@@ -32,7 +32,7 @@ import torch
 from icl_bench import PromptBatch, Solver
 from icl_bench.errors import ConfigError
 from icl_bench.gd_lsa import DEFAULT_LR, DEFAULT_STEPS  # the same defaults as gd-lsa
-from icl_bench.solver import Param
+from icl_bench.solver import Param, nan_if_ill_posed
 
 VARIANTS = ("masked", "query-in-context")
 
@@ -125,7 +125,8 @@ class GD(Solver):
         step = batch.B if batch.device.type != "cpu" else max(1, self.CHUNK_ELEMENTS // batch.N)
         parts = [gd_predict(c.x, c.y, c.x_query, v["steps"], v["lr"], v["variant"])
                  for c in (batch.slice(i, i + step) for i in range(0, batch.B, step))]
-        return parts[0] if len(parts) == 1 else torch.cat(parts)  # (B,)
+        pred = parts[0] if len(parts) == 1 else torch.cat(parts)  # (B,)
+        return nan_if_ill_posed(pred, batch)  # var(x) = 0: the GD iterate is finite but no answer
 
 
 # ---- conditioning helpers (used by benchmarks/gd_lr_sweep.py, benchmarks/gd_conditioning.py) ----

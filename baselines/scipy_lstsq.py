@@ -22,10 +22,11 @@ class ScipyLstsq(Solver):
         u = batch.x_query.detach().cpu().double().numpy()  # (B,)
         out = np.full(x.shape[0], np.nan)
         for i in range(x.shape[0]):
-            if not (np.isfinite(x[i]).all() and np.isfinite(y[i]).all()):
+            if not (np.isfinite(x[i]).all() and np.isfinite(y[i]).all() and np.isfinite(u[i])):
                 continue
             design = np.column_stack([np.ones_like(x[i]), x[i]])  # (N, 2)
             coef, _, rank, _ = scipy.linalg.lstsq(design, y[i])
             if rank == 2:  # rank 1 <=> all x equal: no unique slope
                 out[i] = coef[0] + coef[1] * u[i]
-        return torch.from_numpy(out).to(device=batch.device, dtype=batch.dtype)
+        pred = torch.from_numpy(out).to(device=batch.device, dtype=batch.dtype)  # (B,)
+        return pred.masked_fill(~torch.isfinite(pred), float("nan"))  # an overflow is no answer: NaN, not inf

@@ -221,6 +221,11 @@ def analyze(model: Transformer, R: float, *, n_prompts: int = 2048, N: int | Non
         N = cfg.N if cfg.readout == "flatten" else DEFAULT_N
     if isinstance(N, bool) or not isinstance(N, int) or N < 2:
         raise ConfigError(f"N: must be an integer >= 2 (got {N!r})")
+    from icl_bench.config import MAX_VALUES  # the run matrix's memory bound, for the same reason
+
+    if n_prompts * (N + 1) > MAX_VALUES:
+        raise ConfigError(f"n_prompts: n_prompts * (N + 1) = {n_prompts * (N + 1)} prompt values exceed "
+                          f"{MAX_VALUES}; lower --n-prompts or --N")
     if cfg.readout == "flatten" and N != cfg.N:
         raise ConfigError(f"N: this model's flatten readout fixes N={cfg.N} (got {N})")
     construction = build_construction(R, variant=cfg.keys, dtype=torch.float64)  # ConfigError for bad R
@@ -300,7 +305,9 @@ def run_cli(checkpoint: str, *, out: str | None = None, n_prompts: int = 2048, s
         print(f"  {name:24s} {fmt(v['sparsity']):10s} {fmt(v['l1']):10s} {fmt(v['hoyer'])}")
     print(f"{'alignment':26s} {result['alignment']}")
     if out is not None:
+        from icl_bench.rundir import write_atomic
+
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(to_json(result) + "\n")
+        write_atomic(Path(out), (to_json(result) + "\n").encode())  # an old file survives a crash intact
         print(f"wrote {out}")
     return 0

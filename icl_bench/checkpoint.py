@@ -129,8 +129,8 @@ def load_checkpoint(path: str | Path, *, device: str = "cpu") -> tuple[Transform
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(f"checkpoint: {spath} is not a readable safetensors file ({msg})") from None
-    model = Transformer(cfg)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    with torch.device("meta"):  # shapes only: a config naming a huge model allocates nothing
+        expected = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
     got = {k: tuple(v.shape) for k, v in tensors.items()}
     if set(expected) != set(got):
         diff = sorted(set(expected) ^ set(got))
@@ -141,6 +141,6 @@ def load_checkpoint(path: str | Path, *, device: str = "cpu") -> tuple[Transform
     dtypes = {v.dtype for v in tensors.values()}
     if len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
         raise ConfigError(f"checkpoint: {spath} tensors must share one floating dtype (got {sorted(map(str, dtypes))})")
-    model = model.to(next(iter(dtypes)))
+    model = Transformer(cfg).to(next(iter(dtypes)))  # no bigger than the file it matches
     model.load_state_dict(tensors)
     return model.to(device).eval(), meta

@@ -61,7 +61,16 @@ def cmd_run(args) -> int:
         raw["data"] = {"path": args.data, "x": args.x, "y": args.y}
     elif args.x or args.y:
         raise ConfigError("--x/--y: only with --data FILE")
-    cfg = parse_config(raw, base_dir=path.parent)
+    if args.resume and not args.out:
+        raise ConfigError("--resume: needs --out DIR, the folder of the run to continue")
+    try:
+        cfg = parse_config(raw, base_dir=path.parent)
+    except ConfigError as exc:  # name the flag the user typed, not the config key it set
+        msg = str(exc)
+        if args.data is not None:
+            for key, flag in (("data.path:", "--data:"), ("data.x:", "--x:"), ("data.y:", "--y:")):
+                msg = flag + msg[len(key):] if msg.startswith(key) else msg
+        raise ConfigError(msg) from None
     out = Path(args.out) if args.out else Path("results/runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
     table = run_matrix(cfg, out, resume=args.resume, progress=not args.no_progress)
     summary = table.groupby("solver").agg(
@@ -145,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return args.func(args)
     except ConfigError as exc:
-        print(f"icl-bench: error: {exc}", file=sys.stderr)
+        print(f"icl-bench: error: {' '.join(str(exc).splitlines())}", file=sys.stderr)  # always one line
         return 2
     except KeyboardInterrupt:
         print("icl-bench: interrupted", file=sys.stderr)

@@ -36,6 +36,10 @@ GRID_DEFAULTS = {"N": [20], "noise": [0.1], "R": [100.0], "dtype": ["float32"], 
 DEVICES = ("cpu", "cuda")
 PROMPT_KEYS = ("x", "slope", "intercept")
 DIST_KEYS = ("dist", "loc", "scale")
+MAX_SEED = 2**63 - 1  # seeds are stored as 64-bit integers (parquet)
+MAX_PROMPTS = 2**24  # n_prompts and batch_size: torch.quantile (abs_err_* metrics) takes <= 2**24 values
+MAX_VALUES = 2**27  # n_prompts * (N + 1): prompt values one grid point holds in memory (~ 5 GiB in float64)
+FLOAT_MAX = {"float32": 3.4028234663852886e38, "float64": 1.7976931348623157e308}
 
 
 @dataclass(frozen=True)
@@ -93,11 +97,13 @@ def _check_keys(table: dict, allowed, where: str) -> None:
             _fail(f"{where}.{k}" if where else k, f"unknown key; accepted: {', '.join(allowed)}")
 
 
-def _int(value, key: str, lo: int) -> int:
+def _int(value, key: str, lo: int, hi: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         _fail(key, f"expected an integer >= {lo}, got {value!r}")
     if value < lo:
         _fail(key, f"must be >= {lo} (got {value})")
+    if hi is not None and value > hi:
+        _fail(key, f"must be <= {hi} (got {value})")
     return value
 
 
@@ -173,6 +179,8 @@ def _solvers(raw, all_solvers: bool) -> dict[str, list[dict]]:
                 cls(**combo)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+            except Exception:  # a solver that cannot even be built: its cells become error rows
+                pass
         out[name] = combos
     return out
 
@@ -186,13 +194,20 @@ def parse_config(raw: dict, *, base_dir: Path | None = None) -> MatrixConfig:
     """
     _check_keys(raw, TOP_KEYS, "")
     cfg = MatrixConfig(
-        seed=_int(raw.get("seed", 0), "seed", 0),
-        n_prompts=_int(raw.get("n_prompts", 2048), "n_prompts", 1),
-        batch_size=_int(raw.get("batch_size", 2048), "batch_size", 1),
+        seed=_int(raw.get("seed", 0), "seed", 0, MAX_SEED),
+        n_prompts=_int(raw.get("n_prompts", 2048), "n_prompts", 1, MAX_PROMPTS),
+        batch_size=_int(raw.get("batch_size", 2048), "batch_size", 1, MAX_PROMPTS),
     )
     grid = raw.get("grid", {})
     _check_keys(grid, tuple(GRID_DEFAULTS), "grid")
     cfg.grid = {name: _axis(grid, name) for name in GRID_DEFAULTS}
+    if cfg.n_prompts * (max(cfg.grid["N"]) + 1) > MAX_VALUES:
+        _fail("n_prompts", f"n_prompts * (N + 1) = {cfg.n_prompts * (max(cfg.grid['N']) + 1)} prompt values "
+                           f"exceed {MAX_VALUES} per grid point; lower n_prompts or N")
+    for dtype in cfg.grid["dtype"]:
+        for R in cfg.grid["R"]:
+            if R > FLOAT_MAX[dtype]:
+                _fail("grid.R", f"R={R:g} overflows {dtype} (max {FLOAT_MAX[dtype]:.3g}); lower R or drop {dtype}")
     prompts = raw.get("prompts", {})
     _check_keys(prompts, PROMPT_KEYS, "prompts")
     cfg.prompts = {k: _dist(prompts.get(k, {}), f"prompts.{k}") for k in PROMPT_KEYS}
@@ -213,6 +228,7 @@ def parse_config(raw: dict, *, base_dir: Path | None = None) -> MatrixConfig:
 
 
 def _data(raw, Ns: list[int], base_dir: Path | None) -> DataSource:
+    import numpy as np
     import pandas as pd
 
     _check_keys(raw, ("path", "x", "y"), "data")
@@ -234,10 +250,13 @@ def _data(raw, Ns: list[int], base_dir: Path | None) -> DataSource:
         col = getattr(src, k)
         if col not in frame.columns:
             _fail(f"data.{k}", f"no column {col!r} in {path.name}; columns: {', '.join(map(str, frame.columns))}")
-        if not pd.api.types.is_numeric_dtype(frame[col]):
+        if len(frame) and not pd.api.types.is_numeric_dtype(frame[col]):
             _fail(f"data.{k}", f"column {col!r} is not numeric")
     if max(Ns) + 1 > len(frame):
         _fail("grid.N", f"N={max(Ns)} needs at least {max(Ns) + 1} rows of data; {path.name} has {len(frame)}")
+    finite = int((np.isfinite(frame[src.x].to_numpy(float)) & np.isfinite(frame[src.y].to_numpy(float))).sum())
+    if max(Ns) + 1 > finite:  # NaN / inf rows are kept (degenerate prompts), but some must be usable
+        _fail("data.path", f"N={max(Ns)} needs at least {max(Ns) + 1} rows with finite x and y; {path.name} has {finite}")
     return src
 
 
@@ -253,10 +272,14 @@ def load_config(path: str | Path) -> MatrixConfig:
 def read_toml(path: str | Path, key: str = "--config") -> dict:
     """The raw dict of a TOML file; ConfigError (naming `key`) if missing, not UTF-8 or invalid."""
     path = Path(path)
+    if path.is_dir():
+        _fail(key, f"{str(path)!r} is a folder; give a .toml file")
     if not path.is_file():
         _fail(key, f"no such file {str(path)!r}")
     try:
         return tomllib.loads(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        _fail(key, f"cannot read {path.name} ({exc.strerror or type(exc).__name__})")
     except UnicodeDecodeError:
         _fail(key, f"{path.name} is not UTF-8 text")
     except tomllib.TOMLDecodeError as exc:

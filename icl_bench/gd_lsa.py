@@ -43,7 +43,7 @@ import torch
 from icl_bench.errors import ConfigError
 from icl_bench.prompts import PromptBatch, resolve_dtype
 from icl_bench.registry import register_solver
-from icl_bench.solver import Param, Solver
+from icl_bench.solver import Param, Solver, nan_if_ill_posed
 from icl_bench.transformer import KEY_SETS, Transformer, TransformerConfig
 
 DEFAULT_STEPS = 16  # K: MSE vs OLS ~ 1e-4 at N = 30 with the default lr (results/gd_lr_sweep.md)
@@ -131,10 +131,12 @@ class GDLSA(Solver):
         return self._models[key]
 
     def predict(self, batch: PromptBatch) -> torch.Tensor:
-        """(B,) predictions w_K . (1, u) in batch.dtype on batch.device; NaN stays in its own prompt."""
+        """(B,) predictions w_K . (1, u) in batch.dtype on batch.device; NaN stays in its own prompt,
+        and an ill-posed prompt (var(x) = 0, NaN / inf) gets NaN (see nan_if_ill_posed)."""
         self._last_R = batch.R
         with torch.no_grad():
-            return self.model(batch.R, batch.dtype, batch.device)(batch.tokens)  # (B,)
+            pred = self.model(batch.R, batch.dtype, batch.device)(batch.tokens)  # (B,)
+        return nan_if_ill_posed(pred, batch)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The construction's weight matrices (float64) for the R of the last batch predicted

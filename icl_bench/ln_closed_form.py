@@ -25,7 +25,7 @@ from icl_bench.errors import ConfigError
 from icl_bench.ols import ols_predict
 from icl_bench.prompts import PromptBatch, make_tokens
 from icl_bench.registry import register_solver
-from icl_bench.solver import Param, Solver
+from icl_bench.solver import Param, Solver, r_lost
 from icl_bench.transformer import KEY_SETS, Transformer, TransformerConfig
 
 VARIANTS = KEY_SETS  # "masked" (keys = context) or "query-in-context" (keys = context + query)
@@ -190,7 +190,8 @@ class LNClosedForm(Solver):
     data scale. Standardizing is done outside the transformer, so it is an option, not the default.
 
     Degenerate prompts (all x equal, any NaN / inf in the prompt) predict NaN, like the OLS
-    reference; the other prompts of the batch are unaffected.
+    reference, and so do prompts on a scale where R vanishes in rounding (|x|, |y| or |u| >= R / eps,
+    e.g. ~1e30 with R = 100 in float64); the other prompts of the batch are unaffected.
     """
 
     params = {
@@ -225,7 +226,7 @@ class LNClosedForm(Solver):
         out = self.model(batch.R, batch.dtype, batch.device)(tokens)  # (B,)
         if shift is not None:
             out = shift + scale * out
-        bad = degenerate(batch.x, batch.y, batch.x_query)  # (B,)
+        bad = degenerate(batch.x, batch.y, batch.x_query) | r_lost(tokens, batch.R)  # (B,)
         return torch.where(bad, torch.full_like(out, float("nan")), out)
 
     def weights(self, R: float | None = None) -> dict[str, torch.Tensor]:

@@ -88,7 +88,9 @@ def ols_predict(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor) -> torc
     Args:
         x, y: (B, N) context; x_query: (B,) query inputs u.
     Returns:
-        y_bar + b_hat * (u - x_bar); NaN for prompts with zero spread in x or non-finite input.
+        y_bar + b_hat * (u - x_bar); NaN (never +-inf) for prompts with zero spread in x, a
+        non-finite input (an infinite query included) or a result that overflows the dtype.
     """
     x_bar, y_bar, slope, _ = _moments(x, y)
-    return torch.addcmul(y_bar, slope, x_query - x_bar)
+    pred = torch.addcmul(y_bar, slope, x_query - x_bar)  # (B,)
+    return pred.masked_fill(~torch.isfinite(pred), float("nan"))

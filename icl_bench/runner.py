@@ -10,18 +10,18 @@ On disk, in the output folder:
     results.csv        the same table as CSV
     metadata.json      config, seed, package versions, device, git commit, start / end time
 `resume=True` reuses every valid cell file and recomputes the rest; a truncated or corrupt cell
-file is recomputed, never merged.
+file, or one written for another config, is recomputed, never merged. How the folder survives a
+crash (atomic writes, fsync, lock, metadata.json written last) is in icl_bench/rundir.py.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import math
-import os
 import time
 import traceback
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
@@ -30,9 +30,8 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from icl_bench import metadata
+from icl_bench import metadata, rundir
 from icl_bench.config import DataSource, MatrixConfig
-from icl_bench.errors import ConfigError
 from icl_bench.metrics import prediction_metrics, weight_l1, weight_sparsity
 from icl_bench.prompts import Dist, PromptSpec, sample_prompts
 from icl_bench.registry import get_solver, known_names
@@ -68,11 +67,15 @@ class Cell:
     prompts: str  # canonical JSON of the prompt source (distributions or CSV file)
     repeats: int = 3
     max_seconds: float = 1.0
+    data_sha256: str = ""  # digest of the CSV file's bytes (CSV source only): edited data = new cells
 
     @property
     def key(self) -> str:
         """Stable file name of this cell's row (sha1 of its canonical JSON)."""
-        text = json.dumps(asdict(self), sort_keys=True, allow_nan=True)
+        fields = asdict(self)
+        if not fields["data_sha256"]:  # generator prompts: the key stays what it always was
+            del fields["data_sha256"]
+        text = json.dumps(fields, sort_keys=True, allow_nan=True)
         return hashlib.sha1(text.encode()).hexdigest()[:20]
 
     def describe(self) -> str:
@@ -90,9 +93,11 @@ def expand_cells(cfg: MatrixConfig) -> list[Cell]:
     solvers = dict(cfg.solvers)
     if cfg.all_solvers:
         solvers = {name: cfg.solvers.get(name, [{}]) for name in sorted(set(known_names()) | set(solvers))}
+    digest = ""
     if cfg.data is not None:
         source = json.dumps({"csv": asdict(cfg.data)}, sort_keys=True)
         noises = [math.nan]
+        digest = hashlib.sha256(cfg.data.resolve().read_bytes()).hexdigest()
     else:
         source = json.dumps({k: asdict(v) for k, v in cfg.prompts.items()}, sort_keys=True)
         noises = cfg.grid["noise"]
@@ -108,7 +113,7 @@ def expand_cells(cfg: MatrixConfig) -> list[Cell]:
                                 cells.append(Cell(
                                     name, json.dumps(params, sort_keys=True), N, noise, R, dtype, device,
                                     cfg.seed, cfg.n_prompts, cfg.batch_size, source,
-                                    cfg.timing.repeats, cfg.timing.max_seconds))
+                                    cfg.timing.repeats, cfg.timing.max_seconds, digest))
     return cells
 
 
@@ -141,12 +146,26 @@ def _timed_predictions(solver, batch, cell: Cell) -> tuple[torch.Tensor, float]:
         preds, seconds, _, _ = time_passes(lambda: [solver.predict(c) for c in chunks], cell.device,
                                            repeats=cell.repeats, max_seconds=cell.max_seconds)
     for p, c in zip(preds, chunks):
-        if not isinstance(p, torch.Tensor) or p.shape != (c.B,):
+        if not isinstance(p, torch.Tensor) or tuple(p.shape) != (c.B,):
             shape = tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__
             raise TypeError(f"predict returned {shape}, expected a tensor of shape ({c.B},)")
         if p.dtype != c.dtype:
             raise TypeError(f"predict returned dtype {p.dtype}, expected {c.dtype}")
+        if p.device != c.device:
+            raise TypeError(f"predict returned a tensor on {p.device}, expected {c.device}")
     return torch.cat(preds), seconds
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN equal to NaN."""
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+def _check_untouched(batch, pristine) -> None:
+    """Solvers must never modify their batch (DESIGN section 3): name the fields that changed."""
+    changed = [k for k, v in batch.tensors().items() if not _same(v, getattr(pristine, k))]
+    if changed:
+        raise RuntimeError(f"predict modified the prompt batch in place ({', '.join(changed)})")
 
 
 def run_cell(cell: Cell) -> dict:
@@ -160,40 +179,23 @@ def run_cell(cell: Cell) -> dict:
         if cell.device.startswith("cuda") and not torch.cuda.is_available():
             raise SkipCell("CUDA is not available on this machine (torch.cuda.is_available() is False)")
         solver = get_solver(cell.solver, **json.loads(cell.solver_params))
-        batch = _prompts(cell.prompts, cell.N, cell.noise, cell.R, cell.n_prompts, cell.seed, cell.dtype, cell.device)
+        pristine = _prompts(cell.prompts, cell.N, cell.noise, cell.R, cell.n_prompts, cell.seed, cell.dtype, cell.device)
+        batch = replace(pristine, **{k: v.clone() for k, v in pristine.tensors().items()})  # the cache stays intact
         solver.check_batch(batch)
         pred, seconds = _timed_predictions(solver, batch, cell)
+        _check_untouched(batch, pristine)
         row.update(prediction_metrics(pred, batch))
         row["prompts_per_s"] = batch.B / seconds if seconds > 0 else math.inf
         w = solver.weights()
         row["weight_sparsity"], row["weight_l1"] = weight_sparsity(w), weight_l1(w)
     except SkipCell as exc:
         row.update(status="skipped", message=str(exc))
-    except Exception as exc:  # one failing cell is a row, never the end of the run
+    except (Exception, SystemExit) as exc:  # one failing cell is a row, never the end of the run
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         where = f" ({Path(frame.filename).name}:{frame.lineno})"
-        row.update(status="error", message=f"{type(exc).__name__}: {exc}{where}")
+        row.update({c: math.nan for c in METRIC_COLUMNS}, n_nonfinite=-1)  # no half-computed numbers
+        row.update(status="error", message=" ".join(f"{type(exc).__name__}: {exc}{where}".splitlines()))
     row["elapsed_s"] = time.perf_counter() - t0
-    return row
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-
-
-def _load_cell(path: Path, cell: Cell) -> dict | None:
-    """A previously written row for `cell`, or None if absent, truncated, corrupt or foreign."""
-    try:
-        row = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(row, dict) or row.get("_key") != cell.key or set(COLUMNS) - set(row):
-        return None
     return row
 
 
@@ -221,35 +223,37 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
     Returns:
         pandas.DataFrame with COLUMNS; failing cells have status "error", impossible ones "skipped".
     Raises:
-        ConfigError: `out` already holds a run and resume is False.
+        ConfigError: `out` is a file or not writable, already holds a run and resume is False,
+            or is being written by another icl-bench process.
     """
     cells = expand_cells(config)
-    cell_dir = None
+    lock = cell_dir = None
     if out is not None:
         out = Path(out)
-        if not resume and out.exists() and any(out.iterdir()):
-            raise ConfigError(f"--out: {out} is not empty; pass --resume to continue that run or choose another folder")
+        lock = rundir.prepare(out, resume=resume)
         cell_dir = out / "cells"
-        cell_dir.mkdir(parents=True, exist_ok=True)
-    with torch_threads(config.timing.threads):  # timing.threads = 0: torch's default
-        started = datetime.now(timezone.utc).isoformat()
-        rows = []
-        bar = tqdm(cells, total=len(cells), unit="cell", disable=not progress, dynamic_ncols=True)
-        for cell in bar:
-            bar.set_postfix_str(cell.describe(), refresh=False)
-            path = cell_dir / f"{cell.key}.json" if cell_dir else None
-            row = _load_cell(path, cell) if (path and resume) else None
-            if row is None:
-                row = run_cell(cell)
-                if path:
-                    _write_atomic(path, json.dumps({**row, "_key": cell.key}, allow_nan=True).encode())
-            rows.append({c: row[c] for c in COLUMNS})
-        table = pd.DataFrame(rows, columns=COLUMNS)
-        if out is not None:
-            meta = metadata.collect(config, started=started, table=table)
-            buf = table.to_parquet(index=False)
-            _write_atomic(out / "results.parquet", buf)
-            _write_atomic(out / "results.csv", table.to_csv(index=False).encode())
-            _write_atomic(out / "metadata.json", json.dumps(meta, indent=2, allow_nan=True).encode())
+    try:
+        with torch_threads(config.timing.threads):  # timing.threads = 0: torch's default
+            started = datetime.now(timezone.utc).isoformat()
+            rows, reused = [], 0
+            bar = tqdm(cells, total=len(cells), unit="cell", disable=not progress, dynamic_ncols=True)
+            for cell in bar:
+                bar.set_postfix_str(cell.describe(), refresh=False)
+                path = cell_dir / f"{cell.key}.json" if cell_dir else None
+                row = rundir.load_cell(path, cell.key, COLUMNS) if (path and resume) else None
+                if row is None:
+                    row = run_cell(cell)
+                    if path:
+                        rundir.save_cell(path, cell.key, row)
+                else:
+                    reused += 1
+                rows.append({c: row[c] for c in COLUMNS})
+            table = pd.DataFrame(rows, columns=COLUMNS)
+            if out is not None:
+                meta = metadata.collect(config, started=started, table=table)
+                meta["n_cells_reused"] = reused  # cells taken from an earlier (interrupted) run by --resume
+                rundir.write_results(out, table, meta)
+    finally:
+        if lock is not None:
+            lock.close()
     return table
-

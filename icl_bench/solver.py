@@ -26,6 +26,28 @@ from icl_bench.errors import ConfigError
 from icl_bench.prompts import PromptBatch
 
 
+def nan_if_ill_posed(pred: torch.Tensor, batch: PromptBatch) -> torch.Tensor:
+    """`pred` (B,) with NaN at every prompt that has no unique least-squares answer, and in
+    place of +-inf (an overflow is no answer either).
+
+    Ill-posed prompts are those whose float64 OLS reference is NaN: a NaN or inf in x, y or the
+    query, or no spread in x (all x equal, up to rounding). No finite answer to them is right,
+    so a solver reports NaN there (and the runner counts it in `n_nonfinite`) instead of whatever
+    finite number its arithmetic happens to produce. Returns a new tensor; `pred` is untouched.
+    """
+    ok = torch.isfinite(batch.ols_prediction).to(pred.device) & ~torch.isinf(pred)  # (B,)
+    return pred.masked_fill(~ok, float("nan"))
+
+
+def r_lost(tokens: torch.Tensor, R: float) -> torch.Tensor:
+    """(B,) bool: prompts whose x, y or u are so large that R vanishes in rounding beside them
+    (|value| * eps >= R, eps of the tokens' dtype; e.g. |x| ~ 1e30 with R = 100 in float64).
+    A model that reads R from the token's third slot cannot tell it from the data there, so its
+    output carries no slope: transformer solvers answer NaN for these prompts.
+    Args: tokens (B, N+1, 3) as the model reads them; R the constant in their third slot."""
+    return tokens[..., :2].abs().amax(dim=(1, 2)) * torch.finfo(tokens.dtype).eps >= R
+
+
 class SkipCell(Exception):
     """Raised by a solver that cannot handle a cell; the runner records status="skipped"."""
 
@@ -89,7 +111,8 @@ class Solver(ABC):
 
     @abstractmethod
     def predict(self, batch: PromptBatch) -> torch.Tensor:
-        """Predictions at the queries: (B,) tensor in batch.dtype on batch.device. Never mutates batch."""
+        """Predictions at the queries: (B,) tensor in batch.dtype on batch.device. Never mutates batch.
+        NaN for a prompt the solver cannot answer (at least the ill-posed ones: see nan_if_ill_posed)."""
 
     def weights(self) -> dict[str, torch.Tensor] | None:
         """Named weight matrices for sparsity analysis, or None for solvers without weights."""

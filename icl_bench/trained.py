@@ -19,9 +19,10 @@ from pathlib import Path
 import torch
 
 from icl_bench.checkpoint import load_checkpoint
+from icl_bench.errors import ConfigError
 from icl_bench.prompts import PromptBatch
 from icl_bench.registry import register_solver
-from icl_bench.solver import Param, SkipCell, Solver
+from icl_bench.solver import Param, SkipCell, Solver, nan_if_ill_posed, r_lost
 from icl_bench.transformer import Transformer
 
 DEFAULT_MODELS_DIR = Path(__file__).resolve().parent.parent / "results" / "models"
@@ -60,6 +61,8 @@ class TrainedSolver(Solver):
 
     def __init__(self, **values):
         super().__init__(**values)
+        if self.values["models_dir"] and not self.models_dir.is_dir():  # a typo must not read as "no model"
+            raise ConfigError(f"solvers.{self.name}.models_dir: no such folder {self.values['models_dir']!r}")
         self._cache: dict[tuple, Transformer] = {}  # (json path, dtype, device) -> model
         self._last: Transformer | None = None
 
@@ -93,8 +96,10 @@ class TrainedSolver(Solver):
 
     @torch.no_grad()
     def predict(self, batch: PromptBatch) -> torch.Tensor:
-        """(B,) predictions in batch.dtype; non-finite prompts give non-finite predictions."""
-        return self.model_for(batch)(batch.tokens)
+        """(B,) predictions in batch.dtype; NaN for ill-posed prompts (all x equal, NaN / inf) and
+        for prompts so large that R vanishes in rounding beside them (see icl_bench.solver)."""
+        pred = self.model_for(batch)(batch.tokens)  # (B,)
+        return nan_if_ill_posed(pred.masked_fill(r_lost(batch.tokens, batch.R), float("nan")), batch)
 
     def weights(self) -> dict[str, torch.Tensor] | None:
         """weight_matrices() of the last model used by predict/probe (None before any)."""

@@ -1,0 +1,131 @@
+"""The output folder of a run, written so that a crash at any instant loses at most the cell
+being computed and never leaves a file that reads as something it is not.
+
+    out/.icl-bench.lock   held (flock) by the one process writing this folder; the kernel
+                          releases it when that process ends, however it ends (kill -9 included)
+    out/cells/<key>.json  one finished row per cell
+    out/results.parquet   the table, written after every cell is done
+    out/results.csv       the same table as CSV
+    out/metadata.json     written last: a folder whose metadata.json exists holds a finished,
+                          consistent run (it is removed before the tables are rewritten)
+
+Every file is written to a uniquely named temporary file in the same folder, flushed and fsynced,
+renamed over its final name (atomic on POSIX), and then the folder itself is fsynced so that the
+rename survives a power cut. A reader therefore sees either the old complete file or the new
+complete file. Temporary files left by a killed run are removed when the folder is next locked.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+
+from icl_bench.errors import ConfigError
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no cross-process lock (single-writer use is then the user's job)
+    fcntl = None
+
+LOCK_NAME = ".icl-bench.lock"
+TMP_SUFFIX = ".tmp"
+FINAL_FILES = ("results.parquet", "results.csv", "metadata.json")
+STATUSES = ("ok", "error", "skipped")
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the entries of folder `path` (new names, renames) durable; a no-op where unsupported."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace `path` by `data` atomically: unique temp file, fsync, rename, fsync of the folder."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def prepare(out: Path, *, resume: bool):
+    """Create / check the output folder and lock it for this process.
+
+    Returns:
+        The open lock file (keep it open for the whole run; closing it releases the lock).
+    Raises:
+        ConfigError: `out` is a file, cannot be created, holds a run while resume is False, or is
+            locked by another running icl-bench process.
+    """
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out: {out} is a file, not a folder")
+    if not resume and out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--out: {out} is not empty; pass --resume to continue that run or choose another folder")
+    try:
+        (out / "cells").mkdir(parents=True, exist_ok=True)
+        lock = open(out / LOCK_NAME, "a+b")
+    except OSError as exc:
+        raise ConfigError(f"--out: cannot write to {out} ({exc.strerror or type(exc).__name__})") from None
+    if fcntl is not None:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            raise ConfigError(f"--out: {out} is in use by another icl-bench run; wait for it or choose another folder") from None
+    # temp files of a killed writer (we hold the lock: none is live); only names write_atomic makes
+    stale = [*(out / "cells").glob(f".*.json.*{TMP_SUFFIX}"),
+             *(p for name in FINAL_FILES for p in out.glob(f".{name}.*{TMP_SUFFIX}"))]
+    for tmp in stale:
+        tmp.unlink(missing_ok=True)
+    return lock
+
+
+def load_cell(path: Path, key: str, columns) -> dict | None:
+    """The row stored in `path` for the cell `key`, or None when it is absent, truncated, not
+    JSON, written for another cell (another config), lacks a column or has an unknown status."""
+    try:
+        row = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None
+    if not isinstance(row, dict) or row.get("_key") != key or set(columns) - set(row):
+        return None
+    if row.get("status") not in STATUSES:
+        return None
+    return row
+
+
+def save_cell(path: Path, key: str, row: dict) -> None:
+    """Persist one finished row (atomically), tagged with its cell key."""
+    write_atomic(path, json.dumps({**row, "_key": key}, allow_nan=True).encode())
+
+
+def write_results(out: Path, table, meta: dict) -> None:
+    """Write results.parquet, results.csv, then metadata.json (the "finished" mark), each atomically.
+
+    metadata.json is removed first, so a crash part-way leaves a folder without it (unfinished,
+    resumable), never new tables beside the old run's metadata.
+    """
+    (out / "metadata.json").unlink(missing_ok=True)
+    fsync_dir(out)
+    write_atomic(out / "results.parquet", table.to_parquet(index=False))
+    write_atomic(out / "results.csv", table.to_csv(index=False).encode())
+    write_atomic(out / "metadata.json", json.dumps(meta, indent=2, allow_nan=True).encode())

@@ -1,0 +1,362 @@
+"""The bad-input catalogue: TOML configs, CLI flags, CSV data, run folders and checkpoint files.
+
+Every command-line case must give exactly one line `icl-bench: error: <field>: <problem>` on
+stderr, exit code 2, no traceback, nothing on stdout, and leave --out as it was: a fresh --out is
+not created, and a finished run already in --out (resumed with --resume) stays byte-identical.
+Checkpoint cases go through `load_checkpoint` (what every command uses to read one: a one-line
+ConfigError) and `icl-bench analyze CHECKPOINT --out FILE.json` (exit 2, FILE.json neither created
+nor changed); the checkpoint files stay as they were and no pickle is ever executed.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pickle
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import tomli_w
+import torch
+from safetensors.torch import save_file
+
+from icl_bench import rundir
+from icl_bench.checkpoint import load_checkpoint, save_checkpoint
+from icl_bench.cli import main
+from icl_bench.config import parse_config
+from icl_bench.errors import ConfigError
+from icl_bench.runner import run_matrix
+from icl_bench.transformer import Transformer, TransformerConfig
+
+BASE = {"seed": 0, "n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1},
+        "grid": {"N": [4], "noise": [0.1], "R": [10.0], "dtype": ["float64"]}, "solvers": {"ols": {}}}
+
+
+@dataclass
+class Case:
+    id: str
+    argv: Callable[[Path], list[str]] | None  # tmp folder -> arguments (the harness adds --out);
+    # tmp/"input-run" is a copy of a finished run the case may use (or damage) as an input
+    expected: str  # the line after "icl-bench: error: " starts with this (field first)
+    resume: bool = True  # add the command's "go ahead" flag when --out already holds files
+    fresh: bool = True  # also try it with a fresh --out (not for "--out holds a run" cases)
+    out: bool = True  # the harness adds --out (not when argparse must see nothing else)
+    damage: Callable[[Path], None] | None = None  # checkpoint cases: breaks the pair <stem>.*
+    flags: tuple[str, ...] | None = None  # checkpoint cases: `icl-bench analyze <stem> *flags`
+    api: bool = True  # checkpoint cases: load_checkpoint itself must refuse the damaged pair
+
+
+def _set(raw, value, *path):
+    d = raw
+    for k in path[:-1]:
+        d = d.setdefault(k, {})
+    d[path[-1]] = value
+    return raw
+
+
+def toml(edit: Callable[[dict], object] | None = None, text: str | bytes | None = None):
+    """A case's argv: `run --config FILE`, FILE = BASE after `edit`, or the literal text / bytes."""
+    def argv(tmp: Path) -> list[str]:
+        path = tmp / "bad.toml"
+        if text is not None:
+            path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        else:
+            raw = copy.deepcopy(BASE)
+            edit(raw)
+            path.write_text(tomli_w.dumps(raw))
+        return ["run", "--config", str(path), "--no-progress"]
+    return argv
+
+
+def csv(content: str | bytes | None, x: str = "x", y: str = "y", name: str = "data.csv"):
+    """A case's argv: `run --config BASE --data FILE --x X --y Y` with FILE holding `content`."""
+    def argv(tmp: Path) -> list[str]:
+        path = tmp / name
+        if content is not None:
+            path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        return [*toml(lambda r: None)(tmp), "--data", str(path), "--x", x, "--y", y]
+    return argv
+
+
+def flags(*args: str):
+    """A case's argv: `run --config BASE` plus `args`."""
+    return lambda tmp: [*toml(lambda r: None)(tmp), *args]
+
+
+RUN_AT = "{tmp}/"  # replaced by the case's tmp folder
+
+
+def damaged(name: str, content: bytes | None):
+    """A case's argv: `publish RUN` where RUN is a finished run whose file `name` is replaced by
+    `content` (None: deleted)."""
+    def argv(tmp: Path) -> list[str]:
+        target = tmp / "input-run" / name
+        target.unlink()
+        if content is not None:
+            target.write_bytes(content)
+        return ["publish", str(tmp / "input-run")]
+    return argv
+
+
+ROWS = "x,y\n" + "".join(f"{i},{2 * i + 1}\n" for i in range(12))
+MSFT = {"path": "matplotlib:msft.csv", "x": "Open", "y": "Close"}
+
+CASES = [
+    # ---- TOML config: keys, types, ranges, names ----
+    Case("toml-unknown-top-key", toml(lambda r: _set(r, 1, "sed")), "sed: unknown key; accepted: seed, n_prompts"),
+    Case("toml-unknown-grid-key", toml(lambda r: _set(r, [1], "grid", "M")), "grid.M: unknown key; accepted: N, noise, R, dtype, device"),
+    Case("toml-grid-not-table", toml(lambda r: _set(r, [1, 2], "grid")), "grid: must be a table (got list)"),
+    Case("toml-seed-text", toml(lambda r: _set(r, "zero", "seed")), "seed: expected an integer >= 0"),
+    Case("toml-seed-huge", toml(lambda r: _set(r, 2**70, "seed")), "seed: must be <= 9223372036854775807"),
+    Case("toml-n_prompts-zero", toml(lambda r: _set(r, 0, "n_prompts")), "n_prompts: must be >= 1"),
+    Case("toml-n_prompts-huge", toml(lambda r: _set(r, 10**12, "n_prompts")), "n_prompts: must be <= 16777216"),
+    Case("toml-prompt-values-huge", toml(lambda r: (_set(r, 2**24, "n_prompts"), _set(r, [300], "grid", "N"))),
+         "n_prompts: n_prompts * (N + 1) = 5049942016 prompt values exceed 134217728"),
+    Case("toml-batch-float", toml(lambda r: _set(r, 2.5, "batch_size")), "batch_size: expected an integer >= 1"),
+    Case("toml-N-small", toml(lambda r: _set(r, [1, 10], "grid", "N")), "grid.N: must be >= 2"),
+    Case("toml-N-float", toml(lambda r: _set(r, [10.5], "grid", "N")), "grid.N: expected an integer >= 2"),
+    Case("toml-noise-negative", toml(lambda r: _set(r, [-0.1], "grid", "noise")), "grid.noise: must be finite and >= 0"),
+    Case("toml-R-zero", toml(lambda r: _set(r, [0.0], "grid", "R")), "grid.R: must be finite and > 0"),
+    Case("toml-R-inf", toml(lambda r: _set(r, [float("inf")], "grid", "R")), "grid.R: must be finite and > 0"),
+    Case("toml-R-nan", toml(lambda r: _set(r, float("nan"), "grid", "R")), "grid.R: must be finite and > 0"),
+    Case("toml-R-text", toml(lambda r: _set(r, ["big"], "grid", "R")), "grid.R: expected a number"),
+    Case("toml-R-overflows-float32", toml(lambda r: (_set(r, [1e39], "grid", "R"), _set(r, ["float32"], "grid", "dtype"))),
+         "grid.R: R=1e+39 overflows float32 (max 3.4e+38)"),
+    Case("toml-dtype-unknown", toml(lambda r: _set(r, ["float16"], "grid", "dtype")), "grid.dtype: unknown value 'float16'; accepted: float32, float64"),
+    Case("toml-device-unknown", toml(lambda r: _set(r, ["tpu"], "grid", "device")), "grid.device: unknown value 'tpu'; accepted: cpu, cuda"),
+    Case("toml-grid-empty", toml(lambda r: _set(r, [], "grid", "N")), "grid.N: empty list"),
+    Case("toml-grid-repeat", toml(lambda r: _set(r, [10, 10], "grid", "N")), "grid.N: repeated values"),
+    Case("toml-solver-unknown", toml(lambda r: _set(r, {}, "solvers", "olss")), "solvers.olss: unknown name 'olss'; known: "),
+    Case("toml-solver-not-table", toml(lambda r: _set(r, 3, "solvers", "ols")), "solvers.ols: must be a table of parameters"),
+    Case("toml-solver-param-unknown", toml(lambda r: _set(r, 3, "solvers", "ols", "steps")), "solvers.ols.steps: unknown parameter"),
+    Case("toml-solver-param-type", toml(lambda r: _set(r, "many", "solvers", "gd", "steps")), "solvers.gd.steps: expected int, got 'many'"),
+    Case("toml-solver-param-choice", toml(lambda r: _set(r, "causal", "solvers", "gd-lsa", "variant")),
+         "solvers.gd-lsa.variant: 'causal' is not accepted; accepted: masked, query-in-context"),
+    Case("toml-solver-param-empty", toml(lambda r: _set(r, [], "solvers", "gd", "steps")), "solvers.gd.steps: empty list"),
+    Case("toml-models-dir-missing", toml(lambda r: _set(r, "no/such/models", "solvers", "trained-l1", "models_dir")),
+         "solvers.trained-l1.models_dir: no such folder 'no/such/models'"),
+    Case("toml-solvers-empty", toml(lambda r: _set(r, {}, "solvers")), "solvers: empty table"),
+    Case("toml-all-solvers-type", toml(lambda r: _set(r, "yes", "all_solvers")), "all_solvers: expected true or false"),
+    Case("toml-prompt-dist", toml(lambda r: _set(r, {"dist": "cauchy"}, "prompts", "x")),
+         "prompts.x.dist: unknown distribution 'cauchy'; accepted: normal, uniform"),
+    Case("toml-prompt-scale", toml(lambda r: _set(r, {"scale": -1.0}, "prompts", "slope")), "prompts.slope.scale: must be finite and >= 0"),
+    Case("toml-prompt-key", toml(lambda r: _set(r, {"mean": 1.0}, "prompts", "x")), "prompts.x.mean: unknown key; accepted: dist, loc, scale"),
+    Case("toml-timing-repeats", toml(lambda r: _set(r, 0, "timing", "repeats")), "timing.repeats: must be >= 1"),
+    Case("toml-timing-seconds", toml(lambda r: _set(r, 0.0, "timing", "max_seconds")), "timing.max_seconds: must be finite and > 0"),
+    Case("toml-data-not-table", toml(lambda r: _set(r, "data.csv", "data")), "data: must be a table (got str)"),
+    Case("toml-data-missing-file", toml(lambda r: _set(r, {"path": "no/such.csv", "x": "x", "y": "y"}, "data")), "data.path: no such file"),
+    Case("toml-data-missing-key", toml(lambda r: _set(r, {"path": "matplotlib:msft.csv", "x": "Open"}, "data")), "data.y: required text value"),
+    Case("toml-data-missing-column", toml(lambda r: _set(r, {**MSFT, "y": "Shut"}, "data")), "data.y: no column 'Shut' in msft.csv; columns: Date, Open"),
+    Case("toml-data-text-column", toml(lambda r: _set(r, {**MSFT, "x": "Date"}, "data")), "data.x: column 'Date' is not numeric"),
+    Case("toml-data-too-few-rows", toml(lambda r: (_set(r, MSFT, "data"), _set(r, [100], "grid", "N"))),
+         "grid.N: N=100 needs at least 101 rows of data; msft.csv has 65"),
+    # ---- TOML files that are not TOML ----
+    Case("toml-invalid", toml(text="seed = ["), "--config: bad.toml is not valid TOML"),
+    Case("toml-not-utf8", toml(text=b"seed = '\xff\xfe'"), "--config: bad.toml is not UTF-8 text"),
+    Case("toml-binary", toml(text=bytes(range(256))), "--config: bad.toml is not UTF-8 text"),
+    Case("toml-missing", lambda tmp: ["run", "--config", str(tmp / "none.toml")], "--config: no such file"),
+    Case("toml-is-folder", lambda tmp: ["run", "--config", str(tmp)], "--config: "),
+    # ---- CLI flags ----
+    Case("cli-no-command", lambda tmp: [], "the following arguments are required: command", out=False),
+    Case("cli-unknown-command", lambda tmp: ["frobnicate"], "argument command: invalid choice: 'frobnicate'"),
+    Case("cli-unknown-flag", flags("--frobnicate"), "unrecognized arguments: --frobnicate"),
+    Case("cli-flag-without-value", lambda tmp: ["run", "--config"], "argument --config: expected one argument"),
+    Case("cli-solver-unknown", flags("--solver", "nope"), "solvers.nope: unknown name 'nope'"),
+    Case("cli-data-without-columns", flags("--data", "matplotlib:msft.csv"), "--data: needs --x COLUMN and --y COLUMN"),
+    Case("cli-x-without-data", flags("--x", "Open"), "--x/--y: only with --data FILE"),
+    Case("cli-out-not-empty", flags(), "--out: ", resume=False, fresh=False),
+    # ---- CSV data ----
+    Case("csv-missing", csv(None), "--data: no such file"),
+    Case("csv-empty-file", csv(""), "--data: cannot read"),
+    Case("csv-header-only", csv("x,y\n"), "grid.N: N=4 needs at least 5 rows of data; data.csv has 0"),
+    Case("csv-not-utf8", csv(b"x,y\n1,\xff\xfe\n2,3\n"), "--data: cannot read"),
+    Case("csv-binary", csv(bytes(range(256)) * 4), "--data: cannot read"),
+    Case("csv-ragged", csv("x,y\n1,2\n3,4,5,6\n"), "--data: cannot read"),
+    Case("csv-text-column", csv("x,y\n" + "a,1\n" * 8), "--x: column 'x' is not numeric"),
+    Case("csv-missing-column", csv(ROWS, y="z"), "--y: no column 'z' in data.csv; columns: x, y"),
+    Case("csv-no-finite-rows", csv("x,y\n" + "nan,1\n1,inf\n" * 6), "--data: N=4 needs at least 5 rows with finite x and y"),
+    # ---- run folders given to `icl-bench publish` ----
+    Case("publish-run-missing", lambda tmp: ["publish", str(tmp / "no-such-run")], f"RUN_DIR: {RUN_AT}no-such-run is not a folder"),
+    Case("publish-run-unfinished", damaged("results.parquet", None), f"RUN_DIR: {RUN_AT}input-run has no results.parquet"),
+    Case("publish-parquet-corrupt", damaged("results.parquet", b"PAR1 not really"), f"RUN_DIR: {RUN_AT}input-run/results.parquet cannot be read"),
+    Case("publish-parquet-empty", damaged("results.parquet", b""), f"RUN_DIR: {RUN_AT}input-run/results.parquet cannot be read"),
+    Case("publish-metadata-not-utf8", damaged("metadata.json", b"{\xff"), f"RUN_DIR: {RUN_AT}input-run/metadata.json cannot be read"),
+    Case("publish-at-malformed", lambda tmp: ["publish", str(tmp / "input-run"), "--at", "R"], "--at: expected AXIS=VALUE"),
+    Case("publish-at-unknown-axis", lambda tmp: ["publish", str(tmp / "input-run"), "--at", "K=3"], "--at: unknown axis 'K'"),
+    Case("publish-at-no-cells", lambda tmp: ["publish", str(tmp / "input-run"), "--at", "R=7"], "--at: R=7 has no ok cells"),
+]
+
+
+class _Evil:
+    """Unpickling this would create the file PWNED beside the checkpoint."""
+
+    def __init__(self, where: Path):
+        self.where = where
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.where / 'PWNED'}",))
+
+
+def _weights(stem: Path, tensors: dict) -> None:
+    Path(f"{stem}.safetensors").unlink()
+    save_file(tensors, f"{stem}.safetensors")
+
+
+def _meta(edit: Callable[[dict], object]):
+    def damage(stem: Path) -> None:
+        path = Path(f"{stem}.json")
+        meta = json.loads(path.read_text())
+        edit(meta)
+        path.write_text(json.dumps(meta))
+    return damage
+
+
+def _bytes(suffix: str, content: Callable[[bytes, Path], bytes] | bytes | None):
+    def damage(stem: Path) -> None:
+        path = Path(f"{stem}{suffix}")
+        old = path.read_bytes()
+        path.unlink()
+        if content is not None:
+            path.write_bytes(content(old, stem) if callable(content) else content)
+    return damage
+
+
+def ckpt(id: str, damage: Callable[[Path], None] | None, expected: str, flags: tuple[str, ...] = (),
+         api: bool = True) -> Case:
+    """A checkpoint case: a sound pair, `damage`d, read by load_checkpoint and `icl-bench analyze`."""
+    return Case(f"checkpoint-{id}", None, expected, damage=damage, flags=flags, api=api and damage is not None)
+
+
+GOOD = TransformerConfig()  # d_model 4, 2 layers, 2 heads, LayerNorm
+NOT_SAFETENSORS = "checkpoint: {stem}.safetensors is not a readable safetensors file"
+CASES += [
+    ckpt("missing-json", _bytes(".json", None), "checkpoint: metadata file {stem}.json is missing"),
+    ckpt("missing-weights", _bytes(".safetensors", None), "checkpoint: weights file {stem}.safetensors is missing"),
+    ckpt("empty-weights", _bytes(".safetensors", b""), NOT_SAFETENSORS),
+    ckpt("truncated", _bytes(".safetensors", lambda b, s: b[: len(b) // 2]), NOT_SAFETENSORS),
+    ckpt("pickle-disguised", _bytes(".safetensors", lambda b, s: pickle.dumps(_Evil(s.parent))), NOT_SAFETENSORS),
+    ckpt("torch-save-disguised", lambda s: torch.save({"w": _Evil(s.parent)}, f"{s}.safetensors"), NOT_SAFETENSORS),
+    ckpt("wrong-shape", _meta(lambda m: m["model_config"].update(d_model=8)),
+         "checkpoint: {stem}.safetensors tensor 'embed.weight' has shape (4, 3), the config needs (8, 3)"),
+    ckpt("wrong-layers", _meta(lambda m: m["model_config"].update(n_layers=3)), "checkpoint: {stem}.safetensors tensor names do not match"),
+    ckpt("huge-model-config", _meta(lambda m: m["model_config"].update(d_model=10**9)),
+         "checkpoint: {stem}.safetensors tensor 'embed.weight' has shape (4, 3), the config needs (1000000000, 3)"),
+    ckpt("model-config-type", _meta(lambda m: m["model_config"].update(d_model="four")), "checkpoint: {stem}.json has a bad model_config"),
+    ckpt("model-config-key", _meta(lambda m: m["model_config"].update(width=4)), "checkpoint: {stem}.json has a bad model_config"),
+    ckpt("not-a-checkpoint", _meta(lambda m: m.update(format="something-else")), "checkpoint: {stem}.json is not an icl-bench checkpoint"),
+    ckpt("json-not-utf8", _bytes(".json", b"{\xff\xfe}"), "checkpoint: {stem}.json is not valid JSON"),
+    ckpt("json-empty", _bytes(".json", b""), "checkpoint: {stem}.json is not valid JSON"),
+    ckpt("json-invalid", _bytes(".json", b"{not json"), "checkpoint: {stem}.json is not valid JSON"),
+    ckpt("json-list", _bytes(".json", b"[]"), "checkpoint: {stem}.json is not an icl-bench checkpoint"),
+    ckpt("integer-weights", lambda s: _weights(s, {k: v.to(torch.int32) for k, v in Transformer(GOOD).state_dict().items()}),
+         "checkpoint: {stem}.safetensors tensors must share one floating dtype"),
+    ckpt("R-not-a-number", _meta(lambda m: m.update(R="big")), "checkpoint: {stem} metadata has no valid R", api=False),
+    ckpt("missing", lambda s: [Path(f"{s}{x}").unlink() for x in (".json", ".safetensors")], "checkpoint: metadata file {stem}.json is missing"),
+    # ---- `icl-bench analyze` flags, on a sound checkpoint ----
+    ckpt("analyze-n-prompts-zero", None, "n_prompts: must be an integer >= 8", ("--n-prompts", "0")),
+    ckpt("analyze-n-prompts-text", None, "argument --n-prompts: invalid int value: 'many'", ("--n-prompts", "many")),
+    ckpt("analyze-n-prompts-huge", None, "n_prompts: n_prompts * (N + 1) = ", ("--n-prompts", str(10**12))),
+    ckpt("analyze-N-one", None, "N: must be an integer >= 2", ("--N", "1")),
+    ckpt("analyze-N-huge", None, "n_prompts: n_prompts * (N + 1) = ", ("--N", str(10**8))),
+]
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("finished") / "run"
+    run_matrix(parse_config(copy.deepcopy(BASE)), out, progress=False)
+    return out
+
+
+PARAMS = [pytest.param(c, where, id=f"{where}-{c.id}") for c in CASES if c.flags is None
+          for where in ("fresh-out", "finished-run-in-out") if c.fresh or where != "fresh-out"]
+PARAMS += [pytest.param(c, "analyze", id=c.id) for c in CASES if c.flags is not None]  # own --out handling
+
+
+@pytest.mark.parametrize("case, where", PARAMS)
+def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, finished_run, case, where):
+    if case.flags is not None:
+        return _checkpoint_case(tmp_path, case, capsys)
+    shutil.copytree(finished_run, tmp_path / "input-run")
+    argv = case.argv(tmp_path)
+    if where == "fresh-out":
+        out, before = tmp_path / "new-out", None
+    else:
+        out = tmp_path / "old-out"
+        shutil.copytree(finished_run, out)
+        before = _snapshot(out)
+    if case.out:
+        go_ahead = "--force" if argv[:1] == ["publish"] else "--resume"  # publish replaces, run resumes
+        argv = [*argv, "--out", str(out)] + ([go_ahead] if before is not None and case.resume else [])
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    assert captured.out == "" and captured.err.count("\n") == 1 and "Traceback" not in captured.err
+    assert captured.err.startswith("icl-bench: error: " + case.expected.replace(RUN_AT, f"{tmp_path}/")), captured.err
+    if before is None:
+        assert not out.exists()
+    else:
+        assert _snapshot(out) == before
+
+
+def _checkpoint_case(tmp: Path, case: Case, capsys) -> None:
+    stem = save_checkpoint(Transformer(GOOD), tmp / "ckpt" / "model", {"R": 10.0, "N": 20})
+    load_checkpoint(stem)  # sound before the damage
+    if case.damage is not None:
+        case.damage(stem)
+    expected = case.expected.replace("{stem}", str(stem))
+    before = _snapshot(stem.parent)
+    for path in (stem, f"{stem}.safetensors", f"{stem}.json") if case.api else ():  # every way to name it
+        with pytest.raises(ConfigError) as err:
+            load_checkpoint(path)
+        assert "\n" not in str(err.value) and str(err.value).startswith(expected), str(err.value)
+    old = tmp / "old.json"
+    old.write_bytes(b'{"an earlier analysis": 1}\n')
+    for out in (tmp / "new.json", old):
+        code = main(["analyze", str(stem), *case.flags, "--out", str(out)])
+        captured = capsys.readouterr()
+        assert code == 2 and captured.out == "" and captured.err.count("\n") == 1, captured
+        assert captured.err.startswith("icl-bench: error: " + expected), captured.err
+    assert not (tmp / "new.json").exists() and old.read_bytes() == b'{"an earlier analysis": 1}\n'
+    assert _snapshot(stem.parent) == before and not (stem.parent / "PWNED").exists()
+
+
+def test_out_that_is_a_file_or_under_a_file_or_locked(tmp_path, capsys, finished_run):
+    config = toml(lambda r: None)(tmp_path)
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"precious")
+    for out, expected in ((blocker, "is a file, not a folder"), (blocker / "sub", "cannot write to")):
+        assert main([*config, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("icl-bench: error: --out: ") and expected in err and err.count("\n") == 1
+    assert blocker.read_bytes() == b"precious"
+    busy = tmp_path / "busy"
+    shutil.copytree(finished_run, busy)
+    before = _snapshot(busy)
+    lock = rundir.prepare(busy, resume=True)  # another run holds it
+    try:
+        assert main([*config, "--out", str(busy), "--resume"]) == 2
+    finally:
+        lock.close()
+    assert "--out: " in capsys.readouterr().err and _snapshot(busy) == before
+
+
+def test_catalogue_size():
+    assert len(CASES) >= 30
+
+
+@pytest.mark.parametrize("kwargs", [{"n_prompts": 10**12}, {"N": 10**8}])
+def test_analyze_refuses_sizes_it_cannot_hold_before_allocating(kwargs):
+    from icl_bench.analysis import analyze
+    from icl_bench.errors import ConfigError
+    from icl_bench.transformer import Transformer, TransformerConfig
+
+    with pytest.raises(ConfigError, match=r"^n_prompts: n_prompts \* \(N \+ 1\) = \d+ prompt values exceed"):
+        analyze(Transformer(TransformerConfig()), 10.0, **kwargs)

@@ -1,0 +1,100 @@
+"""Isolation: a misbehaving solver gives status="error" rows with the reason; every other cell
+completes with exactly the numbers it has in a run without the misbehaving solver."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import icl_bench.registry as registry
+from icl_bench import Solver, register_solver
+from icl_bench.config import parse_config
+from icl_bench.runner import TIMING_COLUMNS, run_matrix
+
+
+def _solver(method: str, body):
+    """A Solver subclass whose `method` is `body` (predict defaults to the context mean of y)."""
+    attrs = {"params": {}, "predict": lambda self, b: b.y.mean(dim=1), method: body}
+    return type(f"Bad_{method}", (Solver,), attrs)
+
+
+def _mutate(self, b):
+    b.y.mul_(2.0)  # in place: the shared prompts of this grid point
+    return b.y.mean(dim=1)
+
+
+def _raise_in_init(self, **values):
+    raise RuntimeError("cannot build")
+
+
+# name -> (class, text the error message must contain)
+BAD = {
+    "bad-raises": (_solver("predict", lambda s, b: 1 / 0), "ZeroDivisionError: division by zero"),
+    "bad-shape-2d": (_solver("predict", lambda s, b: b.y[:, :1]), ", 1), expected a tensor of shape ("),
+    "bad-shape-scalar": (_solver("predict", lambda s, b: b.y.sum()), "predict returned (), expected"),
+    "bad-dtype": (_solver("predict", lambda s, b: b.y.mean(dim=1).to(
+        torch.float64 if b.dtype == torch.float32 else torch.float32)), "predict returned dtype torch.float"),
+    "bad-int": (_solver("predict", lambda s, b: torch.zeros(b.B, dtype=torch.int64)), "dtype torch.int64"),
+    "bad-numpy": (_solver("predict", lambda s, b: np.zeros(b.B)), "predict returned ndarray"),
+    "bad-list": (_solver("predict", lambda s, b: [0.0] * b.B), "predict returned list"),
+    "bad-exit": (_solver("predict", lambda s, b: sys.exit(3)), "SystemExit: 3"),
+    "bad-mutates": (_solver("predict", _mutate), "predict modified the prompt batch in place (y)"),
+    "bad-check": (_solver("check_batch", lambda s, b: {}["missing"]), "KeyError: 'missing'"),
+    "bad-weights": (_solver("weights", lambda s: {"w": "not a tensor"}), "AttributeError"),
+    "bad-init": (_solver("__init__", _raise_in_init), "RuntimeError: cannot build"),
+}
+RAW = {"seed": 0, "n_prompts": 24, "batch_size": 10, "timing": {"repeats": 1},
+       "grid": {"N": [3, 8], "noise": [0.1], "R": [10.0], "dtype": ["float32", "float64"]}}
+
+
+@pytest.fixture(scope="module")
+def tables():
+    """(table with every bad solver around ols, table of ols alone)."""
+    for name, (cls, _) in BAD.items():
+        register_solver(name)(cls)
+    try:
+        # the bad ones run before AND after ols at every grid point (all share its prompts)
+        half = list(BAD)[: len(BAD) // 2]
+        order = {**{n: {} for n in half}, "ols": {}, **{n: {} for n in BAD if n not in half}}
+        mixed = run_matrix(parse_config({**RAW, "solvers": order}), progress=False)
+        alone = run_matrix(parse_config({**RAW, "solvers": {"ols": {}}}), progress=False)
+    finally:
+        for name in BAD:
+            registry._registered.pop(name, None)
+            registry._origin.pop(name, None)
+    assert not set(BAD) & set(registry.known_names())  # the registry is clean again
+    return mixed, alone
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_misbehaving_solver_gives_error_rows_with_the_reason(tables, name):
+    mixed, _ = tables
+    rows = mixed[mixed.solver == name]
+    assert len(rows) == 4 and (rows.status == "error").all()
+    for message in rows.message:
+        assert BAD[name][1] in message, message
+        assert "\n" not in message
+    assert rows.mse_vs_ols.isna().all()
+
+
+def test_every_other_cell_completes_untouched(tables):
+    mixed, alone = tables
+    ols = mixed[mixed.solver == "ols"].drop(columns=list(TIMING_COLUMNS)).reset_index(drop=True)
+    assert (ols.status == "ok").all()
+    pd.testing.assert_frame_equal(ols, alone.drop(columns=list(TIMING_COLUMNS)).reset_index(drop=True))
+    assert (ols[ols.dtype == "float64"].mse_vs_ols < 1e-25).all()  # saw pristine prompts after the mutator
+    assert len(mixed) == 4 * (len(BAD) + 1)
+
+
+def test_no_error_rows_for_a_solver_that_only_answers_nan(tables):
+    """NaN is an answer ("cannot"), not an error: counted, not failed."""
+    register_solver("all-nan")(_solver("predict", lambda s, b: torch.full_like(b.x_query, float("nan"))))
+    try:
+        table = run_matrix(parse_config({**RAW, "solvers": {"all-nan": {}}}), progress=False)
+    finally:
+        registry._registered.pop("all-nan", None)
+        registry._origin.pop("all-nan", None)
+    assert (table.status == "ok").all() and (table.n_nonfinite == 24).all() and table.mse_vs_ols.isna().all()
