@@ -23,10 +23,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from icl_bench.docblock import replace_block
+
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "results" / "runs" / "throughput"
 GOAL_SCALING, GOAL_LN_VS_NUMPY, GOAL_LN_VS_QUADRATIC, GOAL_OLS_VS_NUMPY = 4.5, 0.25, 10.0, 2.0
-MARK = ("<!-- throughput:begin (written by benchmarks/summarize.py --update-docs) -->", "<!-- throughput:end -->")
 
 
 def load(path: Path) -> tuple[pd.DataFrame, dict]:
@@ -228,15 +229,6 @@ def report(t: pd.DataFrame, run: dict, source: str) -> tuple[str, str]:
     return full, short
 
 
-def replace_block(path: Path, text: str) -> None:
-    src = path.read_text()
-    if MARK[0] not in src or MARK[1] not in src:
-        raise SystemExit(f"{path}: no block marked {MARK[0]!r} ... {MARK[1]!r}")
-    head, rest = src.split(MARK[0], 1)
-    _, tail = rest.split(MARK[1], 1)
-    path.write_text(f"{head}{MARK[0]}\n{text}\n{MARK[1]}{tail}")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", nargs="?", type=Path, help="pytest-benchmark JSON (default: newest in results/runs/throughput/)")
@@ -260,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             "prompts_per_s", "best_prompts_per_s", "vs_numpy-ols", "vs_quadratic-attention"]
     t[t.kind != "agreement"][cols].to_csv(args.out.with_suffix(".csv"), index=False)
     if args.update_docs:
-        replace_block(ROOT / "README.md", short)
-        replace_block(ROOT / "docs" / "throughput.md", full)
+        replace_block(ROOT / "README.md", "throughput", short)
+        replace_block(ROOT / "docs" / "throughput.md", "throughput", full)
     return 0
 
 

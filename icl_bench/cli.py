@@ -90,6 +90,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_publish(args) -> int:
+    from icl_bench.docblock import read_block, replace_block
     from icl_bench.publish import publish
 
     at = {}
@@ -98,7 +99,14 @@ def cmd_publish(args) -> int:
         if not sep or not key or not value:
             raise ConfigError(f"--at: expected AXIS=VALUE (e.g. R=100), got {item!r}")
         at[key] = value
+    if args.readme:  # check the target block before anything is written
+        if not Path(args.readme).is_file():
+            raise ConfigError(f"--readme: no such file {args.readme!r}")
+        read_block(args.readme, "headline")
     result = publish(args.run_dirs, args.out, force=args.force, at=at, checkpoints=args.checkpoint or [])
+    if args.readme:
+        replace_block(args.readme, "headline", (Path(result["out"]) / "headline.md").read_text())
+        print(f"updated the headline block of {args.readme}")
     for note in result["notes"]:
         print(f"note: {note}")
     print(f"wrote {len(result['files'])} files to {result['out']} (open {result['out'] / 'index.html'})")
@@ -134,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         pub.add_argument("--at", action="append", metavar="AXIS=VALUE",
                          help="fix an axis of the plots and headline (N, noise, R, dtype, device); repeatable")
         pub.add_argument("--checkpoint", action="append", help="a trained-model checkpoint to draw beside the construction")
+        pub.add_argument("--readme", help="also rewrite the <!-- headline:begin/end --> block of this file with headline.md")
         pub.set_defaults(func=cmd_publish)
     ana = sub.add_parser("analyze", help="mechanism analysis of a checkpoint: sparsity, similarity to the construction, probes")
     ana.add_argument("checkpoint", metavar="CHECKPOINT", help="<stem>.safetensors, <stem>.json or the stem")

@@ -171,7 +171,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     command = command_line(runs, out, at, checkpoints)
     headline_md = "\n".join([
         f"### Mean MSE vs OLS [95 % CI] by solver and N ({_setting_text(headline_at)})", "",
-        report.to_markdown(head), f"Regenerate with `{command}` (CI: report.py docstring).", ""])
+        report.to_markdown(head), f"Regenerate with `{command}`; the 95 % CI method is described in icl_bench/report.py.", ""])
     figs, notes = _figures(table, summary, setting, checkpoints)
     ctx = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command,
            "headline": head, "headline_md": headline_md, "headline_at": headline_at, "plots": list(figs),

@@ -19,3 +19,25 @@ def test_readme_setup_commands_match_ci_script():
     setup = 'pip install torch==2.13.0 && pip install -e ".[dev]" && icl-bench run'
     assert setup in README and setup in ci
     assert "python -m pytest" in README and "\npython -m pytest" in ci
+
+
+def test_readme_headline_is_the_published_table():
+    from icl_bench.docblock import read_block
+
+    published = (Path(__file__).parents[1] / "results" / "default" / "headline.md").read_text().strip()
+    assert read_block(Path(__file__).parents[1] / "README.md", "headline") == published
+
+
+def test_docblock_replaces_only_the_marked_text(tmp_path):
+    import pytest
+
+    from icl_bench.docblock import read_block, replace_block
+    from icl_bench.errors import ConfigError
+
+    doc = tmp_path / "doc.md"
+    doc.write_text("intro\n<!-- t:begin (note) -->\nold\n<!-- t:end -->\noutro\n")
+    replace_block(doc, "t", "new table")
+    assert doc.read_text() == "intro\n<!-- t:begin (note) -->\nnew table\n<!-- t:end -->\noutro\n"
+    assert read_block(doc, "t") == "new table"
+    with pytest.raises(ConfigError, match="no block marked <!-- other:begin -->"):
+        replace_block(doc, "other", "x")
