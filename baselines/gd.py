@@ -31,7 +31,7 @@ import torch
 
 from icl_bench import PromptBatch, Solver
 from icl_bench.errors import ConfigError
-from icl_bench.gd_lsa import DEFAULT_LR, DEFAULT_STEPS  # the same defaults as gd-lsa
+from icl_bench.gd_lsa import DEFAULT_LR, DEFAULT_STEPS, MAX_STEPS  # the same defaults as gd-lsa
 from icl_bench.solver import Param, nan_if_ill_posed
 
 VARIANTS = ("masked", "query-in-context")
@@ -106,7 +106,7 @@ class GD(Solver):
     """K explicit gradient-descent steps on the prompt's squared loss from (a, b) = (0, 0)."""
 
     params = {
-        "steps": Param(DEFAULT_STEPS, "K, the number of GD steps", min=1),
+        "steps": Param(DEFAULT_STEPS, "K, the number of GD steps", min=1, max=MAX_STEPS),
         "lr": Param(DEFAULT_LR, "eta, the GD step size (stable while eta < 2 / lambda_max)"),
         "variant": Param("masked", "key set: masked = context only; query-in-context = also (u, 0)",
                          choices=VARIANTS),

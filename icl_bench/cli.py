@@ -99,6 +99,11 @@ def cmd_publish(args) -> int:
         if not sep or not key or not value:
             raise ConfigError(f"--at: expected AXIS=VALUE (e.g. R=100), got {item!r}")
         at[key] = value
+    if args.checkpoint:  # an explicitly named checkpoint must load (ConfigError otherwise)
+        from icl_bench.checkpoint import load_checkpoint
+
+        for path in args.checkpoint:
+            load_checkpoint(path)
     if args.readme:  # check the target block before anything is written
         if not Path(args.readme).is_file():
             raise ConfigError(f"--readme: no such file {args.readme!r}")
@@ -168,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("icl-bench: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # an unwritable / unreadable path named on the command line
+        where = exc.filename if exc.filename is not None else "--out"
+        print(f"icl-bench: error: {where}: {exc.strerror or type(exc).__name__}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

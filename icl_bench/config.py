@@ -36,6 +36,7 @@ GRID_DEFAULTS = {"N": [20], "noise": [0.1], "R": [100.0], "dtype": ["float32"], 
 DEVICES = ("cpu", "cuda")
 PROMPT_KEYS = ("x", "slope", "intercept")
 DIST_KEYS = ("dist", "loc", "scale")
+MAX_THREADS = 1024  # torch.set_num_threads beyond this crashes the process (seen at 100000)
 MAX_SEED = 2**63 - 1  # seeds are stored as 64-bit integers (parquet)
 MAX_PROMPTS = 2**24  # n_prompts and batch_size: torch.quantile (abs_err_* metrics) takes <= 2**24 values
 MAX_VALUES = 2**27  # n_prompts * (N + 1): prompt values one grid point holds in memory (~ 5 GiB in float64)
@@ -216,7 +217,7 @@ def parse_config(raw: dict, *, base_dir: Path | None = None) -> MatrixConfig:
         _check_keys(t, ("repeats", "max_seconds", "threads"), "timing")
         cfg.timing = Timing(_int(t.get("repeats", 3), "timing.repeats", 1),
                             _float(t.get("max_seconds", 1.0), "timing.max_seconds", positive=True),
-                            _int(t.get("threads", 0), "timing.threads", 0))
+                            _int(t.get("threads", 0), "timing.threads", 0, hi=MAX_THREADS))
     cfg.all_solvers = raw.get("all_solvers", "solvers" not in raw)
     if not isinstance(cfg.all_solvers, bool):
         _fail("all_solvers", f"expected true or false, got {cfg.all_solvers!r}")

@@ -47,6 +47,7 @@ from icl_bench.solver import Param, Solver, nan_if_ill_posed
 from icl_bench.transformer import KEY_SETS, Transformer, TransformerConfig
 
 DEFAULT_STEPS = 16  # K: MSE vs OLS ~ 1e-4 at N = 30 with the default lr (results/gd_lr_sweep.md)
+MAX_STEPS = 4096  # K above this would build a 4096-layer model: refused as a config error
 DEFAULT_LR = 0.4  # eta: chosen by benchmarks/gd_lr_sweep.py (criterion in docs/gd-lsa.md)
 DEFAULT_R = 100.0  # R used by weights() before any batch is seen (PromptSpec's default)
 
@@ -107,7 +108,7 @@ class GDLSA(Solver):
     """K-layer linear self-attention (no LayerNorm) constructed to run K gradient-descent steps."""
 
     params = {
-        "steps": Param(DEFAULT_STEPS, "K, the number of LSA layers = GD steps", min=1),
+        "steps": Param(DEFAULT_STEPS, "K, the number of LSA layers = GD steps", min=1, max=MAX_STEPS),
         "lr": Param(DEFAULT_LR, "eta, the GD step size written in W_O (stable while eta < 2 / lambda_max)"),
         "variant": Param("masked", "key set: masked = context only; query-in-context = also the query token",
                          choices=KEY_SETS),

@@ -46,8 +46,14 @@ def _check_out(out: Path, runs: list[Path], force: bool) -> None:
         r, o = run.resolve(), out.resolve()
         if r == o or o in r.parents or r in o.parents:
             raise ConfigError(f"--out: {out} overlaps the run folder {run}; choose a folder outside it")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise ConfigError(f"--out: {out} is not empty; pass --force to replace it")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise ConfigError(f"--out: {out} is not empty; pass --force to replace it")
+        if not (out / "publish.json").is_file():  # --force never deletes a folder publish did not write
+            raise ConfigError(f"--out: {out} is not a folder written by icl-bench publish (no publish.json); "
+                              "--force only replaces such a folder")
+    if out.resolve() == Path.cwd().resolve():
+        raise ConfigError(f"--out: {out} is the current folder; choose a subfolder")
 
 
 def _figures(table, summary, setting, checkpoints):
@@ -162,9 +168,9 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         ConfigError: bad run folders, --at values or --out (nothing is written then).
     """
     runs, out = [Path(r) for r in run_dirs], Path(out)
-    _check_out(out, runs, force)
-    table, metas = report.load_runs(runs)
+    table, metas = report.load_runs(runs)  # read-only: bad run folders and --at values first
     setting = report.representative(table, at)
+    _check_out(out, runs, force)
     summary = report.aggregate(table)
     head = report.headline(summary, setting)
     headline_at = {k: v for k, v in setting.items() if k != "N"}

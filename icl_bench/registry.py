@@ -85,7 +85,7 @@ def _load(name: str) -> None:
         cls = ep.load()
         dist = f"{ep.dist.name} {ep.dist.version}" if getattr(ep, "dist", None) else "unknown distribution"
         _add(name, cls, origin=f"plugin {ep.value} ({dist})")
-    except Exception as exc:  # a broken plugin must not break anything else
+    except (Exception, SystemExit) as exc:  # a broken plugin must not break anything else
         _broken[name] = f"{type(exc).__name__}: {exc}"
 
 

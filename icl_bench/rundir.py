@@ -29,6 +29,7 @@ except ImportError:  # not POSIX: no cross-process lock (single-writer use is th
     fcntl = None
 
 LOCK_NAME = ".icl-bench.lock"
+CONFIG_NAME = "config.json"  # the run's config, written first: --resume checks it
 TMP_SUFFIX = ".tmp"
 FINAL_FILES = ("results.parquet", "results.csv", "metadata.json")
 STATUSES = ("ok", "error", "skipped")
@@ -67,19 +68,35 @@ def write_atomic(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-def prepare(out: Path, *, resume: bool):
+def prepare(out: Path, *, resume: bool, config_json: str | None = None):
     """Create / check the output folder and lock it for this process.
+
+    `config_json` (canonical JSON of the run's config) is written to out/config.json; a --resume
+    into a folder whose config.json differs, or that has none (not a run folder), is refused, so
+    a finished run is never silently replaced by another config's table.
 
     Returns:
         The open lock file (keep it open for the whole run; closing it releases the lock).
     Raises:
-        ConfigError: `out` is a file, cannot be created, holds a run while resume is False, or is
-            locked by another running icl-bench process.
+        ConfigError: `out` is a file, cannot be created, holds a run while resume is False, holds
+            another config's run (or no run) while resume is True, or is locked by another
+            running icl-bench process.
     """
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} is a file, not a folder")
     if not resume and out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out: {out} is not empty; pass --resume to continue that run or choose another folder")
+    saved = out / CONFIG_NAME
+    if resume and config_json is not None and out.exists() and any(out.iterdir()):
+        if not saved.is_file():
+            raise ConfigError(f"--resume: {out} is not an icl-bench run folder (no {CONFIG_NAME}); choose another --out")
+        try:
+            same = json.loads(saved.read_text()) == json.loads(config_json)
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            raise ConfigError(f"--resume: {out} holds a run of another config ({CONFIG_NAME} differs); "
+                              "resume it with that config or choose another --out")
     try:
         (out / "cells").mkdir(parents=True, exist_ok=True)
         lock = open(out / LOCK_NAME, "a+b")
@@ -96,6 +113,8 @@ def prepare(out: Path, *, resume: bool):
              *(p for name in FINAL_FILES for p in out.glob(f".{name}.*{TMP_SUFFIX}"))]
     for tmp in stale:
         tmp.unlink(missing_ok=True)
+    if config_json is not None and not saved.is_file():
+        write_atomic(saved, config_json.encode())
     return lock
 
 

@@ -230,7 +230,8 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
     lock = cell_dir = None
     if out is not None:
         out = Path(out)
-        lock = rundir.prepare(out, resume=resume)
+        config_json = json.dumps(config.to_dict(), sort_keys=True, default=str)
+        lock = rundir.prepare(out, resume=resume, config_json=config_json)
         cell_dir = out / "cells"
     try:
         with torch_threads(config.timing.threads):  # timing.threads = 0: torch's default

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import math
 import random
 import sys
@@ -372,7 +373,17 @@ def add_train_command(subparsers) -> argparse.ArgumentParser:
 
 def run_command(args) -> int:
     """Train every selected run of args.config one after another (one process, one thread)."""
-    for d in load_runs(args.config, args.run):
+    runs = load_runs(args.config, args.run)
+    out = Path(args.out)  # check --out before hours of training, not after
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out: {out} exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out: cannot create {out} ({exc.strerror or type(exc).__name__})") from None
+    if not os.access(out, os.W_OK):
+        raise ConfigError(f"--out: {out} is not writable")
+    for d in runs:
         cfg = TrainConfig.from_dict({**d, "progress": d.get("progress", True) and not args.no_progress}, where="runs." + d.get("name", "?"))
         stem = train_and_save(cfg, args.out)
         meta = json.loads(Path(f"{stem}.json").read_text())["metrics"]

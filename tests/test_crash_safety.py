@@ -99,7 +99,7 @@ def test_kill_between_temp_write_and_rename(tmp_path):
     stale = list((out / "cells").glob(".*.tmp"))
     assert len(stale) == 1 and json.loads(stale[0].read_text())["status"] == "ok"  # complete, but never renamed
     done = _files(out / "cells")
-    assert len(done) == 2
+    assert len(done) == 1  # renames: config.json, the first cell, then the kill before the second
     (out / ".my-own-notes.tmp").write_text("not ours")  # a user's file: left alone
     (out / ".results.csv.123-abcd.tmp").write_text("half a ta")  # a table write cut short
     table = run_matrix(parse_config(SMALL), out, resume=True, progress=False)
@@ -141,22 +141,27 @@ def test_corrupt_cell_file_is_recomputed_never_merged(tmp_path, kind):
     pd.testing.assert_frame_equal(_stable(first), _stable(again))
 
 
-def test_cells_of_another_config_in_the_same_folder_are_ignored_and_kept(tmp_path):
+def test_resume_with_another_config_is_refused_and_changes_nothing(tmp_path):
     out = tmp_path / "run"
     run_matrix(parse_config(SMALL), out, progress=False)
-    foreign = _files(out / "cells")
-    other = {**SMALL, "seed": 2}
-    table = run_matrix(parse_config(other), out, resume=True, progress=False)
-    assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == 0  # none of seed 1's rows
-    assert {k: v for k, v in _files(out / "cells").items() if k in foreign} == foreign  # left alone
-    pd.testing.assert_frame_equal(_stable(table), _stable(run_matrix(parse_config(other), progress=False)))
-    assert (table.seed == 2).all() and len(table) == 8
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match=r"--resume: .* holds a run of another config"):
+        run_matrix(parse_config({**SMALL, "seed": 2}), out, resume=True, progress=False)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_resume_into_a_folder_that_is_not_a_run_is_refused(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "results.csv").write_text("my own table\n")
+    with pytest.raises(ConfigError, match=r"--resume: .* is not an icl-bench run folder"):
+        run_matrix(parse_config(SMALL), out, resume=True, progress=False)
+    assert [p.name for p in out.iterdir()] == ["results.csv"] and (out / "results.csv").read_text() == "my own table\n"
 
 
 def test_crash_while_writing_the_tables_leaves_no_finished_mark(tmp_path, monkeypatch):
     out = tmp_path / "run"
     run_matrix(parse_config(SMALL), out, progress=False)
-    bigger = {**SMALL, "grid": {**SMALL["grid"], "N": [3, 6, 9]}}
     real = rundir.write_atomic
 
     def dies_at_csv(path, data):
@@ -166,13 +171,12 @@ def test_crash_while_writing_the_tables_leaves_no_finished_mark(tmp_path, monkey
 
     monkeypatch.setattr(rundir, "write_atomic", dies_at_csv)
     with pytest.raises(KeyboardInterrupt):
-        run_matrix(parse_config(bigger), out, resume=True, progress=False)
-    assert not (out / "metadata.json").exists()  # the new parquet is not vouched for by old metadata
-    assert len(pd.read_parquet(out / "results.parquet")) == 12 and len(pd.read_csv(out / "results.csv")) == 8
+        run_matrix(parse_config(SMALL), out, resume=True, progress=False)
+    assert not (out / "metadata.json").exists()  # the rewritten parquet is not vouched for by old metadata
     monkeypatch.setattr(rundir, "write_atomic", real)
-    table = run_matrix(parse_config(bigger), out, resume=True, progress=False)
+    table = run_matrix(parse_config(SMALL), out, resume=True, progress=False)
     meta = json.loads((out / "metadata.json").read_text())
-    assert meta["n_cells_reused"] == 12 and len(pd.read_csv(out / "results.csv")) == len(table) == 12
+    assert meta["n_cells_reused"] == 8 and len(pd.read_csv(out / "results.csv")) == len(table) == 8
 
 
 def test_every_write_is_renamed_into_place_and_the_folder_fsynced(tmp_path, monkeypatch):
@@ -182,9 +186,9 @@ def test_every_write_is_renamed_into_place_and_the_folder_fsynced(tmp_path, monk
     monkeypatch.setattr(rundir.os, "replace", lambda a, b: (renamed.append(Path(b).name), real_replace(a, b)))
     out = tmp_path / "run"
     run_matrix(parse_config(SMALL), out, progress=False)
-    assert len(renamed) == 8 + 3 and renamed[-1] == "metadata.json"
+    assert len(renamed) == 1 + 8 + 3 and renamed[0] == "config.json" and renamed[-1] == "metadata.json"
     assert synced.count("cells") == 8 and synced.count("run") >= 3
-    assert sorted(p.name for p in out.iterdir()) == [".icl-bench.lock", "cells", "metadata.json",
+    assert sorted(p.name for p in out.iterdir()) == [".icl-bench.lock", "cells", "config.json", "metadata.json",
                                                       "results.csv", "results.parquet"]
 
 

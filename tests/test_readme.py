@@ -41,3 +41,12 @@ def test_docblock_replaces_only_the_marked_text(tmp_path):
     assert read_block(doc, "t") == "new table"
     with pytest.raises(ConfigError, match="no block marked <!-- other:begin -->"):
         replace_block(doc, "other", "x")
+
+
+def test_readme_python_api_snippet_runs():
+    block = README.split("## Python API")[1].split("```python")[1].split("```")[0]
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    assert abs(float(scope["mine"].ols_prediction[0]) - 2.0) < 1e-12
+    assert float(((scope["pred"] - scope["batch"].ols_prediction) ** 2).mean()) < 1e-5
+    assert len(scope["table"]) == 2 * 3 and (scope["table"].status == "ok").all()

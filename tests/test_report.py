@@ -338,6 +338,11 @@ def test_force_replaces_a_previous_report(tmp_path, run_dir, monkeypatch):
     monkeypatch.setattr(icl_bench.publish, "_figures", lambda *a: ({}, ["plots left out (fast test)"]))
     out = tmp_path / "pub"
     out.mkdir()
+    (out / "thesis.tex").write_text("mine")  # a folder publish did not write: --force refuses it
+    assert main(["report", str(run_dir), "--out", str(out), "--force"]) == 2
+    assert [p.name for p in out.iterdir()] == ["thesis.tex"]
+    (out / "thesis.tex").unlink()
+    assert main(["report", str(run_dir), "--out", str(out)]) == 0
     (out / "stale.txt").write_text("old")
     assert main(["report", str(run_dir), "--out", str(out), "--force", "--at", "dtype=float64"]) == 0
     assert not (out / "stale.txt").exists() and (out / "index.html").is_file()

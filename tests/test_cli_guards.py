@@ -1,0 +1,73 @@
+"""Guards found by a new-user review: limits, unwritable paths, plugins that exit, bad --checkpoint."""
+import sys
+
+import pytest
+import tomli_w
+
+from icl_bench.cli import main
+from icl_bench.registry import list_solvers
+
+
+def _run(capsys, argv):
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edit, expected", [
+    ({"timing": {"threads": 100000}}, "timing.threads: must be <= 1024"),
+    ({"solvers": {"gd-lsa": {"steps": 10**9}}}, "solvers.gd-lsa.steps: must be <= 4096"),
+    ({"solvers": {"gd": {"steps": 5000}}}, "solvers.gd.steps: must be <= 4096"),
+])
+def test_limits_are_config_errors(tmp_path, capsys, tiny_raw, edit, expected):
+    tiny_raw.update(edit)
+    (tmp_path / "c.toml").write_text(tomli_w.dumps(tiny_raw))
+    code, err = _run(capsys, ["run", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / "o")])
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"icl-bench: error: {expected}") and not (tmp_path / "o").exists()
+
+
+def test_unwritable_publish_out_is_one_line(tmp_path, capsys, tiny_raw, monkeypatch):
+    (tmp_path / "c.toml").write_text(tomli_w.dumps(tiny_raw))
+    assert main(["run", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    capsys.readouterr()
+    import icl_bench.publish
+
+    def denied(*a, **k):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "pub"))
+
+    monkeypatch.setattr(icl_bench.publish.tempfile, "mkdtemp", denied)
+    code, err = _run(capsys, ["publish", str(tmp_path / "run"), "--out", str(tmp_path / "pub")])
+    assert code == 2 and err == f"icl-bench: error: {tmp_path / 'pub'}: Permission denied\n"
+
+
+def test_bad_checkpoint_named_on_publish_is_exit_2(tmp_path, capsys, tiny_raw):
+    (tmp_path / "c.toml").write_text(tomli_w.dumps(tiny_raw))
+    assert main(["run", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    (tmp_path / "text.safetensors").write_text("not a checkpoint")
+    capsys.readouterr()
+    code, err = _run(capsys, ["publish", str(tmp_path / "run"), "--out", str(tmp_path / "pub"),
+                              "--checkpoint", str(tmp_path / "text.safetensors")])
+    assert code == 2 and err.count("\n") == 1 and not (tmp_path / "pub").exists()
+
+
+def test_train_checks_out_before_training(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    code, err = _run(capsys, ["train", "--config", "benchmarks/train.toml", "--out", str(tmp_path / "file")])
+    assert code == 2 and err == f"icl-bench: error: --out: {tmp_path / 'file'} exists and is not a folder\n"
+
+
+def test_plugin_that_exits_on_import_is_listed_as_broken(tmp_path, monkeypatch):
+    from conftest import write_plugin
+
+    import icl_bench.registry as registry
+
+    root = write_plugin(tmp_path / "site", "exiting-plugin", {"plugin-exits": "exiting_mod:X"},
+                        {"exiting_mod": "raise SystemExit('plugin exited')\n"})
+    monkeypatch.syspath_prepend(str(root))
+    try:
+        infos = {i.name: i for i in list_solvers()}
+        assert infos["plugin-exits"].error == "SystemExit: plugin exited"
+        assert infos["ols"].error is None
+    finally:
+        registry._broken.pop("plugin-exits", None)
+        sys.modules.pop("exiting_mod", None)
