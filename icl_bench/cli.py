@@ -30,7 +30,7 @@ def default_config_path() -> Path:
 
 
 def cmd_list(args) -> int:
-    from icl_bench.registry import list_solvers
+    from icl_bench.registry import conflicts, list_solvers
 
     for info in list_solvers():
         print(f"{info.name}  [{info.origin}]")
@@ -42,6 +42,8 @@ def cmd_list(args) -> int:
         for pname, p in info.params.items():
             choices = f" choices: {', '.join(map(str, p.choices))}" if p.choices else ""
             print(f"    --{pname} = {p.default!r}  {p.help}{choices}")
+    for line in conflicts():
+        print(f"WARNING: {line}")
     return 0
 
 

@@ -68,7 +68,11 @@ def _add(name: str, cls, origin: str) -> None:
 
 
 def _plugins() -> dict:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    """name -> entry point; the first distribution on sys.path declaring a name wins (see conflicts)."""
+    out: dict = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        out.setdefault(ep.name, ep)
+    return out
 
 
 def _load(name: str) -> None:
@@ -87,6 +91,22 @@ def _load(name: str) -> None:
         _add(name, cls, origin=f"plugin {ep.value} ({dist})")
     except (Exception, SystemExit) as exc:  # a broken plugin must not break anything else
         _broken[name] = f"{type(exc).__name__}: {exc}"
+
+
+def conflicts() -> list[str]:
+    """One line per plugin entry point that is ignored because its name is taken: a built-in
+    name (built-ins win) or a name an earlier distribution on sys.path already declared."""
+    seen: dict[str, str] = {}
+    out = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist.name if getattr(ep, "dist", None) else "unknown distribution"
+        if ep.name in BUILTINS:
+            out.append(f"plugin {ep.value} ({dist}) declares {ep.name!r}, a built-in name: ignored")
+        elif ep.name in seen and seen[ep.name] != ep.value:
+            out.append(f"plugin {ep.value} ({dist}) declares {ep.name!r}, already declared by {seen[ep.name]}: ignored")
+        else:
+            seen.setdefault(ep.name, ep.value)
+    return out
 
 
 def known_names() -> list[str]:

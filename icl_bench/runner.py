@@ -5,6 +5,7 @@ pure function of its `Cell` (prompt generation included; a small cache shares on
 between the solvers of a grid point), so cells can be farmed out to any executor later.
 
 On disk, in the output folder:
+    config.json        the run's config, written first (--resume refuses another config)
     cells/<key>.json   one finished row per cell, written atomically (temp file + rename)
     results.parquet    the tidy table (one row per cell, DESIGN section 3 columns)
     results.csv        the same table as CSV

@@ -71,3 +71,27 @@ def test_plugin_that_exits_on_import_is_listed_as_broken(tmp_path, monkeypatch):
     finally:
         registry._broken.pop("plugin-exits", None)
         sys.modules.pop("exiting_mod", None)
+
+
+def test_plugin_shadowing_a_builtin_or_another_plugin_is_warned(tmp_path, monkeypatch, capsys):
+    from conftest import GOOD_PLUGIN, write_plugin
+
+    first = write_plugin(tmp_path / "a", "first-plugin", {"dup-solver": "dup_a:MeanY", "ln-closed-form": "dup_a:MeanY"},
+                         {"dup_a": GOOD_PLUGIN})
+    second = write_plugin(tmp_path / "b", "second-plugin", {"dup-solver": "dup_b:MeanY"}, {"dup_b": GOOD_PLUGIN})
+    monkeypatch.syspath_prepend(str(second))
+    monkeypatch.syspath_prepend(str(first))
+    import icl_bench.registry as registry
+
+    try:
+        assert main(["list"]) == 0
+        out = capsys.readouterr().out
+        assert "WARNING: plugin dup_a:MeanY (first-plugin) declares 'ln-closed-form', a built-in name: ignored" in out
+        assert "WARNING: plugin dup_b:MeanY (second-plugin) declares 'dup-solver', already declared by dup_a:MeanY: ignored" in out
+        assert registry._origin["dup-solver"].startswith("plugin dup_a:MeanY") and "built-in" in registry._origin["ln-closed-form"]
+    finally:
+        for name in ("dup-solver",):
+            registry._registered.pop(name, None)
+            registry._origin.pop(name, None)
+        for mod in ("dup_a", "dup_b"):
+            sys.modules.pop(mod, None)
