@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import math
 import random
 import sys
@@ -377,12 +376,7 @@ def run_command(args) -> int:
     out = Path(args.out)  # check --out before hours of training, not after
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} exists and is not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--out: cannot create {out} ({exc.strerror or type(exc).__name__})") from None
-    if not os.access(out, os.W_OK):
-        raise ConfigError(f"--out: {out} is not writable")
+    out.mkdir(parents=True, exist_ok=True)  # an OSError here is one line, exit 2 (cli.main)
     for d in runs:
         cfg = TrainConfig.from_dict({**d, "progress": d.get("progress", True) and not args.no_progress}, where="runs." + d.get("name", "?"))
         stem = train_and_save(cfg, args.out)
