@@ -387,15 +387,10 @@ def run_command(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m icl_bench.train --config benchmarks/train.toml [--out DIR] [--run NAME]`."""
-    parser = argparse.ArgumentParser(prog="icl-bench")
-    add_train_command(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["train", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.func(args)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    """`python -m icl_bench.train ARGS` = `icl-bench train ARGS` (same parser, same errors)."""
+    from icl_bench.cli import main as cli_main
+
+    return cli_main(["train", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
