@@ -107,14 +107,10 @@ class GD(Solver):
 
     params = {
         "steps": Param(DEFAULT_STEPS, "K, the number of GD steps", min=1, max=MAX_STEPS),
-        "lr": Param(DEFAULT_LR, "eta, the GD step size (stable while eta < 2 / lambda_max)"),
+        "lr": Param(DEFAULT_LR, "eta, the GD step size (stable while eta < 2 / lambda_max)", gt=0.0),
         "variant": Param("masked", "key set: masked = context only; query-in-context = also (u, 0)",
                          choices=VARIANTS),
     }
-
-    def __init__(self, **values):
-        super().__init__(**values)
-        check_gd_params(self.values["steps"], self.values["lr"], self.values["variant"], f"solvers.{self.name}")
 
     CHUNK_ELEMENTS = 1 << 16  # CPU: prompts per gd_predict call = this // N (keeps the residuals in cache)
 

@@ -109,16 +109,13 @@ class GDLSA(Solver):
 
     params = {
         "steps": Param(DEFAULT_STEPS, "K, the number of LSA layers = GD steps", min=1, max=MAX_STEPS),
-        "lr": Param(DEFAULT_LR, "eta, the GD step size written in W_O (stable while eta < 2 / lambda_max)"),
+        "lr": Param(DEFAULT_LR, "eta, the GD step size written in W_O (stable while eta < 2 / lambda_max)", gt=0.0),
         "variant": Param("masked", "key set: masked = context only; query-in-context = also the query token",
                          choices=KEY_SETS),
     }
 
     def __init__(self, **values):
-        super().__init__(**values)
-        v = self.values
-        if not (math.isfinite(v["lr"]) and v["lr"] > 0):
-            raise ConfigError(f"solvers.{self.name}.lr: must be a finite number > 0 (got {v['lr']!r})")
+        super().__init__(**values)  # Param checks: steps in [1, MAX_STEPS], lr finite and > 0, variant
         self._models: dict[tuple, Transformer] = {}  # (R, dtype, device) -> construction
         self._last_R = DEFAULT_R
 

@@ -61,6 +61,7 @@ class Param:
     choices: tuple | None = None  # accepted values, or None for any value of the default's type
     min: float | None = None  # inclusive lower bound for numbers
     max: float | None = None  # inclusive upper bound for numbers
+    gt: float | None = None  # exclusive lower bound for numbers (e.g. a step size > 0)
 
     def check(self, solver: str, name: str, value: Any) -> Any:
         """Validate and coerce `value`; ConfigError naming solver, parameter and accepted values."""
@@ -76,6 +77,8 @@ class Param:
             raise ConfigError(f"{where}: {value!r} is not accepted; accepted: {', '.join(map(str, self.choices))}")
         if self.min is not None and not value >= self.min:
             raise ConfigError(f"{where}: must be >= {self.min} (got {value!r})")
+        if self.gt is not None and not value > self.gt:
+            raise ConfigError(f"{where}: must be > {self.gt} (got {value!r})")
         if self.max is not None and not value <= self.max:
             raise ConfigError(f"{where}: must be <= {self.max} (got {value!r})")
         return value
