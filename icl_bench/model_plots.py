@@ -77,27 +77,64 @@ def _same(a: dict, b: dict) -> bool:
                                         for k in a)
 
 
-def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts: int = 512):
-    """The transformers to draw: the construction, the runs' solvers with LayerNorm weights, and
-    the checkpoints given. Each solver with weights (finite weight_sparsity in an ok cell at
-    `setting`'s N, noise, R) is re-instantiated from its solver_params and run once on that cell's
-    prompts (float64, cpu, the first n_prompts), so R-dependent weights and checkpoint choices
-    match the cell.
+def _model_of(solver: str, params: str, R: float, N: int):
+    """(model, where from) for a solver of the runs, without running it: the checkpoint that the
+    solver would load for (R, N) (`checkpoint_for`, trained-*), or the model it builds from code
+    (`model(R)`: ln-closed-form, gd-lsa). (None, reason) for a solver that has neither."""
+    from icl_bench.registry import get_solver
+
+    s = get_solver(solver, **json.loads(params or "{}"))  # instantiation only: nothing is predicted
+    if hasattr(s, "checkpoint_for"):
+        from icl_bench.checkpoint import load_checkpoint
+
+        path = s.checkpoint_for(float(R), int(N))
+        return load_checkpoint(path)[0].double().eval(), f"checkpoint {path.name}"
+    if callable(getattr(s, "model", None)):
+        return s.model(float(R)).double().eval(), "built from code"
+    return None, "neither a checkpoint nor a model built from code (the report never re-runs solvers)"
+
+
+def _probe_prompts(table: pd.DataFrame, setting: dict, n_prompts: int, seed: int):
+    """Fresh float64 prompts at the setting's N, noise, R from the public generator, with the
+    run's prompt distributions (None, reason for CSV data or a setting without ok cells)."""
+    from icl_bench import PromptSpec, sample_prompts
+    from icl_bench.prompts import Dist
+    from icl_bench.report import select
+
+    at = select(table[table["status"] == "ok"], setting, ("N", "noise", "R"))
+    if at.empty:
+        return None, "no ok cell at the setting's N, noise, R"
+    spec = json.loads(at.iloc[0]["prompts"] or "{}")
+    if "csv" in spec:
+        return None, "prompts come from CSV data: the probe scatter uses generator prompts only"
+    r = at.iloc[0]
+    ps = PromptSpec(N=int(r["N"]), noise=float(r["noise"]), R=float(r["R"]), **{k: Dist(**v) for k, v in spec.items()})
+    return sample_prompts(ps, n_prompts, seed=seed, dtype="float64"), ""
+
+
+def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts: int = 512, seed: int = 0):
+    """The transformers to draw: the construction (built from code at the setting's R), the runs'
+    solvers with weights at the setting's N, noise, R (their checkpoints or code-built models,
+    `_model_of`; never run through the benchmark), and the checkpoints given. Probe traces are
+    the models' `probe()` on `n_prompts` fresh generator prompts (`_probe_prompts`, seed `seed`).
 
     Returns:
         (models, notes): models = label -> {"weights": dict, "trace": dict or None} (trace: the
         model's probe() intermediates plus "tokens"); notes = what was left out and why.
     """
-    from icl_bench.registry import get_solver
     from icl_bench.report import select
-    from icl_bench.runner import _prompts
 
     notes, models = [], {}
-    at = select(table[table["status"] == "ok"], setting, ("N", "noise", "R"))
-    batch = None
-    if not at.empty:
-        r = at.iloc[0]
-        batch = _prompts(r["prompts"], int(r["N"]), r["noise"], float(r["R"]), n_prompts, int(r["seed"]), "float64", "cpu")
+    batch, why = _probe_prompts(table, setting, n_prompts, seed)
+    if batch is None:
+        notes.append(f"probes: {why}")
+
+    def trace(model):
+        if batch is None:
+            return None
+        with torch.no_grad():
+            return {"tokens": batch.tokens, **model.probe(batch.tokens)}
+
     build = _optional("icl_bench.ln_closed_form", "build_construction")
     construction = None
     if build is None:
@@ -105,26 +142,25 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
     else:
         model = build(float(setting["R"]))
         construction = model.weight_matrices()
-        models[f"construction (R={setting['R']:g})"] = {
-            "weights": construction, "trace": {"tokens": batch.tokens, **model.probe(batch.tokens)} if batch else None}
+        models[f"construction (R={setting['R']:g})"] = {"weights": construction, "trace": trace(model)}
+    at = select(table[table["status"] == "ok"], setting, ("N", "noise", "R"))
     weighted = at[np.isfinite(at["weight_sparsity"].astype(float))]
-    for (solver, params), _ in weighted.groupby(["solver", "solver_params"]):
-        label = f"{solver} {params}" if params not in ("", "{}") else solver
+    for (solver, params, series), _ in weighted.groupby(["solver", "solver_params", "series"]):
         try:
-            s = get_solver(solver, **json.loads(params or "{}"))
-            with torch.no_grad():
-                s.predict(batch)
-            w = s.weights()
-            if not w or not has_layernorm(w):
-                notes.append(f"{label}: no LayerNorm weights, not drawn beside the LayerNorm construction")
+            model, source = _model_of(solver, params, setting["R"], setting["N"])
+            if model is None:
+                notes.append(f"{series}: weights not drawn: {source}")
+                continue
+            w = model.weight_matrices()
+            if not has_layernorm(w):
+                notes.append(f"{series}: no LayerNorm weights, not drawn beside the LayerNorm construction")
                 continue
             if construction is not None and _same(w, construction):
-                notes.append(f"{label}: weights identical to the construction (shown once)")
+                notes.append(f"{series}: weights identical to the construction (shown once)")
                 continue
-            trace = s.probe(batch) or None
-            models[label] = {"weights": w, "trace": {"tokens": batch.tokens, **trace} if trace else None}
+            models[f"{series} ({source})"] = {"weights": w, "trace": trace(model)}
         except Exception as exc:  # one solver's failure is a note, not the end of the report
-            notes.append(f"{label}: could not be loaded for the model plots ({type(exc).__name__}: {exc})")
+            notes.append(f"{series}: could not be loaded for the model plots ({type(exc).__name__}: {exc})")
     load = _optional("icl_bench.checkpoint", "load_checkpoint") if checkpoints else None
     for path in checkpoints:
         if load is None:
@@ -134,15 +170,33 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
             obj = load(path)
             model = next(o for o in (obj if isinstance(obj, (tuple, list)) else (obj,)) if hasattr(o, "weight_matrices"))
             model = model.double().eval()
-            trace = {"tokens": batch.tokens, **model.probe(batch.tokens)} if batch else None
-            models[f"checkpoint {path}"] = {"weights": model.weight_matrices(), "trace": trace}
+            models[f"checkpoint {path}"] = {"weights": model.weight_matrices(), "trace": trace(model)}
         except Exception as exc:
             notes.append(f"--checkpoint {path}: not drawn ({type(exc).__name__}: {exc})")
     return models, notes
 
 
+def _short(v: float) -> str:
+    """Cell annotation: 2 significant digits without the leading zero (-0.093 -> -.093, 2.9e-05 -> 3e-5)."""
+    if v == 0:
+        return "0"
+    if abs(v) < 1e-3:
+        return f"{v:.0e}".replace("e-0", "e-")
+    return f"{v:.2g}".replace("0.", ".", 1) if abs(v) < 1 else f"{v:.2g}"
+
+
+def _layout(names: list[str]) -> list[list[str]]:
+    """Panel rows of one model: [embed, readout], then per layer its heads' QK, OV and its LN."""
+    rows = [[n for n in names if not n.startswith("L")]]
+    layers = sorted({int(re.match(r"L(\d+)", n).group(1)) for n in names if re.match(r"L\d+", n)})
+    for layer in layers:
+        rows.append([n for n in names if re.match(rf"L{layer}[ H]", n)])
+    return [r for r in rows if r]
+
+
 def weight_heatmaps(models: dict[str, dict]) -> Figure:
-    """One row per model, one heat-map per reduced map (`reduced_maps`), annotated with values.
+    """Per model a block of heat-maps (a row for the embedding and readout, then one row per
+    layer: each head's QK and OV, the LayerNorm gain / bias), annotated with values when small.
 
     Args: models: label -> {"weights": Transformer weight dict, ...} (collect_models).
     Raises: PlotSkipped when no model has transformer weights.
@@ -155,32 +209,44 @@ def weight_heatmaps(models: dict[str, dict]) -> Figure:
             continue
     if not maps:
         raise PlotSkipped("weight heat-maps: no transformer weights (construction or solver) to draw")
-    names = list(dict.fromkeys(k for mm in maps.values() for k in mm))
     sns.set_theme(style="white", context="paper")
-    width, height = 1.55 * len(names) + 0.5, 1.9 * len(maps) + 0.8  # inches
+    layouts = {label: _layout(list(mm)) for label, mm in maps.items()}
+    ncols = max(len(r) for lay in layouts.values() for r in lay)
+    nrows = [len(lay) for lay in layouts.values()]
+    panel = 2.0  # inches per panel
+    blocks = [n * panel + 0.45 for n in nrows]
+    width, height = ncols * panel + 0.6, sum(blocks) + 0.35
     fig = Figure(figsize=(width, height))
-    axes = fig.subplots(len(maps), len(names), squeeze=False)
-    for i, (label, mm) in enumerate(maps.items()):
-        for j, name in enumerate(names):
-            ax = axes[i, j]
-            if name not in mm:
-                ax.axis("off")
-                continue
-            a = mm[name]
-            if a.shape[0] == 1 and a.shape[1] > 8:  # a flatten readout: one row per token
-                a = a.reshape(-1, mm["embed"].shape[0])
-            vmax = float(np.abs(a).max()) or 1.0
-            sns.heatmap(a, ax=ax, cmap="RdBu_r", center=0, vmin=-vmax, vmax=vmax, cbar=False, square=True,
-                        annot=a.size <= 16, fmt=".2g", annot_kws={"fontsize": 5}, linewidths=0.3)
-            ax.set_xlabel("input slot" if i == len(maps) - 1 else "", fontsize=6)
-            ax.set_ylabel((label + "\noutput slot") if j == 0 else "", fontsize=6)
-            ax.tick_params(labelsize=5)
-            if i == 0:
-                ax.set_title(name, fontsize=7)
-    fig.suptitle("Weights (QK = W_Qᵀ W_K, OV = W_O W_V; each panel on its own colour scale, unaligned)", fontsize=9)
-    # equal small panels: fixed margins in inches (tight_layout would measure ~200 annotations)
-    fig.subplots_adjust(left=0.9 / width, right=1 - 0.1 / width, bottom=0.45 / height, top=1 - 0.65 / height,
-                        wspace=0.35, hspace=0.45)
+    header, *subs = fig.subfigures(len(maps) + 1, 1, height_ratios=[0.35, *blocks], squeeze=False)[:, 0]
+    for sub, (label, mm) in zip(subs, maps.items()):
+        sub.suptitle(label, fontsize=9, x=0.02, ha="left", fontweight="bold")
+        lay = layouts[label]
+        axes = sub.subplots(len(lay), ncols, squeeze=False)
+        for i, row in enumerate(lay):
+            for j in range(ncols):
+                ax = axes[i, j]
+                if j >= len(row):
+                    ax.axis("off")
+                    continue
+                name, a = row[j], mm[row[j]]
+                if a.shape[0] == 1 and a.shape[1] > 8:  # a flatten readout: one row per token
+                    a = a.reshape(-1, mm["embed"].shape[0])
+                vmax = float(np.abs(a).max()) or 1.0
+                ax.imshow(a, cmap="RdBu_r", vmin=-vmax, vmax=vmax, interpolation="nearest")
+                if a.size <= 16:  # annotate small maps; text colour follows the cell's darkness
+                    for (r, c), v in np.ndenumerate(a):
+                        ax.text(c, r, _short(v), ha="center", va="center", fontsize=5.5,
+                                color="white" if abs(v) > 0.6 * vmax else "black")
+                ax.set_xticks(range(a.shape[1]))
+                ax.set_yticks(range(a.shape[0]))
+                ax.grid(False)
+                ax.set_title(f"{name}  (|max| {vmax:.2g})", fontsize=7)
+                ax.set_xlabel("input slot", fontsize=6)
+                ax.set_ylabel("output slot" if j == 0 else "", fontsize=6)
+                ax.tick_params(labelsize=6)
+        sub.subplots_adjust(left=0.5 / width, right=1 - 0.1 / width, bottom=0.1, top=0.88, wspace=0.25, hspace=0.45)
+    header.suptitle("Weights (QK = W_Qᵀ W_K, OV = W_O W_V; each panel on its own colour scale centred at 0; "
+                    "unaligned)", fontsize=9, va="center", y=0.5)
     return fig
 
 
