@@ -75,14 +75,9 @@ def cmd_run(args) -> int:
         raise ConfigError(msg) from None
     out = Path(args.out) if args.out else Path("results/runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
     table = run_matrix(cfg, out, resume=args.resume, progress=not args.no_progress)
-    summary = table.groupby("solver").agg(
-        ok=("status", lambda s: int((s == "ok").sum())),
-        skipped=("status", lambda s: int((s == "skipped").sum())),
-        error=("status", lambda s: int((s == "error").sum())),
-        median_mse_vs_ols=("mse_vs_ols", "median"),
-        median_prompts_per_s=("prompts_per_s", "median"),
-    )
-    print(summary.to_string(float_format=lambda v: f"{v:.3g}"))
+    from icl_bench.run_summary import console_summary
+
+    print(console_summary(table))
     print(f"wrote {out / 'results.parquet'}, results.csv, metadata.json ({len(table)} cells)")
     errors = table[table.status == "error"]
     for _, r in errors.head(5).iterrows():

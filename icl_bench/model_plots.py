@@ -145,7 +145,8 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
         models[f"construction (R={setting['R']:g})"] = {"weights": construction, "trace": trace(model)}
     at = select(table[table["status"] == "ok"], setting, ("N", "noise", "R"))
     weighted = at[np.isfinite(at["weight_sparsity"].astype(float))]
-    for (solver, params, series), _ in weighted.groupby(["solver", "solver_params", "series"]):
+    for _, (solver, params, series) in weighted.sort_values("series_rank")[["solver", "solver_params", "series"]] \
+            .drop_duplicates().iterrows():
         try:
             model, source = _model_of(solver, params, setting["R"], setting["N"])
             if model is None:
