@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import os
 import subprocess
 from pathlib import Path
 
@@ -82,6 +83,7 @@ def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None
                created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     text = json.dumps(_strict(doc), indent=2, sort_keys=True, allow_nan=False)
     save_file(tensors, str(stem) + ".safetensors", metadata={"format": FORMAT})
+    os.chmod(str(stem) + ".safetensors", 0o644)  # safetensors writes 0o600: a shared model must be readable
     Path(str(stem) + ".json").write_text(text + "\n")
     return stem
 
