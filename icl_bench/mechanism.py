@@ -129,12 +129,12 @@ def section(table: pd.DataFrame) -> dict:
     """{"status": text, "table": DataFrame, "source": where the verdict came from}; the status says
     when the runs have no `ood` column or no OOD rows (the section is then empty)."""
     if "ood" not in table.columns:
-        return {"status": "These runs have no `ood` column: they were run without the out-of-distribution axis, "
+        return {"status": "These runs have no 'ood' column: they were run without the out-of-distribution axis, "
                           "so there are no shift / scale rows to judge a mechanism from.",
                 "table": pd.DataFrame(), "source": ""}
     rows = ood_rows(table)
     if rows.empty or (rows["ood"] == "none").all():
-        return {"status": "The runs have an `ood` column but no ok out-of-distribution rows.",
+        return {"status": "The runs have an 'ood' column but no ok out-of-distribution rows.",
                 "table": pd.DataFrame(), "source": ""}
     try:
         from icl_bench.analysis.fingerprint import verdict as external  # the mechanism study's thresholds

@@ -16,6 +16,7 @@ import math
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from icl_bench import style
@@ -71,10 +72,11 @@ def _finish(fig: Figure, panels: list, xlabel: str, ylabel: str, title: str, not
         for h, lab in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(lab, h)
     width, height = fig.get_size_inches()
-    reserve = (0.7 + 0.06 * max(map(len, [*seen, legend_title]))) if seen else 0.1  # legend width, inches
+    reserve = 0.1  # inches kept free at the right for the legend
     if seen:
-        fig.legend(list(seen.values()), list(seen), fontsize=7, title=legend_title, title_fontsize=7,
-                   loc="center right", bbox_to_anchor=(1 - 0.05 / width, 0.5))
+        leg = fig.legend(list(seen.values()), list(seen), fontsize=7, title=legend_title, title_fontsize=7,
+                         loc="center right", bbox_to_anchor=(1 - 0.05 / width, 0.5))
+        reserve = leg.get_window_extent(FigureCanvasAgg(fig).get_renderer()).width / fig.dpi + 0.2
     fig.suptitle(title, fontsize=10, y=1 - 0.06 / height, va="top")
     text, lines = style.wrap_note(note, width)
     fig.text(0.01, 0.01, text, fontsize=7, color="0.3", va="bottom")

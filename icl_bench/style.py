@@ -25,6 +25,8 @@ from matplotlib import ticker
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "h"]
 DASHES = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 1))]
 FAMILY_PALETTE = "tab10"
+# the built-in families keep their tab10 colour in every figure and run; plugins take the rest
+KNOWN_FAMILIES = {"gd": 0, "ln": 1, "ols": 2, "scipy": 3, "trained": 4}
 SAME_RTOL = 1e-4  # series agreeing this closely are drawn as identical
 
 
@@ -38,15 +40,20 @@ def series_styles(series: pd.DataFrame) -> dict[str, dict]:
 
     Args:
         series: one row per series with columns "series", "solver", "series_rank" (report.add_series).
-    Colours: one tab10 hue per family (in order of first appearance), shades of it per solver;
+    Colours: one tab10 hue per family (fixed for the built-in families, KNOWN_FAMILIES; the
+    others in order of appearance), shades of it per solver;
     line style: by solver within its family; marker: by the rank of the parameter set within its solver.
     """
     rows = series.drop_duplicates("series").sort_values("series_rank")
     families = list(dict.fromkeys(family(s) for s in rows["solver"]))
-    base = sns.color_palette(FAMILY_PALETTE, max(len(families), 1)) if len(families) <= 10 else \
-        sns.color_palette("husl", len(families))
+    tab = sns.color_palette(FAMILY_PALETTE, 10)
+    free = [c for i, c in enumerate(tab) if i not in KNOWN_FAMILIES.values()]
+    others = [f for f in families if f not in KNOWN_FAMILIES]
+    extra = free + sns.color_palette("husl", max(len(others) - len(free), 0))
+    colours = {f: tab[KNOWN_FAMILIES[f]] if f in KNOWN_FAMILIES else extra[others.index(f)] for f in families}
     out = {}
-    for fam, colour in zip(families, base):
+    for fam in families:
+        colour = colours[fam]
         solvers = list(dict.fromkeys(s for s in rows["solver"] if family(s) == fam))
         shades = _shades(colour, len(solvers))  # darkest first; one solver keeps the family colour
         for k, (solver, shade) in enumerate(zip(solvers, shades)):

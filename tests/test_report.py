@@ -446,7 +446,7 @@ def test_mechanism_section_reads_ood_rows_or_says_they_are_missing(run_dir):
     from icl_bench import mechanism, report
 
     table, _ = report.load_runs([run_dir])
-    assert "no `ood` column" in mechanism.section(table)["status"]
+    assert "no 'ood' column" in mechanism.section(table)["status"]
     # stored OOD rows (as the matrix writes them): relative error = MSE vs OLS / E[(a + b u)^2] = 2
     rows = []
     for solver, params, errs in [("ols", "{}", (0.0, 1e-14, 2e-14)), ("gd", '{"steps": 4}', (0.1, 4.0, 2.0)),
