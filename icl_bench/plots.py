@@ -3,8 +3,9 @@
 Every function takes the tables of `icl_bench.report` and returns a matplotlib Figure (the caller
 saves and closes it), or raises `PlotSkipped` with the reason when the runs hold no data for it.
 One line (or one bar per hue level) per series, where a series is a solver plus the parameters
-that vary between its rows (report.add_series). Error plots draw the mean with its 95 % CI as a
-band. An axis is logarithmic when its positive values span more than two decades (one decade for
+that tell it apart (report.add_series), styled by icl_bench/style.py (colour = family, marker =
+parameter set, identical series overlaid and named). Error plots draw the mean with its 95 % CI
+as a band. An axis is logarithmic when its positive values span more than two decades (one decade for
 N and R); on a logarithmic error axis an MSE of exactly 0 (e.g. float64 OLS against itself) is
 drawn at the axis floor as an open marker, and a note under the figure says so.
 """

@@ -1,17 +1,21 @@
 """`icl-bench publish RUN_DIR... --out DIR`: run folders -> tables, plots and a static web page.
 
 Writes into DIR (nothing else, nothing typed by hand):
-    index.html       the page: headline table, every plot, failed / skipped cells, run metadata
+    index.html       the page (jinja2 template templates/index.html.j2): headline table, what was
+                     left out, scaling laws, mechanism, every plot, failed / skipped cells, metadata
     report.md        the same in markdown (headline, plots, failures, sparsity, notes)
     headline.md      the README table (mean MSE vs OLS by solver x N) and the command that made it
     summary.csv/.md  report.aggregate: one row per cell key, mean MSE with 95 % CI, throughput
     failures.csv/.md every error / skipped cell (csv), grouped by message (md)
     sparsity.csv/.md weight sparsity and L1 of the solvers with weights
+    scaling.csv      every scaling-law fit (icl_bench/scaling.py)
+    mechanism.csv    relative error under x shift / scale and the verdict (when the runs have OOD rows)
     results.csv      every input row, stacked, with its run folder
     plots/*.png      mse_vs_n, mse_vs_r, gd_steps, throughput, weights, probes (each when possible)
     publish.json     inputs, the representative setting, notes (skipped plots and why), versions
 Everything is first written to a hidden temporary folder beside DIR and moved into place at the
 end, so DIR never holds a half-written report. A non-empty DIR is refused unless force=True.
+Folders are made 0o755 and files 0o644 (mkdtemp's 0o700 would make the report private).
 """
 from __future__ import annotations
 
