@@ -47,18 +47,19 @@ def left_out(table: pd.DataFrame, setting: dict) -> list[str]:
     ok = table[table["status"] == "ok"]
     at = ", ".join(f"{a} = {_fmt(setting[a])}" for a in FIXED)
     notes = list(grid_differences(table))
+    gone = set()  # runs already named as left out: their series need no second note
     for run, g in table.groupby("run", sort=False):
         mine = ok[ok["run"] == run]
         if mine.empty:
             notes.append(f"run {run}: left out of every table and plot: it has no ok cells")
+            gone.add(run)
         elif select(mine, setting, FIXED).empty:
-            why = "; ".join(f"{a} = {_values(mine[a])}" for a in FIXED
-                            if select(mine, setting, (a,)).empty)
+            why = "; ".join(f"{a} = {_values(mine[a])}" for a in FIXED if select(mine, setting, (a,)).empty)
             notes.append(f"run {run}: left out of the headline and of the plots at {at}: its ok cells have {why} "
                          f"(publish it alone, or choose the setting with --at)")
+            gone.add(run)
     for series, g in ok.groupby("series", sort=False):
-        if select(g, setting, FIXED).empty and not (ok["run"].nunique() > 1 and g["run"].nunique() == 1
-                                                     and select(ok[ok["run"] == g["run"].iloc[0]], setting, FIXED).empty):
+        if select(g, setting, FIXED).empty and not set(g["run"]) <= gone:
             why = "; ".join(f"{a} = {_values(g[a])}" for a in FIXED if select(g, setting, (a,)).empty)
             notes.append(f"series {series}: not in the headline at {at}: its ok cells have {why}")
     return notes
