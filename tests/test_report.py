@@ -536,7 +536,10 @@ BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if 
 IMAGE_CHECK = """<script>window.addEventListener('load', () => {
   const imgs = [...document.images];
   const ok = imgs.filter(i => i.complete && i.naturalWidth > 0).map(i => i.getAttribute('src'));
-  document.body.insertAdjacentHTML('beforeend', `<p id="imgcheck">${ok.length}/${imgs.length} ${ok.join(' ')}</p>`);
+  const fit = imgs.every(i => i.getBoundingClientRect().right <= document.documentElement.clientWidth);
+  const wide = document.documentElement.scrollWidth > document.documentElement.clientWidth;
+  document.body.insertAdjacentHTML('beforeend',
+    `<p id="imgcheck">${ok.length}/${imgs.length} ${ok.join(' ')}</p><p id="fit">${fit} ${wide}</p>`);
 });</script></body>"""
 
 
@@ -548,13 +551,17 @@ def test_index_html_shows_every_plot_in_headless_chromium(published, tmp_path):
     site = shutil.copytree(published, tmp_path / "site")
     page = (site / "index.html").read_text()
     (site / "check.html").write_text(page.replace("</body>", IMAGE_CHECK))
-    cmd = [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files",
-           "--virtual-time-budget=5000", "--dump-dom", (site / "check.html").as_uri()]
+    cmd = [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           "--allow-file-access-from-files", "--window-size=1000,800", "--virtual-time-budget=5000", "--dump-dom",
+           (site / "check.html").as_uri()]
     dom = subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
     found = re.search(r'<p id="imgcheck">(\d+)/(\d+) ([^<]*)</p>', dom)
     assert found, dom[-500:]
     pngs = sorted(f"plots/{p.name}" for p in (site / "plots").glob("*.png"))
     assert int(found[2]) == len(pngs) and sorted(found[3].split()) == pngs  # every <img> decoded
+    # every figure fits the window and nothing makes the page scroll sideways (wide tables scroll
+    # inside their own box)
+    assert re.search(r'<p id="fit">true false</p>', dom), re.search(r'<p id="fit">[^<]*</p>', dom)
 
 
 def test_checkpoints_are_written_readable_by_others(tmp_path):
