@@ -14,9 +14,9 @@ from scipy import stats
 
 from icl_bench import Param, Solver, register_solver
 from icl_bench.cli import main
-from icl_bench.config import parse_config
-from icl_bench.registry import _origin, _registered
-from icl_bench.runner import run_matrix
+from icl_bench.bench.config import parse_config
+from icl_bench.solvers.registry import REGISTRY
+from icl_bench.bench.runner import run_matrix
 
 
 class PlusInverseSteps(Solver):
@@ -62,8 +62,7 @@ def solvers():
         register_solver(name)(cls)
     yield
     for name in TEST_SOLVERS:
-        _registered.pop(name, None)
-        _origin.pop(name, None)
+        REGISTRY.unregister(name)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +76,7 @@ def run_dir(tmp_path_factory, solvers):
 def published(run_dir):
     """The run published by the CLI. The model plots (weights, probes) have their own tests and
     are the slowest to draw, so this report leaves them out (a note says so)."""
-    from icl_bench import model_plots
+    from icl_bench.report import model_plots
 
     out = run_dir.parent / "published"
     with pytest.MonkeyPatch.context() as mp:
@@ -88,7 +87,7 @@ def published(run_dir):
 
 @pytest.fixture(scope="module")
 def tables(run_dir):
-    from icl_bench import report
+    from icl_bench.report import aggregate as report
 
     table, _ = report.load_runs([run_dir])
     summary = report.aggregate(table)
@@ -137,19 +136,20 @@ def test_summary_equals_direct_pandas_aggregation(run_dir, published):
 
 
 def test_standard_error_column_is_std_over_sqrt_n(solvers):
-    from icl_bench.registry import get_solver
-    from icl_bench.runner import Cell, _prompts, run_cell
+    from icl_bench.solvers.registry import get_solver
+    from icl_bench.bench.cells import Cell, cell_prompts
+    from icl_bench.bench.runner import run_cell
 
     cell = Cell("test-weighted", "{}", 12, 0.1, 10.0, "float64", "cpu", 0, 64, 64, json.dumps({}), 1, 1.0)
     row = run_cell(cell)
-    batch = _prompts(cell.prompts, 12, 0.1, 10.0, 64, 0, "float64", "cpu")
+    batch = cell_prompts(cell.prompts, 12, 0.1, 10.0, 64, 0, "float64", "cpu")
     sq = (get_solver("test-weighted").predict(batch) - batch.ols_prediction) ** 2
     assert row["mse_vs_ols"] == pytest.approx(float(sq.mean()), rel=1e-12)
     assert row["mse_vs_ols_se"] == pytest.approx(float(sq.std() / 8.0), rel=1e-12)
 
 
 def test_seeds_pool_and_repeated_runs_count_once(run_dir, tmp_path, solvers):
-    from icl_bench import report
+    from icl_bench.report import aggregate as report
 
     raw1 = {**RAW, "seed": 1, "solvers": {"test-weighted": {}}}
     run_matrix(parse_config(raw1), tmp_path / "seed1", progress=False)
@@ -165,7 +165,7 @@ def test_seeds_pool_and_repeated_runs_count_once(run_dir, tmp_path, solvers):
 
 
 def test_runs_without_standard_errors_get_nan_intervals(run_dir, tmp_path):
-    from icl_bench import report
+    from icl_bench.report import aggregate as report
 
     old = tmp_path / "old-run"
     old.mkdir()
@@ -197,7 +197,7 @@ def test_sparsity_table_lists_solvers_with_weights(published):
 
 
 def test_headline_is_the_summary_at_the_representative_setting(published, tables):
-    from icl_bench.report import headline
+    from icl_bench.report.aggregate import headline
 
     _, summary, setting = tables
     assert setting == {"N": 5, "noise": 0.0, "R": 10.0, "dtype": "float32", "device": "cpu"}
@@ -219,7 +219,7 @@ def _legend(fig):
 
 
 def test_line_plots_have_labelled_axes_and_one_line_per_solver(tables):
-    from icl_bench import plots
+    from icl_bench.report import plots
 
     _, summary, setting = tables
     fig = plots.mse_vs_n(summary, setting)
@@ -237,7 +237,7 @@ def test_line_plots_have_labelled_axes_and_one_line_per_solver(tables):
 
 
 def test_series_labels_carry_every_distinguishing_parameter():
-    from icl_bench.report import add_series
+    from icl_bench.report.aggregate import add_series
 
     t = pd.DataFrame({"solver": ["gd", "gd-lsa", "gd-lsa", "gd-lsa", "ols", "trained-l1"],
                       "solver_params": ['{"steps": 8}', '{"steps": 16}', '{"steps": 1}', '{"steps": 4}', "{}",
@@ -250,7 +250,7 @@ def test_series_labels_carry_every_distinguishing_parameter():
 @pytest.fixture(scope="module")
 def twins_summary(tmp_path_factory):
     """gd and gd-lsa at the same steps (identical numbers) at one N: the overlay and one-value axes."""
-    from icl_bench import report
+    from icl_bench.report import aggregate as report
 
     raw = {"seed": 0, "n_prompts": 32, "batch_size": 32, "timing": {"repeats": 1},
            "grid": {"N": [8], "noise": [0.1], "R": [100.0], "dtype": ["float64"], "device": ["cpu"]},
@@ -262,7 +262,7 @@ def twins_summary(tmp_path_factory):
 
 
 def test_identical_series_are_overlaid_and_named_and_one_value_axes_are_centred(twins_summary):
-    from icl_bench import plots
+    from icl_bench.report import plots
 
     _, summary, setting = twins_summary
     fig = plots.mse_vs_n(summary, setting)
@@ -283,7 +283,7 @@ def test_identical_series_are_overlaid_and_named_and_one_value_axes_are_centred(
 
 
 def test_gd_steps_plot_lines_beside_solvers_without_steps(tables):
-    from icl_bench import plots
+    from icl_bench.report import plots
 
     _, summary, setting = tables
     fig = plots.gd_steps(summary, setting)
@@ -299,7 +299,7 @@ def test_gd_steps_plot_lines_beside_solvers_without_steps(tables):
 
 
 def test_throughput_plot_one_bar_per_solver_and_dtype(tables):
-    from icl_bench import plots
+    from icl_bench.report import plots
 
     table, _, _ = tables
     fig = plots.throughput(table)
@@ -316,7 +316,7 @@ def test_throughput_plot_one_bar_per_solver_and_dtype(tables):
 def test_log_axes_of_narrow_ranges_get_enough_ticks():
     from matplotlib.figure import Figure
 
-    from icl_bench import style
+    from icl_bench.report import style
 
     ax = Figure().subplots()
     ax.plot([2e4, 6e4], [1, 2])
@@ -328,9 +328,9 @@ def test_log_axes_of_narrow_ranges_get_enough_ticks():
 
 
 def test_weight_heatmaps_show_symmetry_reduced_maps(monkeypatch, tables):
-    from icl_bench import model_plots
-    from icl_bench.plots import PlotSkipped
-    from icl_bench.transformer import Transformer, TransformerConfig
+    from icl_bench.report import model_plots
+    from icl_bench.report.plots import PlotSkipped
+    from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
     torch.manual_seed(0)
     model = Transformer(TransformerConfig()).double()
@@ -347,31 +347,26 @@ def test_weight_heatmaps_show_symmetry_reduced_maps(monkeypatch, tables):
     titles = [ax.get_title().split("  (")[0] for ax in fig.axes if ax.get_visible() and ax.axison]
     assert titles == ["embed", "readout", "L1H1 QK", "L1H1 OV", "L1 LN γ/β"] * 2  # a grid of panels per model
     assert [sf._suptitle.get_text() for sf in fig.subfigs[1:]] == ["a", "b"]
-    # without the construction module, and without models, the plots skip with a note
-    table, _, setting = tables
-    monkeypatch.setattr(model_plots, "_optional", lambda module, attr: None)
-    models, notes = model_plots.collect_models(table, setting, n_prompts=16)
-    assert models == {} and any("build_construction is not available" in n for n in notes)
+    # without models, the plots skip
     with pytest.raises(PlotSkipped):
-        model_plots.weight_heatmaps(models)
-    with pytest.raises(PlotSkipped, match="mechanism_probes is not available"):
-        model_plots.probe_scatter(models)
+        model_plots.weight_heatmaps({})
+    with pytest.raises(PlotSkipped):
+        model_plots.probe_scatter({})
 
 
 def test_model_plots_draw_the_construction_and_its_probes_without_running_solvers(tables, monkeypatch):
-    pytest.importorskip("icl_bench.ln_closed_form", reason="the ln-closed-form construction is not merged")
-    from icl_bench import model_plots, runner
+    from icl_bench.bench import cells
+    from icl_bench.report import model_plots
 
     def refuse(*a, **k):
-        raise AssertionError("the report must not run solvers through the benchmark's prompt cache")
+        raise AssertionError("the report must not run solvers or draw the benchmark's cell prompts")
 
-    monkeypatch.setattr(runner, "_prompts", refuse)
+    monkeypatch.setattr(cells, "cell_prompts", refuse)
     monkeypatch.setattr(MeanWithWeights, "predict", refuse)
     table, _, setting = tables
     models, notes = model_plots.collect_models(table, setting, n_prompts=128)
-    assert list(models) == ["construction (R=10)"], notes  # the run's only weighted solver has neither model
-    assert notes == ["test-weighted: weights not drawn: neither a checkpoint nor a model built from code "
-                     "(the report never re-runs solvers)"]
+    assert list(models) == ["construction (R=10)"], notes  # the run's only weighted solver is no checkpoint
+    assert notes == []
     fig = model_plots.weight_heatmaps(models)
     assert [ax.get_title().split("  (")[0] for ax in fig.axes if ax.axison][:4] == ["embed", "readout", "L1H1 QK", "L1H1 OV"]
     fig = model_plots.probe_scatter(models)
@@ -380,8 +375,8 @@ def test_model_plots_draw_the_construction_and_its_probes_without_running_solver
 
 
 def test_scaling_exponents_ln_closed_form_r_minus_4_and_ols_flat(tmp_path, tables):
-    pytest.importorskip("icl_bench.ln_closed_form", reason="the ln-closed-form construction is not merged")
-    from icl_bench import report, scaling
+    from icl_bench.report import aggregate as report
+    from icl_bench.report import scaling
 
     # R a decade apart and 2048 prompts: prompts are redrawn per R and the construction's squared
     # errors are heavy-tailed (seeds 0-3 give -4.18, -3.87, -4.23, -4.00 here; with 512 prompts
@@ -415,11 +410,11 @@ def test_scaling_exponents_ln_closed_form_r_minus_4_and_ols_flat(tmp_path, table
 
 
 def test_publishing_runs_with_different_grids_names_what_it_left_out(run_dir, tmp_path, monkeypatch, solvers):
-    import icl_bench.publish
+    import icl_bench.report.publish
 
     raw = {**RAW, "grid": {**RAW["grid"], "R": [1000.0], "N": [5], "dtype": ["float64"]}, "solvers": {"ols": {}}}
     run_matrix(parse_config(raw), tmp_path / "other", progress=False)
-    monkeypatch.setattr(icl_bench.publish, "_figures", lambda *a: ({}, []))
+    monkeypatch.setattr(icl_bench.report.publish, "_figures", lambda *a: ({}, []))
     out = tmp_path / "pub"
     assert main(["publish", str(run_dir), str(tmp_path / "other"), "--out", str(out)]) == 0
     head, page = (out / "headline.md").read_text(), (out / "index.html").read_text()
@@ -431,7 +426,7 @@ def test_publishing_runs_with_different_grids_names_what_it_left_out(run_dir, tm
 
 
 def test_failure_rows_sort_numeric_parameters_numerically(run_dir):
-    from icl_bench import report
+    from icl_bench.report import aggregate as report
 
     table, _ = report.load_runs([run_dir])
     steps = table[table.solver == "test-steps"].assign(status="error", message="x")
@@ -443,7 +438,8 @@ def test_failure_rows_sort_numeric_parameters_numerically(run_dir):
 
 
 def test_mechanism_section_reads_ood_rows_or_says_they_are_missing(run_dir):
-    from icl_bench import mechanism, report
+    from icl_bench.report import aggregate as report
+    from icl_bench.report import mechanism
 
     table, _ = report.load_runs([run_dir])
     assert "no 'ood' column" in mechanism.section(table)["status"]
@@ -463,7 +459,7 @@ def test_mechanism_section_reads_ood_rows_or_says_they_are_missing(run_dir):
 
 
 def test_console_summary_is_at_one_setting_with_skip_reasons_grouped(run_dir):
-    from icl_bench.run_summary import console_summary
+    from icl_bench.report.run_summary import console_summary
 
     table = pd.read_parquet(run_dir / "results.parquet")
     text = console_summary(table)
@@ -514,9 +510,9 @@ def test_out_not_empty_needs_force_and_never_overlaps_a_run(published, run_dir, 
 
 
 def test_force_replaces_a_previous_report(tmp_path, run_dir, monkeypatch):
-    import icl_bench.publish
+    import icl_bench.report.publish
 
-    monkeypatch.setattr(icl_bench.publish, "_figures", lambda *a: ({}, ["plots left out (fast test)"]))
+    monkeypatch.setattr(icl_bench.report.publish, "_figures", lambda *a: ({}, ["plots left out (fast test)"]))
     out = tmp_path / "pub"
     out.mkdir()
     (out / "thesis.tex").write_text("mine")  # a folder publish did not write: --force refuses it
@@ -565,8 +561,8 @@ def test_index_html_shows_every_plot_in_headless_chromium(published, tmp_path):
 
 
 def test_checkpoints_are_written_readable_by_others(tmp_path):
-    from icl_bench.checkpoint import save_checkpoint
-    from icl_bench.transformer import Transformer, TransformerConfig
+    from icl_bench.solvers.checkpoint import save_checkpoint
+    from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
     stem = save_checkpoint(Transformer(TransformerConfig(n_layers=1, n_heads=1)), tmp_path / "m")
     for suffix in (".safetensors", ".json"):  # safetensors alone would write 0o600
