@@ -77,12 +77,22 @@ def published(run_dir):
     """The run published by the CLI. The model plots (weights, probes) have their own tests and
     are the slowest to draw, so this report leaves them out (a note says so)."""
     from icl_bench.report import model_plots
+    from icl_bench.report import publish as pub
 
     out = run_dir.parent / "published"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(model_plots, "collect_models", lambda *a, **k: ({}, ["model plots left out (fast test)"]))
+        mp.setattr(pub, "_close", FIGS.update)  # keep the drawn figures: the plot tests check them
         assert main(["publish", str(run_dir), "--out", str(out)]) == 0
     return out
+
+
+FIGS = {}  # the figures the published report drew, by name (drawing them again would double the time)
+
+
+@pytest.fixture(scope="module")
+def figs(published):
+    return FIGS
 
 
 @pytest.fixture(scope="module")
@@ -218,18 +228,17 @@ def _legend(fig):
     return [t.get_text() for t in fig.legends[0].get_texts()]
 
 
-def test_line_plots_have_labelled_axes_and_one_line_per_solver(tables):
+def test_line_plots_have_labelled_axes_and_one_line_per_solver(figs):
     from icl_bench.report import plots
 
-    _, summary, setting = tables
-    fig = plots.mse_vs_n(summary, setting)
+    fig = figs["mse_vs_n"]  # plots.mse_vs_n(summary, setting) at the representative setting
     assert [ax.get_title() for ax in fig.axes] == ["noise σ = 0", "noise σ = 0.1"]
     for ax in fig.axes:
         assert ax.get_xlabel() == "context length N (examples)" and _lines(ax) == sorted(SERIES)
         assert [t.get_text() for t in ax.get_xticklabels()] == ["5", "12"]  # ticks at the grid values only
     assert fig.axes[0].get_ylabel() == "MSE vs OLS prediction (y units²)" and fig.axes[0].get_yscale() == "log"
     assert _legend(fig) == SERIES  # one legend for the figure, in series order
-    fig = plots.mse_vs_r(summary, setting)
+    fig = figs["mse_vs_r"]
     assert [ax.get_title() for ax in fig.axes] == ["dtype = float32", "dtype = float64"]
     for ax in fig.axes:
         assert ax.get_xlabel() == "embedding constant R (token units)" and ax.get_xscale() == "log"
@@ -282,11 +291,11 @@ def test_identical_series_are_overlaid_and_named_and_one_value_axes_are_centred(
         plots.gd_steps(summary[summary.solver_params == '{"steps": 4}'], setting)
 
 
-def test_gd_steps_plot_lines_beside_solvers_without_steps(tables):
+def test_gd_steps_plot_lines_beside_solvers_without_steps(tables, figs):
     from icl_bench.report import plots
 
     _, summary, setting = tables
-    fig = plots.gd_steps(summary, setting)
+    fig = figs["gd_steps"]
     assert [ax.get_title() for ax in fig.axes] == ["N = 5", "N = 12"]
     assert fig.axes[0].get_xlabel() == "GD steps K (= LSA layers)"
     others = [s for s in SERIES if not s.startswith("test-steps")]
@@ -298,11 +307,11 @@ def test_gd_steps_plot_lines_beside_solvers_without_steps(tables):
         plots.gd_steps(summary[summary.solver != "test-steps"], setting)
 
 
-def test_throughput_plot_one_bar_per_solver_and_dtype(tables):
+def test_throughput_plot_one_bar_per_solver_and_dtype(tables, figs):
     from icl_bench.report import plots
 
     table, _, _ = tables
-    fig = plots.throughput(table)
+    fig = figs["throughput"]
     (ax,) = fig.axes
     assert ax.get_xlabel() == "throughput (prompts / s)" and ax.get_title() == "device = cpu"
     assert [t.get_text() for t in ax.get_yticklabels()] == SERIES  # horizontal bars: labels cannot collide
