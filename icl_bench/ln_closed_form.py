@@ -163,6 +163,31 @@ def analytic_output(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor, R: float,
     return s3 + c1 * my
 
 
+def predicted_error(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor, R: float, ln_eps: float = 1e-5,
+                    ln_input_scale: float = 1.0) -> torch.Tensor:
+    """The masked construction's error vs OLS to leading order, from the context's own statistics
+    (docs/ln-closed-form.md, "LayerNorm eps"; every term is one of `analytic_output`'s):
+
+        err = (c1 - 1)(y_bar - b_hat x_bar) + b_hat d (1 / sqrt(1 + (b_hat d / R)^2 + 2 eps / (A R Cxx)^2) - 1)
+        c1 = 1 / sqrt(1 + delta1 + 2 eps / R^2),   delta1 = (x_bar^2 + y_bar^2 + 2 m^2) / (2 R^2),
+        d = u - x_bar,  m = (x_bar + y_bar) / 2,  A = ln_input_scale.
+
+    The first term is layer 1's centring shortfall (eps / R^2: independent of the data scale), the
+    second layer 2's division: the (b_hat d / R)^2 share falls with the data scale s like s^2, the eps
+    share 2 eps / (A R Cxx)^2 grows like s^-4 (x = [0, .01, .02, .03], y = 2x, R = 100, A = 1: 3.6 %).
+    Args: x, y (B, N); u (B,); R > 0. Returns: (B,) float64.
+    """
+    x, y, u = x.double(), y.double(), u.double()
+    mx, my = x.mean(1), y.mean(1)  # (B,)
+    cxx = ((x - mx[:, None]) ** 2).mean(1)
+    b = ((x - mx[:, None]) * (y - my[:, None])).mean(1) / cxx
+    d = u - mx
+    m = (mx + my) / 2
+    c1 = 1 / torch.sqrt(1 + (mx**2 + my**2 + 2 * m**2) / (2 * R**2) + 2 * ln_eps / R**2)
+    shrink = 1 / torch.sqrt(1 + (b * d / R) ** 2 + 2 * ln_eps / (ln_input_scale * R * cxx) ** 2)
+    return (c1 - 1) * (my - b * mx) + b * d * (shrink - 1)
+
+
 def degenerate(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """(B,) bool: prompts with no least-squares answer: `icl_bench.ols.ill_posed` (any non-finite
     x, y or u, or all x exactly equal; the criterion every least-squares solver shares)."""

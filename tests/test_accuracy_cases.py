@@ -15,7 +15,7 @@ import torch
 from exact_ols import exact_ols
 
 from icl_bench import get_solver, make_batch
-from icl_bench.ln_closed_form import analytic_output, build_construction
+from icl_bench.ln_closed_form import analytic_output, build_construction, predicted_error
 from icl_bench.ols import ill_posed, ols_fit, ols_predict
 
 F64 = torch.float64
@@ -120,18 +120,7 @@ def test_small_data_case_the_eps_limit_and_its_remedy():
 
 
 def doc_error(x, y, u, R, A=1.0, eps=1e-5):
-    """docs/ln-closed-form.md, "LayerNorm eps": the masked construction's error vs OLS, from the
-    context's own statistics: (c1 - 1)(y_bar - b_hat x_bar) + b_hat d (1/sqrt(1 + (b_hat d/R)^2 +
-    2 eps/(A R Cxx)^2) - 1), c1 = 1/sqrt(1 + delta1 + 2 eps/R^2), d = u - x_bar."""
-    mx, my = x.mean(1), y.mean(1)
-    cxx = ((x - mx[:, None]) ** 2).mean(1)
-    b = ((x - mx[:, None]) * (y - my[:, None])).mean(1) / cxx
-    d = u - mx
-    m = (mx + my) / 2
-    delta1 = (mx**2 + my**2 + 2 * m**2) / (2 * R**2)
-    c1 = 1 / torch.sqrt(1 + delta1 + 2 * eps / R**2)
-    shrink = 1 / torch.sqrt(1 + (b * d / R) ** 2 + 2 * eps / (A * R * cxx) ** 2)
-    return (c1 - 1) * (my - b * mx) + b * d * (shrink - 1)
+    return predicted_error(x, y, u, R, ln_eps=eps, ln_input_scale=A)
 
 
 @pytest.mark.parametrize("A", [1.0, 2.0**20])
