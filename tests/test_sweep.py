@@ -27,8 +27,8 @@ def test_sweep_writes_tables_and_reuses(tmp_path):
     assert len(table) == 2 and set(table.l1) == {0.0, 1e-3} and table.rel_mse.notna().all()
     csv = pd.read_csv(tmp_path / "out" / "l1.v1.csv")
     assert len(csv) == 2 and {"mse_vs_ols", "sparsity", "weight_l1"} <= set(csv.columns)
-    if analyzer() is not None:  # the analysis columns arrive with icl_bench.analysis
-        assert {"similarity", "probe.division.r2", "hoyer"} <= set(csv.columns) and csv.similarity.between(0, 1).all()
+    assert analyzer() is not None  # icl_bench.analysis is ours: its absence is a bug, not a skip
+    assert {"similarity", "probe.division.r2", "hoyer"} <= set(csv.columns) and csv.similarity.between(0, 1).all()
     md = (tmp_path / "out" / "l1.v1.md").read_text()
     assert "Made by: `python -m icl_bench.sweep" in md and md.count("\n| 0") == 2
     models = sorted(p.name for p in (tmp_path / "out" / "l1.v1_models").glob("*.safetensors"))
