@@ -33,9 +33,10 @@ from tqdm import tqdm
 
 from icl_bench import metadata, rundir
 from icl_bench.config import DataSource, MatrixConfig
+from icl_bench.errors import ConfigError
 from icl_bench.metrics import prediction_metrics, weight_l1, weight_sparsity
 from icl_bench.prompts import Dist, PromptSpec, sample_prompts
-from icl_bench.registry import get_solver, known_names
+from icl_bench.registry import SolverLoadError, get_solver, known_names
 from icl_bench.solver import SkipCell
 from icl_bench.timing import sync, time_passes
 
@@ -69,13 +70,19 @@ class Cell:
     repeats: int = 3
     max_seconds: float = 1.0
     data_sha256: str = ""  # digest of the CSV file's bytes (CSV source only): edited data = new cells
+    inputs_sha256: str = ""  # digest of the files the solver reads (Solver.input_files: checkpoints)
+    optional: bool = False  # run only because all_solvers: a solver that fails to load is skipped (not in the key)
 
     @property
     def key(self) -> str:
-        """Stable file name of this cell's row (sha1 of its canonical JSON)."""
+        """Stable file name of this cell's row (sha1 of its canonical JSON): every input the cell
+        reads is in it (prompt source, CSV bytes, the solver's input files), so an edited input
+        gives a new key and --resume or the cell cache never serve a stale row."""
         fields = asdict(self)
-        if not fields["data_sha256"]:  # generator prompts: the key stays what it always was
-            del fields["data_sha256"]
+        del fields["optional"]
+        for name in ("data_sha256", "inputs_sha256"):  # absent inputs: the key stays what it always was
+            if not fields[name]:
+                del fields[name]
         text = json.dumps(fields, sort_keys=True, allow_nan=True)
         return hashlib.sha1(text.encode()).hexdigest()[:20]
 
@@ -89,11 +96,33 @@ def prompt_seed(seed: int, N: int, noise: float, R: float) -> int:
     return int.from_bytes(digest[:7], "little")
 
 
+def inputs_digest(name: str, params: dict) -> str:
+    """sha256 over the names and bytes of the files solver `name` with `params` reads
+    (Solver.input_files, e.g. checkpoints); "" when it reads none or cannot be built."""
+    try:
+        files = sorted(get_solver(name, **params).input_files())
+    except Exception:  # a solver that does not load or build: its cells are error / skipped rows
+        return ""
+    if not files:
+        return ""
+    h = hashlib.sha256()
+    for path in files:
+        h.update(str(Path(path).name).encode() + b"\0")
+        try:
+            h.update(Path(path).read_bytes())
+        except OSError as exc:
+            h.update(f"unreadable: {exc}".encode())
+    return h.hexdigest()
+
+
 def expand_cells(cfg: MatrixConfig) -> list[Cell]:
     """Every cell of the matrix, in a fixed order (grid point, then solver, then parameters)."""
     solvers = dict(cfg.solvers)
+    optional = set()
     if cfg.all_solvers:
+        optional = set(known_names()) - set(solvers)  # not asked for by name
         solvers = {name: cfg.solvers.get(name, [{}]) for name in sorted(set(known_names()) | set(solvers))}
+    inputs = {(n, json.dumps(p, sort_keys=True)): inputs_digest(n, p) for n, combos in solvers.items() for p in combos}
     digest = ""
     if cfg.data is not None:
         source = json.dumps({"csv": asdict(cfg.data)}, sort_keys=True)
@@ -111,10 +140,12 @@ def expand_cells(cfg: MatrixConfig) -> list[Cell]:
                     for device in g["device"]:
                         for name, combos in solvers.items():
                             for params in combos:
+                                text = json.dumps(params, sort_keys=True)
                                 cells.append(Cell(
-                                    name, json.dumps(params, sort_keys=True), N, noise, R, dtype, device,
+                                    name, text, N, noise, R, dtype, device,
                                     cfg.seed, cfg.n_prompts, cfg.batch_size, source,
-                                    cfg.timing.repeats, cfg.timing.max_seconds, digest))
+                                    cfg.timing.repeats, cfg.timing.max_seconds, digest,
+                                    inputs[(name, text)], name in optional))
     return cells
 
 
@@ -169,6 +200,20 @@ def _check_untouched(batch, pristine) -> None:
         raise RuntimeError(f"predict modified the prompt batch in place ({', '.join(changed)})")
 
 
+NO_ANSWER = "no finite prediction"  # the start of the message of a cell whose solver never answered
+
+
+def no_answer_message(pred: torch.Tensor, batch) -> str:
+    """"" or, when the solver answered NaN / inf on every well-posed prompt (there being at
+    least one), a message saying so: such a cell's metrics are NaN and would otherwise read
+    as "ok" with no explanation."""
+    well_posed = torch.isfinite(batch.ols_prediction).cpu()  # (B,)
+    answered = torch.isfinite(pred.detach()).cpu() & well_posed
+    if not well_posed.any() or answered.any():
+        return ""
+    return f"{NO_ANSWER}: NaN/inf on all {int(well_posed.sum())} well-posed prompts"
+
+
 def run_cell(cell: Cell) -> dict:
     """Run one cell and return its result row (never raises for a solver's failure)."""
     row = {c: math.nan for c in COLUMNS}
@@ -186,11 +231,15 @@ def run_cell(cell: Cell) -> dict:
         pred, seconds = _timed_predictions(solver, batch, cell)
         _check_untouched(batch, pristine)
         row.update(prediction_metrics(pred, batch))
+        row["message"] = no_answer_message(pred, batch)
         row["prompts_per_s"] = batch.B / seconds if seconds > 0 else math.inf
         w = solver.weights()
         row["weight_sparsity"], row["weight_l1"] = weight_sparsity(w), weight_l1(w)
     except SkipCell as exc:
         row.update(status="skipped", message=str(exc))
+    except SolverLoadError as exc:  # a plugin that does not import: skipped unless asked for by name
+        row.update({c: math.nan for c in METRIC_COLUMNS}, n_nonfinite=-1)
+        row.update(status="skipped" if cell.optional else "error", message=str(exc))
     except (Exception, SystemExit) as exc:  # one failing cell is a row, never the end of the run
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         where = f" ({Path(frame.filename).name}:{frame.lineno})"
@@ -212,15 +261,33 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
+def same_matrix(a: dict, b: dict) -> bool:
+    """Two configs (to_dict() form) that expand to the same cells: equal up to the order of the
+    grid lists and of each solver's parameter combinations (cells are keyed by content, so
+    --resume after reordering [grid] N = [1, 4] -> [4, 1] reuses every finished cell)."""
+    def canon(d: dict) -> dict:
+        d = json.loads(json.dumps(d, sort_keys=True, default=str))
+        for k, v in (d.get("grid") or {}).items():
+            d["grid"][k] = sorted(v, key=lambda e: json.dumps(e, sort_keys=True))
+        for k, v in (d.get("solvers") or {}).items():
+            d["solvers"][k] = sorted(v, key=lambda e: json.dumps(e, sort_keys=True))
+        return d
+
+    return canon(a) == canon(b)
+
+
 def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: bool = False,
-               progress: bool = True) -> pd.DataFrame:
+               progress: bool = True, cache: str | Path | None = None) -> pd.DataFrame:
     """Run every cell of `config` and return the tidy result table (one row per cell).
 
     Args:
         config: a validated MatrixConfig (see config.load_config / parse_config).
         out: output folder; None keeps everything in memory (nothing written).
-        resume: reuse the finished cells found in `out` (otherwise `out` must not hold a run).
+        resume: reuse the finished cells found in `out` (otherwise `out` must not hold a run);
+            `out` must hold a run of the same matrix (grid lists may be reordered).
         progress: show a progress bar (cells done / total and the current cell).
+        cache: a folder of finished rows by cell key, shared across run folders: a cell found
+            there is reused (timings included), every computed cell is added. None: no cache.
     Returns:
         pandas.DataFrame with COLUMNS; failing cells have status "error", impossible ones "skipped".
     Raises:
@@ -232,8 +299,14 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
     if out is not None:
         out = Path(out)
         config_json = json.dumps(config.to_dict(), sort_keys=True, default=str)
-        lock = rundir.prepare(out, resume=resume, config_json=config_json)
+        lock = rundir.prepare(out, resume=resume, config_json=config_json, same=same_matrix)
         cell_dir = out / "cells"
+    if cache is not None:
+        cache = Path(cache)
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"--cache: cannot create {cache} ({exc.strerror or type(exc).__name__})") from None
     try:
         with torch_threads(config.timing.threads):  # timing.threads = 0: torch's default
             started = datetime.now(timezone.utc).isoformat()
@@ -243,17 +316,28 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
                 bar.set_postfix_str(cell.describe(), refresh=False)
                 path = cell_dir / f"{cell.key}.json" if cell_dir else None
                 row = rundir.load_cell(path, cell.key, COLUMNS) if (path and resume) else None
+                cached = cache / f"{cell.key}.json" if cache is not None else None
+                if row is None and cached is not None:
+                    row = rundir.load_cell(cached, cell.key, COLUMNS)
+                    if row is not None and path:
+                        rundir.save_cell(path, cell.key, row)
                 if row is None:
                     row = run_cell(cell)
                     if path:
                         rundir.save_cell(path, cell.key, row)
+                    if cached is not None:
+                        rundir.save_cell(cached, cell.key, row)
                 else:
                     reused += 1
                 rows.append({c: row[c] for c in COLUMNS})
             table = pd.DataFrame(rows, columns=COLUMNS)
             if out is not None:
                 meta = metadata.collect(config, started=started, table=table)
-                meta["n_cells_reused"] = reused  # cells taken from an earlier (interrupted) run by --resume
+                meta["n_cells_reused"] = reused  # cells taken from an earlier run (--resume) or the cell cache
+                if config.data is not None:
+                    from icl_bench.data import data_summary
+
+                    meta["data_rows_dropped"] = data_summary(config.data)[1]
                 rundir.write_results(out, table, meta)
     finally:
         if lock is not None:

@@ -124,6 +124,12 @@ class Solver(ABC):
         """Predictions at the queries: (B,) tensor in batch.dtype on batch.device. Never mutates batch.
         NaN for a prompt the solver cannot answer (at least the ill-posed ones: see nan_if_ill_posed)."""
 
+    def input_files(self) -> list:
+        """Paths of the files this solver reads besides its prompts (e.g. checkpoints). The
+        runner hashes their bytes into the cell key, so replacing a file invalidates the cells
+        that used it (--resume and the cell cache recompute them). Default: none."""
+        return []
+
     def weights(self) -> dict[str, torch.Tensor] | None:
         """Named weight matrices for sparsity analysis, or None for solvers without weights."""
         return None

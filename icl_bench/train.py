@@ -11,12 +11,11 @@ Penalised: the embedding, every W_Q / W_K / W_V / W_O and the readout. Not penal
 LayerNorm gains and biases (docs/training.md explains why: the construction *needs* large LN
 gains, R/sqrt(2) and K/sqrt(2), to undo LN's division by the std).
 
-Recipe that leaves the R >= 10 plateau (DESIGN section 8, re-measured in docs/training.md):
-Adam, one-cycle schedule (linear warm-up, cosine decay), gradient-norm clipping, the R column
-of the embedding initialised at 1/R of the other columns (so h = W_e (x, y, R) starts O(1)), and,
-for R >= 100, that column preconditioned (`precondition_R`): without it R = 1000 stays on the
-MSE ~ 1 plateau. Sources: the reference paper (shared/reference/paper-summary.zh.txt), von
-Oswald et al. 2023 (LSA); one-cycle schedule after Smith & Topin 2017.
+Recipe that leaves the R >= 10 plateau (DESIGN section 8, re-measured in docs/training.md): Adam,
+one-cycle schedule (linear warm-up, cosine decay), gradient-norm clipping, the R column of the
+embedding initialised at 1/R of the others (h = W_e (x, y, R) starts O(1)), and for R >= 100 that
+column preconditioned (`precondition_R`; without it R = 1000 stays on the MSE ~ 1 plateau).
+Sources: the reference paper, von Oswald et al. 2023 (LSA); one-cycle: Smith & Topin 2017.
 
 Usage:
     cfg = TrainConfig.from_toml("benchmarks/train.toml", section="trained-l1-R10")
@@ -46,6 +45,7 @@ from icl_bench.transformer import KEY_SETS, READOUTS, Transformer, TransformerCo
 
 SCHEDULES = ("onecycle", "cosine", "constant")
 TARGETS = ("ols", "noisy")
+SOLVERS = ("trained-l1", "trained-nol1", "trained-lsa")  # the checkpoint-backed solvers (icl_bench/trained.py)
 EVAL_SEED_OFFSET = 1_000_003  # held-out prompts use seed + this, never a training step's seed
 
 
@@ -109,6 +109,8 @@ class TrainConfig:
             bad("R", "a finite number > 0")
         if not self.noise >= 0:
             bad("noise", "a number >= 0")
+        if self.solver and self.solver not in SOLVERS:  # a typo would make a checkpoint no solver uses
+            bad("solver", ", ".join(SOLVERS) + " (or empty: no solver)")
         for name, options in (("target", TARGETS), ("keys", KEY_SETS), ("readout", READOUTS), ("schedule", SCHEDULES)):
             if getattr(self, name) not in options:
                 bad(name, ", ".join(options))
@@ -366,19 +368,23 @@ def add_train_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", default="results/models", help="directory for <name>.safetensors + <name>.json")
     p.add_argument("--run", action="append", default=None, help="train only this run (repeatable; default: all)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--force", action="store_true", help="overwrite checkpoints of the same name in --out")
     p.set_defaults(func=run_command)
     return p
 
 
 def run_command(args) -> int:
     """Train every selected run of args.config one after another (one process, one thread)."""
-    runs = load_runs(args.config, args.run)
-    out = Path(args.out)  # check --out before hours of training, not after
+    runs, out = load_runs(args.config, args.run), Path(args.out)  # check --out before hours of training
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} exists and is not a folder")
+    cfgs = [TrainConfig.from_dict({**d, "progress": d.get("progress", True) and not args.no_progress},
+                                  where="runs." + d.get("name", "?")) for d in runs]  # all valid before any trains
+    if (used := [f"{c.name}{s}" for c in cfgs for s in (".safetensors", ".json") if (out / f"{c.name}{s}").exists()]) \
+            and not args.force:  # like run / publish: never overwrite silently
+        raise ConfigError(f"--out: {out} already holds {', '.join(used)}; choose another folder or pass --force")
     out.mkdir(parents=True, exist_ok=True)  # an OSError here is one line, exit 2 (cli.main)
-    for d in runs:
-        cfg = TrainConfig.from_dict({**d, "progress": d.get("progress", True) and not args.no_progress}, where="runs." + d.get("name", "?"))
+    for cfg in cfgs:
         stem = train_and_save(cfg, args.out)
         meta = json.loads(Path(f"{stem}.json").read_text())["metrics"]
         print(f"{cfg.name}: {meta['step']} steps, held-out MSE vs OLS {meta['eval_mse_vs_ols']:.3e} "
@@ -389,7 +395,6 @@ def run_command(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`python -m icl_bench.train ARGS` = `icl-bench train ARGS` (same parser, same errors)."""
     from icl_bench.cli import main as cli_main
-
     return cli_main(["train", *(sys.argv[1:] if argv is None else argv)])
 
 
