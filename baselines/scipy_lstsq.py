@@ -2,7 +2,7 @@
 
 Deliberately slow (a Python loop over prompts); it exists to check the batched solvers.
 
-Ill-posed prompts (all x exactly equal, a NaN / inf: `icl_bench.ols.ill_posed`, the criterion
+Ill-posed prompts (all x exactly equal, a NaN / inf: `icl_bench.prompts.ols.ill_posed`, the criterion
 every least-squares solver shares) are NaN without calling lstsq: its numerical rank of [1, x]
 is 2 for a constant x that is not a power of two (the column x is not an exact multiple of the
 ones column after rounding), and the fit it then returns is noise (-7e14 on x = 1.1 * 100 values).
@@ -17,7 +17,7 @@ import scipy.linalg
 import torch
 
 from icl_bench import PromptBatch, Solver
-from icl_bench.ols import ill_posed
+from icl_bench.prompts.ols import ill_posed
 
 
 class ScipyLstsq(Solver):

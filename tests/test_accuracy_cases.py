@@ -12,11 +12,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from exact_ols import exact_ols
 
 from icl_bench import get_solver, make_batch
-from icl_bench.ln_closed_form import analytic_output, build_construction, predicted_error
-from icl_bench.ols import ill_posed, ols_fit, ols_predict
+from icl_bench.solvers.ln_closed_form import analytic_output, build_construction, predicted_error
+from icl_bench.prompts.exact_ols import exact_ols
+from icl_bench.prompts.ols import ill_posed, ols_fit, ols_predict
 
 F64 = torch.float64
 LSQ = [("ols", {}), ("scipy-lstsq", {}), ("ln-closed-form", {"standardize": True})]

@@ -4,7 +4,7 @@ Random prompts (hypothesis): N 2..2000, x = scale_x (offset + z) with offsets 0.
 the spread) and scales 1e-150..1e150 (float64) or 1e-30..1e30 (float32), z of several shapes
 (normal, a few repeated values (exactly constant included), outliers, sorted), y on its own
 scale, rounded to the prompt's dtype. For each prompt the exact OLS of the rounded values
-(tests/exact_ols.py) and its condition numerator K are computed once, then every least-squares
+(icl_bench/prompts/exact_ols.py) and its condition numerator K are computed once, then every least-squares
 solver is held to its documented contract:
 
 * NaN exactly where the prompt is ill-posed (all x equal, or not finite), or the answer overflows;
@@ -25,12 +25,12 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from exact_ols import exact_ols
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from icl_bench import get_solver, make_batch
-from icl_bench.ols import ols_predict
+from icl_bench.prompts.exact_ols import exact_ols
+from icl_bench.prompts.ols import ols_predict
 
 settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from icl_bench import PromptSpec, sample_prompts
-from icl_bench import timing
-from icl_bench.config import DataSource
-from icl_bench.data import sample_data_prompts
-from icl_bench.train import TrainConfig, init_model, penalised, train
+from icl_bench.bench import timing
+from icl_bench.prompts.data import DataSource, sample_data_prompts
+from icl_bench.training.config import TrainConfig
+from icl_bench.training.train import init_model, penalised, train
 
 
 @pytest.mark.parametrize("sigma", [0.1, 0.5])

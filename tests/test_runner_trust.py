@@ -16,7 +16,7 @@ import torch
 import icl_bench.cli as cli
 from icl_bench import Param, Solver, register_solver
 from icl_bench.cli import main
-from icl_bench.registry import _origin, _registered
+from icl_bench.solvers.registry import REGISTRY
 
 RAW = {"seed": 0, "n_prompts": 32, "batch_size": 32, "timing": {"repeats": 1},
        "grid": {"N": [4, 6], "noise": [0.1], "R": [10.0], "dtype": ["float64"]},
@@ -102,8 +102,7 @@ def test_a_solver_that_never_answers_is_flagged(tmp_path, capsys):
         assert main(["publish", str(out), "--out", str(rep)]) == 0
         assert "no finite prediction" in (rep / "headline.md").read_text() + (rep / "index.html").read_text()
     finally:
-        _registered.pop("test-all-nan", None)
-        _origin.pop("test-all-nan", None)
+        REGISTRY.unregister("test-all-nan")
 
 
 def test_broken_plugin_is_skipped_loudly_in_the_default_run(plugin_path, tmp_path, capsys):
@@ -184,8 +183,8 @@ def test_ctrl_c_prints_the_resume_command(tmp_path, capsys, monkeypatch):
 
 
 def test_replacing_a_checkpoint_invalidates_its_cells(tmp_path, capsys):
-    from icl_bench.checkpoint import save_checkpoint
-    from icl_bench.transformer import Transformer, TransformerConfig
+    from icl_bench.solvers.checkpoint import save_checkpoint
+    from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
     models = tmp_path / "models"
 

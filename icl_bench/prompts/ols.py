@@ -1,0 +1,182 @@
+"""Closed-form simple least squares, batched: the reference every solver is measured against.
+
+For a prompt with context (x_i, y_i), i = 1..N, and query u (any textbook, e.g. Wasserman,
+*All of Statistics*, eq. 13.6):
+
+    b_hat = Sxy / Sxx,   Sxy = sum (x_i - x_bar)(y_i - y_bar),   Sxx = sum (x_i - x_bar)^2
+    y_hat(u) = y_bar + b_hat * (u - x_bar)
+
+Ill-posed prompts (`ill_posed`, the one criterion every least-squares solver shares): a NaN or
+inf in x, y or u, or all x exactly equal. Nothing else: the shifted problem below is well
+conditioned whenever x is not constant, so a near-constant x (Unix timestamps, a spread of 1e-9
+around 1) still has an accurate answer. The derivation and the error bound: docs/accuracy.md.
+
+How it is computed, per prompt, in one pass over x and y:
+1. Power-of-two scaling: x is multiplied by 2^-kx, y by 2^-ky, with kx, ky the binary exponents
+   of max|x|, max|y| (clamped to +-exp_clamp(dtype)). Exact, and it keeps every square and sum in
+   range for any finite data (1e-300 and 1e300 alike): no underflow, no overflow.
+2. Shift (Chan, Golub & LeVeque 1983, "Algorithms for computing the sample variance", eq. 1.7):
+   c_x, c_y are the means of the first SHIFT_SAMPLES scaled values; x' = x - c_x, y' = y - c_y
+   (each a single rounding of the exact difference), and
+
+       Sxx = sum x'^2 - (sum x')^2 / N,    Sxy = sum x'y' - (sum x')(sum y') / N,
+       x_bar = c_x + sum x' / N,           y_bar = c_y + sum y' / N.
+
+   Exact in exact arithmetic for any shift; in floating point the cancellation in Sxx costs a
+   factor 1 + d^2, d = (c_x - x_bar) / sd(x), and d^2 <= N / SHIFT_SAMPLES for a shift that is
+   a mean of SHIFT_SAMPLES of the prompt's own values (Cauchy-Schwarz): bounded whatever the
+   offset |x_bar| / sd(x) (unlike sum x^2 - N x_bar^2).
+3. y_hat = 2^ky (y_bar' + beta (u - x_bar) 2^-kx), beta = Sxy'/Sxx' (the slope in scaled units).
+
+All four sums come from one batched matrix product [1; x'] [x'; y']^T per prompt. On the CPU the
+prompts go through in chunks of about CHUNK_ELEMENTS values of x, so x' and y' live in one reused,
+cache-sized buffer and no (B, N) temporary is allocated.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+CHUNK_ELEMENTS = 1 << 16  # CPU: prompts per chunk = this // N (at least 1)
+SHIFT_SAMPLES = 8  # values of x (and y) per prompt whose mean is the shift
+
+
+def exp_clamp(dtype: torch.dtype) -> int:
+    """Largest |scaling exponent| used: 2^+-k and data scaled by it stay normal numbers of `dtype`
+    (1000 for float64, 104 for float32)."""
+    return math.frexp(torch.finfo(dtype).max)[1] - 24
+
+
+def _exponent(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """(B,) int64 k with max(|lo|, |hi|) < 2^k (0 for zero or non-finite rows), clamped."""
+    m = torch.maximum(lo.abs(), hi.abs())  # (B,)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    k = exp_clamp(lo.dtype)
+    return torch.frexp(m).exponent.to(torch.int64).clamp(-k, k)
+
+
+def pow2(k: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """2^k (B,) in `dtype` for int64 k with |k| <= exp_clamp(dtype) (exact)."""
+    return torch.ldexp(torch.ones((), dtype=torch.float64, device=k.device), k.to(torch.float64)).to(dtype)
+
+
+def ldexp(v: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """v * 2^k without an overflowing intermediate for |k| <= 2 exp_clamp (two exact halves)."""
+    h = torch.div(k, 2, rounding_mode="floor")
+    return (v * pow2(h, v.dtype)) * pow2(k - h, v.dtype)
+
+
+def ill_posed(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: prompts with no unique least-squares answer: a NaN or +-inf in x, y or the
+    query, or all x exactly equal. The one criterion of every least-squares solver.
+
+    Why exactly-equal and not "numerically" equal: after a shift by a mean of the prompt's own
+    values the centred problem has condition number at most sqrt(1 + N / SHIFT_SAMPLES) (relative
+    to rounding of the shifted values), finite for every non-constant x; see docs/accuracy.md,
+    section "The criterion". Args: x, y (B, N); x_query (B,); any float dtype and device.
+    """
+    xlo, xhi, ylo, yhi = x.amin(dim=1), x.amax(dim=1), y.amin(dim=1), y.amax(dim=1)  # (B,); NaN propagates
+    return _ill_posed_context(xlo, xhi, ylo, yhi) | ~torch.isfinite(x_query)
+
+
+def _ill_posed_context(xlo, xhi, ylo, yhi) -> torch.Tensor:
+    """`ill_posed` from the per-prompt ranges of x and y (B,) each (the query aside)."""
+    finite = torch.isfinite(xlo) & torch.isfinite(xhi) & torch.isfinite(ylo) & torch.isfinite(yhi)
+    return ~finite | (xlo == xhi)
+
+
+def _ranges(x: torch.Tensor, y: torch.Tensor):
+    """Per prompt of a (n, N) block: ill-posed mask (n,) bool, exponents (kx, ky) (n,) int64,
+    exact scale factors s = (2^-kx, 2^-ky) (n, 2) and scaled shifts c (n, 2), in x's dtype."""
+    xlo, xhi, ylo, yhi = x.amin(dim=1), x.amax(dim=1), y.amin(dim=1), y.amax(dim=1)  # (n,); NaN propagates
+    kx, ky = _exponent(xlo, xhi), _exponent(ylo, yhi)  # (n,)
+    s = torch.stack([pow2(-kx, x.dtype), pow2(-ky, x.dtype)], dim=1)  # (n, 2)
+    n0 = min(x.shape[1], SHIFT_SAMPLES)
+    c = torch.stack([(x[:, :n0] * s[:, :1]).mean(dim=1), (y[:, :n0] * s[:, 1:]).mean(dim=1)], dim=1)  # (n, 2)
+    return _ill_posed_context(xlo, xhi, ylo, yhi), kx, ky, s, c
+
+
+def _scaled_sums(x: torch.Tensor, y: torch.Tensor):
+    """Per prompt: exponents (kx, ky) (B,) int64, scaled shifts c (B, 2), the sums G (B, 2, 2) =
+    [[sum x', sum y'], [sum x'^2, sum x'y']] of the scaled shifted values, and the ill-posed mask
+    of x, y alone (B,) bool; all in x's dtype."""
+    B, N = x.shape
+    bad, kx, ky, s, c = _ranges(x, y)  # (B,), (B,), (B,), (B, 2), (B, 2)
+    if torch.is_grad_enabled() and (x.requires_grad or y.requires_grad):  # autograd records no out= ops
+        z = torch.stack([torch.ones_like(x), x * s[:, :1] - c[:, :1], y * s[:, 1:] - c[:, 1:]], dim=1)  # (B, 3, N)
+        return kx, ky, c, torch.bmm(z[:, 0:2], z[:, 1:3].transpose(1, 2)), bad
+    step = B if x.device.type != "cpu" else max(1, min(B, CHUNK_ELEMENTS // N))
+    G = torch.empty(B, 2, 2, dtype=x.dtype, device=x.device)
+    z = torch.empty(step, 3, N, dtype=x.dtype, device=x.device)  # rows: 1, x', y' (reused per chunk)
+    z[:, 0] = 1.0
+    ones_x, xs, ys = z[:, 0:2], z[:, 1], z[:, 2]  # views of the buffer
+    xy = z[:, 1:3].transpose(1, 2)  # (step, N, 2)
+    neg_c = -c  # (B, 2)
+    for a in range(0, B, step):
+        e = min(B, a + step)
+        n = e - a
+        torch.addcmul(neg_c[a:e, 0:1], x[a:e], s[a:e, 0:1], out=xs[:n])  # x 2^-kx exact; one rounding
+        torch.addcmul(neg_c[a:e, 1:2], y[a:e], s[a:e, 1:2], out=ys[:n])
+        torch.bmm(ones_x[:n], xy[:n], out=G[a:e])  # (n, 2, 2)
+    return kx, ky, c, G, bad
+
+
+def _moments(x: torch.Tensor, y: torch.Tensor):
+    """Scaled statistics: (kx, ky, x_bar', y_bar', beta, bad), x_bar = 2^kx x_bar', y_bar =
+    2^ky y_bar', slope = 2^(ky - kx) beta; beta is NaN where `bad` (x or y ill-posed)."""
+    N = x.shape[1]
+    kx, ky, c, G, bad = _scaled_sums(x, y)  # (B,), (B,), (B, 2), (B, 2, 2), (B,)
+    offset = G[:, 0] / N  # (B, 2): mean of x', y'
+    means = c + offset  # (B, 2): scaled x_bar, y_bar
+    S = G[:, 1] - G[:, 0, :1] * offset  # (B, 2): Sxx', Sxy' (the shift's share removed)
+    # Sxx' > 0 whenever x is not constant (docs/accuracy.md: its relative error is below
+    # N u (1 + N / SHIFT_SAMPLES) < 1); the guard only keeps a violated bound from returning inf
+    bad = bad | ~(S[:, 0] > 0)
+    beta = torch.where(bad, float("nan"), S[:, 1] / S[:, 0])
+    return kx, ky, means[:, 0], means[:, 1], beta, bad
+
+
+def ols_fit(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-prompt least-squares statistics.
+
+    Args:
+        x, y: (B, N) tensors of one floating dtype and device, N >= 2.
+    Returns:
+        (x_bar, y_bar, slope, intercept), each (B,), in the dtype of x. slope and intercept are
+        NaN for ill-posed prompts (`ill_posed`: all x equal, or a NaN / inf in the prompt), and
+        +-inf only where the true value overflows the dtype.
+    """
+    kx, ky, xb, yb, beta, _ = _moments(x, y)
+    x_bar, y_bar = ldexp(xb, kx), ldexp(yb, ky)
+    slope = ldexp(beta, ky - kx)
+    intercept = ldexp(yb - beta * xb, ky)  # y_bar - slope * x_bar, in the scaled units
+    return x_bar, y_bar, slope, intercept
+
+
+def ols_predict(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor) -> torch.Tensor:
+    """Least-squares prediction at the query, (B,), in the dtype of x.
+
+    Args:
+        x, y: (B, N) context, N >= 2; x_query: (B,) query inputs u.
+    Returns:
+        y_bar + b_hat * (u - x_bar); NaN (never +-inf) for ill-posed prompts (`ill_posed`) and for
+        a result that overflows the dtype. Accuracy (docs/accuracy.md): |error| <= (N + 4) u K
+        with u the unit roundoff of the dtype and K the condition numerator of the prompt.
+    """
+    kx, ky, xb, yb, beta, _ = _moments(x, y)
+    d = x_query * pow2(-kx, x.dtype) - xb  # (B,) (u - x_bar) 2^-kx: exact scaling, one rounding
+    pred = ldexp(torch.addcmul(yb, beta, d), ky)  # (B,)
+    return pred.masked_fill(~torch.isfinite(pred), float("nan"))
+
+
+def centred_scales(x: torch.Tensor, y: torch.Tensor):
+    """Per prompt, scale-safe: (x_bar, y_bar, s_x, s_y), each (B,) in x's dtype, s the population
+    standard deviations sqrt(Sxx / N), sqrt(Syy / N) computed without underflow or overflow
+    (s_x = 0 for constant x; NaN where the prompt holds a NaN / inf). For standardizing prompts."""
+    N = x.shape[1]
+    kx, ky, xb, yb, _, _ = _moments(x, y)
+    x_bar, y_bar = ldexp(xb, kx), ldexp(yb, ky)
+    sx = ((x * pow2(-kx, x.dtype)[:, None] - xb[:, None]) ** 2).mean(dim=1).sqrt()  # (B,) scaled
+    sy = ((y * pow2(-ky, x.dtype)[:, None] - yb[:, None]) ** 2).mean(dim=1).sqrt()
+    return x_bar, y_bar, ldexp(sx, kx), ldexp(sy, ky)
