@@ -122,9 +122,57 @@ def _scaled_sums(x: torch.Tensor, y: torch.Tensor):
     return kx, ky, c, G, bad
 
 
+FAST_RANGE = {torch.float64: 2.0**500, torch.float32: 2.0**60}  # fast path: sums of squares in [1/r, r]
+
+
+def _fast_moments(x: torch.Tensor, y: torch.Tensor):
+    """The unscaled one-pass sums, for the prompts whose data sit in a safe range (nearly all):
+    (ok, x_bar, y_bar, beta), each (B,). The shift is the median of the first SHIFT_SAMPLES
+    values, itself a data value, so a constant x gives x' = 0 exactly. `ok` holds where every sum
+    is finite, 1/r <= sum x'^2, sum y'^2 <= r (r = FAST_RANGE: no product can underflow or overflow
+    enough to matter, docs/accuracy.md) and Sxx > 0; the other prompts (constant x or y, NaN / inf,
+    extreme scales) go through the scaled path."""
+    B, N = x.shape
+    n0 = min(N, SHIFT_SAMPLES)
+    c = torch.stack([x[:, :n0].median(dim=1).values, y[:, :n0].median(dim=1).values], dim=1)  # (B, 2)
+    step = B if x.device.type != "cpu" else max(1, min(B, CHUNK_ELEMENTS // N))
+    G = torch.empty(B, 3, 2, dtype=x.dtype, device=x.device)
+    z = torch.empty(step, 3, N, dtype=x.dtype, device=x.device)  # rows: 1, x', y' (reused per chunk)
+    z[:, 0] = 1.0
+    xs, ys, xy = z[:, 1], z[:, 2], z[:, 1:3].transpose(1, 2)  # views; xy (step, N, 2)
+    for a in range(0, B, step):
+        e = min(B, a + step)
+        n = e - a
+        torch.sub(x[a:e], c[a:e, 0:1], out=xs[:n])  # one rounding of the exact difference
+        torch.sub(y[a:e], c[a:e, 1:2], out=ys[:n])
+        torch.bmm(z[:n], xy[:n], out=G[a:e])  # (n, 3, 2): [sum x', sum y'], [sum x'^2, sum x'y'], [., sum y'^2]
+    r = FAST_RANGE[x.dtype]
+    sq = torch.stack([G[:, 1, 0], G[:, 2, 1]], dim=1)  # (B, 2) sum x'^2, sum y'^2
+    offset = G[:, 0] / N  # (B, 2): mean of x', y'
+    S = G[:, 1] - G[:, 0, :1] * offset  # (B, 2): Sxx, Sxy
+    ok = torch.isfinite(G).all(dim=2).all(dim=1) & ((sq >= 1 / r) & (sq <= r)).all(dim=1) & (S[:, 0] > 0)
+    means = c + offset  # (B, 2)
+    return ok, means[:, 0], means[:, 1], S[:, 1] / S[:, 0]
+
+
 def _moments(x: torch.Tensor, y: torch.Tensor):
-    """Scaled statistics: (kx, ky, x_bar', y_bar', beta, bad), x_bar = 2^kx x_bar', y_bar =
-    2^ky y_bar', slope = 2^(ky - kx) beta; beta is NaN where `bad` (x or y ill-posed)."""
+    """Scaled statistics: (kx, ky, x_bar', y_bar', beta, bad, fast), x_bar = 2^kx x_bar', y_bar =
+    2^ky y_bar', slope = 2^(ky - kx) beta; beta is NaN where `bad` (x or y ill-posed); `fast`
+    marks the prompts the one-pass unscaled path answered (kx = ky = 0 there)."""
+    if torch.is_grad_enabled() and (x.requires_grad or y.requires_grad):
+        return (*_scaled_moments(x, y), torch.zeros(x.shape[0], dtype=torch.bool, device=x.device))
+    fast, xb, yb, beta = _fast_moments(x, y)
+    kx = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
+    ky, bad = kx.clone(), torch.zeros_like(fast)
+    if not bool(fast.all()):
+        idx = (~fast).nonzero().squeeze(1)
+        for dst, src in zip((kx, ky, xb, yb, beta, bad), _scaled_moments(x[idx], y[idx])):
+            dst[idx] = src
+    return kx, ky, xb, yb, beta, bad, fast
+
+
+def _scaled_moments(x: torch.Tensor, y: torch.Tensor):
+    """`_moments` by the power-of-two scaled path, for every prompt: (kx, ky, x_bar', y_bar', beta, bad)."""
     N = x.shape[1]
     kx, ky, c, G, bad = _scaled_sums(x, y)  # (B,), (B,), (B, 2), (B, 2, 2), (B,)
     offset = G[:, 0] / N  # (B, 2): mean of x', y'
@@ -147,7 +195,7 @@ def ols_fit(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
         NaN for ill-posed prompts (`ill_posed`: all x equal, or a NaN / inf in the prompt), and
         +-inf only where the true value overflows the dtype.
     """
-    kx, ky, xb, yb, beta, _ = _moments(x, y)
+    kx, ky, xb, yb, beta, _, _ = _moments(x, y)
     x_bar, y_bar = ldexp(xb, kx), ldexp(yb, ky)
     slope = ldexp(beta, ky - kx)
     intercept = ldexp(yb - beta * xb, ky)  # y_bar - slope * x_bar, in the scaled units
@@ -164,9 +212,14 @@ def ols_predict(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor) -> torc
         a result that overflows the dtype. Accuracy (docs/accuracy.md): |error| <= (N + 4) u K
         with u the unit roundoff of the dtype and K the condition numerator of the prompt.
     """
-    kx, ky, xb, yb, beta, _ = _moments(x, y)
+    kx, ky, xb, yb, beta, _, fast = _moments(x, y)
     d = x_query * pow2(-kx, x.dtype) - xb  # (B,) (u - x_bar) 2^-kx: exact scaling, one rounding
     pred = ldexp(torch.addcmul(yb, beta, d), ky)  # (B,)
+    redo = fast & ~torch.isfinite(pred) & torch.isfinite(x_query)  # an intermediate overflowed unscaled
+    if bool(redo.any()):
+        idx = redo.nonzero().squeeze(1)
+        kx, ky, xb, yb, beta, _ = _scaled_moments(x[idx], y[idx])
+        pred[idx] = ldexp(torch.addcmul(yb, beta, x_query[idx] * pow2(-kx, x.dtype) - xb), ky)
     return pred.masked_fill(~torch.isfinite(pred), float("nan"))
 
 
@@ -175,7 +228,7 @@ def centred_scales(x: torch.Tensor, y: torch.Tensor):
     standard deviations sqrt(Sxx / N), sqrt(Syy / N) computed without underflow or overflow
     (s_x = 0 for constant x; NaN where the prompt holds a NaN / inf). For standardizing prompts."""
     N = x.shape[1]
-    kx, ky, xb, yb, _, _ = _moments(x, y)
+    kx, ky, xb, yb, _, _, _ = _moments(x, y)
     x_bar, y_bar = ldexp(xb, kx), ldexp(yb, ky)
     sx = ((x * pow2(-kx, x.dtype)[:, None] - xb[:, None]) ** 2).mean(dim=1).sqrt()  # (B,) scaled
     sy = ((y * pow2(-ky, x.dtype)[:, None] - yb[:, None]) ** 2).mean(dim=1).sqrt()
