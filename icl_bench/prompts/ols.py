@@ -11,26 +11,28 @@ inf in x, y or u, or all x exactly equal. Nothing else: the shifted problem belo
 conditioned whenever x is not constant, so a near-constant x (Unix timestamps, a spread of 1e-9
 around 1) still has an accurate answer. The derivation and the error bound: docs/accuracy.md.
 
-How it is computed, per prompt, in one pass over x and y:
-1. Power-of-two scaling: x is multiplied by 2^-kx, y by 2^-ky, with kx, ky the binary exponents
-   of max|x|, max|y| (clamped to +-exp_clamp(dtype)). Exact, and it keeps every square and sum in
-   range for any finite data (1e-300 and 1e300 alike): no underflow, no overflow.
-2. Shift (Chan, Golub & LeVeque 1983, "Algorithms for computing the sample variance", eq. 1.7):
-   c_x, c_y are the means of the first SHIFT_SAMPLES scaled values; x' = x - c_x, y' = y - c_y
-   (each a single rounding of the exact difference), and
+How it is computed, per prompt (shifted sums: Chan, Golub & LeVeque 1983, "Algorithms for
+computing the sample variance", eq. 1.7). With a shift c = (c_x, c_y), x' = x - c_x, y' = y - c_y
+(each a single rounding of the exact difference):
 
-       Sxx = sum x'^2 - (sum x')^2 / N,    Sxy = sum x'y' - (sum x')(sum y') / N,
-       x_bar = c_x + sum x' / N,           y_bar = c_y + sum y' / N.
+    Sxx = sum x'^2 - (sum x')^2 / N,    Sxy = sum x'y' - (sum x')(sum y') / N,
+    x_bar = c_x + sum x' / N,           y_bar = c_y + sum y' / N,    y_hat = y_bar + (Sxy/Sxx)(u - x_bar).
 
-   Exact in exact arithmetic for any shift; in floating point the cancellation in Sxx costs a
-   factor 1 + d^2, d = (c_x - x_bar) / sd(x), and d^2 <= N / SHIFT_SAMPLES for a shift that is
-   a mean of SHIFT_SAMPLES of the prompt's own values (Cauchy-Schwarz): bounded whatever the
-   offset |x_bar| / sd(x) (unlike sum x^2 - N x_bar^2).
-3. y_hat = 2^ky (y_bar' + beta (u - x_bar) 2^-kx), beta = Sxy'/Sxx' (the slope in scaled units).
-
-All four sums come from one batched matrix product [1; x'] [x'; y']^T per prompt. On the CPU the
-prompts go through in chunks of about CHUNK_ELEMENTS values of x, so x' and y' live in one reused,
-cache-sized buffer and no (B, N) temporary is allocated.
+Exact in exact arithmetic for any shift; in floating point the cancellation in Sxx costs a factor
+1 + d^2, d = (c_x - x_bar) / sd(x), bounded whatever the offset |x_bar| / sd(x) when c is taken
+from the prompt's own values (unlike sum x^2 - N x_bar^2; docs/accuracy.md, "The criterion").
+1. Fast path (nearly every prompt), one pass: c = the median of the first SHIFT_SAMPLES values
+   (a data value: d^2 <= N / 4, and a constant x gives x' = 0 exactly); the sums come from one
+   batched matrix product [1; x'; y'] [x'; y']^T per prompt. It is kept where every sum is finite,
+   sum x'^2 and sum y'^2 lie in [1/r, r] (r = FAST_RANGE: no product under- or overflows enough to
+   matter) and Sxx > 0.
+2. Scaled path (the rest: constant x or y, NaN / inf, data beyond about 1e+-75 in float64):
+   x and y are first multiplied by 2^-kx, 2^-ky, kx, ky the binary exponents of max|x|, max|y|
+   (exact; it keeps every square and sum in range for any finite data, 1e-300 and 1e300 alike),
+   c is the mean of the first SHIFT_SAMPLES scaled values (Cauchy-Schwarz: d^2 <= N / 8), and
+   y_hat = 2^ky (y_bar' + beta (u - x_bar) 2^-kx), beta = Sxy'/Sxx' the slope in scaled units.
+On the CPU the prompts go through in chunks of about CHUNK_ELEMENTS values of x, so x' and y'
+live in one reused, cache-sized buffer and no (B, N) temporary is allocated.
 """
 from __future__ import annotations
 
@@ -72,7 +74,7 @@ def ill_posed(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor) -> torch.
     query, or all x exactly equal. The one criterion of every least-squares solver.
 
     Why exactly-equal and not "numerically" equal: after a shift by a mean of the prompt's own
-    values the centred problem has condition number at most sqrt(1 + N / SHIFT_SAMPLES) (relative
+    values the centred problem has condition number at most sqrt(1 + N / 4) (relative
     to rounding of the shifted values), finite for every non-constant x; see docs/accuracy.md,
     section "The criterion". Args: x, y (B, N); x_query (B,); any float dtype and device.
     """
@@ -179,7 +181,7 @@ def _scaled_moments(x: torch.Tensor, y: torch.Tensor):
     means = c + offset  # (B, 2): scaled x_bar, y_bar
     S = G[:, 1] - G[:, 0, :1] * offset  # (B, 2): Sxx', Sxy' (the shift's share removed)
     # Sxx' > 0 whenever x is not constant (docs/accuracy.md: its relative error is below
-    # N u (1 + N / SHIFT_SAMPLES) < 1); the guard only keeps a violated bound from returning inf
+    # N u (1 + N / 4) < 1); the guard only keeps a violated bound from returning inf
     bad = bad | ~(S[:, 0] > 0)
     beta = torch.where(bad, float("nan"), S[:, 1] / S[:, 0])
     return kx, ky, means[:, 0], means[:, 1], beta, bad
