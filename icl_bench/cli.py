@@ -88,6 +88,7 @@ def _report_cells(table) -> None:
 def cmd_run(args) -> int:
     from icl_bench.bench.config import parse_config
     from icl_bench.config_base import read_toml
+    from icl_bench.report.run_summary import console_summary
 
     path = resources.config_path(args.config or "default")
     raw = read_toml(path)
@@ -126,14 +127,7 @@ def cmd_run(args) -> int:
         print(f"icl-bench: interrupted; the finished cells are kept in {out}. Resume with:\n"
               f"  {_resume_command(args.argv, out)}", file=sys.stderr)
         return 130
-    summary = table.groupby("solver").agg(
-        ok=("status", lambda s: int((s == "ok").sum())),
-        skipped=("status", lambda s: int((s == "skipped").sum())),
-        error=("status", lambda s: int((s == "error").sum())),
-        median_mse_vs_ols=("mse_vs_ols", "median"),
-        median_prompts_per_s=("prompts_per_s", "median"),
-    )
-    print(summary.to_string(float_format=lambda v: f"{v:.3g}"))
+    print(console_summary(table))
     print(f"wrote {out / 'results.parquet'}, results.csv, metadata.json ({len(table)} cells)")
     _report_cells(table)
     return 1 if (table.status == "error").any() else 0

@@ -97,23 +97,47 @@ def load_runs(paths) -> tuple[pd.DataFrame, dict[str, dict | None]]:
 
 
 def add_series(table: pd.DataFrame) -> pd.DataFrame:
-    """Add "series" (the solver name, plus the parameters that vary between its rows) and
-    "series_rank" (sort order: by solver, then by those parameter values, numbers numerically).
+    """Add "series" (the solver name plus every parameter that tells its rows apart from other
+    series) and "series_rank" (sort order: by solver, then by those parameter values, numbers
+    numerically).
 
-    "gd-lsa steps=4" when gd-lsa ran with several parameter sets differing in steps; plain
-    "ols" when a solver ran with one parameter set. Used as the line / bar label in plots.
+    A parameter is shown in a label when its value differs between any two series that have it:
+    between parameter sets of one solver ("gd-lsa steps=4" beside "gd-lsa steps=16") or between
+    solvers ("gd steps=8" beside "gd-lsa steps=4", even if gd ran with one value only). A solver
+    whose parameters all agree with every other series keeps its plain name ("ols").
     """
-    labels, order = {}, []
+    sets = {}
     for solver, params in table.groupby("solver")["solver_params"]:
-        sets = {p: json.loads(p) if p else {} for p in params.unique()}
-        varying = sorted({k for d in sets.values() for k in d
-                          if len({json.dumps(s.get(k)) for s in sets.values()}) > 1})
-        for p, d in sets.items():
-            labels[(solver, p)] = f"{solver} {' '.join(f'{k}={d.get(k)}' for k in varying)}".strip()
-            order.append(((solver, tuple((type(d.get(k)).__name__, d.get(k)) for k in varying)), (solver, p)))
+        for p in params.unique():
+            d = json.loads(p) if p else {}
+            sets[(solver, p)] = d if isinstance(d, dict) else {}
+    names = {k for d in sets.values() for k in d}
+    shown = {k for k in names if len({json.dumps(d[k], sort_keys=True) for d in sets.values() if k in d}) > 1}
+    labels, order = {}, []
+    for (solver, p), d in sets.items():
+        keys = sorted(k for k in d if k in shown)
+        labels[(solver, p)] = f"{solver} {' '.join(f'{k}={_value(d[k])}' for k in keys)}".strip()
+        order.append(((solver, tuple(_sort_key(d[k]) for k in keys)), (solver, p)))
     rank = {key: i for i, (_, key) in enumerate(sorted(order, key=lambda o: o[0]))}
     keys = list(zip(table["solver"], table["solver_params"]))
     return table.assign(series=[labels[k] for k in keys], series_rank=[rank[k] for k in keys])
+
+
+def _value(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _sort_key(v) -> tuple:
+    """Numbers before text, numbers numerically (so steps sort 1, 4, 16, not 1, 16, 4)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return (0, float(v), "")
+    return (1, 0.0, json.dumps(v, sort_keys=True))
+
+
+def params_sort_key(params: str) -> tuple:
+    """Sort key of a solver_params JSON string: its values in key order, numbers numerically."""
+    d = json.loads(params) if params else {}
+    return tuple((k, _sort_key(v)) for k, v in sorted(d.items())) if isinstance(d, dict) else ((str(d), (1, 0.0, "")),)
 
 
 def series_order(df: pd.DataFrame) -> list[str]:
@@ -174,7 +198,18 @@ def aggregate(table: pd.DataFrame) -> pd.DataFrame:
 def failures(table: pd.DataFrame) -> pd.DataFrame:
     """Every cell that did not finish: status "error" or "skipped", with its message and run."""
     cols = ["run", "solver", "solver_params", *AXES, "seed", "status", "message"]
-    return table.loc[table["status"] != "ok", cols].reset_index(drop=True)
+    bad = table.loc[table["status"] != "ok", cols]
+    return _sorted_by_params(bad, ["solver", "solver_params", *AXES, "seed"]).reset_index(drop=True)
+
+
+def _sorted_by_params(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """df sorted by `by`, solver_params compared by their values (numbers numerically)."""
+    if df.empty:
+        return df
+    key = df["solver_params"].map(params_sort_key)
+    rank = {k: i for i, k in enumerate(sorted(set(key)))}
+    return (df.assign(_p=key.map(rank)).sort_values([c if c != "solver_params" else "_p" for c in by], kind="stable")
+            .drop(columns="_p"))
 
 
 def failure_summary(table: pd.DataFrame) -> pd.DataFrame:
@@ -189,7 +224,8 @@ def failure_summary(table: pd.DataFrame) -> pd.DataFrame:
         return ", ".join([str(v) for v in sorted(s.dropna().unique())] + nan)
 
     agg = {"n_cells": ("seed", "size"), **{a: (a, values) for a in AXES}}
-    return bad.groupby(["solver", "solver_params", "status", "message"], dropna=False).agg(**agg).reset_index()
+    out = bad.groupby(["solver", "solver_params", "status", "message"], dropna=False).agg(**agg).reset_index()
+    return _sorted_by_params(out, ["solver", "solver_params", "status", "message"]).reset_index(drop=True)
 
 
 def no_answer_notes(table: pd.DataFrame) -> list[str]:

@@ -129,8 +129,27 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
     return models, notes
 
 
+def _short(v: float) -> str:
+    """Cell annotation: 2 significant digits without the leading zero (-0.093 -> -.093, 2.9e-05 -> 3e-5)."""
+    if v == 0:
+        return "0"
+    if abs(v) < 1e-3:
+        return f"{v:.0e}".replace("e-0", "e-")
+    return f"{v:.2g}".replace("0.", ".", 1) if abs(v) < 1 else f"{v:.2g}"
+
+
+def _layout(names: list[str]) -> list[list[str]]:
+    """Panel rows of one model: [embed, readout], then per layer its heads' QK, OV and its LN."""
+    rows = [[n for n in names if not n.startswith("L")]]
+    layers = sorted({int(re.match(r"L(\d+)", n).group(1)) for n in names if re.match(r"L\d+", n)})
+    for layer in layers:
+        rows.append([n for n in names if re.match(rf"L{layer}[ H]", n)])
+    return [r for r in rows if r]
+
+
 def weight_heatmaps(models: dict[str, dict]) -> Figure:
-    """One row per model, one heat-map per reduced map (`reduced_maps`), annotated with values.
+    """Per model a block of heat-maps (a row for the embedding and readout, then one row per
+    layer: each head's QK and OV, the LayerNorm gain / bias), annotated with values when small.
 
     Args: models: label -> {"weights": Transformer weight dict, ...} (collect_models).
     Raises: PlotSkipped when no model has transformer weights.
@@ -143,32 +162,44 @@ def weight_heatmaps(models: dict[str, dict]) -> Figure:
             continue
     if not maps:
         raise PlotSkipped("weight heat-maps: no transformer weights (construction or solver) to draw")
-    names = list(dict.fromkeys(k for mm in maps.values() for k in mm))
     sns.set_theme(style="white", context="paper")
-    width, height = 1.55 * len(names) + 0.5, 1.9 * len(maps) + 0.8  # inches
+    layouts = {label: _layout(list(mm)) for label, mm in maps.items()}
+    ncols = max(len(r) for lay in layouts.values() for r in lay)
+    nrows = [len(lay) for lay in layouts.values()]
+    panel = 2.0  # inches per panel
+    blocks = [n * panel + 0.45 for n in nrows]
+    width, height = ncols * panel + 0.6, sum(blocks) + 0.35
     fig = Figure(figsize=(width, height))
-    axes = fig.subplots(len(maps), len(names), squeeze=False)
-    for i, (label, mm) in enumerate(maps.items()):
-        for j, name in enumerate(names):
-            ax = axes[i, j]
-            if name not in mm:
-                ax.axis("off")
-                continue
-            a = mm[name]
-            if a.shape[0] == 1 and a.shape[1] > 8:  # a flatten readout: one row per token
-                a = a.reshape(-1, mm["embed"].shape[0])
-            vmax = float(np.abs(a).max()) or 1.0
-            sns.heatmap(a, ax=ax, cmap="RdBu_r", center=0, vmin=-vmax, vmax=vmax, cbar=False, square=True,
-                        annot=a.size <= 16, fmt=".2g", annot_kws={"fontsize": 5}, linewidths=0.3)
-            ax.set_xlabel("input slot" if i == len(maps) - 1 else "", fontsize=6)
-            ax.set_ylabel((label + "\noutput slot") if j == 0 else "", fontsize=6)
-            ax.tick_params(labelsize=5)
-            if i == 0:
-                ax.set_title(name, fontsize=7)
-    fig.suptitle("Weights (QK = W_Qᵀ W_K, OV = W_O W_V; each panel on its own colour scale, unaligned)", fontsize=9)
-    # equal small panels: fixed margins in inches (tight_layout would measure ~200 annotations)
-    fig.subplots_adjust(left=0.9 / width, right=1 - 0.1 / width, bottom=0.45 / height, top=1 - 0.65 / height,
-                        wspace=0.35, hspace=0.45)
+    header, *subs = fig.subfigures(len(maps) + 1, 1, height_ratios=[0.35, *blocks], squeeze=False)[:, 0]
+    for sub, (label, mm) in zip(subs, maps.items()):
+        sub.suptitle(label, fontsize=9, x=0.02, ha="left", fontweight="bold")
+        lay = layouts[label]
+        axes = sub.subplots(len(lay), ncols, squeeze=False)
+        for i, row in enumerate(lay):
+            for j in range(ncols):
+                ax = axes[i, j]
+                if j >= len(row):
+                    ax.axis("off")
+                    continue
+                name, a = row[j], mm[row[j]]
+                if a.shape[0] == 1 and a.shape[1] > 8:  # a flatten readout: one row per token
+                    a = a.reshape(-1, mm["embed"].shape[0])
+                vmax = float(np.abs(a).max()) or 1.0
+                ax.imshow(a, cmap="RdBu_r", vmin=-vmax, vmax=vmax, interpolation="nearest")
+                if a.size <= 16:  # annotate small maps; text colour follows the cell's darkness
+                    for (r, c), v in np.ndenumerate(a):
+                        ax.text(c, r, _short(v), ha="center", va="center", fontsize=5.5,
+                                color="white" if abs(v) > 0.6 * vmax else "black")
+                ax.set_xticks(range(a.shape[1]))
+                ax.set_yticks(range(a.shape[0]))
+                ax.grid(False)
+                ax.set_title(f"{name}  (|max| {vmax:.2g})", fontsize=7)
+                ax.set_xlabel("input slot", fontsize=6)
+                ax.set_ylabel("output slot" if j == 0 else "", fontsize=6)
+                ax.tick_params(labelsize=6)
+        sub.subplots_adjust(left=0.5 / width, right=1 - 0.1 / width, bottom=0.1, top=0.88, wspace=0.25, hspace=0.45)
+    header.suptitle("Weights (QK = W_Qᵀ W_K, OV = W_O W_V; each panel on its own colour scale centred at 0; "
+                    "unaligned)", fontsize=9, va="center", y=0.5)
     return fig
 
 

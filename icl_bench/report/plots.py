@@ -3,8 +3,9 @@
 Every function takes the tables of `icl_bench.report.aggregate` and returns a matplotlib Figure (the caller
 saves and closes it), or raises `PlotSkipped` with the reason when the runs hold no data for it.
 One line (or one bar per hue level) per series, where a series is a solver plus the parameters
-that vary between its rows (report.add_series). Error plots draw the mean with its 95 % CI as a
-band. An axis is logarithmic when its positive values span more than two decades (one decade for
+that tell it apart (report.add_series), styled by icl_bench/report/style.py (colour = family, marker =
+parameter set, identical series overlaid and named). Error plots draw the mean with its 95 % CI
+as a band. An axis is logarithmic when its positive values span more than two decades (one decade for
 N and R); on a logarithmic error axis an MSE of exactly 0 (e.g. float64 OLS against itself) is
 drawn at the axis floor as an open marker, and a note under the figure says so.
 """
@@ -16,8 +17,10 @@ import math
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from icl_bench.report import style
 from icl_bench.report.aggregate import select, series_order
 
 MSE_OLS_LABEL = "MSE vs OLS prediction (y units²)"
@@ -38,56 +41,66 @@ def _fmt(v) -> str:
     return "n/a" if isinstance(v, float) and math.isnan(v) else f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def _spans(values, decades: float) -> bool:
-    """True when the positive finite values span at least `decades` powers of ten."""
-    v = np.asarray(values, dtype=float)
-    v = v[np.isfinite(v) & (v > 0)]
-    return v.size > 1 and v.max() / v.min() >= 10 ** decades
-
-
-def _palette(names: list[str]) -> dict:
-    """series name -> colour, in the given order."""
-    return dict(zip(names, sns.color_palette("tab10" if len(names) <= 10 else "husl", len(names))))
-
-
-def _panels(data: pd.DataFrame, col: str, col_title: str, width: float = 3.6) -> tuple[Figure, list]:
-    """A figure with one panel per value of `col` (NaN last): [(ax, rows of that value), ...]."""
+def _panels(data: pd.DataFrame, col: str, col_title: str, width: float = 3.6, height: float = 3.6,
+            sharey: bool = True, max_cols: int = 3) -> tuple[Figure, list]:
+    """A figure with one panel per value of `col` (NaN last), at most max_cols per row:
+    [(ax, rows of that value), ...]; unused grid cells are hidden."""
     sns.set_theme(style="whitegrid", context="paper")
     values = sorted(data[col].dropna().unique().tolist()) + ([math.nan] if data[col].isna().any() else [])
-    fig = Figure(figsize=(width * len(values) + 1.2, 3.6))
-    axes = fig.subplots(1, len(values), sharey=True, squeeze=False)[0]
+    nrows = math.ceil(len(values) / max_cols)
+    ncols = math.ceil(len(values) / nrows)  # 4 panels: 2 x 2, not 3 + 1
+    n_series = data["series"].nunique() if "series" in data else 0
+    fig = Figure(figsize=(width * ncols + 2.2, max(height * nrows, 1.3 + 0.16 * n_series)))
+    grid = fig.subplots(nrows, ncols, sharey=sharey, squeeze=False)
+    for ax in grid.ravel()[len(values):]:
+        ax.set_visible(False)
     out = []
-    for ax, v in zip(axes, values):
+    for ax, v in zip(grid.ravel(), values):
         rows = data[data[col].isna()] if isinstance(v, float) and math.isnan(v) else data[data[col] == v]
         ax.set_title(f"{col_title} = {_fmt(v)}")
         out.append((ax, rows))
     return fig, out
 
 
-def _finish(fig: Figure, panels: list, xlabel: str, ylabel: str, title: str, note: str) -> Figure:
+def _finish(fig: Figure, panels: list, xlabel: str, ylabel: str, title: str, note: str,
+            legend_title: str = "solver (colour: family)") -> Figure:
+    ncols = fig.axes[0].get_gridspec().ncols
     for i, (ax, _) in enumerate(panels):
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel if i == 0 else "")
-    handles, labels = panels[-1][0].get_legend_handles_labels()
-    if handles:
-        panels[-1][0].legend(handles, labels, fontsize=7, title="solver", loc="upper left", bbox_to_anchor=(1.02, 1))
-    fig.suptitle(title, fontsize=10)
-    fig.text(0.01, 0.01, note, fontsize=7, color="0.35")
-    fig.tight_layout(rect=(0, 0.04, 1, 0.95))
+        ax.set_ylabel(ylabel if i % ncols == 0 else "")
+    seen = {}
+    for ax, _ in panels:  # every series once, in drawing order, from whichever panel has it
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    width, height = fig.get_size_inches()
+    reserve = 0.1  # inches kept free at the right for the legend
+    if seen:
+        leg = fig.legend(list(seen.values()), list(seen), fontsize=7, title=legend_title, title_fontsize=7,
+                         loc="center right", bbox_to_anchor=(1 - 0.05 / width, 0.5))
+        reserve = leg.get_window_extent(FigureCanvasAgg(fig).get_renderer()).width / fig.dpi + 0.2
+    fig.suptitle(title, fontsize=10, y=1 - 0.06 / height, va="top")
+    text, lines = style.wrap_note(note, width)
+    fig.text(0.01, 0.01, text, fontsize=7, color="0.3", va="bottom")
+    fig.tight_layout(rect=(0, min(0.4, (0.14 * lines + 0.06) / height), 1 - reserve / width, 1), h_pad=0.6)
     return fig
+
+
+def _twins_note(twins: dict[str, str]) -> str:
+    return "; ".join(f"{a} identical to {b} (open markers on top)" for a, b in twins.items())
 
 
 def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric: str, ylabel: str,
                    title: str) -> Figure:
     """Panels by `col`, one line per series of metric (mean) vs x with its 95 % CI band."""
     fig, panels = _panels(data, col, col_title)
-    colors = _palette(series_order(data))
+    styles = style.series_styles(data)
+    twins = style.identical_series(data, [col, x], metric)
     y_all = data[[metric, f"{metric}_ci_low", f"{metric}_ci_high"]].to_numpy(dtype=float).ravel()
-    log_y = _spans(y_all, 2)
+    log_y = style.spans(y_all, 2)
     pos = y_all[np.isfinite(y_all) & (y_all > 0)]
     floor = pos.min() / 10 if log_y else 0.0
     zeros = 0
-    for i, (ax, d) in enumerate(panels):
+    for ax, d in panels:
         d = d.sort_values(["series", x]).assign(_y=d[metric].astype(float), _lo=d[f"{metric}_ci_low"].astype(float),
                                                 _hi=d[f"{metric}_ci_high"].astype(float))
         if log_y:
@@ -96,18 +109,22 @@ def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric:
             d["_y"] = d["_y"].where(~zero, floor)
             d["_lo"], d["_hi"] = d["_lo"].where(d["_lo"] > 0, floor), d["_hi"].where(d["_hi"] > 0, floor)
             for s, dz in d[zero].groupby("series"):
-                ax.scatter(dz[x], dz["_y"], s=40, facecolors="none", edgecolors=[colors[s]], zorder=3)
-        for s in [s for s in colors if s in set(d["series"])]:
+                ax.scatter(dz[x], dz["_y"], s=60, marker="o", facecolors="none", edgecolors=[styles[s]["color"]],
+                           linewidths=1.2, zorder=5)
+        for s in [s for s in styles if s in set(d["series"])]:
             ds = d[d["series"] == s]
-            ax.plot(ds[x], ds["_y"], marker="o", ms=4, color=colors[s], label=s)
-            ax.fill_between(ds[x], ds["_lo"], ds["_hi"], color=colors[s], alpha=0.12, linewidth=0)
+            style.draw_series(ax, ds[x], ds["_y"], styles[s], s, twins.get(s))
+            if s not in twins:
+                ax.fill_between(ds[x], ds["_lo"], ds["_hi"], color=styles[s]["color"], alpha=0.12, linewidth=0)
         if log_y:
             ax.set_yscale("log")
-        if _spans(data[x], 1):
-            ax.set_xscale("log")
+            style.log_ticks(ax, "y", pos)
+        style.grid_axis(ax, data[x], style.spans(data[x], 1))
     note = "band: 95 % CI over prompts and seeds"
     if zeros:
-        note += f"; open markers: MSE exactly 0 ({zeros} points), drawn at the axis floor"
+        note += f"; large open circles: MSE exactly 0 ({zeros} points), drawn at the axis floor"
+    if twins:
+        note += "; " + _twins_note(twins)
     return _finish(fig, panels, LABELS.get(x, x), ylabel, title, note)
 
 
@@ -143,22 +160,29 @@ def _steps(params: str):
 def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     """MSE vs OLS against the `steps` parameter (gd-lsa, gd, or any solver that has one), one
     line per such solver (and its other parameters), beside every solver without `steps` as a
-    dashed horizontal line (the closed forms); one panel per N; noise, R, dtype, device fixed.
-    Raises PlotSkipped when no solver in the runs has a `steps` parameter."""
+    horizontal line (the closed forms); one panel per N; noise, R, dtype, device fixed.
+    Raises PlotSkipped when no solver in the runs has a `steps` parameter, or when steps took a
+    single value per solver (the message says which)."""
     axes = ("noise", "R", "dtype", "device")
     d = select(summary, setting, axes).copy()
     d["steps"] = [_steps(p) for p in d["solver_params"]]
     stepped = d[d["steps"].notna()].copy()
     if stepped.empty:
-        raise PlotSkipped(f"gd_steps: no solver with a `steps` parameter has ok cells at {_setting_text(setting, axes)}")
+        raise PlotSkipped(f"gd_steps: no solver in the runs has a `steps` parameter with ok cells at {_setting_text(setting, axes)}")
     stepped["steps"] = stepped["steps"].astype(float)
+    varied = stepped.groupby("solver")["steps"].nunique()
+    if varied.max() < 2:
+        ran = ", ".join(f"{s} steps={int(v):d}" for s, v in stepped.groupby("solver")["steps"].first().items())
+        raise PlotSkipped(f"gd_steps: steps did not vary ({ran}); add a list of steps to the config to draw it")
     # one line per solver and its parameters other than steps
     stepped["series"] = [" ".join(w for w in s.split() if not w.startswith("steps=")) for s in stepped["series"]]
+    stepped["series_rank"] = stepped.groupby("series")["series_rank"].transform("min")
     refs = d[d["steps"].isna()]
     fig, panels = _panels(stepped, "N", "N")
-    colors = _palette(list(dict.fromkeys(series_order(stepped) + series_order(refs))))
+    styles = style.series_styles(pd.concat([stepped, refs]))
+    twins = style.identical_series(stepped, ["N", "steps"], "mse_vs_ols")
     y_all = pd.concat([stepped["mse_vs_ols"], refs["mse_vs_ols"]]).to_numpy(float)
-    log_y = _spans(y_all, 2)
+    log_y = style.spans(y_all, 2)
     pos = y_all[np.isfinite(y_all) & (y_all > 0)]
     floor = pos.min() / 10 if pos.size else 1.0
     for ax, ds in panels:
@@ -169,45 +193,49 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
         if log_y:
             ds = ds.assign(mse_vs_ols=y.where(y > 0, floor), mse_vs_ols_ci_low=lo.where(lo > 0, floor),
                            mse_vs_ols_ci_high=hi.where(hi > 0, floor))
-        for s in [s for s in colors if s in set(ds["series"])]:
+        for s in [s for s in styles if s in set(ds["series"])]:
             dss = ds[ds["series"] == s]
-            ax.plot(dss["steps"], dss["mse_vs_ols"], marker="o", ms=4, color=colors[s], label=s)
-            ax.fill_between(dss["steps"], dss["mse_vs_ols_ci_low"], dss["mse_vs_ols_ci_high"], color=colors[s],
-                            alpha=0.12, linewidth=0)
+            style.draw_series(ax, dss["steps"], dss["mse_vs_ols"], styles[s], s, twins.get(s))
+            if s not in twins:
+                ax.fill_between(dss["steps"], dss["mse_vs_ols_ci_low"], dss["mse_vs_ols_ci_high"],
+                                color=styles[s]["color"], alpha=0.12, linewidth=0)
         n = ds["N"].iloc[0]
         for _, r in refs[refs["N"] == n].sort_values("series_rank").iterrows():
             y = r["mse_vs_ols"] if not log_y or r["mse_vs_ols"] > 0 else floor
-            ax.axhline(y, ls="--", lw=1, color=colors[r["series"]], label=f"{r['series']} (no steps)")
+            st = styles[r["series"]]
+            ax.axhline(y, ls=st["linestyle"] if st["linestyle"] != "-" else (0, (6, 2)), lw=1.1, color=st["color"],
+                       label=f"{r['series']} (no steps)")
         if log_y:
             ax.set_yscale("log")
-        if _spans(stepped["steps"], 1):
-            ax.set_xscale("log", base=2)
+            style.log_ticks(ax, "y", pos)
+        style.grid_axis(ax, stepped["steps"], style.spans(stepped["steps"], 1))
+    note = "band: 95 % CI over prompts and seeds; an MSE of exactly 0 is drawn at the axis floor"
+    if twins:
+        note += "; " + _twins_note(twins)
     return _finish(fig, panels, LABELS["steps"], MSE_OLS_LABEL,
-                   f"GD steps vs error, solvers without steps dashed ({_setting_text(setting, axes)})",
-                   "band: 95 % CI over prompts and seeds; an MSE of exactly 0 is drawn at the axis floor")
+                   f"GD steps vs error; horizontal lines: solvers without steps ({_setting_text(setting, axes)})", note)
 
 
 def throughput(table: pd.DataFrame) -> Figure:
-    """Median prompts/s per series (bars) and dtype (hue), one panel per device, over every ok
-    cell (all N, noise, R); the whisker spans the 25th-75th percentile over those cells.
-    Raises PlotSkipped when no ok cell has a finite throughput."""
+    """Median prompts/s per series (horizontal bars, labels never collide) and dtype (hue), one
+    panel per device, over every ok cell (all N, noise, R); the whisker spans the 25th-75th
+    percentile over those cells. Raises PlotSkipped when no ok cell has a finite throughput."""
     d = table[(table["status"] == "ok") & np.isfinite(table["prompts_per_s"].astype(float))]
     if d.empty:
         raise PlotSkipped("throughput: no ok cell has a finite prompts_per_s")
     order = series_order(d)
-    fig, panels = _panels(d, "device", "device", width=max(3.6, 0.9 * len(order)))
     dtypes = sorted(d["dtype"].unique())
+    height = 0.9 + 0.16 * len(order) * max(len(dtypes), 1) + 0.5
+    fig, panels = _panels(d, "device", "device", width=4.2, height=max(2.6, height), sharey=True)
     for ax, dd in panels:
-        sns.barplot(dd, x="series", y="prompts_per_s", hue="dtype", order=order, hue_order=dtypes,
-                    estimator="median", errorbar=("pi", 50), ax=ax)
+        sns.barplot(dd, y="series", x="prompts_per_s", hue="dtype", order=order, hue_order=dtypes, orient="h",
+                    estimator="median", errorbar=("pi", 50), ax=ax, err_kws={"linewidth": 1})
         if ax.get_legend() is not None:
             ax.get_legend().remove()
-        if _spans(d["prompts_per_s"], 2):
-            ax.set_yscale("log")
-        ax.tick_params(axis="x", rotation=30)
-    fig = _finish(fig, panels, "solver", LABELS["prompts_per_s"],
-                  "Throughput (median over the N, noise, R cells)", "whiskers: 25th-75th percentile over cells")
-    handles, labels = panels[-1][0].get_legend_handles_labels()
-    panels[-1][0].legend(handles, labels, fontsize=7, title="dtype", loc="upper left", bbox_to_anchor=(1.02, 1))
-    fig.tight_layout(rect=(0, 0.04, 1, 0.95))
+        if style.spans(d["prompts_per_s"], 1):
+            ax.set_xscale("log")
+            style.log_ticks(ax, "x", d["prompts_per_s"])
+        ax.tick_params(axis="y", labelsize=7)
+    fig = _finish(fig, panels, LABELS["prompts_per_s"], "", "Throughput (median over the N, noise, R cells)",
+                  "whiskers: 25th-75th percentile over cells", legend_title="dtype")
     return fig

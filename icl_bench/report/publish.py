@@ -1,21 +1,24 @@
 """`icl-bench publish RUN_DIR... --out DIR`: run folders -> tables, plots and a static web page.
 
 Writes into DIR (nothing else, nothing typed by hand):
-    index.html       the page: headline table, every plot, failed / skipped cells, run metadata
+    index.html       the page (jinja2 template templates/index.html.j2): headline table, what was
+                     left out, scaling laws, mechanism, every plot, failed / skipped cells, metadata
     report.md        the same in markdown (headline, plots, failures, sparsity, notes)
     headline.md      the README table (mean MSE vs OLS by solver x N) and the command that made it
     summary.csv/.md  report.aggregate: one row per cell key, mean MSE with 95 % CI, throughput
     failures.csv/.md every error / skipped cell (csv), grouped by message (md)
     sparsity.csv/.md weight sparsity and L1 of the solvers with weights
+    scaling.csv      every scaling-law fit (icl_bench/report/scaling.py)
+    mechanism.csv    relative error under x shift / scale and the verdict (when the runs have OOD rows)
     results.csv      every input row, stacked, with its run folder
     plots/*.png      mse_vs_n, mse_vs_r, gd_steps, throughput, weights, probes (each when possible)
     publish.json     inputs, the representative setting, notes (skipped plots and why), versions
 Everything is first written to a hidden temporary folder beside DIR and moved into place at the
 end, so DIR never holds a half-written report. A non-empty DIR is refused unless force=True.
+Folders are made 0o755 and files 0o644 (mkdtemp's 0o700 would make the report private).
 """
 from __future__ import annotations
 
-import html
 import json
 import math
 import shlex
@@ -27,6 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from icl_bench.report import aggregate as report
+from icl_bench.report import coverage, mechanism, scaling
 from icl_bench.errors import ConfigError
 
 PLOT_TITLES = {
@@ -96,45 +100,44 @@ def _setting_text(setting: dict) -> str:
 
 
 def _index_html(ctx: dict) -> str:
-    e = html.escape
-    parts = [
-        "<!doctype html><html lang='en'><head><meta charset='utf-8'><title>icl-bench results</title>",
-        "<style>body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}"
-        "table.t{border-collapse:collapse;font-size:12px}table.t td,table.t th{border:1px solid #ccc;"
-        "padding:2px 6px}figure{margin:1em 0}img{max-width:100%}pre{background:#f6f6f6;padding:.5em;"
-        "overflow-x:auto;font-size:11px}</style></head><body>",
-        "<h1>icl-bench results</h1>",
-        f"<p>Generated {e(ctx['generated_at'])} by <code>{e(ctx['command'])}</code></p>",
-        f"<h2>Headline: mean MSE vs OLS [95 % CI] at {e(_setting_text(ctx['headline_at']))}</h2>",
-        _html_table(ctx["headline"]),
-        "<h2>Plots</h2>",
-    ]
-    for name in ctx["plots"]:
-        parts.append(f"<figure id='{name}'><img src='plots/{name}.png' alt='{e(PLOT_TITLES[name])}'>"
-                     f"<figcaption>{e(PLOT_TITLES[name])}</figcaption></figure>")
-    if ctx["notes"]:
-        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in ctx["notes"]) + "</ul>")
-    parts += ["<h2>Failed and skipped cells</h2>", _html_table(ctx["failures"]),
-              "<h2>Weight sparsity</h2>", _html_table(ctx["sparsity"]),
-              "<h2>All cells (summary.csv)</h2><details><summary>show</summary>",
-              _html_table(ctx["summary_shown"]), "</details>", "<h2>Runs</h2>"]
+    """index.html from the package template templates/index.html.j2 (jinja2, autoescaped)."""
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("icl_bench.report", "templates"),
+                             autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)
+    runs = []
     for run, meta in ctx["runs"].items():
-        parts.append(f"<h3>{e(run)}</h3>")
-        if meta is None:
-            parts.append("<p>no metadata.json in this run folder</p>")
-            continue
-        facts = {k: meta.get(k) for k in ("git_commit", "seed", "started_at", "finished_at", "n_cells", "status_counts")}
-        parts.append("<pre>" + e(json.dumps(facts, indent=1)) + "</pre>")
-        for key in ("device", "packages", "config"):
-            parts.append(f"<details><summary>{key}</summary><pre>{e(json.dumps(meta.get(key), indent=1))}</pre></details>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
+        r = {"path": run, "meta": meta}
+        if meta is not None:
+            facts = {k: meta.get(k) for k in ("git_commit", "seed", "started_at", "finished_at", "n_cells", "status_counts")}
+            r["facts"] = json.dumps(facts, indent=1)
+            r["details"] = [(k, json.dumps(meta.get(k), indent=1)) for k in ("device", "packages", "config")]
+        runs.append(r)
+    s = ctx["setting"]
+    mech = ctx["mechanism"]
+    return env.get_template("index.html.j2").render(
+        generated_at=ctx["generated_at"], command=ctx["command"], forced=ctx["forced"],
+        headline_at=_setting_text(ctx["headline_at"]), headline=_html_table(ctx["headline"]), left_out=ctx["left_out"],
+        scaling=_html_table(ctx["scaling_at"]), scaling_at_r=_setting_text({k: s[k] for k in ("N", "noise", "device")}),
+        scaling_at_n=_setting_text({k: s[k] for k in ("R", "noise", "device")}),
+        floors={d: f"{scaling.float_floor(d):.1e}" for d in ("float32", "float64")},
+        mechanism={"status": mech["status"], "source": mech["source"],
+                   "html": _html_table(mech["table"]) if not mech["table"].empty else ""},
+        plots=[{"name": n, "title": PLOT_TITLES[n]} for n in ctx["plots"]], notes=ctx["notes"],
+        failures=_html_table(ctx["failures"]), sparsity=_html_table(ctx["sparsity"]),
+        summary=_html_table(ctx["summary_shown"]), runs=runs)
 
 
 def _report_md(ctx: dict) -> str:
     lines = ["# icl-bench results", "", f"Generated {ctx['generated_at']} by:", "", "```bash", ctx["command"], "```", "",
-             ctx["headline_md"], "## Plots", ""]
-    lines += [f"![{PLOT_TITLES[n]}](plots/{n}.png)" for n in ctx["plots"]]
+             ctx["headline_md"]]
+    if ctx["left_out"]:
+        lines += ["Left out:", ""] + [f"- {n}" for n in ctx["left_out"]] + [""]
+    lines += ["## Scaling laws (exponent p of MSE vs OLS ∝ R^p, N^p; 95 % CI)", "", report.to_markdown(ctx["scaling_at"]),
+              "## Mechanism", "", ctx["mechanism"]["status"], ""]
+    if not ctx["mechanism"]["table"].empty:
+        lines += [report.to_markdown(ctx["mechanism"]["table"]), f"Verdict: {ctx['mechanism']['source']}.", ""]
+    lines += ["## Plots", ""] + [f"[![{PLOT_TITLES[n]}](plots/{n}.png)](plots/{n}.png)" for n in ctx["plots"]]
     lines += ["", "## Notes", ""] + [f"- {n}" for n in ctx["notes"]] + [""]
     lines += ["## Failed and skipped cells", "", report.to_markdown(ctx["failures"]),
               "## Weight sparsity", "", report.to_markdown(ctx["sparsity"]),
@@ -143,14 +146,14 @@ def _report_md(ctx: dict) -> str:
     return "\n".join(lines)
 
 
-def command_line(run_dirs, out, at: dict | None, checkpoints) -> str:
-    """The `icl-bench publish` command that regenerates this output (with --force)."""
+def command_line(run_dirs, out, at: dict | None, checkpoints, force: bool = False) -> str:
+    """The `icl-bench publish` command as given (--force only when it was passed)."""
     args = ["icl-bench", "publish", *map(str, run_dirs), "--out", str(out)]
     for k, v in (at or {}).items():
         args += ["--at", f"{k}={v}"]
     for c in checkpoints:
         args += ["--checkpoint", str(c)]
-    return shlex.join(args + ["--force"])
+    return shlex.join(args + (["--force"] if force else []))
 
 
 def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = None, checkpoints=()) -> dict:
@@ -174,18 +177,24 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     summary = report.aggregate(table)
     head = report.headline(summary, setting)
     headline_at = {k: v for k, v in setting.items() if k != "N"}
-    command = command_line(runs, out, at, checkpoints)
+    command = command_line(runs, out, at, checkpoints, force)
+    gaps = coverage.left_out(table, setting)
     silent = report.no_answer_notes(table)  # NaN in the table must come with its reason
     headline_md = "\n".join([
         f"### Mean MSE vs OLS [95 % CI] by solver and N ({_setting_text(headline_at)})", "",
         report.to_markdown(head), *[f"Warning: {n}." for n in silent],
-        f"Regenerate with `{command}`; the 95 % CI method is described in icl_bench/report/aggregate.py.", ""])
+        *([f"Left out: {'; '.join(gaps)}.", ""] if gaps else []),
+        f"Made by `{command}`{'' if force else ' (add --force to regenerate into the same folder)'}; "
+        "the 95 % CI method is described in icl_bench/report/aggregate.py.", ""])
     figs, notes = _figures(table, summary, setting, checkpoints)
     notes = silent + notes
     ctx = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command,
            "headline": head, "headline_md": headline_md, "headline_at": headline_at, "plots": list(figs),
            "notes": notes, "failures": report.failure_summary(table), "sparsity": report.sparsity(table),
-           "summary": summary.drop(columns=["series_rank"], errors="ignore"), "runs": metas}
+           "summary": summary.drop(columns=["series_rank"], errors="ignore"), "runs": metas, "forced": force,
+           "left_out": gaps, "setting": setting, "mechanism": mechanism.section(table)}
+    fits = scaling.scaling_table(summary)
+    ctx["scaling_at"] = scaling.scaling_at(fits, setting, report.series_order(summary))
     one_source = summary["prompts"].nunique() <= 1  # then the long prompt-source JSON says nothing
     ctx["summary_shown"] = ctx["summary"].drop(columns=["prompts"] if one_source else [])
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -194,7 +203,10 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         (tmp / "plots").mkdir()
         for name, fig in figs.items():
             fig.savefig(tmp / "plots" / f"{name}.png", dpi=110)
-        frames = {"summary": ctx["summary"], "failures": report.failures(table), "sparsity": ctx["sparsity"]}
+        frames = {"summary": ctx["summary"], "failures": report.failures(table), "sparsity": ctx["sparsity"],
+                  "scaling": fits}
+        if not ctx["mechanism"]["table"].empty:
+            frames["mechanism"] = ctx["mechanism"]["table"]
         for name, df in frames.items():
             df.to_csv(tmp / f"{name}.csv", index=False)
         table.drop(columns=["series_rank"]).to_csv(tmp / "results.csv", index=False)
@@ -204,12 +216,13 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         (tmp / "headline.md").write_text(headline_md)
         (tmp / "report.md").write_text(_report_md(ctx))
         (tmp / "index.html").write_text(_index_html(ctx))
-        info = {"command": command, "runs": [str(r) for r in runs], "setting": setting, "notes": notes,
+        info = {"command": command, "runs": [str(r) for r in runs], "setting": setting, "notes": notes, "left_out": gaps,
                 "generated_at": ctx["generated_at"], "ci": "95 % delta-method log interval (icl_bench/report/aggregate.py)"}
         from icl_bench.provenance import package_versions
 
         info["packages"] = package_versions()
         (tmp / "publish.json").write_text(json.dumps(info, indent=2, default=_json_default))
+        _share(tmp)
         old = None
         if out.exists():  # empty, or force: move it aside, move the new report in, then delete it
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
@@ -229,6 +242,14 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         _close(figs)
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     return {"out": out, "files": files, "notes": notes, "setting": setting}
+
+
+def _share(root: Path) -> None:
+    """Folders 0o755, files 0o644: tempfile.mkdtemp creates the folder 0o700 (private), which would
+    make the published report unreadable to a web server or another user."""
+    root.chmod(0o755)
+    for p in root.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
 
 
 def _json_default(v):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -58,6 +59,7 @@ def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None
                created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     text = dumps(doc, indent=2, sort_keys=True)
     save_file(tensors, str(stem) + ".safetensors", metadata={"format": FORMAT})
+    os.chmod(str(stem) + ".safetensors", 0o644)  # safetensors writes 0o600: a shared model must be readable
     Path(str(stem) + ".json").write_text(text + "\n")
     return stem
 

@@ -1,0 +1,49 @@
+"""The console summary printed after `icl-bench run` (docs/report.md, "Console summary").
+
+Per series: how many cells ended ok / skipped / error over the whole run, and the mean MSE vs OLS
+and median throughput at the representative setting (report.representative: one N, noise, R,
+dtype, device), so numbers from different settings are never pooled into one median. Skipped
+and failed cells follow, grouped by their message (one line per distinct reason, with the
+number of cells and the series it hit).
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from icl_bench.report import aggregate as report
+
+MAX_REASONS = 8  # distinct skip / error messages printed (the rest are counted)
+
+
+def _fmt(v) -> str:
+    return "n/a" if isinstance(v, float) and math.isnan(v) else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def console_summary(table: pd.DataFrame) -> str:
+    """The summary text for a run's result rows (the runner's table, one row per cell)."""
+    table = report.add_series(table)
+    setting = report.representative(table)
+    at = report.select(table[table["status"] == "ok"], setting, report.AXES)
+    counts = table.groupby("series").agg(
+        ok=("status", lambda s: int((s == "ok").sum())), skipped=("status", lambda s: int((s == "skipped").sum())),
+        error=("status", lambda s: int((s == "error").sum())))
+    here = at.groupby("series").agg(mse_vs_ols=("mse_vs_ols", "mean"), prompts_per_s=("prompts_per_s", "median"))
+    out = counts.join(here, how="left").reindex(report.series_order(table))
+    where = ", ".join(f"{a} = {_fmt(setting[a])}" for a in report.AXES)
+    lines = [f"cells per series (whole run); MSE vs OLS (y units², mean over seeds) and prompts/s at {where}:",
+             out.to_string(float_format=lambda v: f"{v:.3g}", na_rep="-")]
+    bad = table[table["status"] != "ok"]
+    if not bad.empty:
+        groups = (bad.groupby(["status", "message"], dropna=False)
+                  .agg(cells=("series", "size"), series=("series", lambda s: ", ".join(report.series_order(
+                      table[table["series"].isin(set(s))])))).reset_index().sort_values("cells", ascending=False))
+        every = set(table["series"])
+        groups["series"] = [("every series" if set(s.split(", ")) == every else s) for s in groups["series"]]
+        lines.append(f"{len(bad)} cells not ok, by reason:")
+        for _, g in groups.head(MAX_REASONS).iterrows():
+            lines.append(f"  {g['status']} x{g['cells']} [{g['series']}]: {g['message']}")
+        if len(groups) > MAX_REASONS:
+            lines.append(f"  ... and {len(groups) - MAX_REASONS} more reasons (status and message of every cell: results.csv)")
+    return "\n".join(lines)

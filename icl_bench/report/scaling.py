@@ -1,0 +1,117 @@
+"""Scaling-law table: how a solver's error scales with R and with N (docs/report.md, "Scaling laws").
+
+For each series and setting, the exponent p of MSE vs OLS ∝ v^p (v = R or N, the other axes
+fixed) is the slope of the least-squares line through (log v, log MSE) over the summary's points
+whose MSE is above the float floor. Its 95 % confidence interval is slope ± t · se(slope), with
+se(slope) = sqrt(SSR / (n - 2) / Σ (log v - mean)^2) and t the 0.975 quantile of Student's t with
+n - 2 degrees of freedom (scipy.stats.linregress gives the slope and se); the interval treats the
+log-MSE means as exact values on a line, so it measures how straight the points are, not the
+prompt sampling error (which the summary's own CIs show). Two points give the slope without an
+interval; fewer give no fit.
+
+Float floor. A prediction rounded in a float format of machine epsilon eps (float32 1.19e-7,
+float64 2.22e-16) is off by about eps × |prediction| even when its method is exact, so an MSE
+vs OLS at or below (FLOOR_ULPS · eps)² y-units² (prompts of the default generator have
+predictions of order 1) is rounding, not method error: such points are left out of the fit and
+counted in `n_floor`. FLOOR_ULPS = 100 leaves room for the rounding that accumulates over a
+forward pass (float32 ols lands near 1e-14, far below its floor 1.4e-10).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+FLOOR_ULPS = 100
+EPS = {"float16": 9.77e-4, "bfloat16": 7.81e-3, "float32": 1.19e-7, "float64": 2.22e-16}
+LEVEL = 0.95
+
+
+def float_floor(dtype: str) -> float:
+    """(FLOOR_ULPS · eps(dtype))² in y-units²; the float64 floor for an unknown dtype name."""
+    return (FLOOR_ULPS * EPS.get(str(dtype), EPS["float64"])) ** 2
+
+
+def fit_exponent(v, mse, dtype: str) -> dict:
+    """Fit MSE ∝ v^p over the points above the float floor of `dtype`.
+
+    Args:
+        v: grid values (R or N), positive. mse: mean MSE vs OLS at those values (y units²).
+    Returns:
+        {"exponent", "ci_low", "ci_high", "n_points" (used), "n_floor" (left out: at or below the
+        floor, or not finite)}; exponent NaN when fewer than 2 points remain, interval NaN when
+        fewer than 3.
+    """
+    v, m = np.asarray(v, dtype=float), np.asarray(mse, dtype=float)
+    good = np.isfinite(v) & (v > 0) & np.isfinite(m) & (m > float_floor(dtype))
+    out = {"exponent": math.nan, "ci_low": math.nan, "ci_high": math.nan,
+           "n_points": int(good.sum()), "n_floor": int((~good).sum())}
+    if good.sum() < 2 or len(set(v[good])) < 2:
+        return out
+    lx, ly = np.log(v[good]), np.log(m[good])
+    fit = stats.linregress(lx, ly)
+    out["exponent"] = float(fit.slope)
+    if good.sum() >= 3:
+        t = float(stats.t.ppf(0.5 + LEVEL / 2, good.sum() - 2))
+        out["ci_low"], out["ci_high"] = fit.slope - t * fit.stderr, fit.slope + t * fit.stderr
+    return out
+
+
+def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """Every fit: one row per (series, vs ∈ {R, N}, the other grid axes).
+
+    Args:
+        summary: report.aggregate output (mse_vs_ols per series and cell).
+    Returns:
+        columns series, solver, solver_params, vs, N, noise, R, dtype, device (the fixed axes;
+        the fitted axis is NaN), exponent, ci_low, ci_high, n_points, n_floor, max_mse.
+    """
+    rows = []
+    keys = ["series", "solver", "solver_params", "prompts", "N", "noise", "R", "dtype", "device"]
+    for vs in ("R", "N"):
+        fixed = [k for k in keys if k != vs]
+        for key, g in summary.groupby(fixed, dropna=False, sort=True):
+            if g[vs].nunique() < 2:
+                continue
+            row = dict(zip(fixed, key), vs=vs, **{vs: math.nan})
+            row.update(fit_exponent(g[vs], g["mse_vs_ols"], key[fixed.index("dtype")]))
+            row["max_mse"] = float(g["mse_vs_ols"].max())
+            rows.append(row)
+    cols = [*keys, "vs", "exponent", "ci_low", "ci_high", "n_points", "n_floor", "max_mse"]
+    return pd.DataFrame(rows, columns=cols).drop(columns="prompts")
+
+
+def scaling_at(fits: pd.DataFrame, setting: dict, order: list[str]) -> pd.DataFrame:
+    """The page's table: per series and dtype, "p [low, high] (n)" vs R (at setting's N, noise,
+    device) and vs N (at its R, noise, device); "floor" when every point is at the float floor."""
+    def text(r) -> str:
+        if r is None:
+            return ""
+        if not math.isfinite(r["exponent"]):
+            return "at float floor" if r["n_points"] == 0 else f"({r['n_points']} point above floor)"
+        ci = f" [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if math.isfinite(r["ci_low"]) else ""
+        dropped = f", {r['n_floor']} at floor" if r["n_floor"] else ""
+        return f"{r['exponent']:.2f}{ci} ({r['n_points']} pts{dropped})"
+
+    def pick(df, vs, axes):
+        m = df["vs"] == vs
+        for a in axes:
+            v = setting[a]
+            m &= df[a].isna() if isinstance(v, float) and math.isnan(v) else df[a] == v
+        return df[m]
+
+    by_r = pick(fits, "R", ("N", "noise", "device"))
+    by_n = pick(fits, "N", ("R", "noise", "device"))
+    rows = []
+    for s in order:
+        for dtype in sorted(set(fits.loc[fits["series"] == s, "dtype"])):
+            r = by_r[(by_r["series"] == s) & (by_r["dtype"] == dtype)]
+            n = by_n[(by_n["series"] == s) & (by_n["dtype"] == dtype)]
+            if r.empty and n.empty:
+                continue
+            rows.append({"series": s, "dtype": dtype,
+                         "exponent vs R": text(r.iloc[0] if len(r) else None),
+                         "exponent vs N": text(n.iloc[0] if len(n) else None)})
+    return pd.DataFrame(rows, columns=["series", "dtype", "exponent vs R", "exponent vs N"])
