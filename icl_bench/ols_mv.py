@@ -47,14 +47,16 @@ def _as3d(x: torch.Tensor) -> torch.Tensor:
     return x[..., None] if x.ndim == 2 else x
 
 
-def ols_fit_mv(x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-prompt least-squares fit with an intercept, in float64.
+def ols_fit_mv(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
+    """Per-prompt least-squares fit with an intercept, in float64 (or `dtype`).
 
     Args:
-        x: (B, N, d) context regressors, or (B, N) for d = 1; any float dtype (computed in float64).
+        x: (B, N, d) context regressors, or (B, N) for d = 1; any float dtype (cast to `dtype`).
         y: (B, N) context targets.
+        dtype: the arithmetic (float64 for the reference; the `ols` solver passes the batch's dtype,
+            and eps in the NaN rule is that dtype's).
     Returns:
-        dict of float64 tensors: "x_bar" (B, d), "y_bar" (B,), "beta" (B, d) (slopes; NaN where
+        dict of tensors in `dtype`: "x_bar" (B, d), "y_bar" (B,), "beta" (B, d) (slopes; NaN where
         ill-posed), "intercept" (B,) = y_bar - x_bar . beta, "kappa" (B,) the condition number of
         the equilibrated centred design, "gamma" (B,) the centring cancellation factor, and
         "ill_posed" (B,) bool (the rule in the module docstring); and "_shift" (B, d), "_mxs" (B, d),
@@ -62,8 +64,8 @@ def ols_fit_mv(x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
     Raises:
         ValueError: x, y shapes that do not match.
     """
-    x = _as3d(x).double()
-    y = y.double()
+    x = _as3d(x).to(dtype)
+    y = y.to(dtype)
     if x.ndim != 3 or y.shape != x.shape[:2]:
         raise ValueError(f"x, y: expected x (B, N, d) or (B, N) and y (B, N) (got {tuple(x.shape)}, {tuple(y.shape)})")
     B, N, d = x.shape
@@ -91,7 +93,7 @@ def ols_fit_mv(x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
     norm_s = torch.linalg.vector_norm(xs / torch.where(scale > 0, scale, torch.ones_like(scale))[:, None], dim=1)
     norm_t = torch.linalg.vector_norm(A, dim=1)  # (B, d)
     gamma = (norm_s / norm_t).amax(dim=1)  # (B,) >= 1; NaN only with a zero column (then kappa = inf)
-    eps = torch.finfo(torch.float64).eps
+    eps = torch.finfo(dtype).eps
     ill = ~finite | ~(N * eps * kappa * torch.nan_to_num(gamma, nan=1.0) < 1.0)  # (B,)
     beta = beta_eq / torch.where(scale > 0, scale, torch.ones_like(scale))  # (B, d)
     beta = beta.masked_fill(ill[:, None], float("nan"))
@@ -100,19 +102,21 @@ def ols_fit_mv(x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
             "kappa": kappa, "gamma": gamma, "ill_posed": ill, "_shift": cx, "_mxs": mxs}  # noqa: E501
 
 
-def ols_predict_mv(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor) -> torch.Tensor:
-    """Least-squares prediction at the query, (B,) float64, for d >= 1 regressors.
+def ols_predict_mv(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor,
+                   dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Least-squares prediction at the query, (B,) in `dtype` (float64: the reference), d >= 1 regressors.
 
     Args:
         x: (B, N, d) or (B, N); y: (B, N); x_query: (B, d) or (B,) (d = 1). Any float dtype.
+        dtype: the arithmetic, as in ols_fit_mv.
     Returns:
-        y_bar + (u - x_bar) . beta_hat, float64 on x's device; NaN (never +-inf) for ill-posed
+        y_bar + (u - x_bar) . beta_hat on x's device; NaN (never +-inf) for ill-posed
         prompts (module docstring), a non-finite query, or a result that overflows.
     Raises:
         ValueError: shapes that do not match.
     """
-    fit = ols_fit_mv(x, y)
-    u = x_query.double()
+    fit = ols_fit_mv(x, y, dtype)
+    u = x_query.to(dtype)
     u = u[:, None] if u.ndim == 1 else u  # (B, d)
     if u.shape != fit["x_bar"].shape:
         raise ValueError(f"x_query: expected shape {tuple(fit['x_bar'].shape)} (got {tuple(x_query.shape)})")
