@@ -55,7 +55,7 @@ def _check(R, d, variant, balance, amplify=1.0) -> float:
 @torch.no_grad()
 def build_ln_construction_mv(R: float, d: int, variant: str = "masked", *, balance: str = "written",
                              amplify: float = 1.0, dtype: torch.dtype = torch.float64, device="cpu",
-                             ln_eps: float = 1e-5) -> Transformer:
+                             ln_eps: float = 1e-5, ln_sum: str = "slots") -> Transformer:
     """The (d + 1)-layer, 2-head, d_model = d + 3 LayerNorm transformer that computes OLS with d regressors.
 
     Tokens (d_in = d + 2): (x_1, ..., x_d, y, R), the query (u_1, ..., u_d, 0, R). W[h][out, in] of head
@@ -92,6 +92,8 @@ def build_ln_construction_mv(R: float, d: int, variant: str = "masked", *, balan
         R: the tokens' embedding constant (finite, > 0).  d: number of regressors >= 1.
         variant: key set, "masked" (the N context tokens; error O(1/R^2)) or "query-in-context" (O(1/N)).
         balance: one of BALANCES.  amplify: c > 0 (above).  dtype, device: of the parameters.  ln_eps: LayerNorm epsilon.
+        ln_sum: LayerNorm's sum order in forward ("slots", the default here; "torch" = torch's own
+            reduction, which does not meet the pair first for every shape: the float32 control).
     Returns:
         Transformer (eval mode): forward(tokens (B, N+1, d+2)) -> (B,) approximate OLS predictions.
     Raises:
@@ -104,7 +106,7 @@ def build_ln_construction_mv(R: float, d: int, variant: str = "masked", *, balan
     sR, sZ, sy = s["R"], s["Z"], s["y"]
     sx = [s[f"x{k}"] for k in range(1, d + 1)]
     cfg = TransformerConfig(d_in=d + 2, d_model=D, n_layers=d + 1, n_heads=2, layernorm=True, keys=variant,
-                            readout="query", ln_eps=ln_eps, ln_sum="slots")
+                            readout="query", ln_eps=ln_eps, ln_sum=ln_sum)
     model = Transformer(cfg).double()  # weights set in float64, rounded once to dtype at the end
     for prm in model.parameters():
         prm.zero_()
@@ -149,11 +151,12 @@ def build_ln_construction_mv(R: float, d: int, variant: str = "masked", *, balan
 @torch.no_grad()
 def ln_closed_form_mv_predict(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor, R: float,
                               variant: str = "masked", balance: str = "written", amplify: float = 1.0,
-                              ln_eps: float = 1e-5) -> torch.Tensor:
+                              ln_eps: float = 1e-5, ln_sum: str = "slots") -> torch.Tensor:
     """Run the construction on raw arrays: x (B, N, d), y (B, N), x_query (B, d) -> (B,) in x's dtype.
 
     The tokens are built with icl_bench.prompts_mv.make_tokens_mv (row i = (x_i, y_i, R)). No NaN
     rule is applied here (the solver applies the reference's). Raises ConfigError as the builder."""
     d = 1 if x.ndim == 2 else x.shape[2]
-    model = build_ln_construction_mv(R, d, variant, balance=balance, amplify=amplify, dtype=x.dtype, device=x.device, ln_eps=ln_eps)
+    model = build_ln_construction_mv(R, d, variant, balance=balance, amplify=amplify, dtype=x.dtype, device=x.device,
+                                     ln_eps=ln_eps, ln_sum=ln_sum)
     return model(make_tokens_mv(x, y, x_query, R))

@@ -31,14 +31,16 @@ def test_acceptance_iid_float64(d):
 
 @pytest.mark.parametrize("d,rho", [(2, 0.9), (3, 18 / 21)])  # equicorrelated x, condition number 19
 def test_acceptance_correlated_within_2x_of_iid(d, rho):
-    """Pooled over 8000 prompts (the MSE is heavy-tailed: a few far queries dominate it), the
+    """Pooled over seeds 0-3 x 4000 prompts (the MSE is heavy-tailed: a few far queries dominate it,
+    and one seed's ratio ranges 0.9-2.1 at 8000 prompts, docs/ln-closed-form-multivariate.md), the
     correlated MSE is within 2x of the iid MSE on the same underlying draws; the median within 1.5x."""
-    errs = {}
-    for r in (0.0, rho):
-        b = sample_prompts_mv(PromptSpec(N=100, noise=0.1, R=1e3), 8000, d=d, x_corr=r, seed=11, dtype="float64")
-        errs[r] = (ln_closed_form_mv_predict(b.x, b.y, b.x_query, 1e3) - b.ols_prediction) ** 2
-    ratio = float(errs[rho].mean() / errs[0.0].mean())
-    med = float(errs[rho].median() / errs[0.0].median())
+    errs = {0.0: [], rho: []}
+    for seed in range(4):
+        for r in errs:
+            b = sample_prompts_mv(PromptSpec(N=100, noise=0.1, R=1e3), 4000, d=d, x_corr=r, seed=seed, dtype="float64")
+            errs[r].append((ln_closed_form_mv_predict(b.x, b.y, b.x_query, 1e3) - b.ols_prediction) ** 2)
+    iid, cor = torch.cat(errs[0.0]), torch.cat(errs[rho])
+    ratio, med = float(cor.mean() / iid.mean()), float(cor.median() / iid.median())
     assert 0.5 <= ratio <= 2.0, ratio
     assert 1 / 1.5 <= med <= 1.5, med
 
