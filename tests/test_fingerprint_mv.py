@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from icl_bench.fingerprint_mv import MAPS, fingerprint_mv
-from icl_bench.gd_mv import build_gd_lsa_mv, gd_predict_mv
-from icl_bench.ln_closed_form_mv import ln_closed_form_mv_predict
-from icl_bench.ols_mv import ols_predict_mv
-from icl_bench.prompts import PromptSpec, sample_prompts
-from icl_bench.prompts_mv import sample_prompts_mv
+from icl_bench.analysis.fingerprint_mv import MAPS, fingerprint_mv
+from icl_bench.solvers.gd_mv import build_gd_lsa_mv, gd_predict_mv
+from icl_bench.solvers.ln_closed_form_mv import ln_closed_form_mv_predict
+from icl_bench.prompts.ols_mv import ols_predict_mv
+from icl_bench.prompts.generator import PromptSpec, sample_prompts
+from icl_bench.prompts.multivariate import sample_prompts_mv
 
 
 @pytest.fixture(scope="module")

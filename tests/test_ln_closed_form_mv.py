@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from icl_bench.errors import ConfigError
-from icl_bench.ln_closed_form import build_construction
-from icl_bench.ln_closed_form_mv import build_ln_construction_mv, ln_closed_form_mv_predict, slots
-from icl_bench.prompts import PromptSpec, sample_prompts
-from icl_bench.prompts_mv import sample_prompts_mv
+from icl_bench.solvers.ln_closed_form import build_construction
+from icl_bench.solvers.ln_closed_form_mv import build_ln_construction_mv, ln_closed_form_mv_predict, slots
+from icl_bench.prompts.generator import PromptSpec, sample_prompts
+from icl_bench.prompts.multivariate import sample_prompts_mv
 
 RS = (100.0, 1e3, 1e4)
 

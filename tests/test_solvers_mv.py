@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from icl_bench.gd_mv import gd_predict_mv
-from icl_bench.ln_closed_form_mv import build_ln_construction_mv
-from icl_bench.prompts import PromptSpec, sample_prompts
-from icl_bench.prompts_mv import make_batch_mv, sample_prompts_mv
-from icl_bench.solver import SkipCell
-from icl_bench.solvers_mv import (check_regressors, gd_mv, ln_closed_form_mv, ols_mv, scipy_lstsq_mv,
+from icl_bench.solvers.gd_mv import gd_predict_mv
+from icl_bench.solvers.ln_closed_form_mv import build_ln_construction_mv
+from icl_bench.prompts.generator import PromptSpec, sample_prompts
+from icl_bench.prompts.multivariate import make_batch_mv, sample_prompts_mv
+from icl_bench.solvers.base import SkipCell
+from icl_bench.solvers.multivariate import (check_regressors, gd_mv, ln_closed_form_mv, ols_mv, scipy_lstsq_mv,
                                   standardize_mv)
 
 

@@ -7,9 +7,9 @@ writes results/multivariate/{error_vs_R,error_vs_d,exponents,gd_layers_to_match,
 README.md (the same tables in markdown, with this command). Every number comes from running the
 code below; the seeds are fixed (SEED), so a rerun gives the same tables.
 
-Prompts (icl_bench/prompts_mv.py): x iid N(0, I) or equicorrelated with condition number 19
+Prompts (icl_bench/prompts/multivariate.py): x iid N(0, I) or equicorrelated with condition number 19
 (x_corr = 0.9 for d = 2, 6/7 for d = 3, ...; `rho_for_condition`), w, a ~ N(0, 1), noise 0.1,
-masked key set. The error of a solver is its MSE vs the float64 OLS reference (icl_bench/ols_mv.py),
+masked key set. The error of a solver is its MSE vs the float64 OLS reference (icl_bench/prompts/ols_mv.py),
 with the median of the squared error beside it (the MSE is heavy-tailed: the construction's error
 grows like |(u - x_bar) . beta|^3 / R^2 for queries far from the context).
 
@@ -34,10 +34,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from icl_bench.gd_mv import gd_iterates_mv
-from icl_bench.ln_closed_form_mv import ln_closed_form_mv_predict
-from icl_bench.prompts import PromptSpec
-from icl_bench.prompts_mv import equicorrelation_condition, sample_prompts_mv
+from icl_bench.solvers.gd_mv import gd_iterates_mv
+from icl_bench.solvers.ln_closed_form_mv import ln_closed_form_mv_predict
+from icl_bench.prompts.generator import PromptSpec
+from icl_bench.prompts.multivariate import equicorrelation_condition, sample_prompts_mv
 
 SEED, NOISE, N_DEFAULT = 0, 0.1, 100
 RS = (10.0, 100.0, 1e3, 1e4, 1e5)
