@@ -26,6 +26,8 @@ from icl_bench.prompts.ols import ols_predict
 from icl_bench.prompts.generator import PromptBatch, make_tokens
 from icl_bench.solvers.registry import register_solver
 from icl_bench.solvers.base import Param, Solver, r_lost
+from icl_bench.solvers.ln_closed_form_mv import build_ln_construction_mv
+from icl_bench.solvers.multivariate import ln_closed_form_mv, ln_inputs_mv
 from icl_bench.solvers.transformer import KEY_SETS, Transformer, TransformerConfig
 
 VARIANTS = KEY_SETS  # "masked" (keys = context) or "query-in-context" (keys = context + query)
@@ -199,17 +201,22 @@ class LNClosedForm(Solver):
         "standardize": Param(False, "centre and scale each prompt from its context before the model, undo after"),
     }
 
+    multivariate = True  # d > 1: the Gram-Schmidt construction (docs/ln-closed-form-multivariate.md)
+
     def __init__(self, **values):
         super().__init__(**values)
         self._models: dict[tuple, Transformer] = {}
         self._last_R: float | None = None
+        self._last_d = 1
 
-    def model(self, R: float, dtype: torch.dtype = torch.float64, device="cpu") -> Transformer:
-        """The cached construction for (R, this variant, dtype, device)."""
-        key = (float(R), self.values["variant"], dtype, torch.device(device))
+    def model(self, R: float, dtype: torch.dtype = torch.float64, device="cpu", d: int = 1) -> Transformer:
+        """The cached construction for (R, this variant, dtype, device, d): d = 1 the 2-layer one
+        above, d > 1 build_ln_construction_mv (d + 1 layers, d_model d + 3)."""
+        key = (float(R), self.values["variant"], dtype, torch.device(device), d)
         if key not in self._models:
-            self._models[key] = build_construction(R, self.values["variant"], dtype=dtype, device=device)
-        self._last_R = float(R)
+            self._models[key] = (build_construction(R, self.values["variant"], dtype=dtype, device=device) if d == 1
+                                 else build_ln_construction_mv(R, d, self.values["variant"], dtype=dtype, device=device))
+        self._last_R, self._last_d = float(R), d
         return self._models[key]
 
     def _inputs(self, batch: PromptBatch):
@@ -222,6 +229,9 @@ class LNClosedForm(Solver):
     @torch.no_grad()
     def predict(self, batch: PromptBatch) -> torch.Tensor:
         """(B,) predictions in batch.dtype on batch.device; NaN for degenerate prompts."""
+        if batch.d > 1:
+            return ln_closed_form_mv(batch, self.model(batch.R, batch.dtype, batch.device, batch.d),
+                                     self.values["standardize"])
         tokens, shift, scale = self._inputs(batch)  # (B, N+1, 3)
         out = self.model(batch.R, batch.dtype, batch.device)(tokens)  # (B,)
         if shift is not None:
@@ -236,11 +246,13 @@ class LNClosedForm(Solver):
         weight (R/sqrt2, an LN gain) counts them as near zero once R > ~30.
         """
         R = self._last_R if R is None and self._last_R is not None else (100.0 if R is None else R)
+        if self._last_d > 1:
+            return build_ln_construction_mv(R, self._last_d, self.values["variant"]).weight_matrices()
         return build_construction(R, self.values["variant"]).weight_matrices()
 
     def probe(self, batch: PromptBatch) -> dict[str, torch.Tensor]:
         """Transformer.probe() of the tokens the module reads, plus "tokens" (B, N+1, 3) themselves
         (the standardized ones when standardize=True), for `icl_bench.analysis.probes.mechanism_probes`."""
-        tokens, _, _ = self._inputs(batch)
-        trace = self.model(batch.R, batch.dtype, batch.device).probe(tokens)
+        tokens = ln_inputs_mv(batch, self.values["standardize"])[0] if batch.d > 1 else self._inputs(batch)[0]
+        trace = self.model(batch.R, batch.dtype, batch.device, batch.d).probe(tokens)
         return {"tokens": tokens, **trace}
