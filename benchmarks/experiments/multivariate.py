@@ -1,7 +1,8 @@
 """Multivariate in-context regression: the LayerNorm MGS construction against OLS and against GD.
 
-    PYTHONPATH=. nice -n 10 python benchmarks/experiments/multivariate.py      # ~10 min on one core
-    PYTHONPATH=. python benchmarks/experiments/multivariate.py --quick         # a smoke run, not committed
+    nice -n 10 python -m benchmarks.experiments.multivariate            # ~10 min on one idle core
+    python -m benchmarks.experiments.multivariate --quick               # a smoke run (results/multivariate-quick)
+    python -m benchmarks.experiments.multivariate --tables float32      # recompute one table, re-read the rest
 
 writes results/multivariate/{error_vs_R,error_vs_d,exponents,gd_layers_to_match,float32}.csv and
 README.md (the same tables in markdown, with this command). Every number comes from running the
@@ -20,6 +21,8 @@ Tables:
   gd_layers_to_match  the fewest GD steps K (= gd-lsa layers) whose MSE vs OLS, with the best of
                       17 fixed step sizes eta for that K, is at most the construction's MSE at R;
                       "> K_MAX" if none within K_MAX. Also the construction's layer count (d + 1).
+  correlated_seeds    correlated / iid ratios of the MSE, median and p99 squared error at R = 1e3 on
+                      the same underlying draws, for seeds 0-5 x 8000 prompts (how much the ratio moves).
   float32             the float32 fragility: the default construction ("written" balance, LayerNorm
                       mean summed in slot order) against the "big-pair" balance, and amplify.
 """
@@ -48,7 +51,7 @@ ETAS = tuple(float(v) for v in np.geomspace(0.02, 2.0, 17))  # fixed GD step siz
 K_MAX = 512
 CONDITION = 19.0
 OUT = Path("results/multivariate")
-TABLES = ("error_vs_R", "exponents", "error_vs_d", "gd_layers_to_match", "float32")
+TABLES = ("error_vs_R", "exponents", "error_vs_d", "gd_layers_to_match", "float32", "correlated_seeds")
 
 
 def rho_for_condition(d: int, kappa: float = CONDITION) -> float:
@@ -150,6 +153,17 @@ def float32_table(n: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def correlated_seeds(n: int = 8000, seeds=range(6)) -> pd.DataFrame:
+    rows = []
+    for d in (2, 3):
+        for seed in seeds:
+            e = {kind: ln_errors(batch(d, 1e3, kind, n, seed=seed)) for kind in ("iid", "correlated")}
+            ratio = lambda f: float(f(e["correlated"]) / f(e["iid"]))  # noqa: E731
+            rows.append({"d": d, "seed": seed, "n_prompts": n, "mse_ratio": ratio(torch.mean),
+                         "median_ratio": ratio(torch.median), "p99_ratio": ratio(lambda t: t.quantile(0.99))})
+    return pd.DataFrame(rows)
+
+
 def _md(df: pd.DataFrame) -> str:
     return df.to_markdown(index=False, floatfmt=".3g")
 
@@ -158,7 +172,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes; writes to results/multivariate-quick")
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES),
+    ap.add_argument("--tables", nargs="*", choices=TABLES, default=list(TABLES),
                     help="recompute only these; the others are read back from the CSVs in the output folder")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -168,14 +182,15 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     gd_n, k_max = (100, 64) if args.quick else (500, K_MAX)
     make = {"error_vs_R": lambda: error_vs_R(n), "error_vs_d": lambda: error_vs_d(n),
-            "gd_layers_to_match": lambda: gd_layers_to_match(gd_n, k_max=k_max), "float32": lambda: float32_table(n)}
+            "gd_layers_to_match": lambda: gd_layers_to_match(gd_n, k_max=k_max), "float32": lambda: float32_table(n),
+            "correlated_seeds": lambda: correlated_seeds(n=800 if args.quick else 8000)}
     tables = {}
-    for name in ("error_vs_R", "error_vs_d", "gd_layers_to_match", "float32"):
+    for name in ("error_vs_R", "error_vs_d", "gd_layers_to_match", "float32", "correlated_seeds"):
         tables[name] = make[name]() if name in args.tables else pd.read_csv(out / f"{name}.csv")
     tables["exponents"] = exponents(tables["error_vs_R"])
     for name, t in tables.items():
         t.to_csv(out / f"{name}.csv", index=False)
-    cmd = "PYTHONPATH=. nice -n 10 python benchmarks/experiments/multivariate.py" + (" --quick" if args.quick else "")
+    cmd = "nice -n 10 python -m benchmarks.experiments.multivariate" + (" --quick" if args.quick else "")
     conds = ", ".join(f"d={d}: rho={rho_for_condition(d):.4f} (condition {equicorrelation_condition(d, rho_for_condition(d)):.3g})"
                       for d in (2, 3, 5))
     text = [f"# Multivariate in-context regression: measured tables\n\nRegenerate: `{cmd}` (seed {SEED}, one CPU thread).",
@@ -189,8 +204,9 @@ def main(argv=None) -> int:
     heads = {"exponents": "Scaling exponent of the MSE in R (float64)", "error_vs_R": "Error vs R (ln-closed-form, amplify 1)",
              "error_vs_d": "Error vs d at R = 1e3", "gd_layers_to_match":
              f"GD layers to match the construction (best of {len(ETAS)} fixed eta in [0.02, 2] per K, K <= {K_MAX})",
-             "float32": "float32: LayerNorm-mean rounding (balance) and amplify"}
-    for name in ("exponents", "error_vs_R", "error_vs_d", "gd_layers_to_match", "float32"):
+             "float32": "float32: LayerNorm-mean rounding (balance, sum order) and amplify",
+             "correlated_seeds": "Correlated (condition 19) / iid error ratios at R = 1e3 across seeds"}
+    for name in ("exponents", "correlated_seeds", "error_vs_R", "error_vs_d", "gd_layers_to_match", "float32"):
         text += [f"## {heads[name]}", _md(tables[name])]
     (out / "README.md").write_text("\n\n".join(text) + "\n")
     print(_md(tables["exponents"]))
