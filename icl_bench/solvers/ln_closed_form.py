@@ -194,6 +194,11 @@ class LNClosedForm(Solver):
     Degenerate prompts (all x equal, any NaN / inf in the prompt) predict NaN, like the OLS
     reference, and so do prompts on a scale where R vanishes in rounding (|x|, |y| or |u| >= R / eps,
     e.g. ~1e30 with R = 100 in float64); the other prompts of the batch are unaffected.
+
+    d > 1 regressors (batch.d): the Modified Gram-Schmidt construction of
+    icl_bench/solvers/ln_closed_form_mv.py (d + 1 layers, 2 heads, d_model d + 3; error O(1/R^2) per
+    layer, docs/ln-closed-form-multivariate.md); standardize then scales each column of x and y; NaN
+    where the float64 reference is NaN (its conditioning rule) or R is lost in rounding.
     """
 
     params = {
