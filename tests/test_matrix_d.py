@@ -110,3 +110,23 @@ def test_csv_data_refuses_d_above_one(tmp_path):
     with pytest.raises(ConfigError, match="grid.d"):
         parse_config(cfg)
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_report_reads_runs_without_a_d_column_and_fixes_d_in_the_headline(tmp_path):
+    import pandas as pd
+
+    from icl_bench.report.aggregate import aggregate, headline, load_run, load_runs, representative
+
+    cfg = raw(d=[1, 2], dtype=["float64"])
+    cfg["solvers"] = {"ols": {}, "ln-closed-form": {}}
+    run_matrix(parse_config(cfg), tmp_path / "run", progress=False)
+    table, _ = load_runs([tmp_path / "run"])
+    setting = representative(table)
+    assert setting["d"] == 1 and representative(table, {"d": "2"})["d"] == 2
+    head = headline(aggregate(table), representative(table, {"d": "2"}))
+    assert len(head) == 2  # one row per solver: the d = 1 cells are not mixed in
+    old = tmp_path / "old"
+    old.mkdir()
+    pd.read_parquet(tmp_path / "run" / "results.parquet").query("d == 1").drop(columns=["d"]).to_parquet(old / "results.parquet")
+    legacy, _ = load_run(old)  # a run written before the d axis existed
+    assert (legacy.d == 1).all() and representative(legacy)["d"] == 1
