@@ -1,14 +1,21 @@
 """`icl-bench` command line: list, run, train, sweep, analyze, publish (each a thin handler over
 the package's stages; docs/design.md, "Command line").
 
-Bad input (config, flags, data, checkpoints) prints one line `icl-bench: error: <field>: <problem>`
-and exits with code 2, without a traceback and without writing anything. A run whose cells
-failed exits with code 1 after writing every row.
+Exit codes (every subcommand):
+    0    done; for `run`: every cell is ok or skipped. Skipped cells (CUDA absent, no fitting
+         checkpoint, a plugin that fails to import while running every solver) and cells whose
+         solver answered no prompt are listed on stderr, so they are never silent.
+    1    `run` only: some cell errored (rows are still written for every cell). A solver asked for
+         by name ([solvers.NAME] or --solver) that fails to import counts as an error.
+    2    bad input (config, flags, data, checkpoints, a used --out): one line
+         `icl-bench: error: <field>: <problem>`, no traceback, nothing written.
+    130  interrupted (Ctrl-C); `run` prints the command that resumes it.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -43,9 +50,42 @@ def cmd_list(args) -> int:
     return 0
 
 
+def _run_matrix(*args, **kwargs):
+    from icl_bench.bench.runner import run_matrix
+
+    return run_matrix(*args, **kwargs)
+
+
+def _resume_command(argv: list[str], out: Path) -> str:
+    """The `icl-bench run ...` line that continues an interrupted run in `out`."""
+    argv = list(argv)
+    if "--out" not in argv and not any(a.startswith("--out=") for a in argv):
+        argv += ["--out", str(out)]
+    if "--resume" not in argv:
+        argv.append("--resume")
+    return shlex.join(["icl-bench", *argv])
+
+
+def _report_cells(table) -> None:
+    """stderr lines for cells that are not plain successes: skipped plugins that failed to
+    import (once per solver), cells whose solver answered no prompt, the first errors."""
+    from icl_bench.bench.runner import NO_ANSWER
+
+    broken = table[(table.status == "skipped") & table.message.str.contains("failed to load", regex=False)]
+    for solver, rows in broken.groupby("solver"):
+        print(f"icl-bench: WARNING: solver {solver!r} skipped ({len(rows)} cells): {rows.message.iloc[0]}", file=sys.stderr)
+    silent = table[(table.status == "ok") & table.message.str.startswith(NO_ANSWER)]
+    for solver, rows in silent.groupby("solver"):
+        print(f"icl-bench: WARNING: {solver}: {NO_ANSWER} in {len(rows)} of {int((table.solver == solver).sum())} cells "
+              f"(e.g. N={rows.N.iloc[0]} R={rows.R.iloc[0]} {rows.dtype.iloc[0]}: {rows.message.iloc[0]})", file=sys.stderr)
+    errors = table[table.status == "error"]
+    for _, r in errors.head(5).iterrows():
+        print(f"error: {r['solver']} {r['solver_params']} N={r['N']} R={r['R']} {r['dtype']} {r['device']}: {r['message']}",
+              file=sys.stderr)
+
+
 def cmd_run(args) -> int:
     from icl_bench.bench.config import parse_config
-    from icl_bench.bench.runner import run_matrix
     from icl_bench.config_base import read_toml
 
     path = resources.config_path(args.config or "default")
@@ -71,7 +111,18 @@ def cmd_run(args) -> int:
                 msg = flag + msg[len(key):] if msg.startswith(key) else msg
         raise ConfigError(msg) from None
     out = Path(args.out) if args.out else Path("results/runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
-    table = run_matrix(cfg, out, resume=args.resume, progress=not args.no_progress)
+    if cfg.data is not None:
+        from icl_bench.prompts.data import data_summary
+
+        note = data_summary(cfg.data)[2]
+        if note:
+            print(f"icl-bench: {note}", file=sys.stderr)
+    try:
+        table = _run_matrix(cfg, out, resume=args.resume, progress=not args.no_progress, cache=args.cache)
+    except KeyboardInterrupt:
+        print(f"icl-bench: interrupted; the finished cells are kept in {out}. Resume with:\n"
+              f"  {_resume_command(args.argv, out)}", file=sys.stderr)
+        return 130
     summary = table.groupby("solver").agg(
         ok=("status", lambda s: int((s == "ok").sum())),
         skipped=("status", lambda s: int((s == "skipped").sum())),
@@ -81,11 +132,8 @@ def cmd_run(args) -> int:
     )
     print(summary.to_string(float_format=lambda v: f"{v:.3g}"))
     print(f"wrote {out / 'results.parquet'}, results.csv, metadata.json ({len(table)} cells)")
-    errors = table[table.status == "error"]
-    for _, r in errors.head(5).iterrows():
-        print(f"error: {r['solver']} {r['solver_params']} N={r['N']} R={r['R']} {r['dtype']} {r['device']}: {r['message']}",
-              file=sys.stderr)
-    return 1 if len(errors) else 0
+    _report_cells(table)
+    return 1 if (table.status == "error").any() else 0
 
 
 def cmd_publish(args) -> int:
@@ -162,6 +210,9 @@ def cmd_train(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} exists and is not a folder")
+    used = [f"{c.name}{s}" for c in cfgs for s in (".safetensors", ".json") if (out / f"{c.name}{s}").exists()]
+    if used and not args.force:  # like run / publish: a checkpoint is never overwritten silently
+        raise ConfigError(f"--out: {out} already holds {', '.join(used)}; choose another folder or pass --force")
     out.mkdir(parents=True, exist_ok=True)  # an OSError here is one line, exit 2 (main)
     for cfg in cfgs:
         stem = train_and_save(cfg, out)
@@ -192,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--x", help="CSV column of x (with --data)")
     run.add_argument("--y", help="CSV column of y (with --data)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    run.add_argument("--cache", help="folder of finished cells shared across runs: reuse a cell by its key, add new ones")
     run.set_defaults(func=cmd_run)
     for name in ("publish", "report"):  # `report` is an alias
         pub = sub.add_parser(name, help="aggregate run folders into tables, plots and index.html"
@@ -218,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--run", action="append", default=None, help="train only this run (repeatable; default: all)")
     tr.add_argument("--steps", type=int, default=None, help="override every run's step budget (e.g. 20 for a smoke test)")
     tr.add_argument("--no-progress", action="store_true", help="no progress bars")
+    tr.add_argument("--force", action="store_true", help="overwrite checkpoints of the same names in --out")
     tr.set_defaults(func=cmd_train)
     sw = sub.add_parser("sweep", help="l1 sweep: train a lambda grid x seeds and tabulate what the penalty changes")
     sw.add_argument("--config", default="l1_sweep", help="sweep TOML ([sweep] + [train]) or a packaged name")
@@ -230,7 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `icl-bench` console script; returns the exit code."""
     try:
+        argv = list(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(argv)
+        args.argv = argv  # for messages that repeat the command (the resume line)
         return args.func(args)
     except ConfigError as exc:
         print(f"icl-bench: error: {' '.join(str(exc).splitlines())}", file=sys.stderr)  # always one line

@@ -348,10 +348,6 @@ def test_out_that_is_a_file_or_under_a_file_or_locked(tmp_path, capsys, finished
     assert "--out: " in capsys.readouterr().err and _snapshot(busy) == before
 
 
-def test_catalogue_size():
-    assert len(CASES) >= 30
-
-
 @pytest.mark.parametrize("kwargs", [{"n_prompts": 10**12}, {"N": 10**8}])
 def test_analyze_refuses_sizes_it_cannot_hold_before_allocating(kwargs):
     from icl_bench.analysis.analyze import analyze

@@ -32,8 +32,9 @@ to delta * sigma_max, so the answer has no correct digit once N * eps * kappa * 
     ill-posed  <=>  any non-finite value in x, y or u,  or  N * eps * kappa * gamma >= 1
                     (kappa = inf when a column of X~ is exactly 0 or N <= d).
 
-For d = 1, kappa = 1 and the rule reads ||x'|| / ||x~|| >= 1 / (N eps): all x equal (exactly, or
-up to a relative spread of about N * eps). Predictions are NaN there (never +-inf).
+The shift c is a mean of the prompt's own values, so gamma stays bounded (docs/accuracy.md, "The
+criterion"); for d = 1 (kappa = 1) the rule then fires only for exactly equal x, the criterion of
+icl_bench/prompts/ols.py. Predictions are NaN there (never +-inf).
 """
 from __future__ import annotations
 
