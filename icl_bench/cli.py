@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from icl_bench import resources
+from icl_bench.config_base import MAX_SEED
 from icl_bench.errors import ConfigError
 
 PACKAGED = "default, train, trained, l1_sweep"  # icl_bench/configs/*.toml (resources.config_names())
@@ -97,6 +98,8 @@ def cmd_run(args) -> int:
     if args.data is not None:
         if not (args.x and args.y):
             raise ConfigError("--data: needs --x COLUMN and --y COLUMN")
+        if Path(args.data).is_dir():
+            raise ConfigError(f"--data: {args.data} is a folder; give a CSV file")
         raw["data"] = {"path": args.data, "x": args.x, "y": args.y}
     elif args.x or args.y:
         raise ConfigError("--x/--y: only with --data FILE")
@@ -152,9 +155,17 @@ def cmd_publish(args) -> int:
         for path in args.checkpoint:
             load_checkpoint(path)
     if args.readme:  # check the target block before anything is written
+        if Path(args.readme).is_dir():
+            raise ConfigError(f"--readme: {args.readme} is a folder; give the README file")
         if not Path(args.readme).is_file():
             raise ConfigError(f"--readme: no such file {args.readme!r}")
         read_block(args.readme, "headline")
+    seen = set()
+    for d in args.run_dirs:  # the same run twice would count every cell twice
+        key = Path(d).resolve()
+        if key in seen:
+            raise ConfigError(f"RUN_DIR: {d} is given twice")
+        seen.add(key)
     result = publish(args.run_dirs, args.out, force=args.force, at=at, checkpoints=args.checkpoint or [])
     if args.readme:
         replace_block(args.readme, "headline", (Path(result["out"]) / "headline.md").read_text())
@@ -173,7 +184,17 @@ def cmd_analyze(args) -> int:
 
     if args.out is not None and Path(args.out).suffix != ".json":
         raise ConfigError(f"--out: must name a .json file (got {args.out!r})")
-    result = analyze_checkpoint(_checkpoint_arg(args.checkpoint), n_prompts=args.n_prompts, seed=args.seed, N=args.N)
+    if args.out is not None and Path(args.out).is_dir():
+        raise ConfigError(f"--out: {args.out} is a folder; give a .json file")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise ConfigError(f"--seed: must be an integer in [0, {MAX_SEED}] (got {args.seed})")
+    try:
+        result = analyze_checkpoint(_checkpoint_arg(args.checkpoint), n_prompts=args.n_prompts, seed=args.seed, N=args.N)
+    except ConfigError as exc:  # name the flag the user typed, not the argument it set
+        msg = str(exc)
+        for key, flag in (("n_prompts:", "--n-prompts:"), ("N:", "--N:"), ("seed:", "--seed:")):
+            msg = flag + msg[len(key):] if msg.startswith(key) else msg
+        raise ConfigError(msg) from None
     fmt = lambda v: "nan" if v is None or v != v else f"{v:.4g}"  # noqa: E731
     for k in HEADLINE:
         print(f"{k:26s} {fmt(float(result[k])) if k in result else 'nan'}")
@@ -189,11 +210,20 @@ def cmd_analyze(args) -> int:
 
 
 def _checkpoint_arg(name: str) -> str:
-    """A checkpoint path as given, or the stem of a shipped one (e.g. trained-l1-R100)."""
-    if any(Path(name + ext).exists() for ext in ("", ".json", ".safetensors")):
-        return name
-    shipped = resources.models_dir() / Path(name).name
-    return str(shipped) if Path(f"{shipped}.json").is_file() and Path(name).parent == Path(".") else name
+    """A checkpoint path as given, or a shipped one by name (e.g. trained-l1-R100, with or without
+    .json / .safetensors).
+
+    Raises:
+        ConfigError: neither exists; names the shipped checkpoints.
+    """
+    if any(Path(name + ext).is_file() for ext in ("", ".json", ".safetensors")) or Path(name).parent != Path("."):
+        return name  # a path: load_checkpoint says what is wrong with it
+    stem = Path(name).name.removesuffix(".json").removesuffix(".safetensors")
+    shipped = resources.models_dir() / stem
+    if Path(name).parent == Path(".") and Path(f"{shipped}.json").is_file():
+        return str(shipped)
+    names = sorted(p.stem for p in resources.models_dir().glob("*.json"))
+    raise ConfigError(f"CHECKPOINT: no checkpoint {name!r} (a file pair's stem, or a shipped one: {', '.join(names)})")
 
 
 def cmd_train(args) -> int:
@@ -201,12 +231,14 @@ def cmd_train(args) -> int:
     from icl_bench.training.config import TrainConfig, load_runs
     from icl_bench.training.train import train_and_save
 
+    if args.steps is not None and args.steps < 1:
+        raise ConfigError(f"--steps: must be an integer >= 1 (got {args.steps})")
     runs = load_runs(resources.config_path(args.config), args.run)
-    if args.steps is not None:  # a quick check of a packaged config: fewer steps, same recipe
-        runs = [{**d, "steps": args.steps, "eval_every": min(d.get("eval_every", 250), max(args.steps, 1))} for d in runs]
-    cfgs = [TrainConfig.from_dict({**d, "progress": d.get("progress", True) and not args.no_progress},
-                                  where=f"runs.{d['name']}" if "name" in d else "train")
+    cfgs = [TrainConfig.from_dict(d, where=f"runs.{d['name']}" if "name" in d else "train")
             for d in runs]  # every run is validated before hours of training, not after
+    cfgs = [c.model_copy(update={"progress": c.progress and not args.no_progress}) for c in cfgs]
+    if args.steps is not None:  # a quick check of a packaged config: fewer steps, same recipe
+        cfgs = [c.model_copy(update={"steps": args.steps, "eval_every": min(c.eval_every, args.steps)}) for c in cfgs]
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} exists and is not a folder")
@@ -217,8 +249,9 @@ def cmd_train(args) -> int:
     for cfg in cfgs:
         stem = train_and_save(cfg, out)
         meta = json.loads(Path(f"{stem}.json").read_text())["metrics"]
-        print(f"{cfg.name}: {meta['step']} steps, held-out MSE vs OLS {meta['eval_mse_vs_ols']:.3e} "
-              f"({meta['eval_rel_mse']:.2%} of var(OLS)), sparsity {meta['sparsity']:.2f} -> {stem}.safetensors", flush=True)
+        num = lambda k, f: "nan" if meta.get(k) is None else format(meta[k], f)  # noqa: E731 (null = NaN: diverged)
+        print(f"{cfg.name}: {meta['step']} steps, held-out MSE vs OLS {num('eval_mse_vs_ols', '.3e')} "
+              f"({num('eval_rel_mse', '.2%')} of var(OLS)), sparsity {num('sparsity', '.2f')} -> {stem}.safetensors", flush=True)
     return 0
 
 
