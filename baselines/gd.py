@@ -32,6 +32,7 @@ import torch
 from icl_bench import Param, PromptBatch, Solver
 from icl_bench.errors import ConfigError
 from icl_bench.solvers.base import nan_if_ill_posed
+from icl_bench.solvers.multivariate import gd_mv
 
 VARIANTS = ("masked", "query-in-context")
 # Defaults, stated here (not imported from gd-lsa, the construction this baseline checks); gd-lsa
@@ -117,11 +118,14 @@ class GD(Solver):
     }
 
     CHUNK_ELEMENTS = 1 << 16  # CPU: prompts per gd_predict call = this // N (keeps the residuals in cache)
+    multivariate = True  # d > 1: phi = (1, x) in R^(d+1) (icl_bench/solvers/gd_mv.py)
 
     def predict(self, batch: PromptBatch) -> torch.Tensor:
         """(B,) w_K . (1, u). On the CPU the prompts go through in cache-sized chunks (each
         prompt's arithmetic is the same; the (chunk, N) residuals of every step stay in cache)."""
         v = self.values
+        if batch.d > 1:
+            return gd_mv(batch, v["steps"], v["lr"], v["variant"])
         step = batch.B if batch.device.type != "cpu" else max(1, self.CHUNK_ELEMENTS // batch.N)
         parts = [gd_predict(c.x, c.y, c.x_query, v["steps"], v["lr"], v["variant"])
                  for c in (batch.slice(i, i + step) for i in range(0, batch.B, step))]

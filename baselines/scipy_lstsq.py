@@ -18,6 +18,7 @@ import torch
 
 from icl_bench import PromptBatch, Solver
 from icl_bench.prompts.ols import ill_posed
+from icl_bench.solvers.multivariate import scipy_lstsq_mv
 
 
 class ScipyLstsq(Solver):
@@ -25,7 +26,11 @@ class ScipyLstsq(Solver):
 
     params = {}
 
+    multivariate = True  # d > 1: lstsq on [1, X] per prompt, NaN where the reference is (solvers/multivariate.py)
+
     def predict(self, batch: PromptBatch) -> torch.Tensor:
+        if batch.d > 1:
+            return scipy_lstsq_mv(batch)
         x = batch.x.detach().cpu().double().numpy()  # (B, N)
         y = batch.y.detach().cpu().double().numpy()  # (B, N)
         u = batch.x_query.detach().cpu().double().numpy()  # (B,)

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from icl_bench.config_base import choice, integer, number
 from icl_bench.prompts.generator import DTYPES
+from icl_bench.prompts.multivariate import MAX_D
 
 DEVICES = ("cpu", "cuda")
 
@@ -35,6 +36,8 @@ AXES: tuple[Axis, ...] = (
     Axis("R", (100.0,), number(gt=0), "float64", True, "the constant in every token's third slot"),
     Axis("dtype", ("float32",), choice(tuple(DTYPES)), "object", False, "floating-point type of prompts and solver"),
     Axis("device", ("cpu",), choice(DEVICES), "object", False, "torch device the solver runs on"),
+    Axis("d", (1,), integer(1, MAX_D), "int64", True,
+         "regressors per example (x in R^d; d > 1: docs/ln-closed-form-multivariate.md)"),
 )
 AXIS_NAMES: tuple[str, ...] = tuple(a.name for a in AXES)
 BY_NAME: dict[str, Axis] = {a.name: a for a in AXES}

@@ -19,6 +19,7 @@ from icl_bench.bench.axes import AXES
 from icl_bench.bench.config import MatrixConfig
 from icl_bench.prompts.data import DataSource, sample_data_prompts
 from icl_bench.prompts.generator import Dist, PromptSpec, sample_prompts
+from icl_bench.prompts.multivariate import sample_prompts_mv
 from icl_bench.solvers.registry import get_solver, known_names
 
 
@@ -42,6 +43,7 @@ class Cell:
     data_sha256: str = ""  # digest of the CSV file's bytes (CSV source only): edited data = new cells
     inputs_sha256: str = ""  # digest of the files the solver reads (Solver.input_files: checkpoints)
     optional: bool = False  # run only because all_solvers: a solver that fails to load is skipped (not in the key)
+    d: int = 1  # regressors per example (the grid axis d)
 
     @property
     def key(self) -> str:
@@ -53,16 +55,21 @@ class Cell:
         for name in ("data_sha256", "inputs_sha256"):  # absent inputs: the key stays what it always was
             if not fields[name]:
                 del fields[name]
+        if fields["d"] == 1:  # one regressor: the key of every 1-D cell stays what it always was
+            del fields["d"]
         text = json.dumps(fields, sort_keys=True, allow_nan=True)
         return hashlib.sha1(text.encode()).hexdigest()[:20]
 
     def describe(self) -> str:
-        return f"{self.solver} {self.solver_params} N={self.N} noise={self.noise} R={self.R} {self.dtype} {self.device}"
+        dim = f" d={self.d}" if self.d != 1 else ""
+        return f"{self.solver} {self.solver_params} N={self.N} noise={self.noise} R={self.R}{dim} {self.dtype} {self.device}"
 
 
-def prompt_seed(seed: int, N: int, noise: float, R: float) -> int:
-    """Seed of one grid point's prompts: shared by every solver, dtype and device there."""
-    digest = hashlib.sha256(json.dumps([seed, N, noise, R], allow_nan=True).encode()).digest()
+def prompt_seed(seed: int, N: int, noise: float, R: float, d: int = 1) -> int:
+    """Seed of one grid point's prompts: shared by every solver, dtype and device there.
+    d = 1 hashes exactly what it did before the d axis existed (the 1-D prompts are unchanged)."""
+    point = [seed, N, noise, R] if d == 1 else [seed, N, noise, R, d]
+    digest = hashlib.sha256(json.dumps(point, allow_nan=True).encode()).digest()
     return int.from_bytes(digest[:7], "little")
 
 
@@ -132,11 +139,16 @@ def expand_cells(cfg: MatrixConfig) -> list[Cell]:
 
 
 @lru_cache(maxsize=2)
-def cell_prompts(source: str, N: int, noise: float, R: float, n_prompts: int, seed: int, dtype: str, device: str):
-    """The prompt batch of one grid point (cached: all its solvers share it)."""
+def cell_prompts(source: str, N: int, noise: float, R: float, n_prompts: int, seed: int, dtype: str, device: str,
+                 d: int = 1):
+    """The prompt batch of one grid point (cached: all its solvers share it); d > 1 regressors:
+    x (B, N, d) from icl_bench.prompts.multivariate (the distributions apply per coordinate)."""
     spec = json.loads(source)
-    pseed = prompt_seed(seed, N, noise, R)
+    pseed = prompt_seed(seed, N, noise, R, d)
     if "csv" in spec:
         return sample_data_prompts(DataSource(**spec["csv"]), N, R, n_prompts, seed=pseed, dtype=dtype, device=device)
     dists = {k: Dist(**v) for k, v in spec.items()}
+    if d > 1:
+        return sample_prompts_mv(PromptSpec(N=N, noise=noise, R=R, **dists), n_prompts, d=d, seed=pseed,
+                                 dtype=dtype, device=device)
     return sample_prompts(PromptSpec(N=N, noise=noise, R=R, **dists), n_prompts, seed=pseed, dtype=dtype, device=device)

@@ -124,9 +124,13 @@ class MatrixConfig(ConfigModel):
     @model_validator(mode="after")
     def _check(self, info: ValidationInfo) -> "MatrixConfig":
         g = self.grid
-        if self.n_prompts * (max(g.N) + 1) > MAX_VALUES:
-            raise problem(f"n_prompts * (N + 1) = {self.n_prompts * (max(g.N) + 1)} prompt values exceed "
-                          f"{MAX_VALUES} per grid point; lower n_prompts or N", key="n_prompts")
+        if self.n_prompts * (max(g.N) + 1) * max(g.d) > MAX_VALUES:
+            what = "n_prompts * (N + 1)" + (" * d" if max(g.d) > 1 else "")
+            raise problem(f"{what} = {self.n_prompts * (max(g.N) + 1) * max(g.d)} prompt values exceed "
+                          f"{MAX_VALUES} per grid point; lower n_prompts or N" + (" or d" if max(g.d) > 1 else ""),
+                          key="n_prompts")
+        if self.data is not None and max(g.d) > 1:
+            raise problem("CSV data has one regressor (its x column); the grid's d must be [1]", key="grid.d")
         for dtype in g.dtype:
             for R in g.R:
                 if R > FLOAT_MAX[dtype]:

@@ -40,6 +40,7 @@ from icl_bench.bench.timing import sync, time_passes
 from icl_bench.files import dumps
 from icl_bench.errors import ConfigError
 from icl_bench.solvers.base import SkipCell
+from icl_bench.solvers.multivariate import check_regressors
 from icl_bench.solvers.registry import SolverLoadError, get_solver
 
 NO_ANSWER = "no finite prediction"  # the start of the message of a cell whose solver never answered
@@ -105,8 +106,10 @@ def run_cell(cell: Cell) -> dict:
         if cell.device.startswith("cuda") and not torch.cuda.is_available():
             raise SkipCell("CUDA is not available on this machine (torch.cuda.is_available() is False)")
         solver = get_solver(cell.solver, **json.loads(cell.solver_params))
-        pristine = cell_prompts(cell.prompts, cell.N, cell.noise, cell.R, cell.n_prompts, cell.seed, cell.dtype, cell.device)
+        pristine = cell_prompts(cell.prompts, cell.N, cell.noise, cell.R, cell.n_prompts, cell.seed, cell.dtype,
+                                cell.device, cell.d)
         batch = replace(pristine, **{k: v.clone() for k, v in pristine.tensors().items()})  # the cache stays intact
+        check_regressors(solver, batch)  # d > 1 and no multivariate path: skipped, with the reason
         solver.check_batch(batch)
         pred, seconds = _timed_predictions(solver, batch, cell)
         _check_untouched(batch, pristine)

@@ -107,6 +107,11 @@ class PromptBatch:
         return self.x.shape[1]
 
     @property
+    def d(self) -> int:
+        """Regressors per example: 1 for x (B, N); d for x (B, N, d) (icl_bench/prompts/multivariate.py)."""
+        return 1 if self.x.ndim == 2 else self.x.shape[2]
+
+    @property
     def dtype(self) -> torch.dtype:
         return self.x.dtype
 

@@ -33,11 +33,15 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from icl_bench.bench.axes import AXIS_NAMES, BY_NAME
 from icl_bench.errors import ConfigError
 
-AXES = ("N", "noise", "R", "dtype", "device")  # the grid axes of a result row
+AXES = AXIS_NAMES  # the grid axes of a result row (their one definition: bench/axes.py)
+# axes added after runs were first published; a table without the column has the one default value
+BACKFILL = {"d": 1}
 KEYS = ["solver", "solver_params", *AXES, "prompts"]  # one summary row per distinct KEYS
-REQUIRED = ["solver", "solver_params", *AXES, "seed", "n_prompts", "mse_vs_ols", "mse_vs_truth",
+REQUIRED = ["solver", "solver_params", *(a for a in AXES if a not in BACKFILL), "seed", "n_prompts",
+            "mse_vs_ols", "mse_vs_truth",
             "prompts_per_s", "weight_sparsity", "weight_l1", "status", "message"]
 LEVEL = 0.95  # confidence level of the intervals
 
@@ -79,6 +83,9 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict | None]:
     for col in ("mse_vs_ols_se", "mse_vs_truth_se", "prompts"):  # older runs: no SE, one prompt source
         if col not in table.columns:
             table[col] = math.nan if col.endswith("_se") else ""
+    for axis, value in BACKFILL.items():  # older runs: one regressor
+        if axis not in table.columns:
+            table[axis] = pd.Series(value, index=table.index, dtype=BY_NAME[axis].column_dtype)
     return table.assign(run=str(path)), meta
 
 
@@ -253,9 +260,10 @@ def sparsity(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _coerce(axis: str, text: str):
-    if axis == "N":
+    kind = BY_NAME[axis].column_dtype  # bench/axes.py: int64 (N, d), float64 (noise, R), object
+    if kind == "int64":
         return int(text)
-    if axis in ("noise", "R"):
+    if kind == "float64":
         return float(text)
     return str(text)
 
@@ -304,7 +312,7 @@ def select(df: pd.DataFrame, setting: dict, axes) -> pd.DataFrame:
 def headline(summary: pd.DataFrame, setting: dict) -> pd.DataFrame:
     """Mean MSE vs OLS "mean [CI low, CI high]" by series (rows) x N (columns) at `setting`
     (noise, R, dtype, device fixed). Empty when no ok cell matches."""
-    at = select(summary, setting, ("noise", "R", "dtype", "device"))
+    at = select(summary, setting, tuple(a for a in AXES if a != "N"))
     if at.empty:
         return pd.DataFrame()
     text = at.assign(cell=[f"{m:.3g} [{lo:.3g}, {hi:.3g}]" for m, lo, hi in
@@ -320,3 +328,10 @@ def to_markdown(df: pd.DataFrame) -> str:
     if df.empty:
         return "(none)\n"
     return df.to_markdown(index=False, floatfmt=".3g") + "\n"
+
+
+def setting_text(setting: dict, axes=None, fmt=str) -> str:
+    """"N = 30, noise = 0.1, ..." for `axes` (default: every axis of `setting`); one regressor
+    (d = 1) is the default setting and is not named."""
+    axes = list(setting) if axes is None else axes
+    return ", ".join(f"{a} = {fmt(setting[a])}" for a in axes if not (a == "d" and setting.get(a) == 1))

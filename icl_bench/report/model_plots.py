@@ -105,7 +105,7 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
             models[label] = {"weights": model.weight_matrices(), "trace": {"tokens": tokens, **model.probe(tokens)}}
 
     add(f"construction (R={R:g})", build_construction(R))
-    at = select(table[table["status"] == "ok"], setting, ("N", "noise", "R"))
+    at = select(table[table["status"] == "ok"], setting, ("N", "noise", "R", "d"))
     for (solver, params), _ in at.groupby(["solver", "solver_params"]):
         label = f"{solver} {params}" if params not in ("", "{}") else solver
         try:

@@ -21,7 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from icl_bench.report import style
-from icl_bench.report.aggregate import select, series_order
+from icl_bench.report.aggregate import select, series_order, setting_text
 
 MSE_OLS_LABEL = "MSE vs OLS prediction (y units²)"
 MSE_TRUTH_LABEL = "MSE vs truth a + b·u (y units²)"
@@ -129,13 +129,13 @@ def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric:
 
 
 def _setting_text(setting: dict, axes) -> str:
-    return ", ".join(f"{a} = {_fmt(setting[a])}" for a in axes)
+    return setting_text(setting, axes, _fmt)
 
 
 def mse_vs_n(summary: pd.DataFrame, setting: dict) -> Figure:
     """MSE vs OLS against N, one line per series, one panel per noise; R, dtype and device fixed
     at `setting` (report.representative). Raises PlotSkipped without ok cells there."""
-    d = select(summary, setting, ("R", "dtype", "device"))
+    d = select(summary, setting, ("R", "dtype", "device", "d"))
     if d.empty:
         raise PlotSkipped(f"mse_vs_n: no ok cells at {_setting_text(setting, ('R', 'dtype', 'device'))}")
     return _mean_ci_lines(d, "N", "noise", "noise σ", "mse_vs_ols", MSE_OLS_LABEL,
@@ -145,7 +145,7 @@ def mse_vs_n(summary: pd.DataFrame, setting: dict) -> Figure:
 def mse_vs_r(summary: pd.DataFrame, setting: dict) -> Figure:
     """MSE vs OLS against R, one line per series, one panel per dtype (the float32 U-curve of
     ln-closed-form shows here); N, noise, device fixed at `setting`. Raises PlotSkipped."""
-    d = select(summary, setting, ("N", "noise", "device"))
+    d = select(summary, setting, ("N", "noise", "device", "d"))
     if d.empty:
         raise PlotSkipped(f"mse_vs_r: no ok cells at {_setting_text(setting, ('N', 'noise', 'device'))}")
     return _mean_ci_lines(d, "R", "dtype", "dtype", "mse_vs_ols", MSE_OLS_LABEL,
@@ -163,7 +163,7 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     horizontal line (the closed forms); one panel per N; noise, R, dtype, device fixed.
     Raises PlotSkipped when no solver in the runs has a `steps` parameter, or when steps took a
     single value per solver (the message says which)."""
-    axes = ("noise", "R", "dtype", "device")
+    axes = ("noise", "R", "dtype", "device", "d")
     d = select(summary, setting, axes).copy()
     d["steps"] = [_steps(p) for p in d["solver_params"]]
     stepped = d[d["steps"].notna()].copy()

@@ -96,7 +96,8 @@ def _setting_text(setting: dict) -> str:
     def fmt(v):
         return ("n/a" if math.isnan(v) else f"{v:g}") if isinstance(v, float) else str(v)
 
-    return ", ".join(f"{k} = {fmt(v)}" for k, v in setting.items())
+    # one regressor (d = 1) is the suite's default setting and is not named, as before the d axis
+    return report.setting_text(setting, None, fmt)
 
 
 def _index_html(ctx: dict) -> str:

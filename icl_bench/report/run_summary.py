@@ -31,7 +31,7 @@ def console_summary(table: pd.DataFrame) -> str:
         error=("status", lambda s: int((s == "error").sum())))
     here = at.groupby("series").agg(mse_vs_ols=("mse_vs_ols", "mean"), prompts_per_s=("prompts_per_s", "median"))
     out = counts.join(here, how="left").reindex(report.series_order(table))
-    where = ", ".join(f"{a} = {_fmt(setting[a])}" for a in report.AXES)
+    where = report.setting_text(setting, report.AXES, _fmt)
     lines = [f"cells per series (whole run); MSE vs OLS (y units², mean over seeds) and prompts/s at {where}:",
              out.to_string(float_format=lambda v: f"{v:.3g}", na_rep="-")]
     bad = table[table["status"] != "ok"]

@@ -38,7 +38,10 @@ def nan_if_ill_posed(pred: torch.Tensor, batch: PromptBatch) -> torch.Tensor:
     `n_nonfinite`) instead of whatever finite number its arithmetic happens to produce.
     Returns a new tensor; `pred` is untouched.
     """
-    bad = ill_posed(batch.x, batch.y, batch.x_query) | ~torch.isfinite(batch.ols_prediction)  # (B,)
+    if batch.d > 1:  # d regressors: the reference's conditioning rule (icl_bench/prompts/ols_mv.py)
+        bad = ~torch.isfinite(batch.ols_prediction)  # (B,)
+    else:
+        bad = ill_posed(batch.x, batch.y, batch.x_query) | ~torch.isfinite(batch.ols_prediction)  # (B,)
     ok = ~bad.to(pred.device) & ~torch.isinf(pred)  # (B,)
     return pred.masked_fill(~ok, float("nan"))
 

@@ -37,6 +37,7 @@ the same two key sets (baselines/gd.py), and the two agree to ~1e-15 in float64 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 
@@ -44,6 +45,7 @@ from icl_bench.errors import ConfigError
 from icl_bench.prompts.generator import PromptBatch, resolve_dtype
 from icl_bench.solvers.registry import register_solver
 from icl_bench.solvers.base import Param, Solver, nan_if_ill_posed
+from icl_bench.solvers.gd_mv import build_gd_lsa_mv
 from icl_bench.solvers.transformer import KEY_SETS, Transformer, TransformerConfig
 
 DEFAULT_STEPS = 16  # K: MSE vs OLS ~ 1e-4 at N = 30 with the default lr (results/gd_lr_sweep.md)
@@ -114,34 +116,36 @@ class GDLSA(Solver):
                          choices=KEY_SETS),
     }
 
+    multivariate = True  # d > 1: d_model = d + 3 (icl_bench/solvers/gd_mv.py, build_gd_lsa_mv)
+
     def __init__(self, **values):
         super().__init__(**values)  # Param checks: steps in [1, MAX_STEPS], lr finite and > 0, variant
-        self._models: dict[tuple, Transformer] = {}  # (R, dtype, device) -> construction
-        self._last_R = DEFAULT_R
+        self._models: dict[tuple, Transformer] = {}  # (R, dtype, device, d) -> construction
+        self._last_R, self._last_d = DEFAULT_R, 1
 
-    def model(self, R: float, dtype="float64", device="cpu") -> Transformer:
-        """The construction for embedding constant R, cached per (R, dtype, device)."""
-        key = (float(R), resolve_dtype(dtype), str(torch.device(device)))
+    def model(self, R: float, dtype="float64", device="cpu", d: int = 1) -> Transformer:
+        """The construction for embedding constant R and d regressors, cached per (R, dtype, device, d)."""
+        key = (float(R), resolve_dtype(dtype), str(torch.device(device)), d)
         if key not in self._models:
             v = self.values
-            self._models[key] = build_gd_construction(v["steps"], v["lr"], float(R), v["variant"],
-                                                      dtype=key[1], device=key[2])
+            build = build_gd_construction if d == 1 else partial(build_gd_lsa_mv, d=d)
+            self._models[key] = build(v["steps"], v["lr"], float(R), variant=v["variant"], dtype=key[1], device=key[2])
         return self._models[key]
 
     def predict(self, batch: PromptBatch) -> torch.Tensor:
         """(B,) predictions w_K . (1, u) in batch.dtype on batch.device; NaN stays in its own prompt,
         and an ill-posed prompt (var(x) = 0, NaN / inf) gets NaN (see nan_if_ill_posed)."""
-        self._last_R = batch.R
+        self._last_R, self._last_d = batch.R, batch.d
         with torch.no_grad():
-            pred = self.model(batch.R, batch.dtype, batch.device)(batch.tokens)  # (B,)
+            pred = self.model(batch.R, batch.dtype, batch.device, batch.d)(batch.tokens)  # (B,)
         return nan_if_ill_posed(pred, batch)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The construction's weight matrices (float64) for the R of the last batch predicted
         (R = 100 before any): embed.weight, blocks.{k}.attn.W_{Q,K,V,O}, readout.weight."""
-        return self.model(self._last_R).weight_matrices()
+        return self.model(self._last_R, d=self._last_d).weight_matrices()
 
     def probe(self, batch: PromptBatch) -> dict[str, torch.Tensor]:
         """The residual stream per layer (see Transformer.probe): "layer{k}.resid"[:, :, 1] holds
         the residuals t after k+1 GD steps; at the query token it is -y_hat_{k+1}."""
-        return self.model(batch.R, batch.dtype, batch.device).probe(batch.tokens)
+        return self.model(batch.R, batch.dtype, batch.device, batch.d).probe(batch.tokens)

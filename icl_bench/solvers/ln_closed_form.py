@@ -25,6 +25,8 @@ from icl_bench.errors import ConfigError
 from icl_bench.prompts.generator import PromptBatch, make_tokens
 from icl_bench.prompts.ols import centred_scales, ill_posed
 from icl_bench.solvers.base import Param, Solver, r_lost
+from icl_bench.solvers.ln_closed_form_mv import build_ln_construction_mv
+from icl_bench.solvers.multivariate import ln_closed_form_mv, ln_inputs_mv
 from icl_bench.solvers.registry import register_solver
 from icl_bench.solvers.transformer import KEY_SETS, Transformer, TransformerConfig
 
@@ -237,6 +239,11 @@ class LNClosedForm(Solver):
     Degenerate prompts (all x exactly equal, any NaN / inf in the prompt) predict NaN, like the OLS
     reference, and so do prompts on a scale where R vanishes in rounding (|x|, |y| or |u| >= R / eps,
     e.g. ~1e30 with R = 100 in float64); the other prompts of the batch are unaffected.
+
+    d > 1 regressors (batch.d): the Modified Gram-Schmidt construction of
+    icl_bench/solvers/ln_closed_form_mv.py (d + 1 layers, 2 heads, d_model d + 3; error O(1/R^2) per
+    layer, docs/ln-closed-form-multivariate.md); standardize then scales each column of x and y; NaN
+    where the float64 reference is NaN (its conditioning rule) or R is lost in rounding.
     """
 
     params = {
@@ -246,18 +253,21 @@ class LNClosedForm(Solver):
                                 min=1.0),
     }
 
+    multivariate = True  # d > 1: the Gram-Schmidt construction (docs/ln-closed-form-multivariate.md)
+
     def __init__(self, **values):
         super().__init__(**values)
         self._models: dict[tuple, Transformer] = {}
         self._last_R: float | None = None
+        self._last_d = 1
 
-    def model(self, R: float, dtype: torch.dtype = torch.float64, device="cpu") -> Transformer:
-        """The cached construction for (R, this variant, dtype, device)."""
-        key = (float(R), self.values["variant"], dtype, torch.device(device))
+    def model(self, R: float, dtype: torch.dtype = torch.float64, device="cpu", d: int = 1) -> Transformer:
+        """The cached construction for (R, this variant, dtype, device, d): d = 1 the 2-layer one
+        above, d > 1 build_ln_construction_mv (d + 1 layers, d_model d + 3)."""
+        key = (float(R), self.values["variant"], dtype, torch.device(device), d)
         if key not in self._models:
-            self._models[key] = build_construction(R, self.values["variant"], dtype=dtype, device=device,
-                                                   ln_input_scale=self.values["ln_input_scale"])
-        self._last_R = float(R)
+            self._models[key] = self._build(R, d, dtype, device)
+        self._last_R, self._last_d = float(R), d
         return self._models[key]
 
     def _inputs(self, batch: PromptBatch):
@@ -270,6 +280,9 @@ class LNClosedForm(Solver):
     @torch.no_grad()
     def predict(self, batch: PromptBatch) -> torch.Tensor:
         """(B,) predictions in batch.dtype on batch.device; NaN for degenerate prompts."""
+        if batch.d > 1:
+            return ln_closed_form_mv(batch, self.model(batch.R, batch.dtype, batch.device, batch.d),
+                                     self.values["standardize"])
         tokens, shift, scale = self._inputs(batch)  # (B, N+1, 3)
         out = self.model(batch.R, batch.dtype, batch.device)(tokens)  # (B,)
         if shift is not None:
@@ -284,12 +297,21 @@ class LNClosedForm(Solver):
         weight (R/sqrt2, an LN gain) counts them as near zero once R > ~30.
         """
         R = self._last_R if R is None and self._last_R is not None else (100.0 if R is None else R)
-        return build_construction(R, self.values["variant"],
-                                  ln_input_scale=self.values["ln_input_scale"]).weight_matrices()
+        return self._build(R, self._last_d, torch.float64, "cpu").weight_matrices()
+
+    def _build(self, R: float, d: int, dtype, device) -> Transformer:
+        """A fresh construction: d = 1 the 2-layer one above; d > 1 build_ln_construction_mv, whose
+        amplify c plays ln_input_scale's part (the big LN pair c R S_pp: eps enters as eps/(c R S_pp)^2,
+        and the O(1/R^2) terms become O(1/(c R)^2))."""
+        if d == 1:
+            return build_construction(R, self.values["variant"], dtype=dtype, device=device,
+                                      ln_input_scale=self.values["ln_input_scale"])
+        return build_ln_construction_mv(R, d, self.values["variant"], amplify=self.values["ln_input_scale"],
+                                        dtype=dtype, device=device)
 
     def probe(self, batch: PromptBatch) -> dict[str, torch.Tensor]:
         """Transformer.probe() of the tokens the module reads, plus "tokens" (B, N+1, 3) themselves
         (the standardized ones when standardize=True), for `icl_bench.analysis.probes.mechanism_probes`."""
-        tokens, _, _ = self._inputs(batch)
-        trace = self.model(batch.R, batch.dtype, batch.device).probe(tokens)
+        tokens = ln_inputs_mv(batch, self.values["standardize"])[0] if batch.d > 1 else self._inputs(batch)[0]
+        trace = self.model(batch.R, batch.dtype, batch.device, batch.d).probe(tokens)
         return {"tokens": tokens, **trace}

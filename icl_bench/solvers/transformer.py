@@ -32,6 +32,7 @@ from torch import nn
 
 KEY_SETS = ("masked", "query-in-context")
 READOUTS = ("flatten", "query")
+LN_SUMS = ("torch", "slots")  # order of LayerNorm's mean over the d_model slots in `forward` (see Block)
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,15 @@ class TransformerConfig:
     readout: str = "query"  # one of READOUTS
     N: int | None = None  # context length; required by readout="flatten"
     ln_eps: float = 1e-5  # LayerNorm epsilon (added to the variance)
+    ln_sum: str = "torch"  # one of LN_SUMS: "slots" sums LN's mean slot 0, 1, 2, ... in order (forward only)
 
     def __post_init__(self):
         if self.keys not in KEY_SETS:
             raise ValueError(f"keys: unknown key set {self.keys!r}; accepted: {', '.join(KEY_SETS)}")
         if self.readout not in READOUTS:
             raise ValueError(f"readout: unknown readout {self.readout!r}; accepted: {', '.join(READOUTS)}")
+        if self.ln_sum not in LN_SUMS:
+            raise ValueError(f"ln_sum: unknown order {self.ln_sum!r}; accepted: {', '.join(LN_SUMS)}")
         if self.readout == "flatten" and (self.N is None or self.N < 2):
             raise ValueError("N: readout='flatten' needs the context length N >= 2")
         for k in ("d_in", "d_model", "n_layers", "n_heads"):
@@ -141,6 +145,7 @@ class Block(nn.Module):
         super().__init__()
         self.attn = LinearSelfAttention(cfg.d_model, cfg.n_heads, cfg.keys)
         self.ln = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps) if cfg.layernorm else None
+        self.ln_sum = cfg.ln_sum
 
     def forward(self, h: torch.Tensor, quadratic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """h (B, T, d) -> (new residual, attention output, LN output), each (B, T, d)."""
@@ -155,14 +160,22 @@ class Block(nn.Module):
         attention output a per token, then (gain * (a - mean)) / sqrt(var + eps) + bias, so
         the centring is done on the data as nn.LayerNorm does it (its float rounding is part of
         the mechanism, docs/design.md §5). With d as the inner axis every op would run 4 numbers
-        at a time; here they run along the tokens.
+        at a time; here they run along the tokens. ln_sum="slots" forms the mean's sum in slot
+        order ((a_0 + a_1) + a_2) + ..., so a pair +-B placed in slots 0 and 1 cancels exactly; torch's
+        own reduction order varies with d and with the token count (docs/ln-closed-form-multivariate.md).
         """
         h = hT[:, :, -1:] if query_only else hT  # (B, d, T')
         a = self.attn.forward_channels(hT, maps, query_only)  # (B, d, T')
         if self.ln is None:
             return h + a
         d = a.shape[1]
-        c = a - a.sum(dim=1, keepdim=True) / d  # (B, d, T'): centred over d
+        if self.ln_sum == "slots":
+            total = a[:, 0:1] + a[:, 1:2] if d > 1 else a[:, 0:1].clone()  # (B, 1, T')
+            for j in range(2, d):
+                total = total + a[:, j:j + 1]
+        else:
+            total = a.sum(dim=1, keepdim=True)  # (B, 1, T')
+        c = a - total / d  # (B, d, T'): centred over d
         inv = torch.rsqrt(c.square().sum(dim=1, keepdim=True) / d + self.ln.eps)  # (B, 1, T'): 1 / LN std
         gc = c if self.ln.weight is None else c * self.ln.weight[:, None]  # gain * centred
         base = h if self.ln.bias is None else h + self.ln.bias[:, None]

@@ -1,0 +1,100 @@
+"""The d > 1 code paths of the built-in solvers (ols, scipy-lstsq, gd, gd-lsa, ln-closed-form).
+
+Each solver keeps its one-dimensional path unchanged and calls the function here when the batch
+carries d > 1 regressors (x (B, N, d); icl_bench/prompts/multivariate.py). A solver without a d > 1 path is
+skipped for such a batch with the reason `MULTIVARIATE_SKIP` (see `check_regressors`).
+Mathematics: docs/ln-closed-form-multivariate.md.
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg
+import torch
+
+from icl_bench.solvers.gd_mv import gd_predict_mv
+from icl_bench.prompts.ols_mv import ols_predict_mv
+from icl_bench.prompts.generator import PromptBatch
+from icl_bench.prompts.multivariate import make_tokens_mv, n_regressors
+from icl_bench.solvers.base import SkipCell, nan_if_ill_posed
+
+MULTIVARIATE_SKIP = "{name} handles one regressor only (d = 1); this cell has d = {d}"
+CHUNK_ELEMENTS = 1 << 16  # CPU: prompts per gd chunk = this // (N * d)
+
+
+def check_regressors(solver, batch: PromptBatch) -> None:
+    """Raise SkipCell with the reason if `batch` has d > 1 and `solver` declares no d > 1 path
+    (class attribute `multivariate = True`). Plugins that say nothing are skipped, never misfed."""
+    d = n_regressors(batch)
+    if d > 1 and not getattr(solver, "multivariate", False):
+        raise SkipCell(MULTIVARIATE_SKIP.format(name=getattr(solver, "name", type(solver).__name__) or "solver", d=d))
+
+
+def ols_mv(batch: PromptBatch) -> torch.Tensor:
+    """`ols` for d > 1: QR least squares in the batch's dtype (icl_bench/prompts/ols_mv.py), (B,)."""
+    pred = ols_predict_mv(batch.x, batch.y, batch.x_query, dtype=batch.dtype)
+    return nan_if_ill_posed(pred, batch)
+
+
+def scipy_lstsq_mv(batch: PromptBatch) -> torch.Tensor:
+    """`scipy-lstsq` for d > 1: scipy.linalg.lstsq on [1, X] per prompt (float64), NaN where the
+    float64 reference is NaN (ill-posed by its conditioning rule), (B,) in batch.dtype."""
+    x = batch.x.detach().cpu().double().numpy()  # (B, N, d)
+    y = batch.y.detach().cpu().double().numpy()  # (B, N)
+    u = batch.x_query.detach().cpu().double().numpy()  # (B, d)
+    ok = torch.isfinite(batch.ols_prediction).cpu().numpy()
+    out = np.full(x.shape[0], np.nan)
+    for i in np.nonzero(ok)[0]:
+        design = np.column_stack([np.ones(x.shape[1]), x[i]])  # (N, d+1)
+        coef = scipy.linalg.lstsq(design, y[i])[0]
+        out[i] = coef[0] + coef[1:] @ u[i]
+    pred = torch.from_numpy(out).to(device=batch.device, dtype=batch.dtype)
+    return nan_if_ill_posed(pred, batch)
+
+
+def gd_mv(batch: PromptBatch, steps: int, lr: float, variant: str) -> torch.Tensor:
+    """`gd` for d > 1: K explicit GD steps (icl_bench/solvers/gd_mv.py), CPU prompts in cache-sized chunks."""
+    N, d = batch.N, n_regressors(batch)
+    step = batch.B if batch.device.type != "cpu" else max(1, CHUNK_ELEMENTS // (N * d))
+    parts = [gd_predict_mv(c.x, c.y, c.x_query, steps, lr, variant)
+             for c in (batch.slice(i, i + step) for i in range(0, batch.B, step))]
+    return nan_if_ill_posed(torch.cat(parts), batch)
+
+
+def r_lost_mv(tokens: torch.Tensor, R: float) -> torch.Tensor:
+    """(B,) bool: prompts whose x, y or u are so large that R vanishes beside them in rounding
+    (|value| * eps >= R); tokens (B, N+1, d+2) with R in the last slot (icl_bench.solver.r_lost for d = 1)."""
+    return tokens[..., :-1].abs().amax(dim=(1, 2)) * torch.finfo(tokens.dtype).eps >= R
+
+
+def standardize_mv(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor):
+    """Per prompt and column, from the context only: x' = (x - x_bar) / s_x, u' likewise,
+    y' = (y - y_bar) / s_y (population standard deviations; 1 where a column is constant).
+    OLS is equivariant: ols(x, y, u) = y_bar + s_y * ols(x', y', u').
+    Args: x (B, N, d), y (B, N), u (B, d). Returns (x', y', u', y_bar (B,), s_y (B,))."""
+    xb, yb = x.mean(1, keepdim=True), y.mean(1, keepdim=True)  # (B, 1, d), (B, 1)
+    sx = (x - xb).pow(2).mean(1, keepdim=True).sqrt()
+    sy = (y - yb).pow(2).mean(1, keepdim=True).sqrt()
+    sx = torch.where(sx > 0, sx, torch.ones_like(sx))
+    sy = torch.where(sy > 0, sy, torch.ones_like(sy))
+    return (x - xb) / sx, (y - yb) / sy, (u - xb[:, 0]) / sx[:, 0], yb[:, 0], sy[:, 0]
+
+
+def ln_inputs_mv(batch: PromptBatch, standardize: bool):
+    """Tokens the d > 1 construction reads (B, N+1, d+2) and the map back: pred = shift + scale * out
+    (shift, scale None without standardize)."""
+    if not standardize:
+        return batch.tokens, None, None
+    xs, ys, us, y_bar, s_y = standardize_mv(batch.x, batch.y, batch.x_query)
+    return make_tokens_mv(xs, ys, us, batch.R), y_bar, s_y
+
+
+@torch.no_grad()
+def ln_closed_form_mv(batch: PromptBatch, model, standardize: bool) -> torch.Tensor:
+    """`ln-closed-form` for d > 1 with `model` = build_ln_construction_mv(batch.R, d, ...): (B,)
+    predictions; NaN where the reference is NaN (ill-posed) or R is lost in rounding."""
+    tokens, shift, scale = ln_inputs_mv(batch, standardize)
+    out = model(tokens)  # (B,)
+    if shift is not None:
+        out = shift + scale * out
+    out = out.masked_fill(r_lost_mv(tokens, batch.R), float("nan"))
+    return nan_if_ill_posed(out, batch)
