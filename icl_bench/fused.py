@@ -1,28 +1,29 @@
 """Fused token-level forward of the shared transformer (numba, CPU): one kernel per prompt.
 
 The computation is the eager forward's (icl_bench/transformer.py, DESIGN section 4), token by
-token and in the same order, so the float rounding stays of the same kind:
+token, so the float rounding stays of the same kind:
 
-    pass l = 0 .. L-1, over the key tokens j (M = N, or N+1 with keys "query-in-context"):
-        h_l(j)  (embedding for l = 0; block l-1 applied to h_{l-1}(j) otherwise)
-        k = W_K^k h, v = W_V^k h per head;  acc_k += k v^T       (key-value outer products)
-    S_k = acc_k / M;  P_l = sum_k W_O^k S_k^T W_Q^k               (the layer's (d x d) map)
-    block l: a = P_l h;  LN: c = a - mean(a), h <- (h + bias) + (gain * c) / sqrt(mean(c^2) + eps)
-    query token: embedding, then every block with its P_l;  readout w . h_L(query)
-    (readout "flatten": one more pass, sum_t w_t . h_L(t))
+    embedding:  h_0(i) = W_E token_i, every token (the stream is kept channels-first, (d, T))
+    layer l = 0 .. L-1:
+        (l > 0) block l-1 on every token: a = P_{l-1} h; LayerNorm: c = a - mean(a),
+                h <- (h + bias) + (c * gain) / sqrt(mean(c^2) + eps)   (no LN: h <- h + a)
+        one pass over the key tokens j (M = N, or N+1 with keys "query-in-context"):
+                k = W_K^k h_j, v = W_V^k h_j per head k;  acc_k += k v^T
+        S_k = acc_k / M;  P_l = sum_k W_O^k S_k^T W_Q^k   (the layer's (d x d) map, per prompt)
+    block L-1 on the query token (every token for readout "flatten"); readout w . h
 
-Each token is read once per layer: pass 1 recomputes the embedding from the token instead of
-storing it, passes 2.. read the previous layer's stream from a per-thread (d, M) scratch that
-stays in cache, and nothing of width d is written to memory for a 2-layer model. The per-token
-code is generated for the model's (d_in, d_model, heads) with every small loop unrolled, so
-the 2*heads*d^2 accumulators are scalars and the loop over tokens vectorises: the reductions
-over tokens may be reassociated (`fastmath` reassoc: summed in vector lanes, as a batched
-matmul sums) and multiply-adds may fuse; nothing else is relaxed (NaN and inf propagate).
+The per-token code is generated for the model's (d_in, d_model, heads) with every small loop
+unrolled, so the 2 * heads * d^2 accumulators are scalars and the loops over tokens vectorise.
+Only the key-value pass, a reduction over tokens, may reassociate (numba fastmath "reassoc":
+summed in vector lanes, as a batched matmul sums; "contract": fused multiply-adds, as in a
+matmul); the embedding, the attention map and LayerNorm of each token run in program order
+without fast-math, so the centring and division of DESIGN section 5 round as in the eager
+path. NaN and inf propagate (no nnan / ninf), and a division by zero gives inf, not an error.
 
-Prompts run in parallel over numba threads (as many as torch.get_num_threads()).
-`fused_forward` returns None where it does not apply (numba missing, CUDA or non-float
-tensors, gradients wanted); `Transformer.forward` then runs its eager path.
-Measured speed and accuracy: docs/throughput.md.
+Prompts are split over min(torch.get_num_threads(), B // MIN_PROMPTS_PER_THREAD) threads (the
+kernel releases the GIL). `fused_forward` returns None where it does not apply (numba missing or
+disabled, non-CPU or non-float tensors, gradients wanted); `Transformer.forward` then runs its
+eager path. Speed and accuracy, measured: docs/throughput.md.
 """
 from __future__ import annotations
 
@@ -37,140 +38,128 @@ from pathlib import Path
 import numpy as np
 import torch
 
-try:  # optional: without numba every forward is the eager one
-    import numba
-except ImportError:  # pragma: no cover - exercised by tests through monkeypatching
-    numba = None
-
-ENABLED = True  # set False to force the eager forward everywhere (tests, comparisons)
-FASTMATH = {"reassoc", "contract"}  # reductions in vector lanes, fused multiply-adds; no nnan/ninf
+ENABLED = True  # False: every forward takes the eager path (comparisons, debugging)
+FASTMATH = {"reassoc", "contract"}  # for the key-value reduction only; never nnan / ninf
+PAD = 16  # key columns are zero-padded to a multiple of this: whole vectors, and zero keys add 0
+MIN_PROMPTS_PER_THREAD = 16  # fewer prompts per thread than this: fewer threads
+numba = None  # the numba module, imported on first use (~0.5 s); False where it is missing
 _KERNELS: dict[tuple, object] = {}
 _LOCK = threading.Lock()
 _POOL: ThreadPoolExecutor | None = None
-MIN_PROMPTS_PER_THREAD = 16  # fewer prompts per thread than this: run on one thread
 
 
 def available() -> bool:
-    """True when numba imported and the fused path is enabled."""
-    return numba is not None and ENABLED
+    """True when the fused path is enabled and numba imports (it is optional)."""
+    global numba
+    if not ENABLED:
+        return False
+    if numba is None:
+        try:
+            import numba as nb
+        except ImportError:
+            nb = False
+        numba = nb
+    return numba is not False
 
 
 # ---- code generation: the per-token computation with every small loop unrolled ----------------
-
-def _embed(din: int, d: int, ind: str, src: str) -> list[str]:
-    """h_c = sum_j We[c, j] * t_j, the token read from `src` (e.g. tok[b, i, j])."""
-    lines = [f"{ind}t{j} = {src.format(j=j)}" for j in range(din)]
-    lines += [f"{ind}h{c} = " + " + ".join(f"we_{c}_{j} * t{j}" for j in range(din)) for c in range(d)]
-    return lines
-
-
-def _block(d: int, ln: bool, ind: str, P: str, g: str, bb: str) -> list[str]:
-    """h <- block(h): a = P h, then LayerNorm (gain g*, bias bb*) and the skip connection."""
-    lines = [f"{ind}a{r} = " + " + ".join(f"{P}_{r}_{c} * h{c}" for c in range(d)) for r in range(d)]
-    if not ln:
-        return lines + [f"{ind}h{r} = h{r} + a{r}" for r in range(d)]
-    lines.append(f"{ind}mu = (" + " + ".join(f"a{r}" for r in range(d)) + ") / fd")
-    lines += [f"{ind}c{r} = a{r} - mu" for r in range(d)]
-    lines.append(f"{ind}var = (" + " + ".join(f"c{r} * c{r}" for r in range(d)) + ") / fd")
-    lines.append(f"{ind}inv = one / np.sqrt(var + eps)")
-    lines += [f"{ind}h{r} = (h{r} + {bb}{r}) + (c{r} * {g}{r}) * inv" for r in range(d)]
-    return lines
-
-
-def _kv(d: int, H: int, ind: str) -> list[str]:
-    """Per head k: keys and values of h, and their outer product added to s_k_e_f."""
-    lines = []
-    for k in range(H):
-        for e in range(d):
-            lines.append(f"{ind}k{k}_{e} = " + " + ".join(f"wk_{k}_{e}_{c} * h{c}" for c in range(d)))
-            lines.append(f"{ind}v{k}_{e} = " + " + ".join(f"wv_{k}_{e}_{c} * h{c}" for c in range(d)))
-        lines += [f"{ind}s_{k}_{e}_{f} += k{k}_{e} * v{k}_{f}" for e in range(d) for f in range(d)]
-    return lines
-
-
-def _load_layer(d: int, H: int, ln: bool, ind: str, layer: str, kv: bool, prev: bool) -> list[str]:
-    """Scalars of one layer's weights: W_K, W_V rows of `layer`; P, gain, bias of layer-1."""
-    lines = []
-    if kv:
-        lines += [f"{ind}wk_{k}_{e}_{c} = Wkv[{layer}, {k * d + e}, {c}]" for k in range(H) for e in range(d) for c in range(d)]
-        lines += [f"{ind}wv_{k}_{e}_{c} = Wkv[{layer}, {H * d + k * d + e}, {c}]" for k in range(H) for e in range(d) for c in range(d)]
-    if prev:
-        lines += [f"{ind}pp_{r}_{c} = Pm[{layer} - 1, {r}, {c}]" for r in range(d) for c in range(d)]
-        if ln:
-            lines += [f"{ind}gp{r} = gain[{layer} - 1, {r}]" for r in range(d)]
-            lines += [f"{ind}bp{r} = bias[{layer} - 1, {r}]" for r in range(d)]
-    return lines
-
-
-def _fold(d: int, H: int, layer: str) -> list[str]:
-    """P[layer] = sum_k W_O^k S_k^T W_Q^k with S_k = s_k / M: X_k[f, a] = sum_e S_k[e, f] W_Q^k[e, a],
-    then P[g, a] = sum_k sum_f W_O^k[g, f] X_k[f, a] (loops: a fixed cost per prompt and layer)."""
-    lines = [f"Sm[{k}, {e}, {f}] = s_{k}_{e}_{f} / fm" for k in range(H) for e in range(d) for f in range(d)]
-    return lines + [
-        f"for k in range({H}):",
-        f"    for f in range({d}):",
-        f"        for a in range({d}):",
-        "            x = zero",
-        f"            for e in range({d}):",
-        f"                x += Sm[k, e, f] * WQ[{layer}, k, e, a]",
-        "            Xm[k, f, a] = x",
-        f"for g in range({d}):",
-        f"    for a in range({d}):",
-        "        x = zero",
-        f"        for k in range({H}):",
-        f"            for f in range({d}):",
-        f"                x += WO[{layer}, k, g, f] * Xm[k, f, a]",
-        f"        Pm[{layer}, g, a] = x"]
-
-
-def _zero(d: int, H: int, ind: str) -> list[str]:
-    return [f"{ind}s_{k}_{e}_{f} = zero" for k in range(H) for e in range(d) for f in range(d)]
-
 
 def _ind(lines: list[str], n: int) -> list[str]:
     return [" " * (4 * n) + s for s in lines]
 
 
-def source(din: int, d: int, H: int, ln: bool) -> str:
-    """Python source of the kernel for one (d_in, d_model, heads, layernorm); see `_kernel`.
+def _block(d: int, ln: bool) -> list[str]:
+    """h <- block(h): a = P h, then LayerNorm (gain g*, bias bb*) and the skip connection,
+    in the order of Block.forward_channels."""
+    lines = [f"a{r} = " + " + ".join(f"p_{r}_{c} * h{c}" for c in range(d)) for r in range(d)]
+    if not ln:
+        return lines + [f"h{r} = h{r} + a{r}" for r in range(d)]
+    lines.append("mu = (" + " + ".join(f"a{r}" for r in range(d)) + ") / fd")
+    lines += [f"c{r} = a{r} - mu" for r in range(d)]
+    lines.append("var = (" + " + ".join(f"c{r} * c{r}" for r in range(d)) + ") / fd")
+    lines.append("inv = one / np.sqrt(var + eps)")
+    return lines + [f"h{r} = (h{r} + bb{r}) + (c{r} * g{r}) * inv" for r in range(d)]
 
-    kernel(tok (B, T * d_in) (token i of prompt b at tok[b, d_in*i : d_in*(i+1)]), We (d, d_in), Wkv (L, 2Hd, d), WQ, WO (L, H, d, d), gain, bias
-    (L, d), rw (T or 1, d), eps, M, N, L, flatten, out (B,), b0, b1): out[b] = the model's
-    output for prompts b0 <= b < b1.
+
+def source(din: int, d: int, H: int, ln: bool) -> str:
+    """Python source of the functions for one (d_in, d_model, heads, layernorm):
+
+    embed(tok, b, We, scr, T, q): scr[:, i] = W_E token i of prompt b (the query token to column q)
+    block(scr, i0, i1, Pm, gain, bias, l, eps): columns i0 <= i < i1 of scr through block l
+    keys(scr, Mp, Wkv, l, M, Sm): Sm[k] = (1/M) sum_{i < Mp} k_i v_i^T, layer l's heads
+    kernel(tok, We, Wkv, WQ, WO, gain, bias, rw, eps, M, N, L, flatten, out, b0, b1): the whole
+        forward of prompts b0 <= b < b1 into out[b]; tok is (B, T * d_in), token i of prompt b
+        at tok[b, d_in*i : d_in*(i+1)] (2-D, so the compiler sees the unit stride).
+    scr (d, Mp + 1) is the stream, channels-first: key columns [0, M), zero columns up to Mp (a
+    multiple of PAD, so the key pass runs whole vectors; zero keys and values add exactly 0), and
+    the query at column Mp when it is not a key (keys "masked").
     """
-    block = _block(d, ln, "", "pp", "gp", "bp")
-    kv, store = _kv(d, H, ""), [f"scr[{c}, i] = h{c}" for c in range(d)]
-    get = [f"h{c} = scr[{c}, i]" for c in range(d)]
-    prev = _load_layer(d, H, ln, "", "l", kv=False, prev=True)
-    L = ["def kernel(tok, We, Wkv, WQ, WO, gain, bias, rw, eps_in, M, N, nL, flatten, out, b0, b1):",
-         f"    one = F(1.0); zero = F(0.0); fd = F({d}); fm = F(M); eps = F(eps_in)",
-         f"    Pm = np.empty((nL, {d}, {d}), dtype=F)",
-         f"    Sm = np.empty(({H}, {d}, {d}), dtype=F)",
-         f"    Xm = np.empty(({H}, {d}, {d}), dtype=F)",
-         f"    scr = np.empty(({d}, M), dtype=F)  # the stream h_l of the key tokens, channels-first"]
+    L = ["def embed(tok, b, We, scr, T, q):"]
     L += _ind([f"we_{c}_{j} = We[{c}, {j}]" for c in range(d) for j in range(din)], 1)
-    body = ["acc = zero"]
-    # pass 0: embedding, keys and values of layer 0
-    body += _load_layer(d, H, ln, "", "0", kv=True, prev=False) + _zero(d, H, "")
-    body += ["for i in range(M):"] + _ind(_embed(din, d, "", f"tok[b, {din} * i + {{j}}]") + kv + store, 1)
-    body += _fold(d, H, "0")
-    # passes l = 1 .. L-1: block l-1 applied to h_{l-1}, keys and values of layer l
-    p = _load_layer(d, H, ln, "", "l", kv=True, prev=True) + _zero(d, H, "")
-    p += ["for i in range(M):"] + _ind(get + block + kv + store, 1)
-    body += ["for l in range(1, nL):"] + _ind(p + _fold(d, H, "l"), 1)
-    # readout "flatten": the last block on every context token, dotted with its readout row
-    f = ["l = nL"] + prev + ["for i in range(N):"]
-    f += _ind(get + block + ["acc += " + " + ".join(f"rw[i, {c}] * h{c}" for c in range(d))], 1)
-    body += ["if flatten:"] + _ind(f, 1)
-    # the query token: embedding, every block, readout
-    body += _embed(din, d, "", f"tok[b, {din} * N + {{j}}]")
-    q = [f"pp_{r}_{c} = Pm[l, {r}, {c}]" for r in range(d) for c in range(d)]
+    L += ["    for i in range(T - 1):"]
+    L += _ind([f"t{j} = tok[b, {din} * i + {j}]" for j in range(din)], 2)
+    L += _ind([f"scr[{c}, i] = " + " + ".join(f"we_{c}_{j} * t{j}" for j in range(din)) for c in range(d)], 2)
+    L += _ind([f"t{j} = tok[b, {din} * (T - 1) + {j}]" for j in range(din)], 1)
+    L += _ind([f"scr[{c}, q] = " + " + ".join(f"we_{c}_{j} * t{j}" for j in range(din)) for c in range(d)], 1)
+    L += ["", "", "def block(scr, i0, i1, Pm, gain, bias, l, eps_in):",
+          "    F = Pm.dtype.type",
+          f"    one = F(1.0); fd = F({d}); eps = F(eps_in)"]
+    L += _ind([f"p_{r}_{c} = Pm[l, {r}, {c}]" for r in range(d) for c in range(d)], 1)
     if ln:
-        q += [f"gp{r} = gain[l, {r}]" for r in range(d)] + [f"bp{r} = bias[l, {r}]" for r in range(d)]
-    body += ["for l in range(nL):"] + _ind(q + block, 1)
-    body += ["yq = " + " + ".join(f"rw[N if flatten else 0, {c}] * h{c}" for c in range(d)),
-             "out[b] = (acc + yq) if flatten else yq"]
-    L += ["    for b in range(b0, b1):"] + _ind(body, 2)
+        L += _ind([f"g{r} = gain[l, {r}]" for r in range(d)] + [f"bb{r} = bias[l, {r}]" for r in range(d)], 1)
+    L += ["    for i in range(i0, i1):"]
+    L += _ind([f"h{c} = scr[{c}, i]" for c in range(d)] + _block(d, ln) + [f"scr[{c}, i] = h{c}" for c in range(d)], 2)
+    L += ["", "", "def keys(scr, Mp, Wkv, l, M, Sm):", "    F = Sm.dtype.type", "    fm = F(M)"]
+    L += _ind([f"wk_{k}_{e}_{c} = Wkv[l, {k * d + e}, {c}]" for k in range(H) for e in range(d) for c in range(d)], 1)
+    L += _ind([f"wv_{k}_{e}_{c} = Wkv[l, {H * d + k * d + e}, {c}]" for k in range(H) for e in range(d) for c in range(d)], 1)
+    L += _ind([f"s_{k}_{e}_{f} = F(0.0)" for k in range(H) for e in range(d) for f in range(d)], 1)
+    kv = [f"h{c} = scr[{c}, i]" for c in range(d)]
+    for k in range(H):
+        for e in range(d):
+            kv.append(f"k{k}_{e} = " + " + ".join(f"wk_{k}_{e}_{c} * h{c}" for c in range(d)))
+            kv.append(f"v{k}_{e} = " + " + ".join(f"wv_{k}_{e}_{c} * h{c}" for c in range(d)))
+        kv += [f"s_{k}_{e}_{f} += k{k}_{e} * v{k}_{f}" for e in range(d) for f in range(d)]
+    L += ["    for i in range(Mp):"] + _ind(kv, 2)
+    L += _ind([f"Sm[{k}, {e}, {f}] = s_{k}_{e}_{f} / fm" for k in range(H) for e in range(d) for f in range(d)], 1)
+    L += ["", "", "def kernel(tok, We, Wkv, WQ, WO, gain, bias, rw, eps, M, N, nL, flatten, out, b0, b1):",
+          "    F = out.dtype.type",
+          "    T = N + 1",
+          f"    Mp = -(-M // {PAD}) * {PAD}",
+          "    q = T - 1 if M == T else Mp  # the query token's column",
+          f"    scr = np.zeros(({d}, Mp + 1), dtype=out.dtype)",
+          f"    Pm = np.empty((nL, {d}, {d}), dtype=out.dtype)",
+          f"    Sm = np.empty(({H}, {d}, {d}), dtype=out.dtype)",
+          f"    Xm = np.empty(({H}, {d}, {d}), dtype=out.dtype)",
+          "    for b in range(b0, b1):",
+          "        embed(tok, b, We, scr, T, q)",
+          "        for l in range(nL):",
+          "            if l > 0:",
+          "                block(scr, 0, M, Pm, gain, bias, l - 1, eps)",
+          "                if M < T:",
+          "                    block(scr, q, q + 1, Pm, gain, bias, l - 1, eps)",
+          "            keys(scr, Mp, Wkv, l, M, Sm)",
+          "            # P_l = sum_k W_O^k S_k^T W_Q^k:  X_k[f, a] = sum_e S_k[e, f] W_Q^k[e, a]",
+          f"            for k in range({H}):",
+          f"                for f in range({d}):",
+          f"                    for a in range({d}):",
+          "                        x = F(0.0)",
+          f"                        for e in range({d}):",
+          "                            x += Sm[k, e, f] * WQ[l, k, e, a]",
+          "                        Xm[k, f, a] = x",
+          f"            for g in range({d}):",
+          f"                for a in range({d}):",
+          "                    x = F(0.0)",
+          f"                    for k in range({H}):",
+          f"                        for f in range({d}):",
+          "                            x += WO[l, k, g, f] * Xm[k, f, a]",
+          "                    Pm[l, g, a] = x",
+          "        block(scr, q, q + 1, Pm, gain, bias, nL - 1, eps)",
+          "        y = " + " + ".join(f"rw[N if flatten else 0, {c}] * scr[{c}, q]" for c in range(d)),
+          "        if flatten:",
+          "            block(scr, 0, N, Pm, gain, bias, nL - 1, eps)",
+          "            for i in range(N):",
+          "                y += " + " + ".join(f"rw[i, {c}] * scr[{c}, i]" for c in range(d)),
+          "        out[b] = y"]
     return "\n".join(L) + "\n"
 
 
@@ -183,18 +172,18 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "icl_bench" / "kernels"
 
 
-def _kernel(din: int, d: int, H: int, ln: bool, dtype: np.dtype):
-    """The compiled kernel for one shape and dtype: its source is written to a file (rewritten
-    only if it changed) and imported, so numba's on-disk cache skips the compilation next time;
-    where no cache folder is writable it is compiled in memory."""
-    dt = np.dtype(dtype)
-    key = (din, d, H, ln, dt.name)
+def _kernel(din: int, d: int, H: int, ln: bool):
+    """The compiled kernel for one shape (numba specialises it per dtype on first call). Its
+    source is written to a file (rewritten only when it changed) and imported, so numba's
+    on-disk cache skips the compilation next time; with no writable folder it compiles in memory."""
+    key = (din, d, H, ln)
     with _LOCK:
         if key in _KERNELS:
             return _KERNELS[key]
-        text = f"# generated by icl_bench.fused.source{key}; njit{sorted(FASTMATH)}, error_model=numpy\nimport numpy as np\nF = np.{dt.name}\n\n" + source(din, d, H, ln)
+        text = (f"# generated by icl_bench.fused.source{key}; keys(): fastmath {sorted(FASTMATH)}, PAD {PAD}\n"
+                "import numpy as np\n\n\n" + source(din, d, H, ln))
         name = "icl_bench_kernel_" + hashlib.sha256(text.encode()).hexdigest()[:16]
-        ns: dict = {}
+        ns: dict = {"np": np}
         try:
             folder = _cache_dir()
             folder.mkdir(parents=True, exist_ok=True)
@@ -207,11 +196,15 @@ def _kernel(din: int, d: int, H: int, ln: bool, dtype: np.dtype):
             module = sys.modules.get(name) or importlib.util.module_from_spec(spec)
             sys.modules[name] = module  # numba's cache re-imports the module by name
             spec.loader.exec_module(module)
-            func, cache = module.kernel, True
+            ns, cache = module.__dict__, True
         except OSError:
             exec(compile(text, f"<{name}>", "exec"), ns)  # noqa: S102 - our generated source
-            func, cache = ns["kernel"], False
-        _KERNELS[key] = numba.njit(fastmath=FASTMATH, error_model="numpy", nogil=True, cache=cache)(func)
+            cache = False
+        jit = lambda fast: numba.njit(fastmath=fast, error_model="numpy", nogil=True, cache=cache)  # noqa: E731
+        for fname in ("embed", "block", "kernel"):  # per-token arithmetic as written: no fast-math
+            ns[fname] = jit(False)(ns[fname])
+        ns["keys"] = jit(FASTMATH)(ns["keys"])  # the reduction over tokens: in vector lanes
+        _KERNELS[key] = ns["kernel"]
         return _KERNELS[key]
 
 
@@ -284,7 +277,7 @@ def fused_forward(model, tokens: torch.Tensor) -> torch.Tensor | None:
     if B == 0:
         return out
     arrays = _weights(model, tokens.dtype)
-    kern = _kernel(din, cfg.d_model, cfg.n_heads, cfg.layernorm, tokens.numpy().dtype)
+    kern = _kernel(din, cfg.d_model, cfg.n_heads, cfg.layernorm)
     threads = max(1, min(torch.get_num_threads(), B // MIN_PROMPTS_PER_THREAD))
     tok = tokens.detach().contiguous().reshape(B, T * din).numpy()  # 2-D: unit stride known
     args = (tok, *arrays, float(cfg.ln_eps), M, N, cfg.n_layers, cfg.readout == "flatten", out.numpy())
