@@ -84,49 +84,50 @@ def _block(d: int, ln: bool) -> list[str]:
 def source(din: int, d: int, H: int, ln: bool) -> str:
     """Python source of the functions for one (d_in, d_model, heads, layernorm):
 
-    embed(tok, b, We, scr, T, q): scr[:, i] = W_E token i of prompt b (the query token to column q)
-    block(scr, i0, i1, Pm, gain, bias, l, eps): columns i0 <= i < i1 of scr through block l
+    embed(tok, b, We, scr, T, q): token i of prompt b -> h = W_E token in slot i (the query to slot q)
+    block(scr, n, Pm, gain, bias, l, eps): slots 0 <= i < n of scr (a view) through block l
     keys(scr, Mp, Wkv, l, M, Sm): Sm[k] = (1/M) sum_{i < Mp} k_i v_i^T, layer l's heads
     kernel(tok, We, Wkv, WQ, WO, gain, bias, rw, eps, M, N, L, flatten, out, b0, b1): the whole
         forward of prompts b0 <= b < b1 into out[b]; tok is (B, T * d_in), token i of prompt b
         at tok[b, d_in*i : d_in*(i+1)] (2-D, so the compiler sees the unit stride).
-    scr (d, Mp + 1) is the stream, channels-first: key columns [0, M), zero columns up to Mp (a
-    multiple of PAD, so the key pass runs whole vectors; zero keys and values add exactly 0), and
-    the query at column Mp when it is not a key (keys "masked").
+    scr (d * (Mp + 1),) is the stream, token-major (slot i = scr[d*i : d*(i+1)], a 1-D array, so the
+    compiler sees constant offsets and updates it in place in vector registers): key slots [0, M),
+    zero slots up to Mp (a multiple of PAD, so the key pass runs whole vectors; zero keys and values
+    add exactly 0), and the query in slot Mp when it is not a key (keys "masked").
     """
     L = ["def embed(tok, b, We, scr, T, q):"]
     L += _ind([f"we_{c}_{j} = We[{c}, {j}]" for c in range(d) for j in range(din)], 1)
     L += ["    for i in range(T - 1):"]
     L += _ind([f"t{j} = tok[b, {din} * i + {j}]" for j in range(din)], 2)
-    L += _ind([f"scr[{c}, i] = " + " + ".join(f"we_{c}_{j} * t{j}" for j in range(din)) for c in range(d)], 2)
+    L += _ind([f"scr[{d} * i + {c}] = " + " + ".join(f"we_{c}_{j} * t{j}" for j in range(din)) for c in range(d)], 2)
     L += _ind([f"t{j} = tok[b, {din} * (T - 1) + {j}]" for j in range(din)], 1)
-    L += _ind([f"scr[{c}, q] = " + " + ".join(f"we_{c}_{j} * t{j}" for j in range(din)) for c in range(d)], 1)
-    L += ["", "", "def block(scr, i0, i1, Pm, gain, bias, l, eps_in):",
+    L += _ind([f"scr[{d} * q + {c}] = " + " + ".join(f"we_{c}_{j} * t{j}" for j in range(din)) for c in range(d)], 1)
+    L += ["", "", "def block(scr, n, Pm, gain, bias, l, eps_in):",
           "    F = Pm.dtype.type",
           f"    one = F(1.0); fd = F({d}); eps = F(eps_in)"]
     L += _ind([f"p_{r}_{c} = Pm[l, {r}, {c}]" for r in range(d) for c in range(d)], 1)
     if ln:
         L += _ind([f"g{r} = gain[l, {r}]" for r in range(d)] + [f"bb{r} = bias[l, {r}]" for r in range(d)], 1)
-    L += ["    for i in range(i0, i1):"]
-    L += _ind([f"h{c} = scr[{c}, i]" for c in range(d)] + _block(d, ln) + [f"scr[{c}, i] = h{c}" for c in range(d)], 2)
+    L += ["    for i in range(n):  # from 0: the compiler knows i >= 0 (no negative-index wrap)"]
+    L += _ind([f"h{c} = scr[{d} * i + {c}]" for c in range(d)] + _block(d, ln) + [f"scr[{d} * i + {c}] = h{c}" for c in range(d)], 2)
     L += ["", "", "def keys(scr, Mp, Wkv, l, M, Sm):", "    F = Sm.dtype.type", "    fm = F(M)"]
     L += _ind([f"wk_{k}_{e}_{c} = Wkv[l, {k * d + e}, {c}]" for k in range(H) for e in range(d) for c in range(d)], 1)
     L += _ind([f"wv_{k}_{e}_{c} = Wkv[l, {H * d + k * d + e}, {c}]" for k in range(H) for e in range(d) for c in range(d)], 1)
     L += _ind([f"s_{k}_{e}_{f} = F(0.0)" for k in range(H) for e in range(d) for f in range(d)], 1)
-    kv = [f"h{c} = scr[{c}, i]" for c in range(d)]
-    for k in range(H):
+    for k in range(H):  # one pass per head: its d^2 accumulators stay in vector registers
+        kv = [f"h{c} = scr[{d} * i + {c}]" for c in range(d)]
         for e in range(d):
             kv.append(f"k{k}_{e} = " + " + ".join(f"wk_{k}_{e}_{c} * h{c}" for c in range(d)))
             kv.append(f"v{k}_{e} = " + " + ".join(f"wv_{k}_{e}_{c} * h{c}" for c in range(d)))
         kv += [f"s_{k}_{e}_{f} += k{k}_{e} * v{k}_{f}" for e in range(d) for f in range(d)]
-    L += ["    for i in range(Mp):"] + _ind(kv, 2)
+        L += ["    for i in range(Mp):"] + _ind(kv, 2)
     L += _ind([f"Sm[{k}, {e}, {f}] = s_{k}_{e}_{f} / fm" for k in range(H) for e in range(d) for f in range(d)], 1)
     L += ["", "", "def kernel(tok, We, Wkv, WQ, WO, gain, bias, rw, eps, M, N, nL, flatten, out, b0, b1):",
           "    F = out.dtype.type",
           "    T = N + 1",
           f"    Mp = -(-M // {PAD}) * {PAD}",
           "    q = T - 1 if M == T else Mp  # the query token's column",
-          f"    scr = np.zeros(({d}, Mp + 1), dtype=out.dtype)",
+          f"    scr = np.zeros({d} * (Mp + 1), dtype=out.dtype)",
           f"    Pm = np.empty((nL, {d}, {d}), dtype=out.dtype)",
           f"    Sm = np.empty(({H}, {d}, {d}), dtype=out.dtype)",
           f"    Xm = np.empty(({H}, {d}, {d}), dtype=out.dtype)",
@@ -134,9 +135,9 @@ def source(din: int, d: int, H: int, ln: bool) -> str:
           "        embed(tok, b, We, scr, T, q)",
           "        for l in range(nL):",
           "            if l > 0:",
-          "                block(scr, 0, M, Pm, gain, bias, l - 1, eps)",
+          "                block(scr, M, Pm, gain, bias, l - 1, eps)",
           "                if M < T:",
-          "                    block(scr, q, q + 1, Pm, gain, bias, l - 1, eps)",
+          f"                    block(scr[{d} * q:], 1, Pm, gain, bias, l - 1, eps)",
           "            keys(scr, Mp, Wkv, l, M, Sm)",
           "            # P_l = sum_k W_O^k S_k^T W_Q^k:  X_k[f, a] = sum_e S_k[e, f] W_Q^k[e, a]",
           f"            for k in range({H}):",
@@ -153,12 +154,12 @@ def source(din: int, d: int, H: int, ln: bool) -> str:
           f"                        for f in range({d}):",
           "                            x += WO[l, k, g, f] * Xm[k, f, a]",
           "                    Pm[l, g, a] = x",
-          "        block(scr, q, q + 1, Pm, gain, bias, nL - 1, eps)",
-          "        y = " + " + ".join(f"rw[N if flatten else 0, {c}] * scr[{c}, q]" for c in range(d)),
+          f"        block(scr[{d} * q:], 1, Pm, gain, bias, nL - 1, eps)",
+          "        y = " + " + ".join(f"rw[N if flatten else 0, {c}] * scr[{d} * q + {c}]" for c in range(d)),
           "        if flatten:",
-          "            block(scr, 0, N, Pm, gain, bias, nL - 1, eps)",
+          "            block(scr, N, Pm, gain, bias, nL - 1, eps)",
           "            for i in range(N):",
-          "                y += " + " + ".join(f"rw[i, {c}] * scr[{c}, i]" for c in range(d)),
+          "                y += " + " + ".join(f"rw[i, {c}] * scr[{d} * i + {c}]" for c in range(d)),
           "        out[b] = y"]
     return "\n".join(L) + "\n"
 
@@ -176,6 +177,8 @@ def _kernel(din: int, d: int, H: int, ln: bool):
     """The compiled kernel for one shape (numba specialises it per dtype on first call). Its
     source is written to a file (rewritten only when it changed) and imported, so numba's
     on-disk cache skips the compilation next time; with no writable folder it compiles in memory."""
+    if not available():
+        raise RuntimeError("icl_bench.fused: numba is not installed (or the fused path is disabled)")
     key = (din, d, H, ln)
     with _LOCK:
         if key in _KERNELS:

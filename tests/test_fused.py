@@ -98,7 +98,7 @@ def test_float64_no_worse_than_eager_against_long_double():
                 e = np.sqrt(np.mean((m.forward_eager(b.tokens).numpy() - ref) ** 2))
             rows.append((name, R, float(f), float(e)))
     scale = 1e-15  # below this both agree with the reference to the last bits of a unit-size answer
-    assert all(f <= 2.0 * e + scale for _, _, f, e in rows), rows
+    assert all(f <= 1.1 * e + scale for _, _, f, e in rows), rows
 
 
 @needs_numba
