@@ -288,11 +288,11 @@ def fused_forward(model, tokens: torch.Tensor) -> torch.Tensor | None:
         kern(*args, 0, B)
         return out
     edges = [t * B // threads for t in range(threads + 1)]
-    list(_pool(threads).map(lambda t: kern(*args, edges[t], edges[t + 1]), range(threads)))
+    list(pool(threads).map(lambda t: kern(*args, edges[t], edges[t + 1]), range(threads)))
     return out
 
 
-def _pool(threads: int) -> ThreadPoolExecutor:
+def pool(threads: int) -> ThreadPoolExecutor:
     """A shared pool of `threads` workers (the kernel releases the GIL)."""
     global _POOL
     with _LOCK:
