@@ -20,8 +20,8 @@ matmul); the embedding, the attention map and LayerNorm of each token run in pro
 without fast-math, so the centring and division of DESIGN section 5 round as in the eager
 path. NaN and inf propagate (no nnan / ninf), and a division by zero gives inf, not an error.
 
-Prompts are split over min(torch.get_num_threads(), B // MIN_PROMPTS_PER_THREAD) threads (the
-kernel releases the GIL). `fused_forward` returns None where it does not apply (numba missing or
+Prompts are split over min(num_threads(), B // MIN_PROMPTS_PER_THREAD) threads (the kernel
+releases the GIL; num_threads() is THREADS, else torch.get_num_threads()). `fused_forward` returns None where it does not apply (numba missing or
 disabled, non-CPU or non-float tensors, gradients wanted); `Transformer.forward` then runs its
 eager path. Speed and accuracy, measured: docs/throughput.md.
 """
@@ -42,6 +42,8 @@ ENABLED = True  # False: every forward takes the eager path (comparisons, debugg
 FASTMATH = {"reassoc", "contract"}  # for the key-value reduction only; never nnan / ninf
 PAD = 16  # key columns are zero-padded to a multiple of this: whole vectors, and zero keys add 0
 MIN_PROMPTS_PER_THREAD = 16  # fewer prompts per thread than this: fewer threads
+THREADS: int | None = None  # threads of the fused kernels; None: torch.get_num_threads()
+calls = 0  # fused forwards run so far in this process (the benchmarks tell transformer solvers by it)
 numba = None  # the numba module, imported on first use (~0.5 s); False where it is missing
 _KERNELS: dict[tuple, object] = {}
 _LOCK = threading.Lock()
@@ -270,8 +272,10 @@ def fused_forward(model, tokens: torch.Tensor) -> torch.Tensor | None:
     Returns:
         (B,) tensor in the tokens' dtype (or None).
     """
+    global calls
     if not applies(model, tokens):
         return None
+    calls += 1
     cfg = model.cfg
     B, T, din = tokens.shape
     N = T - 1
@@ -281,7 +285,7 @@ def fused_forward(model, tokens: torch.Tensor) -> torch.Tensor | None:
         return out
     arrays = _weights(model, tokens.dtype)
     kern = _kernel(din, cfg.d_model, cfg.n_heads, cfg.layernorm)
-    threads = max(1, min(torch.get_num_threads(), B // MIN_PROMPTS_PER_THREAD))
+    threads = max(1, min(num_threads(), B // MIN_PROMPTS_PER_THREAD))
     tok = tokens.detach().contiguous().reshape(B, T * din).numpy()  # 2-D: unit stride known
     args = (tok, *arrays, float(cfg.ln_eps), M, N, cfg.n_layers, cfg.readout == "flatten", out.numpy())
     if threads == 1:
@@ -290,6 +294,11 @@ def fused_forward(model, tokens: torch.Tensor) -> torch.Tensor | None:
     edges = [t * B // threads for t in range(threads + 1)]
     list(pool(threads).map(lambda t: kern(*args, edges[t], edges[t + 1]), range(threads)))
     return out
+
+
+def num_threads() -> int:
+    """Threads the fused kernels use: THREADS if set, else torch.get_num_threads()."""
+    return THREADS if THREADS is not None else torch.get_num_threads()
 
 
 def pool(threads: int) -> ThreadPoolExecutor:

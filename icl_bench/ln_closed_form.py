@@ -22,7 +22,7 @@ import math
 import torch
 
 from icl_bench.errors import ConfigError
-from icl_bench.ols import ols_predict
+from icl_bench.fused_ols import fast_ols_predict
 from icl_bench.prompts import PromptBatch, make_tokens
 from icl_bench.registry import register_solver
 from icl_bench.solver import Param, Solver, r_lost
@@ -151,8 +151,9 @@ def analytic_output(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor, R: float,
 def degenerate(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """(B,) bool: prompts with no least-squares answer: any non-finite x, y or u, or all x equal
     (the test of icl_bench.ols: Sxx <= N * eps * sum x^2, eps of x's dtype). Computed as "the
-    OLS prediction in x's dtype is not finite", one fused pass over x and y (icl_bench.ols)."""
-    return ~torch.isfinite(ols_predict(x, y, u))
+    OLS prediction in x's dtype is not finite", one fused pass over x and y (icl_bench.ols; on the
+    CPU through the numba kernel of icl_bench.fused_ols, which leaves that decision to it)."""
+    return ~torch.isfinite(fast_ols_predict(x, y, u))
 
 
 def standardize_prompts(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor):

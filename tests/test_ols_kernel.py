@@ -1,9 +1,9 @@
-"""The `ols` solver's numba path (baselines/ols.py) against the reference icl_bench.ols.ols_predict:
+"""The numba OLS path (icl_bench/fused_ols.py, used by `ols` and ln-closed-form) against the reference icl_bench.ols.ols_predict:
 the same values, and NaN exactly where the reference says a prompt is ill-posed."""
 import pytest
 import torch
 
-from baselines.ols import SCREEN, fast_ols_predict
+from icl_bench.fused_ols import SCREEN, fast_ols_predict
 from icl_bench import PromptSpec, fused, sample_prompts
 from icl_bench.ols import ols_predict
 
