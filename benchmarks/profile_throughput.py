@@ -1,8 +1,9 @@
 """Where the time goes: cProfile of the goal cases at N=1000, float32, batch 1048, one torch thread.
 
-Cases: ols, numpy-ols, ln-closed-form, gd-lsa, the transformer's associative forward
-(Transformer.forward, the fast path) and its token-major reference path (Transformer._run with
-nn.LayerNorm, what forward was before issue 7).
+Cases: ols, numpy-ols, ln-closed-form, gd-lsa, the transformer's forward (Transformer.forward:
+the fused numba kernel of icl_bench/fused.py on the CPU), its eager torch forward
+(Transformer.forward_eager) and its token-major reference path (Transformer._run with
+nn.LayerNorm). The thread comparison sets torch's thread count, which the fused kernels follow.
 
     python benchmarks/profile_throughput.py [--out results/throughput_profile.md] [--update-docs]
 
@@ -48,7 +49,8 @@ def cases(N: int, dtype: str, B: int) -> dict:
             out[name] = (lambda s: lambda: s.predict(batch))(solver)
         except Exception as exc:  # absent solver: say so in the report
             print(f"# {name}: unavailable ({type(exc).__name__}: {exc})", file=sys.stderr)
-    out["transformer-forward"] = lambda: module(batch.tokens)
+    out["transformer-forward"] = lambda: module(batch.tokens)  # the fused kernel on the CPU
+    out["transformer-eager"] = lambda: module.forward_eager(batch.tokens)
     out["transformer-token-major"] = lambda: module._run(batch.tokens, quadratic=False, keep=False)[0]
     return out
 

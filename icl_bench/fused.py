@@ -40,7 +40,7 @@ import torch
 
 ENABLED = True  # False: every forward takes the eager path (comparisons, debugging)
 FASTMATH = {"reassoc", "contract"}  # for the key-value reduction only; never nnan / ninf
-PAD = 16  # key columns are zero-padded to a multiple of this: whole vectors, and zero keys add 0
+PAD = 64  # key slots are zero-padded to a multiple of this (the vector loops' step: no scalar remainder)
 MIN_PROMPTS_PER_THREAD = 16  # fewer prompts per thread than this: fewer threads
 THREADS: int | None = None  # threads of the fused kernels; None: torch.get_num_threads()
 calls = 0  # fused forwards run so far in this process (the benchmarks tell transformer solvers by it)
@@ -136,26 +136,13 @@ def source(din: int, d: int, H: int, ln: bool) -> str:
           "    for b in range(b0, b1):",
           "        embed(tok, b, We, scr, T, q)",
           "        for l in range(nL):",
-          "            if l > 0:",
-          "                block(scr, M, Pm, gain, bias, l - 1, eps)",
+          "            if l > 0:  # every key slot, pads included (whole vectors), then the pads back to 0",
+          "                block(scr, Mp, Pm, gain, bias, l - 1, eps)",
+          f"                scr[{d} * M:{d} * Mp] = F(0.0)",
           "                if M < T:",
           f"                    block(scr[{d} * q:], 1, Pm, gain, bias, l - 1, eps)",
           "            keys(scr, Mp, Wkv, l, M, Sm)",
-          "            # P_l = sum_k W_O^k S_k^T W_Q^k:  X_k[f, a] = sum_e S_k[e, f] W_Q^k[e, a]",
-          f"            for k in range({H}):",
-          f"                for f in range({d}):",
-          f"                    for a in range({d}):",
-          "                        x = F(0.0)",
-          f"                        for e in range({d}):",
-          "                            x += Sm[k, e, f] * WQ[l, k, e, a]",
-          "                        Xm[k, f, a] = x",
-          f"            for g in range({d}):",
-          f"                for a in range({d}):",
-          "                    x = F(0.0)",
-          f"                    for k in range({H}):",
-          f"                        for f in range({d}):",
-          "                            x += WO[l, k, g, f] * Xm[k, f, a]",
-          "                    Pm[l, g, a] = x",
+          "            # P_l = sum_k W_O^k S_k^T W_Q^k:  X_k[f, a] = sum_e S_k[e, f] W_Q^k[e, a]"] + _ind(_fold(d, H), 3) + [
           f"        block(scr[{d} * q:], 1, Pm, gain, bias, nL - 1, eps)",
           "        y = " + " + ".join(f"rw[N if flatten else 0, {c}] * scr[{d} * q + {c}]" for c in range(d)),
           "        if flatten:",
@@ -164,6 +151,25 @@ def source(din: int, d: int, H: int, ln: bool) -> str:
           "                y += " + " + ".join(f"rw[i, {c}] * scr[{d} * i + {c}]" for c in range(d)),
           "        out[b] = y"]
     return "\n".join(L) + "\n"
+
+
+def _fold(d: int, H: int) -> list[str]:
+    """P_l = sum_k W_O^k S_k^T W_Q^k as small loops (compile time stays short for any shape):
+    X_k[f, a] = sum_e S_k[e, f] W_Q^k[e, a], then P[g, a] = sum_k sum_f W_O^k[g, f] X_k[f, a]."""
+    return [f"for k in range({H}):",
+            f"    for f in range({d}):",
+            f"        for a in range({d}):",
+            "            x = F(0.0)",
+            f"            for e in range({d}):",
+            "                x += Sm[k, e, f] * WQ[l, k, e, a]",
+            "            Xm[k, f, a] = x",
+            f"for g in range({d}):",
+            f"    for a in range({d}):",
+            "        x = F(0.0)",
+            f"        for k in range({H}):",
+            f"            for f in range({d}):",
+            "                x += WO[l, k, g, f] * Xm[k, f, a]",
+            "        Pm[l, g, a] = x"]
 
 
 def _cache_dir() -> Path:

@@ -77,9 +77,9 @@ def test_fused_equals_eager_in_float64(keys, layernorm, readout, N):
 
 
 @needs_numba
-@pytest.mark.parametrize("d_model,n_heads,n_layers", [(5, 3, 2), (4, 1, 1)])
-def test_other_shapes(d_model, n_heads, n_layers):
-    m = random_model(d_model=d_model, n_heads=n_heads, n_layers=n_layers)
+@pytest.mark.parametrize("d_model,n_heads,n_layers,layernorm", [(5, 3, 2, True), (4, 1, 1, False)])
+def test_other_shapes(d_model, n_heads, n_layers, layernorm):
+    m = random_model(d_model=d_model, n_heads=n_heads, n_layers=n_layers, layernorm=layernorm)
     t = tokens(B=5, N=1 if n_layers == 1 else 33)  # N = 1: a single key
     with torch.no_grad():
         assert torch.allclose(fused.fused_forward(m, t), m.forward_eager(t), rtol=1e-12, atol=1e-12)
