@@ -1,7 +1,7 @@
 """`ols`: the batched closed-form least-squares prediction, in the batch's dtype and device.
 
-On CPU tensors without gradients it runs the numba kernel of icl_bench/fused_ols.py (the OLS
-reference's arithmetic; NaN exactly where the reference icl_bench/ols.py says so); elsewhere,
+On CPU tensors without gradients it runs the numba kernel of icl_bench/solvers/fused_ols.py (the OLS
+reference's arithmetic; NaN exactly where the reference icl_bench/prompts/ols.py says so); elsewhere,
 or without numba, the reference `ols_predict` itself.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from icl_bench import PromptBatch, Solver
-from icl_bench.fused_ols import fast_ols_predict
+from icl_bench.solvers.fused_ols import fast_ols_predict
 
 
 class OLS(Solver):

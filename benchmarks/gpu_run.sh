@@ -6,7 +6,7 @@
 #
 #   OUT/default/                 `icl-bench run` of the default matrix restricted to device = cuda
 #   OUT/throughput_cuda.json     pytest-benchmark JSON of the cuda cases (every solver and reference)
-#   OUT/throughput_cuda.md, .csv benchmarks/summarize.py tables of that JSON
+#   OUT/throughput_cuda.md, .csv benchmarks/experiments/summarize.py tables of that JSON
 #   OUT/gpu_run.log              what ran, with the GPU's name, and each step's exit status
 #
 # The suite's calls move --bench-values context values each (2**24 here: B = 167772 prompts at
@@ -34,7 +34,7 @@ LOG="$OUT/gpu_run.log"
 
 # the default matrix (wherever this checkout keeps it), restricted to the cuda cells
 CONFIG=""
-for c in benchmarks/default.toml icl_bench/configs/default.toml; do [ -f "$c" ] && CONFIG="$c" && break; done
+for c in icl_bench/configs/default.toml benchmarks/default.toml; do [ -f "$c" ] && CONFIG="$c" && break; done
 python - "$CONFIG" "$OUT/default_cuda.toml" <<'EOF'
 import re, sys
 text = open(sys.argv[1]).read()
@@ -51,7 +51,7 @@ timeout "$BENCH_LIMIT" python -m pytest benchmarks/test_throughput.py --benchmar
     --benchmark-json="$OUT/throughput_cuda.json" -p no:cacheprovider > "$OUT/throughput_cuda.txt" 2>&1
 echo "throughput suite: exit $? (124 = cut at ${BENCH_LIMIT} s; output in throughput_cuda.txt)" | tee -a "$LOG"
 if [ -s "$OUT/throughput_cuda.json" ]; then
-    PYTHONPATH=. python benchmarks/summarize.py "$OUT/throughput_cuda.json" --out "$OUT/throughput_cuda" > /dev/null
+    python -m benchmarks.experiments.summarize "$OUT/throughput_cuda.json" --out "$OUT/throughput_cuda" > /dev/null
     echo "summary: exit $? -> $OUT/throughput_cuda.md" | tee -a "$LOG"
 fi
 date -u +"finished %Y-%m-%dT%H:%M:%SZ" | tee -a "$LOG"

@@ -1,11 +1,11 @@
 """Throughput of every registered solver and of the references, in one pytest-benchmark run.
 
     python -m pytest benchmarks/ --benchmark-only [--benchmark-json=PATH]
-    python benchmarks/summarize.py [PATH]          # the ratio table (results/throughput.md, .csv)
+    python -m benchmarks.experiments.summarize [PATH]   # the ratio table (results/throughput.md, .csv)
 
 Cases: every name the registry knows (built-ins and plugins, never a fixed list) x N in NS x
 float32 / float64 x cpu / cuda, plus the references of throughput_cases.py; "eager:<name>" is a
-transformer solver with its fused CPU forward off (icl_bench.fused.ENABLED = False; skipped for
+transformer solver with its fused CPU forward off (icl_bench.solvers.fused.ENABLED = False; skipped for
 solvers that run no fused forward), "threads:<name>" a solver whose fused kernels run on
 THREADS[name] threads. A solver that is
 unavailable (fails to load, needs what this machine lacks) or raises SkipCell is skipped with the
@@ -14,19 +14,19 @@ back. Each benchmark times one predict() (or reference)
 call on a batch under torch.no_grad(), synchronising CUDA inside the timed call, after a warm-up
 call; extra_info records kind, name, N, dtype, device and batch_size, so figures are compared
 per prompt. A call moves the same number of context values at every N (B = --bench-values // N,
-fewer where a call would exceed --bench-budget seconds). Nothing is asserted about speed here: benchmarks/summarize.py reports the ratios.
+fewer where a call would exceed --bench-budget seconds). Nothing is asserted about speed here: benchmarks/experiments/summarize.py reports the ratios.
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
-from icl_bench import fused
-from icl_bench.registry import get_solver, known_names
-from icl_bench.solver import SkipCell
-from icl_bench.timing import sync
-from throughput_cases import (DEVICES, DTYPES, NS, fit_batch, linregress_loop, numpy_ols, prompts,
-                              quadratic_batch_cap, reference_transformer, require_device, torch_lstsq)
+from benchmarks.throughput_cases import (DEVICES, DTYPES, NS, fit_batch, linregress_loop, numpy_ols, prompts,
+                                         quadratic_batch_cap, reference_transformer, require_device, torch_lstsq)
+from icl_bench.bench.timing import sync
+from icl_bench.solvers import fused
+from icl_bench.solvers.base import SkipCell
+from icl_bench.solvers.registry import get_solver, known_names
 
 REFERENCES = ("numpy-ols", "torch-lstsq", "linregress-loop", "quadratic-attention", "transformer-forward",
               "transformer-eager")
@@ -67,7 +67,7 @@ def test_throughput(benchmark, bench_opts, case, N, dtype, device):
 
 
 def _eager(benchmark, bench_opts, name, N, dtype, device):
-    """A transformer solver with the fused CPU forward switched off (icl_bench.fused.ENABLED):
+    """A transformer solver with the fused CPU forward switched off (icl_bench.solvers.fused.ENABLED):
     its eager torch forward, the baseline of the fused one."""
     if device != "cpu":
         pytest.skip(f"{name}: the fused forward is CPU-only; on {device} the solver case is the eager one")
@@ -95,7 +95,7 @@ def _eager(benchmark, bench_opts, name, N, dtype, device):
 
 
 def _threads(benchmark, bench_opts, name, N, dtype, device):
-    """The solver with its fused CPU kernels on THREADS[name] threads (icl_bench.fused.THREADS;
+    """The solver with its fused CPU kernels on THREADS[name] threads (icl_bench.solvers.fused.THREADS;
     torch's own ops keep --torch-threads: its pool would spin against the kernel's threads)."""
     require_device(device)
     if device != "cpu":

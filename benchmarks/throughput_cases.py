@@ -11,7 +11,7 @@ References (each measured in the same pytest-benchmark run as the solvers):
                           per head (Transformer.forward_quadratic), the O(N^2) way published code
                           computes linear attention; the batch is capped by memory and time.
     transformer-forward   the same module's forward (Transformer.forward: the fused kernel of
-                          icl_bench/fused.py on the CPU), without a solver's wrapper.
+                          icl_bench/solvers/fused.py on the CPU), without a solver's wrapper.
     transformer-eager     the same module's eager torch forward (Transformer.forward_eager).
 "the same transformer" is the ln-closed-form construction (2 layers, 2 heads, d_model 4, LN) when
 that solver is available, else a TransformerConfig() module (the same shape) with random weights.
@@ -31,8 +31,8 @@ import scipy.stats
 import torch
 
 from icl_bench import PromptSpec, get_solver, sample_prompts
-from icl_bench.timing import sync
-from icl_bench.transformer import Transformer, TransformerConfig
+from icl_bench.bench.timing import sync
+from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
 NS = (100, 1000, 4000)  # context lengths N
 DTYPES = ("float32", "float64")

@@ -1,13 +1,14 @@
-"""The fused CPU forward (icl_bench/fused.py) against the eager torch forward and a long-double
+"""The fused CPU forward (icl_bench/solvers/fused.py) against the eager torch forward and a long-double
 reference: every config, float64 agreement, float32 error-vs-R shape, fallbacks, threads."""
 import numpy as np
 import pytest
 import torch
 
-from icl_bench import PromptSpec, fused, sample_prompts
-from icl_bench.gd_lsa import build_gd_construction
-from icl_bench.ln_closed_form import build_construction
-from icl_bench.transformer import Transformer, TransformerConfig
+from icl_bench import PromptSpec, sample_prompts
+from icl_bench.solvers import fused
+from icl_bench.solvers.gd_lsa import build_gd_construction
+from icl_bench.solvers.ln_closed_form import build_construction
+from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
 needs_numba = pytest.mark.skipif(not fused.available(), reason="numba is not installed: no fused path to test")
 
@@ -38,7 +39,7 @@ def tokens(B=9, N=13, dtype=torch.float64, seed=1):
 
 
 def longdouble_forward(m: Transformer, t: torch.Tensor) -> np.ndarray:
-    """The model's function in numpy long double (token-major, the DESIGN section 4 definition),
+    """The model's function in numpy long double (token-major, the docs/design.md §4 definition),
     with the model's float64 weights: (B,) np.longdouble."""
     ld = np.longdouble
     W = {k: v.detach().double().numpy().astype(ld) for k, v in m.named_parameters()}
@@ -179,12 +180,12 @@ def test_falls_back_to_eager(monkeypatch):
 
 @needs_numba
 def test_solvers_use_the_fused_path(monkeypatch):
-    from icl_bench.registry import get_solver
+    from icl_bench.solvers.registry import get_solver
 
     b = sample_prompts(PromptSpec(N=30, noise=0.1, R=100.0), 64, seed=0, dtype="float64")
     calls = []
     real = fused.fused_forward
-    monkeypatch.setattr("icl_bench.transformer.fused_forward", lambda m, t: calls.append(1) or real(m, t))
+    monkeypatch.setattr("icl_bench.solvers.transformer.fused_forward", lambda m, t: calls.append(1) or real(m, t))
     for name in ("ln-closed-form", "gd-lsa"):
         s = get_solver(name)
         fast = s.predict(b)

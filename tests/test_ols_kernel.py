@@ -1,11 +1,12 @@
-"""The numba OLS path (icl_bench/fused_ols.py, used by `ols` and ln-closed-form) against the reference icl_bench.ols.ols_predict:
+"""The numba OLS path (icl_bench/solvers/fused_ols.py, used by `ols` and ln-closed-form) against the reference icl_bench.prompts.ols.ols_predict:
 the same values, and NaN exactly where the reference says a prompt is ill-posed."""
 import pytest
 import torch
 
-from icl_bench.fused_ols import SCREEN, fast_ols_predict
-from icl_bench import PromptSpec, fused, sample_prompts
-from icl_bench.ols import ols_predict
+from icl_bench.solvers.fused_ols import SCREEN, fast_ols_predict
+from icl_bench import PromptSpec, sample_prompts
+from icl_bench.solvers import fused
+from icl_bench.prompts.ols import ols_predict
 
 needs_numba = pytest.mark.skipif(not fused.available(), reason="numba is not installed: no kernel to test")
 
