@@ -1,6 +1,14 @@
 """`scipy-lstsq`: per-prompt scipy.linalg.lstsq on the design [1, x], the faithful reference.
 
 Deliberately slow (a Python loop over prompts); it exists to check the batched solvers.
+
+Ill-posed prompts (all x exactly equal, a NaN / inf: `icl_bench.prompts.ols.ill_posed`, the criterion
+every least-squares solver shares) are NaN without calling lstsq: its numerical rank of [1, x]
+is 2 for a constant x that is not a power of two (the column x is not an exact multiple of the
+ones column after rounding), and the fit it then returns is noise (-7e14 on x = 1.1 * 100 values).
+Before lstsq each prompt is shifted by its mean and x, y are scaled by powers of two (exact), so
+the design is well conditioned and nothing underflows at any data scale (docs/accuracy.md);
+OLS is equivariant under these maps, so the answer is the same.
 """
 from __future__ import annotations
 
@@ -9,6 +17,7 @@ import scipy.linalg
 import torch
 
 from icl_bench import PromptBatch, Solver
+from icl_bench.prompts.ols import ill_posed
 
 
 class ScipyLstsq(Solver):
@@ -20,13 +29,15 @@ class ScipyLstsq(Solver):
         x = batch.x.detach().cpu().double().numpy()  # (B, N)
         y = batch.y.detach().cpu().double().numpy()  # (B, N)
         u = batch.x_query.detach().cpu().double().numpy()  # (B,)
+        bad = ill_posed(batch.x, batch.y, batch.x_query).cpu().numpy()  # (B,)
         out = np.full(x.shape[0], np.nan)
-        for i in range(x.shape[0]):
-            if not (np.isfinite(x[i]).all() and np.isfinite(y[i]).all() and np.isfinite(u[i])):
-                continue
-            design = np.column_stack([np.ones_like(x[i]), x[i]])  # (N, 2)
-            coef, _, rank, _ = scipy.linalg.lstsq(design, y[i])
-            if rank == 2:  # rank 1 <=> all x equal: no unique slope
-                out[i] = coef[0] + coef[1] * u[i]
+        for i in np.flatnonzero(~bad):
+            kx, ky = np.frexp(np.abs(x[i]).max())[1], np.frexp(np.abs(y[i]).max())[1]
+            xs, ys, us = np.ldexp(x[i], -kx), np.ldexp(y[i], -ky), np.ldexp(u[i], -kx)  # exact scaling
+            c = xs.mean()
+            design = np.column_stack([np.ones_like(xs), xs - c])  # (N, 2), centred
+            coef, _, rank, _ = scipy.linalg.lstsq(design, ys)
+            if rank == 2:  # the centred, scaled design of a non-constant x has full rank
+                out[i] = np.ldexp(coef[0] + coef[1] * (us - c), ky)
         pred = torch.from_numpy(out).to(device=batch.device, dtype=batch.dtype)  # (B,)
         return pred.masked_fill(~torch.isfinite(pred), float("nan"))  # an overflow is no answer: NaN, not inf

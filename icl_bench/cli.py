@@ -1,19 +1,27 @@
 """`icl-bench` command line: list, run, train, sweep, analyze, publish (each a thin handler over
 the package's stages; docs/design.md, "Command line").
 
-Bad input (config, flags, data, checkpoints) prints one line `icl-bench: error: <field>: <problem>`
-and exits with code 2, without a traceback and without writing anything. A run whose cells
-failed exits with code 1 after writing every row.
+Exit codes (every subcommand):
+    0    done; for `run`: every cell is ok or skipped. Skipped cells (CUDA absent, no fitting
+         checkpoint, a plugin that fails to import while running every solver) and cells whose
+         solver answered no prompt are listed on stderr, so they are never silent.
+    1    `run` only: some cell errored (rows are still written for every cell). A solver asked for
+         by name ([solvers.NAME] or --solver) that fails to import counts as an error.
+    2    bad input (config, flags, data, checkpoints, a used --out): one line
+         `icl-bench: error: <field>: <problem>`, no traceback, nothing written.
+    130  interrupted (Ctrl-C); `run` prints the command that resumes it.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from datetime import datetime
 from pathlib import Path
 
 from icl_bench import resources
+from icl_bench.config_base import MAX_SEED
 from icl_bench.errors import ConfigError
 
 PACKAGED = "default, train, trained, l1_sweep"  # icl_bench/configs/*.toml (resources.config_names())
@@ -43,9 +51,42 @@ def cmd_list(args) -> int:
     return 0
 
 
+def _run_matrix(*args, **kwargs):
+    from icl_bench.bench.runner import run_matrix
+
+    return run_matrix(*args, **kwargs)
+
+
+def _resume_command(argv: list[str], out: Path) -> str:
+    """The `icl-bench run ...` line that continues an interrupted run in `out`."""
+    argv = list(argv)
+    if "--out" not in argv and not any(a.startswith("--out=") for a in argv):
+        argv += ["--out", str(out)]
+    if "--resume" not in argv:
+        argv.append("--resume")
+    return shlex.join(["icl-bench", *argv])
+
+
+def _report_cells(table) -> None:
+    """stderr lines for cells that are not plain successes: skipped plugins that failed to
+    import (once per solver), cells whose solver answered no prompt, the first errors."""
+    from icl_bench.bench.runner import NO_ANSWER
+
+    broken = table[(table.status == "skipped") & table.message.str.contains("failed to load", regex=False)]
+    for solver, rows in broken.groupby("solver"):
+        print(f"icl-bench: WARNING: solver {solver!r} skipped ({len(rows)} cells): {rows.message.iloc[0]}", file=sys.stderr)
+    silent = table[(table.status == "ok") & table.message.str.startswith(NO_ANSWER)]
+    for solver, rows in silent.groupby("solver"):
+        print(f"icl-bench: WARNING: {solver}: {NO_ANSWER} in {len(rows)} of {int((table.solver == solver).sum())} cells "
+              f"(e.g. N={rows.N.iloc[0]} R={rows.R.iloc[0]} {rows.dtype.iloc[0]}: {rows.message.iloc[0]})", file=sys.stderr)
+    errors = table[table.status == "error"]
+    for _, r in errors.head(5).iterrows():
+        print(f"error: {r['solver']} {r['solver_params']} N={r['N']} R={r['R']} {r['dtype']} {r['device']}: {r['message']}",
+              file=sys.stderr)
+
+
 def cmd_run(args) -> int:
     from icl_bench.bench.config import parse_config
-    from icl_bench.bench.runner import run_matrix
     from icl_bench.config_base import read_toml
 
     path = resources.config_path(args.config or "default")
@@ -57,6 +98,8 @@ def cmd_run(args) -> int:
     if args.data is not None:
         if not (args.x and args.y):
             raise ConfigError("--data: needs --x COLUMN and --y COLUMN")
+        if Path(args.data).is_dir():
+            raise ConfigError(f"--data: {args.data} is a folder; give a CSV file")
         raw["data"] = {"path": args.data, "x": args.x, "y": args.y}
     elif args.x or args.y:
         raise ConfigError("--x/--y: only with --data FILE")
@@ -71,7 +114,18 @@ def cmd_run(args) -> int:
                 msg = flag + msg[len(key):] if msg.startswith(key) else msg
         raise ConfigError(msg) from None
     out = Path(args.out) if args.out else Path("results/runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
-    table = run_matrix(cfg, out, resume=args.resume, progress=not args.no_progress)
+    if cfg.data is not None:
+        from icl_bench.prompts.data import data_summary
+
+        note = data_summary(cfg.data)[2]
+        if note:
+            print(f"icl-bench: {note}", file=sys.stderr)
+    try:
+        table = _run_matrix(cfg, out, resume=args.resume, progress=not args.no_progress, cache=args.cache)
+    except KeyboardInterrupt:
+        print(f"icl-bench: interrupted; the finished cells are kept in {out}. Resume with:\n"
+              f"  {_resume_command(args.argv, out)}", file=sys.stderr)
+        return 130
     summary = table.groupby("solver").agg(
         ok=("status", lambda s: int((s == "ok").sum())),
         skipped=("status", lambda s: int((s == "skipped").sum())),
@@ -81,11 +135,8 @@ def cmd_run(args) -> int:
     )
     print(summary.to_string(float_format=lambda v: f"{v:.3g}"))
     print(f"wrote {out / 'results.parquet'}, results.csv, metadata.json ({len(table)} cells)")
-    errors = table[table.status == "error"]
-    for _, r in errors.head(5).iterrows():
-        print(f"error: {r['solver']} {r['solver_params']} N={r['N']} R={r['R']} {r['dtype']} {r['device']}: {r['message']}",
-              file=sys.stderr)
-    return 1 if len(errors) else 0
+    _report_cells(table)
+    return 1 if (table.status == "error").any() else 0
 
 
 def cmd_publish(args) -> int:
@@ -104,9 +155,17 @@ def cmd_publish(args) -> int:
         for path in args.checkpoint:
             load_checkpoint(path)
     if args.readme:  # check the target block before anything is written
+        if Path(args.readme).is_dir():
+            raise ConfigError(f"--readme: {args.readme} is a folder; give the README file")
         if not Path(args.readme).is_file():
             raise ConfigError(f"--readme: no such file {args.readme!r}")
         read_block(args.readme, "headline")
+    seen = set()
+    for d in args.run_dirs:  # the same run twice would count every cell twice
+        key = Path(d).resolve()
+        if key in seen:
+            raise ConfigError(f"RUN_DIR: {d} is given twice")
+        seen.add(key)
     result = publish(args.run_dirs, args.out, force=args.force, at=at, checkpoints=args.checkpoint or [])
     if args.readme:
         replace_block(args.readme, "headline", (Path(result["out"]) / "headline.md").read_text())
@@ -125,7 +184,17 @@ def cmd_analyze(args) -> int:
 
     if args.out is not None and Path(args.out).suffix != ".json":
         raise ConfigError(f"--out: must name a .json file (got {args.out!r})")
-    result = analyze_checkpoint(_checkpoint_arg(args.checkpoint), n_prompts=args.n_prompts, seed=args.seed, N=args.N)
+    if args.out is not None and Path(args.out).is_dir():
+        raise ConfigError(f"--out: {args.out} is a folder; give a .json file")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise ConfigError(f"--seed: must be an integer in [0, {MAX_SEED}] (got {args.seed})")
+    try:
+        result = analyze_checkpoint(_checkpoint_arg(args.checkpoint), n_prompts=args.n_prompts, seed=args.seed, N=args.N)
+    except ConfigError as exc:  # name the flag the user typed, not the argument it set
+        msg = str(exc)
+        for key, flag in (("n_prompts:", "--n-prompts:"), ("N:", "--N:"), ("seed:", "--seed:")):
+            msg = flag + msg[len(key):] if msg.startswith(key) else msg
+        raise ConfigError(msg) from None
     fmt = lambda v: "nan" if v is None or v != v else f"{v:.4g}"  # noqa: E731
     for k in HEADLINE:
         print(f"{k:26s} {fmt(float(result[k])) if k in result else 'nan'}")
@@ -141,11 +210,20 @@ def cmd_analyze(args) -> int:
 
 
 def _checkpoint_arg(name: str) -> str:
-    """A checkpoint path as given, or the stem of a shipped one (e.g. trained-l1-R100)."""
-    if any(Path(name + ext).exists() for ext in ("", ".json", ".safetensors")):
-        return name
-    shipped = resources.models_dir() / Path(name).name
-    return str(shipped) if Path(f"{shipped}.json").is_file() and Path(name).parent == Path(".") else name
+    """A checkpoint path as given, or a shipped one by name (e.g. trained-l1-R100, with or without
+    .json / .safetensors).
+
+    Raises:
+        ConfigError: neither exists; names the shipped checkpoints.
+    """
+    if any(Path(name + ext).is_file() for ext in ("", ".json", ".safetensors")) or Path(name).parent != Path("."):
+        return name  # a path: load_checkpoint says what is wrong with it
+    stem = Path(name).name.removesuffix(".json").removesuffix(".safetensors")
+    shipped = resources.models_dir() / stem
+    if Path(name).parent == Path(".") and Path(f"{shipped}.json").is_file():
+        return str(shipped)
+    names = sorted(p.stem for p in resources.models_dir().glob("*.json"))
+    raise ConfigError(f"CHECKPOINT: no checkpoint {name!r} (a file pair's stem, or a shipped one: {', '.join(names)})")
 
 
 def cmd_train(args) -> int:
@@ -153,21 +231,27 @@ def cmd_train(args) -> int:
     from icl_bench.training.config import TrainConfig, load_runs
     from icl_bench.training.train import train_and_save
 
+    if args.steps is not None and args.steps < 1:
+        raise ConfigError(f"--steps: must be an integer >= 1 (got {args.steps})")
     runs = load_runs(resources.config_path(args.config), args.run)
-    if args.steps is not None:  # a quick check of a packaged config: fewer steps, same recipe
-        runs = [{**d, "steps": args.steps, "eval_every": min(d.get("eval_every", 250), max(args.steps, 1))} for d in runs]
-    cfgs = [TrainConfig.from_dict({**d, "progress": d.get("progress", True) and not args.no_progress},
-                                  where=f"runs.{d['name']}" if "name" in d else "train")
+    cfgs = [TrainConfig.from_dict(d, where=f"runs.{d['name']}" if "name" in d else "train")
             for d in runs]  # every run is validated before hours of training, not after
+    cfgs = [c.model_copy(update={"progress": c.progress and not args.no_progress}) for c in cfgs]
+    if args.steps is not None:  # a quick check of a packaged config: fewer steps, same recipe
+        cfgs = [c.model_copy(update={"steps": args.steps, "eval_every": min(c.eval_every, args.steps)}) for c in cfgs]
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} exists and is not a folder")
+    used = [f"{c.name}{s}" for c in cfgs for s in (".safetensors", ".json") if (out / f"{c.name}{s}").exists()]
+    if used and not args.force:  # like run / publish: a checkpoint is never overwritten silently
+        raise ConfigError(f"--out: {out} already holds {', '.join(used)}; choose another folder or pass --force")
     out.mkdir(parents=True, exist_ok=True)  # an OSError here is one line, exit 2 (main)
     for cfg in cfgs:
         stem = train_and_save(cfg, out)
         meta = json.loads(Path(f"{stem}.json").read_text())["metrics"]
-        print(f"{cfg.name}: {meta['step']} steps, held-out MSE vs OLS {meta['eval_mse_vs_ols']:.3e} "
-              f"({meta['eval_rel_mse']:.2%} of var(OLS)), sparsity {meta['sparsity']:.2f} -> {stem}.safetensors", flush=True)
+        num = lambda k, f: "nan" if meta.get(k) is None else format(meta[k], f)  # noqa: E731 (null = NaN: diverged)
+        print(f"{cfg.name}: {meta['step']} steps, held-out MSE vs OLS {num('eval_mse_vs_ols', '.3e')} "
+              f"({num('eval_rel_mse', '.2%')} of var(OLS)), sparsity {num('sparsity', '.2f')} -> {stem}.safetensors", flush=True)
     return 0
 
 
@@ -192,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--x", help="CSV column of x (with --data)")
     run.add_argument("--y", help="CSV column of y (with --data)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    run.add_argument("--cache", help="folder of finished cells shared across runs: reuse a cell by its key, add new ones")
     run.set_defaults(func=cmd_run)
     for name in ("publish", "report"):  # `report` is an alias
         pub = sub.add_parser(name, help="aggregate run folders into tables, plots and index.html"
@@ -218,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--run", action="append", default=None, help="train only this run (repeatable; default: all)")
     tr.add_argument("--steps", type=int, default=None, help="override every run's step budget (e.g. 20 for a smoke test)")
     tr.add_argument("--no-progress", action="store_true", help="no progress bars")
+    tr.add_argument("--force", action="store_true", help="overwrite checkpoints of the same names in --out")
     tr.set_defaults(func=cmd_train)
     sw = sub.add_parser("sweep", help="l1 sweep: train a lambda grid x seeds and tabulate what the penalty changes")
     sw.add_argument("--config", default="l1_sweep", help="sweep TOML ([sweep] + [train]) or a packaged name")
@@ -230,7 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `icl-bench` console script; returns the exit code."""
     try:
+        argv = list(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(argv)
+        args.argv = argv  # for messages that repeat the command (the resume line)
         return args.func(args)
     except ConfigError as exc:
         print(f"icl-bench: error: {' '.join(str(exc).splitlines())}", file=sys.stderr)  # always one line

@@ -12,6 +12,7 @@ message names our accepted values, not pydantic's internal types.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -26,6 +27,8 @@ except ModuleNotFoundError:  # Python < 3.11
     import tomli as tomllib
 
 MAX_SEED = 2**63 - 1  # seeds are stored as 64-bit integers (parquet)
+MAX_THREADS = 1024  # torch.set_num_threads beyond this crashes the process (seen at 100000)
+FLOAT_MAX = {"float32": 3.4028234663852886e38, "float64": 1.7976931348623157e308}
 
 
 def problem(msg: str, key: str | None = None) -> PydanticCustomError:
@@ -62,8 +65,8 @@ def _loc(err: dict, where: str) -> str:
     parts = [where] if where else []
     parts += [str(p) for p in err["loc"] if not isinstance(p, int)]
     ctx = err.get("ctx") or {}
-    if ctx.get("key"):
-        parts = ([where] if where else []) + [ctx["key"]]
+    if ctx.get("key"):  # a cross-field check names its key relative to the table it checks
+        parts.append(ctx["key"])
     if err["type"] == "icl_key":
         parts.append(ctx["unknown"])
     return ".".join(parts)
@@ -166,6 +169,13 @@ def text(v: Any) -> str:
     """A string (may be empty)."""
     if not isinstance(v, str):
         raise problem(f"expected text, got {v!r}")
+    return v
+
+
+def file_stem(v: Any) -> str:
+    """A name that becomes a file stem: letters, digits, '-', '_', '.', not starting with '.'."""
+    if not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]*", v) or len(v) > 200:
+        raise problem(f"bad name {v!r}; accepted: letters, digits, '-', '_', '.' (not first), at most 200")
     return v
 
 

@@ -206,7 +206,7 @@ def test_analyze_random_model_and_bad_input(construction):
 
 
 def test_analyze_checkpoint_and_command(construction, tmp_path, capsys):
-    ckpt = pytest.importorskip("icl_bench.solvers.checkpoint")
+    import icl_bench.solvers.checkpoint as ckpt  # our own module: an import bug must fail, not skip
     from icl_bench.cli import main
 
     moved, _ = random_symmetry(construction, 3)

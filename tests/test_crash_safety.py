@@ -217,9 +217,6 @@ def test_resume_after_the_data_file_changed_recomputes(tmp_path):
     out = tmp_path / "run"
     run_matrix(parse_config(raw), out, progress=False)
     data.write_text("x,y\n" + "".join(f"{i},{-3 * i}\n" for i in range(20)))  # same name, new numbers
-    from icl_bench.prompts.data import _columns
-
-    _columns.cache_clear()
     table = run_matrix(parse_config(raw), out, resume=True, progress=False)
     assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == 0
     pd.testing.assert_frame_equal(_stable(table), _stable(run_matrix(parse_config(raw), progress=False)))

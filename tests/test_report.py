@@ -4,6 +4,7 @@ one line and exit 2. One tiny run (64 prompts per cell) is shared by the module.
 import json
 import math
 import shutil
+import statistics
 
 import numpy as np
 import pandas as pd
@@ -133,9 +134,19 @@ def test_standard_error_column_is_std_over_sqrt_n(solvers):
     cell = Cell("test-weighted", "{}", 12, 0.1, 10.0, "float64", "cpu", 0, 64, 64, json.dumps({}), 1, 1.0)
     row = run_cell(cell)
     batch = cell_prompts(cell.prompts, 12, 0.1, 10.0, 64, 0, "float64", "cpu")
-    sq = (get_solver("test-weighted").predict(batch) - batch.ols_prediction) ** 2
-    assert row["mse_vs_ols"] == pytest.approx(float(sq.mean()), rel=1e-12)
-    assert row["mse_vs_ols_se"] == pytest.approx(float(sq.std() / 8.0), rel=1e-12)
+    sq = [float(v) for v in (get_solver("test-weighted").predict(batch) - batch.ols_prediction) ** 2]
+    assert row["mse_vs_ols"] == pytest.approx(statistics.fmean(sq), rel=1e-12)
+    assert row["mse_vs_ols_se"] == pytest.approx(statistics.stdev(sq) / math.sqrt(64), rel=1e-12)  # ddof = 1
+
+
+def test_standard_error_known_value():
+    """Squared errors 1, 4, 9, 16: mean 7.5, sample std sqrt(43), standard error sqrt(43) / 2."""
+    from icl_bench import make_batch
+    from icl_bench.bench.metrics import prediction_metrics
+
+    batch = make_batch([[0.0, 1.0, 2.0]] * 4, [[0.0, 1.0, 2.0]] * 4, [0.0] * 4, R=10.0)  # OLS = 0
+    m = prediction_metrics(torch.tensor([1.0, -2.0, 3.0, -4.0], dtype=torch.float64), batch)
+    assert m["mse_vs_ols"] == 7.5 and m["mse_vs_ols_se"] == pytest.approx(math.sqrt(43) / 2, rel=1e-14)
 
 
 def test_seeds_pool_and_repeated_runs_count_once(run_dir, tmp_path, solvers):

@@ -1,6 +1,5 @@
 """Training: a tiny run learns (loss falls >= 10x), is reproducible, and configs are validated."""
 import math
-import time
 
 import pytest
 import torch
@@ -18,9 +17,7 @@ TINY = dict(R=10.0, N=[12], steps=300, batch_size=128, eval_every=100, eval_prom
 
 
 def test_tiny_run_loss_falls_tenfold():
-    start = time.perf_counter()
-    _, history = train(TrainConfig(**TINY, l1=1e-5))
-    assert time.perf_counter() - start < 60
+    _, history = train(TrainConfig(**TINY, l1=1e-5))  # speed is benchmarks/' business, not a test's
     first, last = history[0]["eval_mse_vs_ols"], history[-1]["eval_mse_vs_ols"]
     assert math.isfinite(last) and last <= first / 10, (first, last)
     assert history[-1]["step"] == TINY["steps"] and 0 <= history[-1]["sparsity"] <= 1

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from icl_bench import Dist, PromptSpec, get_solver, sample_prompts
-from icl_bench.solvers.ln_closed_form import build_construction
+from icl_bench.solvers.ln_closed_form import build_construction, predicted_error
 from icl_bench.analysis.probes import mechanism_probes
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "ln-closed-form.md"
@@ -107,6 +107,26 @@ def scale_block() -> str:
     return head + "\n\n" + table(["R", "standardize f64", "standardize f32", "raw f64", "raw f32"], rows)
 
 
+def eps_block() -> str:
+    """LayerNorm eps at small data scale: measured error vs OLS and the predicted_error formula."""
+    rows = []
+    for s in (1.0, 1e-1, 1e-2, 1e-3):
+        kw = dict(x=Dist("normal", 0.0, s), slope=Dist("normal", 0.0, 1.0), intercept=Dist("normal", 0.0, s))
+        batch = sample_prompts(PromptSpec(N=20, noise=NOISE * s, R=100.0, **kw), B, seed=SEED, dtype="float64")
+        row = [f"{s:g}"]
+        for A in (1.0, 2.0**20):
+            pred = get_solver("ln-closed-form", ln_input_scale=A).predict(batch).double()
+            err = pred - batch.ols_prediction
+            formula = predicted_error(batch.x, batch.y, batch.x_query, 100.0, ln_input_scale=A)
+            row += [f"{float(err.norm() / batch.ols_prediction.norm()):.2e}",
+                    f"{float(formula.norm() / batch.ols_prediction.norm()):.2e}"]
+        rows.append(row)
+    head = (f"x, u ~ N(0, s^2), y = a s + b x + N(0, ({NOISE} s)^2), a, b ~ N(0, 1), N = 20, R = 100, B = {B}, "
+            "float64, masked; relative RMSE ||pred - OLS|| / ||OLS||, measured and by `predicted_error`.")
+    return head + "\n\n" + table(["data scale s", "A = 1 measured", "A = 1 formula",
+                                   "A = 2^20 measured", "A = 2^20 formula"], rows)
+
+
 def probe_block() -> str:
     rows = []
     for v in ("masked", "query-in-context"):
@@ -119,7 +139,7 @@ def probe_block() -> str:
 
 
 BLOCKS = {"weights": weights_block, "mse-vs-R": r_block, "mse-vs-N": n_block,
-          "standardize": scale_block, "probes": probe_block}
+          "standardize": scale_block, "eps": eps_block, "probes": probe_block}
 
 
 def render(text: str) -> str:

@@ -13,12 +13,13 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
+from pathlib import Path
 
 from icl_bench.bench.axes import AXES
 from icl_bench.bench.config import MatrixConfig
 from icl_bench.prompts.data import DataSource, sample_data_prompts
 from icl_bench.prompts.generator import Dist, PromptSpec, sample_prompts
-from icl_bench.solvers.registry import known_names
+from icl_bench.solvers.registry import get_solver, known_names
 
 
 @dataclass(frozen=True)
@@ -39,13 +40,19 @@ class Cell:
     repeats: int = 3
     max_seconds: float = 1.0
     data_sha256: str = ""  # digest of the CSV file's bytes (CSV source only): edited data = new cells
+    inputs_sha256: str = ""  # digest of the files the solver reads (Solver.input_files: checkpoints)
+    optional: bool = False  # run only because all_solvers: a solver that fails to load is skipped (not in the key)
 
     @property
     def key(self) -> str:
-        """Stable file name of this cell's row (sha1 of its canonical JSON)."""
+        """Stable file name of this cell's row (sha1 of its canonical JSON): every input the cell
+        reads is in it (prompt source, CSV bytes, the solver's input files), so an edited input
+        gives a new key and --resume or the cell cache never serve a stale row."""
         fields = asdict(self)
-        if not fields["data_sha256"]:  # generator prompts: the key stays what it always was
-            del fields["data_sha256"]
+        del fields["optional"]
+        for name in ("data_sha256", "inputs_sha256"):  # absent inputs: the key stays what it always was
+            if not fields[name]:
+                del fields[name]
         text = json.dumps(fields, sort_keys=True, allow_nan=True)
         return hashlib.sha1(text.encode()).hexdigest()[:20]
 
@@ -59,12 +66,49 @@ def prompt_seed(seed: int, N: int, noise: float, R: float) -> int:
     return int.from_bytes(digest[:7], "little")
 
 
+def inputs_digest(name: str, params: dict) -> str:
+    """sha256 over the names and bytes of the files solver `name` with `params` reads
+    (Solver.input_files, e.g. checkpoints); "" when it reads none or cannot be built."""
+    try:
+        files = sorted(get_solver(name, **params).input_files())
+    except Exception:  # a solver that does not load or build: its cells are error / skipped rows
+        return ""
+    if not files:
+        return ""
+    h = hashlib.sha256()
+    for path in files:
+        h.update(Path(path).name.encode() + b"\0")
+        try:
+            h.update(Path(path).read_bytes())
+        except OSError as exc:
+            h.update(f"unreadable: {exc}".encode())
+    return h.hexdigest()
+
+
+def same_matrix(a: dict, b: dict) -> bool:
+    """Two configs (to_dict() form) that expand to the same cells: equal up to the order of the
+    grid lists and of each solver's parameter combinations (cells are keyed by content, so
+    --resume after reordering [grid] N = [1, 4] -> [4, 1] reuses every finished cell)."""
+    def canon(d: dict) -> dict:
+        d = json.loads(json.dumps(d, sort_keys=True, default=str))
+        for k, v in (d.get("grid") or {}).items():
+            d["grid"][k] = sorted(v, key=lambda e: json.dumps(e, sort_keys=True))
+        for k, v in (d.get("solvers") or {}).items():
+            d["solvers"][k] = sorted(v, key=lambda e: json.dumps(e, sort_keys=True))
+        return d
+
+    return canon(a) == canon(b)
+
+
 def expand_cells(cfg: MatrixConfig) -> list[Cell]:
     """Every cell of the matrix, in a fixed order: grid points (axes of bench/axes.py, first axis
     outermost), then solvers (by name), then their parameter sets (as listed)."""
     solvers = dict(cfg.solvers)
+    optional = set()
     if cfg.all_solvers:
+        optional = set(known_names()) - set(solvers)  # not asked for by name
         solvers = {name: cfg.solvers.get(name, [{}]) for name in sorted(set(known_names()) | set(solvers))}
+    inputs = {(n, json.dumps(p, sort_keys=True)): inputs_digest(n, p) for n, combos in solvers.items() for p in combos}
     digest = ""
     values = {a.name: list(cfg.grid[a.name]) for a in AXES}
     if cfg.data is not None:
@@ -78,10 +122,12 @@ def expand_cells(cfg: MatrixConfig) -> list[Cell]:
         at = dict(zip(values, point))
         for name, combos in solvers.items():
             for params in combos:
+                text = json.dumps(params, sort_keys=True)
                 cells.append(Cell(
-                    solver=name, solver_params=json.dumps(params, sort_keys=True), **at, seed=cfg.seed,
+                    solver=name, solver_params=text, **at, seed=cfg.seed,
                     n_prompts=cfg.n_prompts, batch_size=cfg.batch_size, prompts=source,
-                    repeats=cfg.timing.repeats, max_seconds=cfg.timing.max_seconds, data_sha256=digest))
+                    repeats=cfg.timing.repeats, max_seconds=cfg.timing.max_seconds, data_sha256=digest,
+                    inputs_sha256=inputs[(name, text)], optional=name in optional))
     return cells
 
 

@@ -24,15 +24,13 @@ from typing import Annotated, Any, Optional
 from pydantic import BeforeValidator, Field, ValidationInfo, create_model, field_validator, model_validator
 
 from icl_bench.bench.axes import AXES
-from icl_bench.config_base import (MAX_SEED, ConfigModel, axis_list, choice, flag, integer, number, problem, read_toml,
-                                   validate)
+from icl_bench.config_base import (FLOAT_MAX, MAX_SEED, MAX_THREADS, ConfigModel, axis_list, choice, flag, integer,
+                                   number, problem, read_toml, validate)
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.data import DataSource, check_source
 from icl_bench.prompts.generator import DISTRIBUTIONS, MAX_VALUES, Dist
 
-MAX_THREADS = 1024  # torch.set_num_threads beyond this crashes the process (seen at 100000)
 MAX_PROMPTS = 2**24  # n_prompts and batch_size: torch.quantile (abs_err_* metrics) takes <= 2**24 values
-FLOAT_MAX = {"float32": 3.4028234663852886e38, "float64": 1.7976931348623157e308}
 
 Grid = create_model(  # one field per axis of bench/axes.py, in that order
     "Grid", __base__=ConfigModel,

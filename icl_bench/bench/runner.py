@@ -32,14 +32,29 @@ from tqdm import tqdm
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
 from icl_bench.bench import schema, store
 from icl_bench.bench.axes import AXIS_NAMES
-from icl_bench.bench.cells import Cell, cell_prompts, expand_cells
+from icl_bench.bench.cells import Cell, cell_prompts, expand_cells, same_matrix
 from icl_bench.bench.config import MatrixConfig
 from icl_bench.bench.metrics import prediction_metrics
 from icl_bench.bench.schema import COLUMNS, METRIC_COLUMNS
 from icl_bench.bench.timing import sync, time_passes
 from icl_bench.files import dumps
+from icl_bench.errors import ConfigError
 from icl_bench.solvers.base import SkipCell
-from icl_bench.solvers.registry import get_solver
+from icl_bench.solvers.registry import SolverLoadError, get_solver
+
+NO_ANSWER = "no finite prediction"  # the start of the message of a cell whose solver never answered
+
+
+def no_answer_message(pred: torch.Tensor, batch) -> str:
+    """"" or, when the solver answered NaN / inf on every well-posed prompt (there being at
+    least one), a message saying so: such a cell's metrics are NaN and would otherwise read
+    as "ok" with no explanation."""
+    well_posed = torch.isfinite(batch.ols_prediction).cpu()  # (B,)
+    answered = torch.isfinite(pred.detach()).cpu() & well_posed
+    if not well_posed.any() or answered.any():
+        return ""
+    return f"{NO_ANSWER}: NaN/inf on all {int(well_posed.sum())} well-posed prompts"
+
 
 def _timed_predictions(solver, batch, cell: Cell) -> tuple[torch.Tensor, float]:
     """Warm up, then time full passes of predict over the batch in chunks (icl_bench.bench.timing).
@@ -96,11 +111,15 @@ def run_cell(cell: Cell) -> dict:
         pred, seconds = _timed_predictions(solver, batch, cell)
         _check_untouched(batch, pristine)
         row.update(prediction_metrics(pred, batch))
+        row["message"] = no_answer_message(pred, batch)
         row["prompts_per_s"] = batch.B / seconds if seconds > 0 else math.inf
         w = solver.weights()
         row["weight_sparsity"], row["weight_l1"] = weight_sparsity(w), weight_l1(w)
     except SkipCell as exc:
         row.update(status="skipped", message=str(exc))
+    except SolverLoadError as exc:  # a plugin that does not import: skipped unless asked for by name
+        row.update({c: math.nan for c in METRIC_COLUMNS}, n_nonfinite=-1)
+        row.update(status="skipped" if cell.optional else "error", message=str(exc))
     except (Exception, SystemExit) as exc:  # one failing cell is a row, never the end of the run
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         where = f" ({Path(frame.filename).name}:{frame.lineno})"
@@ -123,14 +142,17 @@ def torch_threads(n: int):
 
 
 def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: bool = False,
-               progress: bool = True) -> pd.DataFrame:
+               progress: bool = True, cache: str | Path | None = None) -> pd.DataFrame:
     """Run every cell of `config` and return the tidy result table (one row per cell).
 
     Args:
         config: a validated MatrixConfig (see config.load_config / parse_config).
         out: output folder; None keeps everything in memory (nothing written).
-        resume: reuse the finished cells found in `out` (otherwise `out` must not hold a run).
+        resume: reuse the finished cells found in `out` (otherwise `out` must not hold a run);
+            `out` must hold a run of the same matrix (grid lists may be reordered).
         progress: show a progress bar (cells done / total and the current cell).
+        cache: a folder of finished rows by cell key, shared across run folders: a cell found
+            there is reused (timings included), every computed cell is added. None: no cache.
     Returns:
         pandas.DataFrame with COLUMNS; failing cells have status "error", impossible ones "skipped".
     Raises:
@@ -142,8 +164,14 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
     if out is not None:
         out = Path(out)
         config_json = dumps(config.to_dict(), sort_keys=True)
-        lock = store.prepare(out, resume=resume, config_json=config_json)
+        lock = store.prepare(out, resume=resume, config_json=config_json, same=same_matrix)
         cell_dir = out / "cells"
+    if cache is not None:
+        cache = Path(cache)
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"--cache: cannot create {cache} ({exc.strerror or type(exc).__name__})") from None
     try:
         with torch_threads(config.timing.threads):  # timing.threads = 0: torch's default
             started = datetime.now(timezone.utc).isoformat()
@@ -153,17 +181,28 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
                 bar.set_postfix_str(cell.describe(), refresh=False)
                 path = cell_dir / f"{cell.key}.json" if cell_dir else None
                 row = store.load_cell(path, cell.key) if (path and resume) else None
+                cached = cache / f"{cell.key}.json" if cache is not None else None
+                if row is None and cached is not None:  # the shared cell cache (same key = same inputs)
+                    row = store.load_cell(cached, cell.key)
+                    if row is not None and path:
+                        store.save_cell(path, cell.key, row)
                 if row is None:
                     row = run_cell(cell)
                     if path:
                         store.save_cell(path, cell.key, row)
+                    if cached is not None:
+                        store.save_cell(cached, cell.key, row)
                 else:
                     reused += 1
                 rows.append({c: row[c] for c in COLUMNS})
             table = schema.table(rows)
             if out is not None:
                 meta = store.run_metadata(config, started=started, table=table)
-                meta["n_cells_reused"] = reused  # cells taken from an earlier (interrupted) run by --resume
+                meta["n_cells_reused"] = reused  # cells taken from an earlier run (--resume) or the cell cache
+                if config.data is not None:
+                    from icl_bench.prompts.data import data_summary
+
+                    meta["data_rows_dropped"] = data_summary(config.data)[1]
                 store.write_results(out, table, meta)
     finally:
         if lock is not None:

@@ -35,12 +35,14 @@ CONFIG_NAME = "config.json"  # the run's config, written first: --resume checks 
 FINAL_FILES = ("results.parquet", "results.csv", "metadata.json")
 
 
-def prepare(out: Path, *, resume: bool, config_json: str | None = None):
+def prepare(out: Path, *, resume: bool, config_json: str | None = None, same=None):
     """Create / check the output folder and lock it for this process.
 
     `config_json` (canonical JSON of the run's config) is written to out/config.json; a --resume
-    into a folder whose config.json differs, or that has none (not a run folder), is refused, so
-    a finished run is never silently replaced by another config's table.
+    into a folder whose config.json differs (by `same(saved, new)`, default ==; config.json is then
+    rewritten to the new form), that has none (not a run folder), or that is missing or empty (no
+    run to continue) is refused, so a finished run is never silently replaced by another config's
+    table and a mistyped --out never silently starts afresh.
 
     Returns:
         The open lock file (keep it open for the whole run; closing it releases the lock).
@@ -53,15 +55,21 @@ def prepare(out: Path, *, resume: bool, config_json: str | None = None):
         raise ConfigError(f"--out: {out} is a file, not a folder")
     if not resume and out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out: {out} is not empty; pass --resume to continue that run or choose another folder")
+    if resume and not (out.exists() and any(out.iterdir())):
+        raise ConfigError(f"--resume: {out} holds no run to continue ({'empty' if out.exists() else 'missing'}); "
+                          "drop --resume to start one there")
     saved = out / CONFIG_NAME
-    if resume and config_json is not None and out.exists() and any(out.iterdir()):
+    rewrite = False
+    if resume and config_json is not None:
         if not saved.is_file():
             raise ConfigError(f"--resume: {out} is not an icl-bench run folder (no {CONFIG_NAME}); choose another --out")
         try:
-            same = json.loads(saved.read_text()) == json.loads(config_json)
+            old, new = json.loads(saved.read_text()), json.loads(config_json)
+            ok = (same or (lambda a, b: a == b))(old, new)
+            rewrite = ok and old != new
         except (OSError, ValueError):
-            same = False
-        if not same:
+            ok = False
+        if not ok:
             raise ConfigError(f"--resume: {out} holds a run of another config ({CONFIG_NAME} differs); "
                               "resume it with that config or choose another --out")
     try:
@@ -80,7 +88,7 @@ def prepare(out: Path, *, resume: bool, config_json: str | None = None):
              *(p for name in FINAL_FILES for p in out.glob(f".{name}.*{TMP_SUFFIX}"))]
     for tmp in stale:
         tmp.unlink(missing_ok=True)
-    if config_json is not None and not saved.is_file():
+    if config_json is not None and (rewrite or not saved.is_file()):
         write_atomic(saved, config_json.encode())
     return lock
 

@@ -2,12 +2,15 @@
 
 Each prompt draws N + 1 distinct rows (seeded): the first N are the context, the last one the
 query, whose observed y is the target. Real data has no clean truth, so y_query_clean, slope
-and intercept are NaN and the runner reports mse_vs_truth = NaN. Rows with NaN / inf are kept:
-they make degenerate prompts, which every solver must answer with NaN (bench/metrics.py counts
-them in n_nonfinite).
+and intercept are NaN and the runner reports mse_vs_truth = NaN. Rows with a missing, NaN or
+infinite x or y are dropped when the file is read (`data_summary` counts them; `icl-bench run`
+prints the count and metadata.json records it as data_rows_dropped): one empty cell must not
+turn every prompt that draws its row into a NaN.
 """
 from __future__ import annotations
 
+import hashlib
+import io
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
@@ -82,15 +85,39 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
     if n + 1 > len(frame):
         raise ConfigError(f"grid.N: N={n} needs at least {n + 1} rows of data; {path.name} has {len(frame)}")
     finite = int((np.isfinite(frame[src.x].to_numpy(float)) & np.isfinite(frame[src.y].to_numpy(float))).sum())
-    if n + 1 > finite:  # NaN / inf rows are kept (degenerate prompts), but some must be usable
+    if n + 1 > finite:  # rows with NaN / inf are dropped (data_summary): enough must remain
         raise ConfigError(f"data.path: N={n} needs at least {n + 1} rows with finite x and y; {path.name} has {finite}")
     return src
 
 
+def _read(source: DataSource) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x, y) of the usable rows, and the 1-based data-row numbers of the dropped ones; parsed
+    once per file content (an edited file is parsed again, whatever its name or mtime)."""
+    data = source.resolve().read_bytes()
+    return _parse(source, hashlib.sha256(data).hexdigest(), data)
+
+
 @lru_cache(maxsize=4)
+def _parse(source: DataSource, digest: str, data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    frame = pd.read_csv(io.BytesIO(data))
+    x, y = frame[source.x].to_numpy(np.float64), frame[source.y].to_numpy(np.float64)
+    ok = np.isfinite(x) & np.isfinite(y)
+    return x[ok], y[ok], np.flatnonzero(~ok) + 1
+
+
 def _columns(source: DataSource) -> tuple[np.ndarray, np.ndarray]:
-    frame = pd.read_csv(source.resolve())
-    return frame[source.x].to_numpy(np.float64), frame[source.y].to_numpy(np.float64)
+    return _read(source)[:2]
+
+
+def data_summary(source: DataSource) -> tuple[int, int, str]:
+    """(rows in the file, rows dropped for a missing / NaN / inf x or y, one line saying so or "")."""
+    x, _, dropped = _read(source)
+    n = len(x) + len(dropped)
+    if not len(dropped):
+        return n, 0, ""
+    rows = ", ".join(map(str, dropped[:10])) + (", ..." if len(dropped) > 10 else "")
+    return n, len(dropped), (f"data: dropped {len(dropped)} of {n} rows of {source.path} with a missing, NaN or "
+                             f"infinite {source.x} or {source.y} (data rows {rows})")
 
 
 def sample_data_prompts(source: DataSource, N: int, R: float, n_prompts: int, *, seed: int,
@@ -105,7 +132,7 @@ def sample_data_prompts(source: DataSource, N: int, R: float, n_prompts: int, *,
     """
     xs, ys = _columns(source)
     if len(xs) < N + 1:
-        raise ConfigError(f"grid.N: N={N} needs at least {N + 1} rows of data; {source.path} has {len(xs)}")
+        raise ConfigError(f"grid.N: N={N} needs at least {N + 1} usable rows of data; {source.path} has {len(xs)}")
     rng = np.random.default_rng(seed)
     # (B, N+1) row indices, distinct within each prompt: argsort of uniform keys = random permutation
     idx = np.argsort(rng.random((n_prompts, len(xs))), axis=1)[:, : N + 1]

@@ -6,24 +6,37 @@ For a prompt with context (x_i, y_i), i = 1..N, and query u (any textbook, e.g. 
     b_hat = Sxy / Sxx,   Sxy = sum (x_i - x_bar)(y_i - y_bar),   Sxx = sum (x_i - x_bar)^2
     y_hat(u) = y_bar + b_hat * (u - x_bar)
 
-A prompt whose x has (numerically) zero spread has no unique fit: its prediction is NaN.
+Ill-posed prompts (`ill_posed`, the one criterion every least-squares solver shares): a NaN or
+inf in x, y or u, or all x exactly equal. Nothing else: the shifted problem below is well
+conditioned whenever x is not constant, so a near-constant x (Unix timestamps, a spread of 1e-9
+around 1) still has an accurate answer. The derivation and the error bound: docs/accuracy.md.
 
-How it is computed: one pass over x and y, the shifted form of the corrected two-pass
-algorithm (Chan, Golub & LeVeque 1983, "Algorithms for computing the sample variance", eq. 1.7).
-Per prompt, c_x and c_y are the means of the first SHIFT_SAMPLES values of x and y (close to the
-means, cheap: no pass over the prompt); with x' = x - c_x and y' = y - c_y,
+How it is computed, per prompt (shifted sums: Chan, Golub & LeVeque 1983, "Algorithms for
+computing the sample variance", eq. 1.7). With a shift c = (c_x, c_y), x' = x - c_x, y' = y - c_y
+(each a single rounding of the exact difference):
 
     Sxx = sum x'^2 - (sum x')^2 / N,    Sxy = sum x'y' - (sum x')(sum y') / N,
-    x_bar = c_x + sum x' / N,           y_bar = c_y + sum y' / N.
+    x_bar = c_x + sum x' / N,           y_bar = c_y + sum y' / N,    y_hat = y_bar + (Sxy/Sxx)(u - x_bar).
 
-Exact in exact arithmetic for any shift; in floating point the cancellation in Sxx costs a
-factor 1 + ((c_x - x_bar) / sd(x))^2, about 1 + 1/SHIFT_SAMPLES for a shift from 8 samples, and
-it does not grow with |x_bar| / sd(x) (unlike sum x^2 - N x_bar^2). All four sums come from one
-batched matrix product [1; x'] [x'; y']^T per prompt. On the CPU the prompts go through in
-chunks of about CHUNK_ELEMENTS values of x, so x' and y' live in one reused, cache-sized buffer:
-x and y are read from memory once and no (B, N) temporary is allocated.
+Exact in exact arithmetic for any shift; in floating point the cancellation in Sxx costs a factor
+1 + d^2, d = (c_x - x_bar) / sd(x), bounded whatever the offset |x_bar| / sd(x) when c is taken
+from the prompt's own values (unlike sum x^2 - N x_bar^2; docs/accuracy.md, "The criterion").
+1. Fast path (nearly every prompt), one pass: c = the median of the first SHIFT_SAMPLES values
+   (a data value: d^2 <= N / 4, and a constant x gives x' = 0 exactly); the sums come from one
+   batched matrix product [1; x'; y'] [x'; y']^T per prompt. It is kept where every sum is finite,
+   sum x'^2 and sum y'^2 lie in [1/r, r] (r = FAST_RANGE: no product under- or overflows enough to
+   matter) and Sxx > 0.
+2. Scaled path (the rest: constant x or y, NaN / inf, data beyond about 1e+-75 in float64):
+   x and y are first multiplied by 2^-kx, 2^-ky, kx, ky the binary exponents of max|x|, max|y|
+   (exact; it keeps every square and sum in range for any finite data, 1e-300 and 1e300 alike),
+   c is the mean of the first SHIFT_SAMPLES scaled values (Cauchy-Schwarz: d^2 <= N / 8), and
+   y_hat = 2^ky (y_bar' + beta (u - x_bar) 2^-kx), beta = Sxy'/Sxx' the slope in scaled units.
+On the CPU the prompts go through in chunks of about CHUNK_ELEMENTS values of x, so x' and y'
+live in one reused, cache-sized buffer and no (B, N) temporary is allocated.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -31,66 +44,194 @@ CHUNK_ELEMENTS = 1 << 16  # CPU: prompts per chunk = this // N (at least 1)
 SHIFT_SAMPLES = 8  # values of x (and y) per prompt whose mean is the shift
 
 
-def _shifted_sums(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per prompt: the shifts c = (c_x, c_y) (B, 2) and the sums G (B, 2, 2) =
-    [[sum x', sum y'], [sum x'^2, sum x'y']] of the shifted values, in x's dtype."""
+def exp_clamp(dtype: torch.dtype) -> int:
+    """Largest |scaling exponent| used: 2^+-k and data scaled by it stay normal numbers of `dtype`
+    (1000 for float64, 104 for float32)."""
+    return math.frexp(torch.finfo(dtype).max)[1] - 24
+
+
+def _exponent(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """(B,) int64 k with max(|lo|, |hi|) < 2^k (0 for zero or non-finite rows), clamped."""
+    m = torch.maximum(lo.abs(), hi.abs())  # (B,)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    k = exp_clamp(lo.dtype)
+    return torch.frexp(m).exponent.to(torch.int64).clamp(-k, k)
+
+
+def pow2(k: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """2^k (B,) in `dtype` for int64 k with |k| <= exp_clamp(dtype) (exact)."""
+    return torch.ldexp(torch.ones((), dtype=torch.float64, device=k.device), k.to(torch.float64)).to(dtype)
+
+
+def ldexp(v: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """v * 2^k without an overflowing intermediate for |k| <= 2 exp_clamp (two exact halves)."""
+    h = torch.div(k, 2, rounding_mode="floor")
+    return (v * pow2(h, v.dtype)) * pow2(k - h, v.dtype)
+
+
+def ill_posed(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: prompts with no unique least-squares answer: a NaN or +-inf in x, y or the
+    query, or all x exactly equal. The one criterion of every least-squares solver.
+
+    Why exactly-equal and not "numerically" equal: after a shift by a mean of the prompt's own
+    values the centred problem has condition number at most sqrt(1 + N / 4) (relative
+    to rounding of the shifted values), finite for every non-constant x; see docs/accuracy.md,
+    section "The criterion". Args: x, y (B, N); x_query (B,); any float dtype and device.
+    """
+    xlo, xhi, ylo, yhi = x.amin(dim=1), x.amax(dim=1), y.amin(dim=1), y.amax(dim=1)  # (B,); NaN propagates
+    return _ill_posed_context(xlo, xhi, ylo, yhi) | ~torch.isfinite(x_query)
+
+
+def _ill_posed_context(xlo, xhi, ylo, yhi) -> torch.Tensor:
+    """`ill_posed` from the per-prompt ranges of x and y (B,) each (the query aside)."""
+    finite = torch.isfinite(xlo) & torch.isfinite(xhi) & torch.isfinite(ylo) & torch.isfinite(yhi)
+    return ~finite | (xlo == xhi)
+
+
+def _ranges(x: torch.Tensor, y: torch.Tensor):
+    """Per prompt of a (n, N) block: ill-posed mask (n,) bool, exponents (kx, ky) (n,) int64,
+    exact scale factors s = (2^-kx, 2^-ky) (n, 2) and scaled shifts c (n, 2), in x's dtype."""
+    xlo, xhi, ylo, yhi = x.amin(dim=1), x.amax(dim=1), y.amin(dim=1), y.amax(dim=1)  # (n,); NaN propagates
+    kx, ky = _exponent(xlo, xhi), _exponent(ylo, yhi)  # (n,)
+    s = torch.stack([pow2(-kx, x.dtype), pow2(-ky, x.dtype)], dim=1)  # (n, 2)
+    n0 = min(x.shape[1], SHIFT_SAMPLES)
+    c = torch.stack([(x[:, :n0] * s[:, :1]).mean(dim=1), (y[:, :n0] * s[:, 1:]).mean(dim=1)], dim=1)  # (n, 2)
+    return _ill_posed_context(xlo, xhi, ylo, yhi), kx, ky, s, c
+
+
+def _scaled_sums(x: torch.Tensor, y: torch.Tensor):
+    """Per prompt: exponents (kx, ky) (B,) int64, scaled shifts c (B, 2), the sums G (B, 2, 2) =
+    [[sum x', sum y'], [sum x'^2, sum x'y']] of the scaled shifted values, and the ill-posed mask
+    of x, y alone (B,) bool; all in x's dtype."""
     B, N = x.shape
-    c = torch.stack([x[:, :SHIFT_SAMPLES].mean(dim=1), y[:, :SHIFT_SAMPLES].mean(dim=1)], dim=1)  # (B, 2)
+    bad, kx, ky, s, c = _ranges(x, y)  # (B,), (B,), (B,), (B, 2), (B, 2)
     if torch.is_grad_enabled() and (x.requires_grad or y.requires_grad):  # autograd records no out= ops
-        z = torch.stack([torch.ones_like(x), x - c[:, :1], y - c[:, 1:]], dim=1)  # (B, 3, N)
-        return c, torch.bmm(z[:, 0:2], z[:, 1:3].transpose(1, 2))
+        z = torch.stack([torch.ones_like(x), x * s[:, :1] - c[:, :1], y * s[:, 1:] - c[:, 1:]], dim=1)  # (B, 3, N)
+        return kx, ky, c, torch.bmm(z[:, 0:2], z[:, 1:3].transpose(1, 2)), bad
     step = B if x.device.type != "cpu" else max(1, min(B, CHUNK_ELEMENTS // N))
     G = torch.empty(B, 2, 2, dtype=x.dtype, device=x.device)
     z = torch.empty(step, 3, N, dtype=x.dtype, device=x.device)  # rows: 1, x', y' (reused per chunk)
     z[:, 0] = 1.0
     ones_x, xs, ys = z[:, 0:2], z[:, 1], z[:, 2]  # views of the buffer
     xy = z[:, 1:3].transpose(1, 2)  # (step, N, 2)
-    for s in range(0, B, step):
-        e = min(B, s + step)
-        n = e - s
-        torch.sub(x[s:e], c[s:e, 0:1], out=xs[:n])
-        torch.sub(y[s:e], c[s:e, 1:2], out=ys[:n])
-        torch.bmm(ones_x[:n], xy[:n], out=G[s:e])  # (n, 2, 2)
-    return c, G
+    neg_c = -c  # (B, 2)
+    for a in range(0, B, step):
+        e = min(B, a + step)
+        n = e - a
+        torch.addcmul(neg_c[a:e, 0:1], x[a:e], s[a:e, 0:1], out=xs[:n])  # x 2^-kx exact; one rounding
+        torch.addcmul(neg_c[a:e, 1:2], y[a:e], s[a:e, 1:2], out=ys[:n])
+        torch.bmm(ones_x[:n], xy[:n], out=G[a:e])  # (n, 2, 2)
+    return kx, ky, c, G, bad
 
 
-def _moments(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(x_bar, y_bar, slope, Sxx), each (B,); slope is NaN for degenerate prompts."""
-    N = x.shape[1]
-    c, G = _shifted_sums(x, y)  # (B, 2), (B, 2, 2)
+FAST_RANGE = {torch.float64: 2.0**500, torch.float32: 2.0**60}  # fast path: sums of squares in [1/r, r]
+
+
+def _fast_moments(x: torch.Tensor, y: torch.Tensor):
+    """The unscaled one-pass sums, for the prompts whose data sit in a safe range (nearly all):
+    (ok, x_bar, y_bar, beta), each (B,). The shift is the median of the first SHIFT_SAMPLES
+    values, itself a data value, so a constant x gives x' = 0 exactly. `ok` holds where every sum
+    is finite, 1/r <= sum x'^2, sum y'^2 <= r (r = FAST_RANGE: no product can underflow or overflow
+    enough to matter, docs/accuracy.md) and Sxx > 0; the other prompts (constant x or y, NaN / inf,
+    extreme scales) go through the scaled path."""
+    B, N = x.shape
+    n0 = min(N, SHIFT_SAMPLES)
+    c = torch.stack([x[:, :n0].median(dim=1).values, y[:, :n0].median(dim=1).values], dim=1)  # (B, 2)
+    step = B if x.device.type != "cpu" else max(1, min(B, CHUNK_ELEMENTS // N))
+    G = torch.empty(B, 3, 2, dtype=x.dtype, device=x.device)
+    z = torch.empty(step, 3, N, dtype=x.dtype, device=x.device)  # rows: 1, x', y' (reused per chunk)
+    z[:, 0] = 1.0
+    xs, ys, xy = z[:, 1], z[:, 2], z[:, 1:3].transpose(1, 2)  # views; xy (step, N, 2)
+    for a in range(0, B, step):
+        e = min(B, a + step)
+        n = e - a
+        torch.sub(x[a:e], c[a:e, 0:1], out=xs[:n])  # one rounding of the exact difference
+        torch.sub(y[a:e], c[a:e, 1:2], out=ys[:n])
+        torch.bmm(z[:n], xy[:n], out=G[a:e])  # (n, 3, 2): [sum x', sum y'], [sum x'^2, sum x'y'], [., sum y'^2]
+    r = FAST_RANGE[x.dtype]
+    sq = torch.stack([G[:, 1, 0], G[:, 2, 1]], dim=1)  # (B, 2) sum x'^2, sum y'^2
     offset = G[:, 0] / N  # (B, 2): mean of x', y'
-    means = c + offset  # (B, 2): x_bar, y_bar
-    S = G[:, 1] - G[:, 0, :1] * offset  # (B, 2): Sxx, Sxy (the shift's share removed)
-    sxx, x_bar = S[:, 0], means[:, 0]
-    scale = torch.addcmul(sxx, x_bar, x_bar, value=N)  # (B,) = sum x^2, without another pass
-    degenerate = sxx <= (N * torch.finfo(x.dtype).eps) * scale
-    slope = torch.where(degenerate, float("nan"), S[:, 1] / sxx)
-    return x_bar, means[:, 1], slope, sxx
+    S = G[:, 1] - G[:, 0, :1] * offset  # (B, 2): Sxx, Sxy
+    ok = torch.isfinite(G).all(dim=2).all(dim=1) & ((sq >= 1 / r) & (sq <= r)).all(dim=1) & (S[:, 0] > 0)
+    means = c + offset  # (B, 2)
+    return ok, means[:, 0], means[:, 1], S[:, 1] / S[:, 0]
+
+
+def _moments(x: torch.Tensor, y: torch.Tensor):
+    """Scaled statistics: (kx, ky, x_bar', y_bar', beta, bad, fast), x_bar = 2^kx x_bar', y_bar =
+    2^ky y_bar', slope = 2^(ky - kx) beta; beta is NaN where `bad` (x or y ill-posed); `fast`
+    marks the prompts the one-pass unscaled path answered (kx = ky = 0 there)."""
+    if torch.is_grad_enabled() and (x.requires_grad or y.requires_grad):
+        return (*_scaled_moments(x, y), torch.zeros(x.shape[0], dtype=torch.bool, device=x.device))
+    fast, xb, yb, beta = _fast_moments(x, y)
+    kx = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
+    ky, bad = kx.clone(), torch.zeros_like(fast)
+    if not bool(fast.all()):
+        idx = (~fast).nonzero().squeeze(1)
+        for dst, src in zip((kx, ky, xb, yb, beta, bad), _scaled_moments(x[idx], y[idx])):
+            dst[idx] = src
+    return kx, ky, xb, yb, beta, bad, fast
+
+
+def _scaled_moments(x: torch.Tensor, y: torch.Tensor):
+    """`_moments` by the power-of-two scaled path, for every prompt: (kx, ky, x_bar', y_bar', beta, bad)."""
+    N = x.shape[1]
+    kx, ky, c, G, bad = _scaled_sums(x, y)  # (B,), (B,), (B, 2), (B, 2, 2), (B,)
+    offset = G[:, 0] / N  # (B, 2): mean of x', y'
+    means = c + offset  # (B, 2): scaled x_bar, y_bar
+    S = G[:, 1] - G[:, 0, :1] * offset  # (B, 2): Sxx', Sxy' (the shift's share removed)
+    # Sxx' > 0 whenever x is not constant (docs/accuracy.md: its relative error is below
+    # N u (1 + N / 4) < 1); the guard only keeps a violated bound from returning inf
+    bad = bad | ~(S[:, 0] > 0)
+    beta = torch.where(bad, float("nan"), S[:, 1] / S[:, 0])
+    return kx, ky, means[:, 0], means[:, 1], beta, bad
 
 
 def ols_fit(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-prompt least-squares statistics.
 
     Args:
-        x, y: (B, N) tensors of one floating dtype and device.
+        x, y: (B, N) tensors of one floating dtype and device, N >= 2.
     Returns:
         (x_bar, y_bar, slope, intercept), each (B,), in the dtype of x. slope and intercept are
-        NaN where var(x) <= N * eps * mean(x^2) (all x equal up to rounding), and wherever the
-        prompt holds a NaN or an infinity.
+        NaN for ill-posed prompts (`ill_posed`: all x equal, or a NaN / inf in the prompt), and
+        +-inf only where the true value overflows the dtype.
     """
-    x_bar, y_bar, slope, _ = _moments(x, y)
-    return x_bar, y_bar, slope, y_bar - slope * x_bar
+    kx, ky, xb, yb, beta, _, _ = _moments(x, y)
+    x_bar, y_bar = ldexp(xb, kx), ldexp(yb, ky)
+    slope = ldexp(beta, ky - kx)
+    intercept = ldexp(yb - beta * xb, ky)  # y_bar - slope * x_bar, in the scaled units
+    return x_bar, y_bar, slope, intercept
 
 
 def ols_predict(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor) -> torch.Tensor:
     """Least-squares prediction at the query, (B,), in the dtype of x.
 
     Args:
-        x, y: (B, N) context; x_query: (B,) query inputs u.
+        x, y: (B, N) context, N >= 2; x_query: (B,) query inputs u.
     Returns:
-        y_bar + b_hat * (u - x_bar); NaN (never +-inf) for prompts with zero spread in x, a
-        non-finite input (an infinite query included) or a result that overflows the dtype.
+        y_bar + b_hat * (u - x_bar); NaN (never +-inf) for ill-posed prompts (`ill_posed`) and for
+        a result that overflows the dtype. Accuracy (docs/accuracy.md): |error| <= (N + 4) u K
+        with u the unit roundoff of the dtype and K the condition numerator of the prompt.
     """
-    x_bar, y_bar, slope, _ = _moments(x, y)
-    pred = torch.addcmul(y_bar, slope, x_query - x_bar)  # (B,)
+    kx, ky, xb, yb, beta, _, fast = _moments(x, y)
+    d = x_query * pow2(-kx, x.dtype) - xb  # (B,) (u - x_bar) 2^-kx: exact scaling, one rounding
+    pred = ldexp(torch.addcmul(yb, beta, d), ky)  # (B,)
+    redo = fast & ~torch.isfinite(pred) & torch.isfinite(x_query)  # an intermediate overflowed unscaled
+    if bool(redo.any()):
+        idx = redo.nonzero().squeeze(1)
+        kx, ky, xb, yb, beta, _ = _scaled_moments(x[idx], y[idx])
+        pred[idx] = ldexp(torch.addcmul(yb, beta, x_query[idx] * pow2(-kx, x.dtype) - xb), ky)
     return pred.masked_fill(~torch.isfinite(pred), float("nan"))
+
+
+def centred_scales(x: torch.Tensor, y: torch.Tensor):
+    """Per prompt, scale-safe: (x_bar, y_bar, s_x, s_y), each (B,) in x's dtype, s the population
+    standard deviations sqrt(Sxx / N), sqrt(Syy / N) computed without underflow or overflow
+    (s_x = 0 for constant x; NaN where the prompt holds a NaN / inf). For standardizing prompts."""
+    N = x.shape[1]
+    kx, ky, xb, yb, _, _, _ = _moments(x, y)
+    x_bar, y_bar = ldexp(xb, kx), ldexp(yb, ky)
+    sx = ((x * pow2(-kx, x.dtype)[:, None] - xb[:, None]) ** 2).mean(dim=1).sqrt()  # (B,) scaled
+    sy = ((y * pow2(-ky, x.dtype)[:, None] - yb[:, None]) ** 2).mean(dim=1).sqrt()
+    return x_bar, y_bar, ldexp(sx, kx), ldexp(sy, ky)

@@ -192,6 +192,17 @@ def failure_summary(table: pd.DataFrame) -> pd.DataFrame:
     return bad.groupby(["solver", "solver_params", "status", "message"], dropna=False).agg(**agg).reset_index()
 
 
+def no_answer_notes(table: pd.DataFrame) -> list[str]:
+    """One line per solver with "ok" cells in which it answered no prompt (the runner's message
+    "no finite prediction ..."): their MSE is NaN, and a NaN must come with its reason."""
+    from icl_bench.bench.runner import NO_ANSWER
+
+    rows = table[(table["status"] == "ok") & table["message"].fillna("").str.startswith(NO_ANSWER)]
+    return [f"{solver} {params}: {NO_ANSWER} (NaN / inf on every well-posed prompt) in {len(g)} of "
+            f"{int(((table.solver == solver) & (table.solver_params == params)).sum())} cells; its MSE there is NaN"
+            for (solver, params), g in rows.groupby(["solver", "solver_params"])]
+
+
 def sparsity(table: pd.DataFrame) -> pd.DataFrame:
     """Solvers with weights: weight_sparsity (fraction of entries < 1e-3 max|w|; mean, min, max
     over cells) and weight_l1 (mean) per solver, solver_params and R. Empty if no solver has weights."""

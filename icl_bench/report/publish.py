@@ -175,10 +175,13 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     head = report.headline(summary, setting)
     headline_at = {k: v for k, v in setting.items() if k != "N"}
     command = command_line(runs, out, at, checkpoints)
+    silent = report.no_answer_notes(table)  # NaN in the table must come with its reason
     headline_md = "\n".join([
         f"### Mean MSE vs OLS [95 % CI] by solver and N ({_setting_text(headline_at)})", "",
-        report.to_markdown(head), f"Regenerate with `{command}`; the 95 % CI method is described in icl_bench/report/aggregate.py.", ""])
+        report.to_markdown(head), *[f"Warning: {n}." for n in silent],
+        f"Regenerate with `{command}`; the 95 % CI method is described in icl_bench/report/aggregate.py.", ""])
     figs, notes = _figures(table, summary, setting, checkpoints)
+    notes = silent + notes
     ctx = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command,
            "headline": head, "headline_md": headline_md, "headline_at": headline_at, "plots": list(figs),
            "notes": notes, "failures": report.failure_summary(table), "sparsity": report.sparsity(table),

@@ -24,18 +24,22 @@ import torch
 
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.generator import PromptBatch
+from icl_bench.prompts.ols import ill_posed
 
 
 def nan_if_ill_posed(pred: torch.Tensor, batch: PromptBatch) -> torch.Tensor:
     """`pred` (B,) with NaN at every prompt that has no unique least-squares answer, and in
     place of +-inf (an overflow is no answer either).
 
-    Ill-posed prompts are those whose float64 OLS reference is NaN: a NaN or inf in x, y or the
-    query, or no spread in x (all x equal, up to rounding). No finite answer to them is right,
-    so a solver reports NaN there (and the runner counts it in `n_nonfinite`) instead of whatever
-    finite number its arithmetic happens to produce. Returns a new tensor; `pred` is untouched.
+    Ill-posed prompts are those of `icl_bench.prompts.ols.ill_posed`, the one criterion every
+    least-squares solver shares: a NaN or inf in x, y or the query, or all x exactly equal
+    (docs/accuracy.md); a prompt whose float64 OLS reference overflows is treated alike. No finite
+    answer to them is right, so a solver reports NaN there (and the runner counts it in
+    `n_nonfinite`) instead of whatever finite number its arithmetic happens to produce.
+    Returns a new tensor; `pred` is untouched.
     """
-    ok = torch.isfinite(batch.ols_prediction).to(pred.device) & ~torch.isinf(pred)  # (B,)
+    bad = ill_posed(batch.x, batch.y, batch.x_query) | ~torch.isfinite(batch.ols_prediction)  # (B,)
+    ok = ~bad.to(pred.device) & ~torch.isinf(pred)  # (B,)
     return pred.masked_fill(~ok, float("nan"))
 
 
@@ -121,6 +125,12 @@ class Solver(ABC):
     def predict(self, batch: PromptBatch) -> torch.Tensor:
         """Predictions at the queries: (B,) tensor in batch.dtype on batch.device. Never mutates batch.
         NaN for a prompt the solver cannot answer (at least the ill-posed ones: see nan_if_ill_posed)."""
+
+    def input_files(self) -> list:
+        """Paths of the files this solver reads besides its prompts (e.g. checkpoints). The
+        runner hashes their bytes into the cell key, so replacing a file invalidates the cells
+        that used it (--resume and the cell cache recompute them). Default: none."""
+        return []
 
     def weights(self) -> dict[str, torch.Tensor] | None:
         """Named weight matrices for sparsity analysis, or None for solvers without weights."""

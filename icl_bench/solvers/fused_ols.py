@@ -1,23 +1,24 @@
 """Closed-form OLS predictions through a numba kernel (CPU): the arithmetic of the OLS reference.
 
-The arithmetic is that of icl_bench/prompts/ols.py (the shifted one-pass sums of Chan, Golub & LeVeque
-1983, eq. 1.7, shift = the mean of the first SHIFT_SAMPLES values): per prompt one pass over x
-and y, the four sums in vector lanes (the only reassociated step), then the moments and the
-prediction in program order. Prompts are split over `fused.num_threads()` threads. Used by the
-`ols` solver (baselines/ols.py) and by ln-closed-form's ill-posedness test.
+The arithmetic is that of the reference's one-pass path (icl_bench/prompts/ols.py: shifted sums,
+Chan, Golub & LeVeque 1983, eq. 1.7; here the shift is the mean of the first SHIFT_SAMPLES values):
+per prompt one pass over x and y, the five sums in vector lanes (the only reassociated step),
+then the moments and the prediction in program order. Prompts are split over
+`fused.num_threads()` threads. Used by the `ols` solver (baselines/ols.py).
 
-Which prompts are ill-posed (NaN) is decided by the reference alone: the kernel only answers a
-prompt whose x has clear spread (Sxx > SCREEN * sum x^2, i.e. sd(x) above 10% of the root mean
-square of x) and whose answer is finite; every other prompt (near-constant x, NaN / inf, an
-overflow) is recomputed by `icl_bench.prompts.ols.ols_predict`, whose criterion (N * eps relative, or
-whatever it becomes) flags far fewer prompts than this screen hands to it.
+Which prompts are ill-posed (NaN), and every prompt near the reference's limits, is left to the
+reference: the kernel only answers a prompt whose x has clear spread (Sxx > SCREEN * sum x^2, i.e.
+sd(x) above 10% of the root mean square of x), whose sums of squares lie in the reference's fast
+range [1/r, r] (r = FAST_RANGE) and whose answer is finite; every other prompt (constant or
+near-constant x or y, NaN / inf, extreme scales, an overflow) is recomputed by
+`icl_bench.prompts.ols.ols_predict`, the shared criterion (`ill_posed`) included.
 """
 from __future__ import annotations
 
 import torch
 
 from icl_bench.solvers import fused
-from icl_bench.prompts.ols import SHIFT_SAMPLES, ols_predict
+from icl_bench.prompts.ols import FAST_RANGE, SHIFT_SAMPLES, ols_predict
 
 SCREEN = 1e-2  # the kernel answers prompts with Sxx > SCREEN * sum x^2; the reference the rest
 _KERNEL: list = []  # [(sums, kernel)] once compiled
@@ -31,9 +32,9 @@ def _compile():
     nb = fused.numba  # imported by fused.available()
 
     @nb.njit(fastmath={"reassoc", "contract"}, error_model="numpy", nogil=True, cache=True)
-    def sums(x, y, b, cx, cy):  # sum x', sum y', sum x'^2, sum x'y' over prompt b, x' = x - cx
+    def sums(x, y, b, cx, cy):  # sum x', sum y', sum x'^2, sum x'y', sum y'^2 over prompt b
         F = x.dtype.type
-        sx = sy = sxx = sxy = F(0.0)
+        sx = sy = sxx = sxy = syy = F(0.0)
         for i in range(x.shape[1]):
             a = x[b, i] - cx
             c = y[b, i] - cy
@@ -41,10 +42,11 @@ def _compile():
             sy += c
             sxx += a * a
             sxy += a * c
-        return sx, sy, sxx, sxy
+            syy += c * c
+        return sx, sy, sxx, sxy, syy
 
     @nb.njit(error_model="numpy", nogil=True, cache=True)
-    def kernel(x, y, u, out, redo, k, screen, b0, b1):
+    def kernel(x, y, u, out, redo, k, screen, r, b0, b1):
         F = x.dtype.type
         N = x.shape[1]
         fn, fk = F(N), F(k)
@@ -54,14 +56,16 @@ def _compile():
                 cx += x[b, i]
                 cy += y[b, i]
             cx, cy = cx / fk, cy / fk
-            sx, sy, sxx, sxy = sums(x, y, b, cx, cy)
+            sx, sy, sxx, sxy, syy = sums(x, y, b, cx, cy)
             ox, oy = sx / fn, sy / fn  # means of x', y'
             x_bar, y_bar = cx + ox, cy + oy
             Sxx, Sxy = sxx - sx * ox, sxy - sx * oy
             scale = Sxx + fn * x_bar * x_bar  # sum x^2
             pred = y_bar + (Sxy / Sxx) * (u[b] - x_bar)
             out[b] = pred
-            redo[b] = not (Sxx > F(screen) * scale) or not (abs(pred) < F(float("inf")))
+            lo, hi = F(1.0 / r), F(r)  # the reference's fast range for the sums of squares
+            in_range = lo <= sxx <= hi and lo <= syy <= hi  # False for NaN
+            redo[b] = not (in_range and Sxx > F(screen) * scale and abs(pred) < F(float("inf")))
 
     _KERNEL.append((sums, kernel))
     return _KERNEL[0]
@@ -81,7 +85,7 @@ def fast_ols_predict(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor) -> torch
     xs, ys, us = (t.detach().contiguous().numpy() for t in (x, y, u))
     out = torch.empty(B, dtype=x.dtype)
     redo = torch.empty(B, dtype=torch.bool)
-    args = (xs, ys, us, out.numpy(), redo.numpy(), min(SHIFT_SAMPLES, N), SCREEN)
+    args = (xs, ys, us, out.numpy(), redo.numpy(), min(SHIFT_SAMPLES, N), SCREEN, float(FAST_RANGE[x.dtype]))
     threads = max(1, min(fused.num_threads(), B // 256))
     if threads == 1:
         kernel(*args, 0, B)

@@ -23,12 +23,18 @@ import torch
 
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.generator import PromptBatch, make_tokens
+from icl_bench.prompts.ols import centred_scales, ill_posed
 from icl_bench.solvers.base import Param, Solver, r_lost
-from icl_bench.solvers.fused_ols import fast_ols_predict
 from icl_bench.solvers.registry import register_solver
 from icl_bench.solvers.transformer import KEY_SETS, Transformer, TransformerConfig
 
 VARIANTS = KEY_SETS  # "masked" (keys = context) or "query-in-context" (keys = context + query)
+
+
+def _check_scale(A: float) -> float:
+    if isinstance(A, bool) or not isinstance(A, (int, float)) or not math.isfinite(A) or A < 1:
+        raise ConfigError(f"ln_input_scale: must be a finite number >= 1 (got {A!r})")
+    return float(A)
 
 
 def _check(R: float, variant: str) -> float:
@@ -41,7 +47,7 @@ def _check(R: float, variant: str) -> float:
 
 @torch.no_grad()
 def build_construction(R: float, variant: str = "masked", dtype: torch.dtype = torch.float64,
-                       device: str | torch.device = "cpu") -> Transformer:
+                       device: str | torch.device = "cpu", ln_input_scale: float = 1.0) -> Transformer:
     """The docs/design.md §5 construction as a `Transformer` (2 layers, 2 heads, d_model 4, LN on).
 
     Residual slots (s0, s1, s2, s3) start as (x, y, R, 0). W[k][out, in] of head k acts as h -> W h.
@@ -66,8 +72,11 @@ def build_construction(R: float, variant: str = "masked", dtype: torch.dtype = t
         W_Q[0,2] = 1                q_i = s2 = R (K = R)
         W_K[0,0] = W_V[0,0] = 1     k_j = v_j = x~_j            -> head output R Cxx
         W_O[0,0] = 1, W_O[1,0] = -1 placed as (R Cxx, -R Cxx, 0, 0)
-        LN input (R Cxx, -R Cxx, -x~Cxy, x~Cxy) sums to 0; std R Cxx/sqrt2 (1 + O((b_hat x~/R)^2)),
+        Both heads' W_O are multiplied by A = ln_input_scale (1 in the paper's weights).
+        LN input A (R Cxx, -R Cxx, -x~Cxy, x~Cxy) sums to 0; std A R Cxx/sqrt2 (1 + O((b_hat x~/R)^2)),
         so LN slot 3 = sqrt2 x~ Cxy / (R Cxx) (1 + ...); LN gain (0, 0, 0, R/sqrt2) -> b_hat x~.
+        LN is scale-invariant except for its eps, which enters as 2 eps / (A R Cxx)^2 next to 1:
+        A makes eps negligible at small data scale (docs/ln-closed-form.md, "LayerNorm eps").
     readout ("query", 4 -> 1): (0, -1, 0, 1): s3 - s1 = b_hat (u - x_bar) + y_bar at the query.
 
     Args:
@@ -76,12 +85,16 @@ def build_construction(R: float, variant: str = "masked", dtype: torch.dtype = t
         variant: "masked" (keys = the N context tokens; error O(1/R^2)) or "query-in-context"
             (keys = all N+1 tokens; the query's (u, 0) enters every mean: error O(1/N)).
         dtype, device: of the returned module's parameters.
+        ln_input_scale: A >= 1, the factor on layer 2's attention output (the LN input); 1 gives
+            the paper's weights, a large A (e.g. 2^20) removes the eps error at small data scale
+            but becomes the largest weight (which dominates the sparsity metric).
     Returns:
         Transformer in eval mode; forward(tokens (B, N+1, 3)) -> (B,) approximate OLS predictions.
     Raises:
-        ConfigError: unknown variant, or R not finite and > 0.
+        ConfigError: unknown variant, R not finite and > 0, or ln_input_scale not finite and >= 1.
     """
     R = _check(R, variant)
+    A = _check_scale(ln_input_scale)
     cfg = TransformerConfig(d_in=3, d_model=4, n_layers=2, n_heads=2, layernorm=True, keys=variant, readout="query")
     model = Transformer(cfg).double()  # set every weight in float64, round once to `dtype` at the end
     for p in model.parameters():
@@ -106,6 +119,7 @@ def build_construction(R: float, variant: str = "masked", dtype: torch.dtype = t
     a2.W_Q[1, 0, 2] = 1.0  # head b: query reads s2 = R
     a2.W_K[1, 0, 0] = a2.W_V[1, 0, 0] = 1.0  # keys and values x~_j: scores R x~_j
     a2.W_O[1, 0, 0], a2.W_O[1, 1, 0] = 1.0, -1.0  # -> (R Cxx, -R Cxx, 0, 0)
+    a2.W_O.mul_(A)  # amplify the LN input: eps / (A R Cxx)^2 instead of eps / (R Cxx)^2
     ln2.weight[:] = torch.tensor([0.0, 0.0, 0.0, g], dtype=torch.float64)
 
     model.readout.weight[0] = torch.tensor([0.0, -1.0, 0.0, 1.0], dtype=torch.float64)  # s3 - s1 at the query
@@ -113,7 +127,7 @@ def build_construction(R: float, variant: str = "masked", dtype: torch.dtype = t
 
 
 def analytic_output(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor, R: float,
-                    variant: str = "masked", ln_eps: float = 1e-5) -> torch.Tensor:
+                    variant: str = "masked", ln_eps: float = 1e-5, ln_input_scale: float = 1.0) -> torch.Tensor:
     """What the construction computes, in closed form with every error term kept (float64 math).
 
     Derived by hand from the weights of `build_construction` (independently of the module), so a
@@ -121,18 +135,19 @@ def analytic_output(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor, R: float,
     "query-in-context"), mx, my the key means and m = (mx + my)/2:
         c1  = (R/sqrt2) / sqrt((mx^2 + my^2 + (R+m)^2 + (R-m)^2)/4 + eps)   (= 1 - O(1/R^2))
         x~  = x - c1 mx, y~ = y - c1 my;  Cxx = mean_k x~^2, Cxy = mean_k x~ y~
-        out = (R/sqrt2) x~_u Cxy / sqrt((R Cxx)^2/2 + (x~_u Cxy)^2/2 + eps) + c1 my
+        out = (R/sqrt2) A x~_u Cxy / sqrt((A R Cxx)^2/2 + (A x~_u Cxy)^2/2 + eps) + c1 my
     With c1 = 1 and no eps, out = y_bar + b_hat (u - x_bar) / sqrt(1 + (b_hat (u - x_bar)/R)^2).
 
     Args:
         x, y: context (B, N); u: queries (B,); any float dtype (computed in float64).
-        R, variant: as in `build_construction`; ln_eps: LayerNorm epsilon of the module.
+        R, variant, ln_input_scale (A): as in `build_construction`; ln_eps: LayerNorm epsilon.
     Returns:
         (B,) float64.
     Raises:
         ConfigError: unknown variant or bad R.
     """
     R = _check(R, variant)
+    A = _check_scale(ln_input_scale)
     x, y, u = x.double(), y.double(), u.double()
     xk, yk = x, y  # (B, M) key tokens' x and y
     if variant == "query-in-context":
@@ -144,17 +159,39 @@ def analytic_output(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor, R: float,
     xt, yt = xk - (c1 * mx)[:, None], yk - (c1 * my)[:, None]  # (B, M) keys after layer 1
     cxx, cxy = (xt * xt).mean(1), (xt * yt).mean(1)  # (B,)
     xu = u - c1 * mx  # (B,) query's s0 after layer 1
-    s3 = (R / math.sqrt(2)) * xu * cxy / torch.sqrt((R * cxx) ** 2 / 2 + (xu * cxy) ** 2 / 2 + ln_eps)
+    s3 = (R / math.sqrt(2)) * A * xu * cxy / torch.sqrt((A * R * cxx) ** 2 / 2 + (A * xu * cxy) ** 2 / 2 + ln_eps)
     return s3 + c1 * my
 
 
+def predicted_error(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor, R: float, ln_eps: float = 1e-5,
+                    ln_input_scale: float = 1.0) -> torch.Tensor:
+    """The masked construction's error vs OLS to leading order, from the context's own statistics
+    (docs/ln-closed-form.md, "LayerNorm eps"; every term is one of `analytic_output`'s):
+
+        err = (c1 - 1)(y_bar - b_hat x_bar) + b_hat d (1 / sqrt(1 + (b_hat d / R)^2 + 2 eps / (A R Cxx)^2) - 1)
+        c1 = 1 / sqrt(1 + delta1 + 2 eps / R^2),   delta1 = (x_bar^2 + y_bar^2 + 2 m^2) / (2 R^2),
+        d = u - x_bar,  m = (x_bar + y_bar) / 2,  A = ln_input_scale.
+
+    The first term is layer 1's centring shortfall (eps / R^2: independent of the data scale), the
+    second layer 2's division: the (b_hat d / R)^2 share falls with the data scale s like s^2, the eps
+    share 2 eps / (A R Cxx)^2 grows like s^-4 (x = [0, .01, .02, .03], y = 2x, R = 100, A = 1: 3.6 %).
+    Args: x, y (B, N); u (B,); R > 0. Returns: (B,) float64.
+    """
+    x, y, u = x.double(), y.double(), u.double()
+    mx, my = x.mean(1), y.mean(1)  # (B,)
+    cxx = ((x - mx[:, None]) ** 2).mean(1)
+    b = ((x - mx[:, None]) * (y - my[:, None])).mean(1) / cxx
+    d = u - mx
+    m = (mx + my) / 2
+    c1 = 1 / torch.sqrt(1 + (mx**2 + my**2 + 2 * m**2) / (2 * R**2) + 2 * ln_eps / R**2)
+    shrink = 1 / torch.sqrt(1 + (b * d / R) ** 2 + 2 * ln_eps / (ln_input_scale * R * cxx) ** 2)
+    return (c1 - 1) * (my - b * mx) + b * d * (shrink - 1)
+
+
 def degenerate(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """(B,) bool: prompts with no least-squares answer: any non-finite x, y or u, or all x equal
-    (the test of icl_bench.prompts.ols: Sxx <= N * eps * sum x^2, eps of x's dtype). Computed as "the
-    OLS prediction in x's dtype is not finite", one fused pass over x and y (icl_bench.prompts.ols;
-    on the CPU through the numba kernel of icl_bench.solvers.fused_ols, which leaves that decision
-    to the reference)."""
-    return ~torch.isfinite(fast_ols_predict(x, y, u))
+    """(B,) bool: prompts with no least-squares answer: `icl_bench.prompts.ols.ill_posed` (any
+    non-finite x, y or u, or all x exactly equal; the criterion every least-squares solver shares)."""
+    return ill_posed(x, y, u)
 
 
 def standardize_prompts(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor):
@@ -163,11 +200,12 @@ def standardize_prompts(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor):
     s_x = 1 where x is; those prompts are degenerate anyway).
 
     OLS is equivariant under these maps: ols(x, y, u) = y_bar + s_y * ols(x', y', u').
+    The means and standard deviations come from `icl_bench.prompts.ols.centred_scales` (power-of-two
+    scaled, shifted sums), so nothing underflows or overflows at any data scale and the offset
+    |x_bar| / s_x costs no accuracy beyond the rounding of x itself (docs/accuracy.md).
     Args: x, y (B, N); u (B,). Returns: (x', y', u', y_bar, s_y), shapes (B,N), (B,N), (B,), (B,), (B,).
     """
-    x_bar, y_bar = x.mean(1), y.mean(1)  # (B,)
-    s_x = (x - x_bar[:, None]).pow(2).mean(1).sqrt()
-    s_y = (y - y_bar[:, None]).pow(2).mean(1).sqrt()
+    x_bar, y_bar, s_x, s_y = centred_scales(x, y)  # (B,) each
     s_x = torch.where(s_x > 0, s_x, torch.ones_like(s_x))
     s_y = torch.where(s_y > 0, s_y, torch.ones_like(s_y))
     xs = (x - x_bar[:, None]) / s_x[:, None]
@@ -191,7 +229,12 @@ class LNClosedForm(Solver):
     only divides (layer 1 has nothing left to centre) and is accurate to (|u'|/R)^2 at any
     data scale. Standardizing is done outside the transformer, so it is an option, not the default.
 
-    Degenerate prompts (all x equal, any NaN / inf in the prompt) predict NaN, like the OLS
+    LayerNorm eps (`ln_input_scale` = A). Layer 2's LN divides by sqrt((A R Cxx)^2/2 + eps), so at
+    a small data scale s (Cxx ~ s^2) eps takes a relative share eps / (A R Cxx)^2 of the variance
+    (x = [0, .01, .02, .03], R = 100: 0.07708 instead of 0.08). A = 1 keeps the paper's weights;
+    a large A (2^20) makes eps negligible down to s ~ 1e-3 (docs/ln-closed-form.md, "LayerNorm eps").
+
+    Degenerate prompts (all x exactly equal, any NaN / inf in the prompt) predict NaN, like the OLS
     reference, and so do prompts on a scale where R vanishes in rounding (|x|, |y| or |u| >= R / eps,
     e.g. ~1e30 with R = 100 in float64); the other prompts of the batch are unaffected.
     """
@@ -199,6 +242,8 @@ class LNClosedForm(Solver):
     params = {
         "variant": Param("masked", "key set: context only (O(1/R^2) error) or context + query (O(1/N))", VARIANTS),
         "standardize": Param(False, "centre and scale each prompt from its context before the model, undo after"),
+        "ln_input_scale": Param(1.0, "A, factor on layer 2's LN input: eps enters as eps/(A R Cxx)^2 (1 = paper)",
+                                min=1.0),
     }
 
     def __init__(self, **values):
@@ -210,7 +255,8 @@ class LNClosedForm(Solver):
         """The cached construction for (R, this variant, dtype, device)."""
         key = (float(R), self.values["variant"], dtype, torch.device(device))
         if key not in self._models:
-            self._models[key] = build_construction(R, self.values["variant"], dtype=dtype, device=device)
+            self._models[key] = build_construction(R, self.values["variant"], dtype=dtype, device=device,
+                                                   ln_input_scale=self.values["ln_input_scale"])
         self._last_R = float(R)
         return self._models[key]
 
@@ -238,7 +284,8 @@ class LNClosedForm(Solver):
         weight (R/sqrt2, an LN gain) counts them as near zero once R > ~30.
         """
         R = self._last_R if R is None and self._last_R is not None else (100.0 if R is None else R)
-        return build_construction(R, self.values["variant"]).weight_matrices()
+        return build_construction(R, self.values["variant"],
+                                  ln_input_scale=self.values["ln_input_scale"]).weight_matrices()
 
     def probe(self, batch: PromptBatch) -> dict[str, torch.Tensor]:
         """Transformer.probe() of the tokens the module reads, plus "tokens" (B, N+1, 3) themselves

@@ -84,6 +84,14 @@ class TrainedSolver(Solver):
         raise SkipCell(f"{self.name}: no checkpoint for R={R:g}, N={N} in {self.models_dir} (available: {have}); "
                        "train one with `icl-bench train` (docs/training.md)")
 
+    def input_files(self) -> list[Path]:
+        """Every checkpoint file (.json and .safetensors) in models_dir made for this solver: a
+        replaced, added or removed checkpoint changes the cell key (see Solver.input_files)."""
+        files = []
+        for path, _ in find_checkpoints(self.models_dir, self.name):
+            files += [path, path.with_suffix(".safetensors")]
+        return [p for p in files if p.is_file()]
+
     def check_batch(self, batch: PromptBatch) -> None:
         self.checkpoint_for(batch.R, batch.N)
 

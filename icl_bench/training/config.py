@@ -12,16 +12,19 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, model_validator
 
-from icl_bench.config_base import (MAX_SEED, ConfigModel, axis_list, choice, flag, integer, number, problem, read_toml,
-                                   text, validate)
+from icl_bench.config_base import (FLOAT_MAX, MAX_SEED, MAX_THREADS, ConfigModel, axis_list, choice, file_stem, flag,
+                                   integer, number, problem, read_toml, text, validate)
 from icl_bench.errors import ConfigError
+from icl_bench.prompts.generator import MAX_VALUES
 from icl_bench.solvers.transformer import KEY_SETS, READOUTS, TransformerConfig
 
 SCHEDULES = ("onecycle", "cosine", "constant")
 TARGETS = ("ols", "noisy")
 TRAINED_SOLVERS = ("", "trained-l1", "trained-nol1", "trained-lsa")  # what a checkpoint may serve ("" = none)
 
+MAX_WIDTH = 256  # d_model, n_layers, n_heads: far beyond the 4 / 2 / 2 of the paper, far below an out-of-memory
 Int1 = Annotated[int, BeforeValidator(integer(1))]
+Width = Annotated[int, BeforeValidator(integer(1, MAX_WIDTH))]
 Pos = Annotated[float, BeforeValidator(number(gt=0))]
 NonNeg = Annotated[float, BeforeValidator(number(ge=0))]
 Flag = Annotated[bool, BeforeValidator(flag)]
@@ -30,7 +33,7 @@ Flag = Annotated[bool, BeforeValidator(flag)]
 class TrainConfig(ConfigModel):
     """One training run (docs/training.md explains the recipe and every default)."""
 
-    name: Annotated[str, BeforeValidator(text)] = "model"  # checkpoint file stem, e.g. "trained-l1-R10"
+    name: Annotated[str, BeforeValidator(file_stem)] = "model"  # checkpoint file stem, e.g. "trained-l1-R10"
     solver: Annotated[str, BeforeValidator(choice(TRAINED_SOLVERS))] = ""  # the solver this checkpoint serves
     seed: Annotated[int, BeforeValidator(integer(0, MAX_SEED))] = 0  # init, per-step prompts, held-out prompts
     # --- prompts ---
@@ -42,9 +45,9 @@ class TrainConfig(ConfigModel):
     layernorm: Flag = True  # LN after attention in every block (False: the trained-lsa control)
     keys: Annotated[str, BeforeValidator(choice(KEY_SETS))] = "masked"  # key set of the attention
     readout: Annotated[str, BeforeValidator(choice(READOUTS))] = "query"  # "query" (N-free) or "flatten" (one N)
-    d_model: Int1 = 4  # residual width
-    n_layers: Int1 = 2  # blocks
-    n_heads: Int1 = 2  # heads per block
+    d_model: Width = 4  # residual width
+    n_layers: Width = 2  # blocks
+    n_heads: Width = 2  # heads per block
     init_scale: Pos = 0.3  # std of the N(0, std^2) init of every weight matrix
     embed_r_over_R: Flag = True  # divide the R column of the embedding init by R
     precondition_R: NonNeg = 10.0  # > 0: Adam trains the R column in units where R = this (0: off)
@@ -62,12 +65,18 @@ class TrainConfig(ConfigModel):
     eval_prompts: Int1 = 4096  # held-out prompts (fixed, per training N)
     stop_rel_mse: NonNeg = 0.0  # stop once held-out MSE vs OLS / var(OLS) <= this (0: never)
     progress: Flag = True  # show a tqdm bar (loss, MSE vs OLS, sparsity)
-    threads: Int1 = 1  # torch threads (one per run: docs/training.md)
+    threads: Annotated[int, BeforeValidator(integer(1, MAX_THREADS))] = 1  # torch threads (one per run: docs/training.md)
 
     @model_validator(mode="after")
-    def _flatten_needs_one_N(self) -> "TrainConfig":
+    def _consistent(self) -> "TrainConfig":
         if self.readout == "flatten" and len(self.N) != 1:
             raise problem("needs exactly one N with readout = 'flatten' (it fixes the context length)", key="N")
+        if self.R > FLOAT_MAX[self.dtype]:
+            raise problem(f"R={self.R:g} overflows {self.dtype} (max {FLOAT_MAX[self.dtype]:.3g})", key="R")
+        for key in ("batch_size", "eval_prompts"):  # one batch of prompts must fit in memory
+            if getattr(self, key) * (max(self.N) + 1) > MAX_VALUES:
+                raise problem(f"{key} * (N + 1) = {getattr(self, key) * (max(self.N) + 1)} prompt values exceed "
+                              f"{MAX_VALUES}; lower {key} or N", key=key)
         return self
 
     def transformer_config(self) -> TransformerConfig:
@@ -97,17 +106,33 @@ def load_runs(path: str | Path, names: list[str] | None = None) -> list[dict]:
     """
     doc = read_toml(path)
     if "runs" not in doc:
-        return [doc]
-    defaults = doc.get("defaults", {})
-    if not isinstance(doc["runs"], dict) or not all(isinstance(t, dict) for t in doc["runs"].values()):
-        raise ConfigError("runs: must hold one [runs.NAME] table per run")
-    runs = {name: {**defaults, "name": name, **table} for name, table in doc["runs"].items()}
+        runs = {str(doc.get("name", "model")): doc}
+    else:
+        defaults = doc.get("defaults", {})
+        if not isinstance(defaults, dict):
+            raise ConfigError(f"defaults: must be a table (got {type(defaults).__name__})")
+        if not isinstance(doc["runs"], dict) or not all(isinstance(t, dict) for t in doc["runs"].values()):
+            raise ConfigError("runs: must hold one [runs.NAME] table per run")
+        if not doc["runs"]:
+            raise ConfigError("runs: empty table; give at least one [runs.NAME] table")
+        for name in doc["runs"]:
+            try:
+                file_stem(name)
+            except Exception:
+                raise ConfigError(f"runs: bad run name {name!r}; accepted: letters, digits, '-', '_', '.' (not first)") from None
+        runs = {name: {**defaults, "name": name, **table} for name, table in doc["runs"].items()}
     if names:
         missing = [n for n in names if n not in runs]
         if missing:
             raise ConfigError(f"--run: unknown run {missing[0]!r}; accepted: {', '.join(runs)}")
         return [runs[n] for n in names]
     return list(runs.values())
+
+
+def _table(v: Any) -> dict:
+    if not isinstance(v, dict):
+        raise problem(f"must be a table (got {type(v).__name__})")
+    return v
 
 
 def _lambdas(v: Any) -> list[float]:
@@ -122,16 +147,29 @@ def _seeds(v: Any) -> list[int]:
     return axis_list(integer(0, MAX_SEED))(v)
 
 
+def _out_path(v: Any) -> str:
+    if not isinstance(v, str) or not v.strip() or Path(v).name in ("", ".", ".."):
+        raise problem(f"must be a non-empty path ending in a file stem (got {v!r})")
+    return v
+
+
 class Sweep(ConfigModel):
     """The [sweep] table of an l1 sweep (training/sweep.py)."""
 
     l1: Annotated[list[float], BeforeValidator(_lambdas)]  # the lambda grid
     seeds: Annotated[list[int], BeforeValidator(_seeds)] = [0]
-    out: Annotated[str, BeforeValidator(text)] = "l1_sweep"  # tables <out>.csv / .md, checkpoints <out>_models/
+    out: Annotated[str, BeforeValidator(_out_path)] = "l1_sweep"  # tables <out>.csv / .md, checkpoints <out>_models/
     eval_N: Annotated[int, BeforeValidator(integer(2))] = 30
     eval_noise: NonNeg = 0.1
     eval_prompts: Int1 = 4096
     analysis_prompts: Annotated[int, BeforeValidator(integer(8))] = 2048
+
+    @model_validator(mode="after")
+    def _fits(self) -> "Sweep":
+        for key in ("eval_prompts", "analysis_prompts"):
+            if getattr(self, key) * (self.eval_N + 1) > MAX_VALUES:
+                raise problem(f"{key} * (eval_N + 1) exceeds {MAX_VALUES} prompt values; lower it or eval_N", key=key)
+        return self
 
 
 class SweepConfig(ConfigModel):
@@ -139,7 +177,7 @@ class SweepConfig(ConfigModel):
     name, seed and l1 that the sweep sets)."""
 
     sweep: Sweep
-    train: dict = {}
+    train: Annotated[dict, BeforeValidator(_table)] = {}
 
     @model_validator(mode="after")
     def _train_fields(self) -> "SweepConfig":
@@ -153,5 +191,9 @@ def read_sweep(path: str | Path) -> SweepConfig:
     """Read and validate a sweep TOML, its [train] table included (so a bad field fails before any
     training). Raises ConfigError (one line) for any problem."""
     cfg = validate(SweepConfig, read_toml(path))
-    validate(TrainConfig, cfg.train, where="train")
+    validate(TrainConfig, {**cfg.train, "seed": max(cfg.sweep.seeds), "l1": max(cfg.sweep.l1)}, where="train")
+    out = Path(cfg.sweep.out)
+    for target in (Path(f"{out}.csv"), Path(f"{out}.md"), out.parent / (out.name + "_models")):
+        if target.exists() and target.is_dir() != target.name.endswith("_models"):
+            raise ConfigError(f"sweep.out: {target} exists and is {'a folder' if target.is_dir() else 'a file'}")
     return cfg

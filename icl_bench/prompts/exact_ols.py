@@ -1,0 +1,82 @@
+"""Exact rational least squares (Python integers / fractions.Fraction) and the condition
+numerator K of docs/accuracy.md: the yardstick of the accuracy tests (tests/test_accuracy_*.py)
+and of benchmarks/experiments/accuracy_margin.py. No floating point until the end; slow (pure
+Python, O(N) big-integer operations per prompt), so for checking, never for benchmarking.
+
+Every finite float is an integer times a power of two, so a prompt's x (and y) become integers
+X_i = x_i * D_x over one common power-of-two denominator D_x; then, exactly,
+
+    N^2 D_x^2 Sxx / N = N sum X^2 - (sum X)^2,     b_hat = (N sum XY - sum X sum Y) D_x / ((N sum X^2 - (sum X)^2) D_y).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+
+def _ints(values) -> tuple[list[int], int]:
+    """Finite floats -> (integers, D) with value_i = integer_i / D, D a power of two."""
+    ratios = [float(v).as_integer_ratio() for v in values]
+    D = max(d for _, d in ratios)
+    return [n * (D // d) for n, d in ratios], D
+
+
+@dataclass
+class Exact:
+    """The exact OLS of one prompt: prediction y_hat (Fraction), slope b, y_scale = max|y|
+    (Fraction, 1 if y = 0) and k = K / y_scale (float), the condition numerator in units of
+    y_scale: a solver with error bound c u K satisfies err(pred) <= c u k."""
+
+    y_hat: Fraction
+    b: Fraction
+    k: float
+    y_scale: Fraction
+
+    @property
+    def kappa(self) -> float:
+        """K / |y_hat|: the relative condition number (inf where y_hat = 0)."""
+        return math.inf if self.y_hat == 0 else float(Fraction(self.k) * self.y_scale / abs(self.y_hat))
+
+    def err(self, pred: float) -> float:
+        """|pred - y_hat| / y_scale, exactly computed then rounded (inf for a non-finite pred)."""
+        if not math.isfinite(pred):
+            return math.inf
+        return float(abs(Fraction(pred) - self.y_hat) / self.y_scale)
+
+
+def exact_ols(x, y, u) -> Exact | None:
+    """Exact OLS of the given floats (sequences of N >= 2 finite floats, finite u); None when all
+    x are equal (exactly degenerate). K = max|x| sum_i |d y_hat / d x_i| + max|y| sum_i |d y_hat /
+    d y_i| + |u| |d y_hat / d u| (normwise first-order sensitivity, docs/accuracy.md)."""
+    X, dx = _ints(x)
+    Y, dy = _ints(y)
+    N = len(X)
+    SX, SY = sum(X), sum(Y)
+    nsxx = N * sum(a * a for a in X) - SX * SX  # = N dx^2 Sxx
+    if nsxx == 0:
+        return None
+    nsxy = N * sum(a * b for a, b in zip(X, Y)) - SX * SY
+    b = Fraction(nsxy * dx, nsxx * dy)
+    U = Fraction(u)
+    delta = U - Fraction(SX, N * dx)  # u - x_bar
+    y_hat = Fraction(SY, N * dy) + b * delta
+    Sxx = Fraction(nsxx, N * dx * dx)
+    mx, my = max(abs(Fraction(v)) for v in x), max(abs(Fraction(v)) for v in y)
+    ys = my if my > 0 else Fraction(1)
+    # centred values, normalised to [-1, 1] (exact integers, one rounding each)
+    cx = [N * a - SX for a in X]
+    cy = [N * a - SY for a in Y]
+    Mx, My = max(abs(v) for v in cx), max(abs(v) for v in cy) or 1
+    xi = np.array([v / Mx for v in cx])  # (x_i - x_bar) / max|x - x_bar|
+    eta = np.array([v / My for v in cy])
+    C2 = float(delta * Fraction(Mx, N * dx) / Sxx)  # (u - x_bar)(x_i - x_bar)/Sxx = C2 xi_i
+    P = float(mx * delta * Fraction(My, N * dy) / (Sxx * ys))  # mx (u - x_bar)(y_i - y_bar)/(Sxx ys)
+    Q = float(2 * mx * b * delta * Fraction(Mx, N * dx) / (Sxx * ys))
+    bN = float(mx * b / (N * ys))
+    dxi = np.abs(P * eta - Q * xi - bN).sum()  # mx sum |d y_hat/d x_i| / ys
+    dyi = float(my / ys) * np.abs(1.0 / N + C2 * xi).sum()  # my sum |w_i| / ys
+    du = float(abs(U * b) / ys)
+    return Exact(y_hat=y_hat, b=b, k=float(dxi + dyi + du), y_scale=ys)

@@ -1,0 +1,150 @@
+"""The accuracy contract (docs/accuracy.md) on named cases, each with its right value.
+
+Least squares: well-posed prompts that an over-strict degeneracy test used to call NaN (Unix
+timestamps, a spread of 1e-9), float32 prompts with a large offset, a constant x that
+scipy.linalg.lstsq calls rank 2, and exact lines scaled to 1e-300 .. 1e300. LayerNorm: the eps
+limit of `ln-closed-form` at small data scale, measured against the closed form with eps.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from icl_bench import get_solver, make_batch
+from icl_bench.solvers.ln_closed_form import analytic_output, build_construction, predicted_error
+from icl_bench.prompts.exact_ols import exact_ols
+from icl_bench.prompts.ols import ill_posed, ols_fit, ols_predict
+
+F64 = torch.float64
+LSQ = [("ols", {}), ("scipy-lstsq", {}), ("ln-closed-form", {"standardize": True})]
+
+
+def _pred(name, kw, batch) -> float:
+    with torch.no_grad():
+        return float(get_solver(name, **kw).predict(batch)[0])
+
+
+def test_unix_timestamps_are_well_posed():
+    j = torch.arange(60, dtype=F64)
+    x, u = 1.7e9 + j, 1.7e9 + 29.5
+    assert float(ols_predict(x[None], j[None], torch.tensor([u], dtype=F64))[0]) == 29.5
+    batch = make_batch(x, j, u, R=100.0)
+    assert float(batch.ols_prediction[0]) == 29.5
+    for name, kw in LSQ:
+        assert _pred(name, kw, batch) == pytest.approx(29.5, rel=1e-9), name
+
+
+def test_tiny_spread_is_well_posed():
+    j = torch.arange(10, dtype=F64)
+    x, u = 1 + 1e-9 * j, 1 + 4.5e-9
+    exact = exact_ols(x.tolist(), j.tolist(), u)  # of the rounded x: 4.5 up to x's rounding
+    ref = float(ols_predict(x[None], j[None], torch.tensor([u], dtype=F64))[0])
+    assert ref == pytest.approx(4.5, rel=1e-6)
+    assert exact.err(ref) <= 14 * 2.0**-53 * exact.k  # (N + 4) u K; kappa ~ 2e8 (u - x_bar from 1 + 4.5e-9)
+    for name, kw in LSQ:
+        assert _pred(name, kw, make_batch(x, j, u, R=100.0)) == pytest.approx(4.5, rel=1e-6), name
+
+
+def test_criterion_does_not_tighten_with_N():
+    """The old test Sxx <= N eps sum x^2 rejected more prompts as N grew: x = 1e6 + z."""
+    for N in (10, 1000, 20000):
+        g = torch.Generator().manual_seed(N)
+        x = 1e6 + torch.randn(1, N, generator=g, dtype=F64) * 1e-4
+        y = 3.0 * (x - 1e6) + 1.0
+        pred = float(ols_predict(x, y, torch.tensor([1e6], dtype=F64))[0])
+        assert pred == pytest.approx(1.0, abs=1e-6), N
+
+
+def test_float32_offset_prompt_is_answered_by_every_solver():
+    x = 100 + torch.linspace(0, 1, 100, dtype=torch.float32)
+    y = torch.linspace(0, 1, 100, dtype=torch.float32)
+    batch = make_batch(x.double(), y.double(), 100.5, R=100.0, dtype="float32")
+    exact = exact_ols(x.tolist(), y.tolist(), 100.5)
+    assert float(exact.y_hat) == pytest.approx(0.5, rel=1e-5)
+    for name, kw in LSQ:
+        p = _pred(name, kw, batch)
+        assert p == pytest.approx(0.5, rel=1e-4), name
+        assert exact.err(p) <= 104 * 2.0**-24 * exact.k + 1e-5 * (name == "ln-closed-form"), name
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_constant_x_is_nan_for_every_least_squares_solver(dtype):
+    x = torch.full((100,), 1.1, dtype=F64)  # 1.1 is not a power of two: lstsq sees rank 2
+    batch = make_batch(x, torch.linspace(-1, 1, 100, dtype=F64), 5.0, R=100.0, dtype=dtype)
+    assert bool(ill_posed(batch.x, batch.y, batch.x_query)[0])
+    for name, kw in LSQ + [("ln-closed-form", {}), ("gd", {}), ("gd-lsa", {})]:
+        assert math.isnan(_pred(name, kw, batch)), name
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-200, 1e-160, 1e-20, 1e20, 1e150, 1e300])
+def test_exact_line_at_any_scale(scale):
+    """y = 3x + scale on x = scale * (0..9): the prediction at 4.5 scale is exactly 14.5 scale."""
+    x = scale * torch.arange(10, dtype=F64)
+    y = 3 * x + scale
+    u = 4.5 * scale
+    want = 14.5 * scale
+    batch = make_batch(x, y, u, R=100.0)
+    assert float(batch.ols_prediction[0]) == pytest.approx(want, rel=1e-14)
+    _, _, slope, intercept = ols_fit(x[None], y[None])
+    assert float(slope[0]) == pytest.approx(3.0, rel=1e-14) and float(intercept[0]) == pytest.approx(scale, rel=1e-13)
+    assert _pred("ols", {}, batch) == pytest.approx(want, rel=1e-14)
+    assert _pred("scipy-lstsq", {}, batch) == pytest.approx(want, rel=1e-13)
+    # standardized, u' = 0 after centring: the construction is exact up to rounding
+    assert _pred("ln-closed-form", {"standardize": True}, batch) == pytest.approx(want, rel=1e-12)
+
+
+def test_float32_exact_line_at_small_and_large_scale():
+    for scale in (1e-30, 1e30):
+        x = scale * torch.arange(10, dtype=F64)
+        batch = make_batch(x, 3 * x + scale, 4.5 * scale, R=100.0, dtype="float32")
+        assert _pred("ols", {}, batch) == pytest.approx(14.5 * scale, rel=1e-6), scale
+
+
+# ---- LayerNorm eps: ln-closed-form with standardize = false ----
+
+def test_small_data_case_the_eps_limit_and_its_remedy():
+    """x = [0, .01, .02, .03], y = 2x, u = 0.04, R = 100: OLS says 0.08. The paper's weights give
+    the value of the closed form with eps (0.07708: eps is 6% of layer 2's LN variance); with
+    layer 2's LN input amplified by 2^20 eps is negligible and the answer is 0.08."""
+    x = torch.tensor([0.0, 0.01, 0.02, 0.03], dtype=F64)
+    batch = make_batch(x, 2 * x, 0.04, R=100.0)
+    assert float(batch.ols_prediction[0]) == pytest.approx(0.08, rel=1e-14)
+    paper = _pred("ln-closed-form", {}, batch)
+    formula = float(analytic_output(batch.x, batch.y, batch.x_query, 100.0)[0])
+    assert paper == pytest.approx(formula, rel=1e-12) and paper == pytest.approx(0.07708, abs=1e-5)
+    amplified = _pred("ln-closed-form", {"ln_input_scale": 2.0**20}, batch)
+    assert amplified == pytest.approx(0.08, rel=1e-6)
+
+
+def doc_error(x, y, u, R, A=1.0, eps=1e-5):
+    return predicted_error(x, y, u, R, ln_eps=eps, ln_input_scale=A)
+
+
+@pytest.mark.parametrize("A", [1.0, 2.0**20])
+@pytest.mark.parametrize("s", [1.0, 1e-1, 1e-2, 1e-3])
+def test_eps_error_formula_matches_the_module_down_to_scale_1e_3(A, s):
+    """The docs' error formula, eps term included, predicts the measured error of the module
+    (vs OLS) at data scale s from 1 down to 1e-3, with the paper's weights and amplified."""
+    g = torch.Generator().manual_seed(3)
+    x = s * (1.0 + torch.randn(64, 20, generator=g, dtype=F64))
+    y = s * (0.5 + 2.0 * x / s + 0.1 * torch.randn(64, 20, generator=g, dtype=F64))
+    u = s * torch.randn(64, generator=g, dtype=F64)
+    R = 100.0
+    batch = make_batch(x, y, u, R=R)
+    with torch.no_grad():
+        module = build_construction(R, ln_input_scale=A)(batch.tokens)  # (64,)
+    scale = batch.ols_prediction.abs() + s
+    assert ((module - analytic_output(x, y, u, R, ln_input_scale=A)).abs() / scale).max() <= 1e-9
+    measured = module - batch.ols_prediction
+    predicted = doc_error(x, y, u, R, A)
+    atol = 1e-11 * float(scale.max())  # float64 rounding of the module (~ R u s, docs/ln-closed-form.md)
+    assert torch.allclose(measured, predicted, rtol=2e-2, atol=atol), \
+        float(((measured - predicted).abs() / measured.abs()).max())
+    if A == 1.0 and s <= 1e-2:  # the eps term dominates: without it the formula is far off
+        assert (measured.abs() / scale).median() > 1e-2
+        assert not torch.allclose(measured, doc_error(x, y, u, R, A, eps=0.0), rtol=0.5)
+    if A > 1.0 and s <= 1e-2:  # amplified: layer 2's eps share is gone; what is left is O((s/R)^2)
+        assert (measured.abs() / scale).max() < 1e-5  # and layer 1's eps share 2 eps / R^2 = 2e-9

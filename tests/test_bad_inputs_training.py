@@ -1,0 +1,85 @@
+"""Bad input to train, sweep, analyze and publish (found by a review of the installed package):
+one line `icl-bench: error: <field>: ...`, exit 2, no traceback, and nothing written."""
+from __future__ import annotations
+
+import pytest
+
+from icl_bench.cli import main
+
+TINY = "steps = 2\nbatch_size = 16\neval_every = 1\neval_prompts = 16\n"
+
+
+def run(capsys, tmp_path, argv, toml=None):
+    if toml is not None:
+        (tmp_path / "c.toml").write_text(toml)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("icl-bench: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing written
+    return err[len("icl-bench: error: "):]
+
+
+@pytest.mark.parametrize("toml, expected", [
+    ('[runs."../evil"]\n' + TINY, "runs: bad run name '../evil'"),
+    ('[runs."a/b"]\n' + TINY, "runs: bad run name 'a/b'"),
+    ('[runs.""]\n' + TINY, "runs: bad run name ''"),
+    ("[runs]\n", "runs: empty table"),
+    ("defaults = 3\n[runs.a]\n" + TINY, "defaults: must be a table"),
+    ("[runs.a]\neval_every = 'x'\n", "runs.a.eval_every: expected an integer >= 1"),
+    ("[runs.a]\nthreads = 100000\n", "runs.a.threads: must be <= 1024"),
+    ("[runs.a]\nbatch_size = 1000000000000\n", "runs.a.batch_size: batch_size * (N + 1) ="),
+    ("[runs.a]\nN = [1000000000]\n", "runs.a.batch_size: batch_size * (N + 1) ="),
+    ("[runs.a]\nd_model = 100000000\n", "runs.a.d_model: must be <= 256"),
+    ("R = 1e300\n" + TINY, "train.R: R=1e+300 overflows float32"),
+    ("progress = 'yes'\n" + TINY, "train.progress: expected true or false"),
+])
+def test_train_config(capsys, tmp_path, toml, expected):
+    msg = run(capsys, tmp_path, ["train", "--config", tmp_path / "c.toml", "--out", tmp_path / "m", "--steps", "2"], toml)
+    assert msg.startswith(expected), msg
+
+
+def test_train_flags(capsys, tmp_path):
+    assert run(capsys, tmp_path, ["train", "--steps", "0", "--out", tmp_path / "m"]).startswith("--steps: must be an integer >= 1")
+    msg = run(capsys, tmp_path, ["train", "--config", tmp_path / "c.toml", "--run", "nosuch", "--out", tmp_path / "m"], TINY)
+    assert msg.startswith("--run: unknown run 'nosuch'; accepted: model"), msg
+
+
+@pytest.mark.parametrize("toml, expected", [
+    ("[sweep]\nl1 = [0.0]\nout = ''\n", "sweep.out: must be a non-empty path"),
+    ("[sweep]\nl1 = [0.0]\neval_prompts = 1000000000000\n", "sweep.eval_prompts: eval_prompts * (eval_N + 1) exceeds"),
+    ("train = 3\n[sweep]\nl1 = [0.0]\n", "train: must be a table"),
+    ("[sweep]\nl1 = [0.0]\n[train]\nthreads = 5000\n", "train.threads: must be <= 1024"),
+])
+def test_sweep_config(capsys, tmp_path, toml, expected):
+    msg = run(capsys, tmp_path, ["sweep", "--config", tmp_path / "c.toml"], toml)
+    assert msg.startswith(expected), msg
+
+
+def test_sweep_output_that_is_a_folder_is_refused_before_training(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "o.csv").mkdir()
+    msg = run(capsys, tmp_path, ["sweep", "--config", "c.toml"], "[sweep]\nl1 = [0.0]\nout = 'o'\n[train]\n" + TINY)
+    assert msg.startswith("sweep.out: o.csv exists and is a folder"), msg
+
+
+def test_analyze_flags(capsys, tmp_path):
+    assert run(capsys, tmp_path, ["analyze", "trained-l1-R100", "--seed", "-1"]).startswith("--seed: must be an integer in [0,")
+    (tmp_path / "x.json").mkdir()
+    assert run(capsys, tmp_path, ["analyze", "trained-l1-R100", "--out", tmp_path / "x.json"]).startswith("--out: ")
+    msg = run(capsys, tmp_path, ["analyze", "nosuch-model"])
+    assert msg.startswith("CHECKPOINT: no checkpoint 'nosuch-model'") and "trained-l1-R100" in msg, msg
+    assert run(capsys, tmp_path, ["analyze", "trained-l1-R100", "--n-prompts", "0"]).startswith("--n-prompts: ")
+
+
+def test_publish_the_same_run_twice_is_refused(capsys, tmp_path):
+    (tmp_path / "r").mkdir()
+    msg = run(capsys, tmp_path, ["publish", tmp_path / "r", tmp_path / "r" / ".", "--out", tmp_path / "p"])
+    assert msg.startswith("RUN_DIR: ") and "given twice" in msg, msg
+
+
+def test_a_shipped_checkpoint_resolves_by_name_with_a_suffix(capsys):
+    from icl_bench.cli import _checkpoint_arg
+
+    assert _checkpoint_arg("trained-l1-R100.json").endswith("models/trained-l1-R100")

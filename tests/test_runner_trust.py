@@ -1,0 +1,208 @@
+"""Runner and plugin behaviour that must never mislead: cell keys cover every input, --resume
+is strict about what it continues and lenient about list order, failing or useless plugins are
+reported, dirty data is announced, `train` refuses to overwrite, Ctrl-C says how to resume."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+import tomli_w
+import torch
+
+import icl_bench.cli as cli
+from icl_bench import Param, Solver, register_solver
+from icl_bench.cli import main
+from icl_bench.solvers.registry import REGISTRY
+
+RAW = {"seed": 0, "n_prompts": 32, "batch_size": 32, "timing": {"repeats": 1},
+       "grid": {"N": [4, 6], "noise": [0.1], "R": [10.0], "dtype": ["float64"]},
+       "solvers": {"ols": {}}}
+
+
+def _cfg(tmp_path, raw, name="c.toml"):
+    path = tmp_path / name
+    path.write_text(tomli_w.dumps(raw))
+    return path
+
+
+def _run(capsys, *argv):
+    code = main(["run", "--no-progress", *map(str, argv)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("state", ["missing", "empty"])
+def test_resume_needs_a_run_to_continue(tmp_path, capsys, state):
+    out = tmp_path / "run"
+    if state == "empty":
+        out.mkdir()
+    code, _, err = _run(capsys, "--config", _cfg(tmp_path, RAW), "--out", out, "--resume")
+    assert code == 2 and "--resume" in err and "no run" in err
+    assert not out.exists() or not any(out.iterdir())  # nothing was written
+
+
+def test_resume_after_reordering_a_grid_list_reuses_every_cell(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _run(capsys, "--config", _cfg(tmp_path, RAW), "--out", out)[0] == 0
+    first = pd.read_parquet(out / "results.parquet")
+    swapped = json.loads(json.dumps(RAW))
+    swapped["grid"]["N"] = [6, 4]
+    code, _, err = _run(capsys, "--config", _cfg(tmp_path, swapped, "d.toml"), "--out", out, "--resume")
+    assert code == 0, err
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["n_cells_reused"] == len(first) == 2
+    again = pd.read_parquet(out / "results.parquet")
+    assert list(again.N) == [6, 4]  # the new order, the old numbers
+    assert sorted(again.mse_vs_ols) == sorted(first.mse_vs_ols)
+    other = json.loads(json.dumps(RAW))
+    other["n_prompts"] = 16  # a real change is still refused
+    code, _, err = _run(capsys, "--config", _cfg(tmp_path, other, "e.toml"), "--out", out, "--resume")
+    assert code == 2 and "another config" in err
+
+
+def test_shared_cell_cache_serves_a_new_run_folder(tmp_path, capsys):
+    cache = tmp_path / "cache"
+    cfg = _cfg(tmp_path, RAW)
+    assert _run(capsys, "--config", cfg, "--out", tmp_path / "a", "--cache", cache)[0] == 0
+    assert _run(capsys, "--config", cfg, "--out", tmp_path / "b", "--cache", cache)[0] == 0
+    a, b = (pd.read_parquet(tmp_path / d / "results.parquet") for d in "ab")
+    assert json.loads((tmp_path / "b" / "metadata.json").read_text())["n_cells_reused"] == 2
+    pd.testing.assert_frame_equal(a, b)  # the same rows, timings included: they were reused
+
+
+def _all_nan_solver():
+    @register_solver("test-all-nan")
+    class AllNaN(Solver):
+        """Answers NaN everywhere."""
+        params = {}
+
+        def predict(self, batch):
+            return torch.full((batch.B,), float("nan"), dtype=batch.dtype)
+
+    return AllNaN
+
+
+def test_a_solver_that_never_answers_is_flagged(tmp_path, capsys):
+    _all_nan_solver()
+    try:
+        raw = dict(RAW, solvers={"ols": {}, "test-all-nan": {}})
+        out = tmp_path / "run"
+        code, stdout, err = _run(capsys, "--config", _cfg(tmp_path, raw), "--out", out)
+        table = pd.read_parquet(out / "results.parquet")
+        bad = table[table.solver == "test-all-nan"]
+        assert (bad.n_nonfinite == bad.n_prompts).all()
+        assert bad.message.str.contains("no finite prediction").all()
+        assert (table[table.solver == "ols"].message == "").all()
+        assert "test-all-nan" in err and "no finite prediction" in err
+        rep = tmp_path / "rep"
+        assert main(["publish", str(out), "--out", str(rep)]) == 0
+        assert "no finite prediction" in (rep / "headline.md").read_text() + (rep / "index.html").read_text()
+    finally:
+        REGISTRY.unregister("test-all-nan")
+
+
+def test_broken_plugin_is_skipped_loudly_in_the_default_run(plugin_path, tmp_path, capsys):
+    raw = {k: v for k, v in RAW.items() if k != "solvers"}  # every solver, the default run's way
+    raw["grid"] = dict(RAW["grid"], N=[4])
+    out = tmp_path / "run"
+    code, _, err = _run(capsys, "--config", _cfg(tmp_path, raw), "--out", out, "--solver", "ols")
+    assert code == 0  # named solvers only: the broken plugin is not involved
+    out2 = tmp_path / "run2"
+    code, _, err = _run(capsys, "--config", _cfg(tmp_path, raw), "--out", out2)
+    table = pd.read_parquet(out2 / "results.parquet")
+    broken = table[table.solver == "plugin-broken"]
+    assert code == 0, err
+    assert (broken.status == "skipped").all() and broken.message.str.contains("broken on purpose").all()
+    assert "WARNING" in err and "plugin-broken" in err and "broken on purpose" in err
+    named = dict(raw, solvers={"plugin-broken": {}}, all_solvers=False)
+    code, _, err = _run(capsys, "--config", _cfg(tmp_path, named, "n.toml"), "--out", tmp_path / "run3")
+    assert code == 1  # asked for by name: its failure is the run's failure
+
+
+def test_csv_rows_with_missing_values_are_dropped_and_counted(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=30)
+    rows = [f"{a:.6f},{2 * a:.6f}" for a in x]
+    rows[4], rows[9], rows[17] = "1.5,", ",2.0", "nan,1.0"
+    data = tmp_path / "d.csv"
+    data.write_text("x,y\n" + "\n".join(rows) + "\n")
+    raw = dict(RAW, solvers={"ols": {}})
+    out = tmp_path / "run"
+    code, _, err = _run(capsys, "--config", _cfg(tmp_path, raw), "--out", out, "--data", data, "--x", "x", "--y", "y")
+    assert code == 0, err
+    assert "dropped 3 of 30 rows" in err
+    table = pd.read_parquet(out / "results.parquet")
+    assert (table.n_nonfinite == 0).all()  # no prompt draws a dropped row
+    assert json.loads((out / "metadata.json").read_text())["data_rows_dropped"] == 3
+
+
+TRAIN = """
+[defaults]
+R = 10.0
+N = [6]
+steps = 2
+batch_size = 16
+eval_every = 1
+eval_prompts = 16
+progress = false
+
+[runs.tiny]
+solver = "{solver}"
+"""
+
+
+def test_train_refuses_a_used_out_and_unknown_solver_names(tmp_path, capsys):
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(TRAIN.format(solver="trained-l2"))
+    out = tmp_path / "models"
+    assert main(["train", "--config", str(cfg), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "trained-l2" in err and "trained-l1" in err and not out.exists()
+    cfg.write_text(TRAIN.format(solver="trained-l1"))
+    assert main(["train", "--config", str(cfg), "--out", str(out), "--no-progress"]) == 0
+    before = (out / "tiny.safetensors").read_bytes()
+    capsys.readouterr()
+    assert main(["train", "--config", str(cfg), "--out", str(out), "--no-progress"]) == 2
+    assert "--out" in capsys.readouterr().err and (out / "tiny.safetensors").read_bytes() == before
+    assert main(["train", "--config", str(cfg), "--out", str(out), "--no-progress", "--force"]) == 0
+
+
+def test_ctrl_c_prints_the_resume_command(tmp_path, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run_matrix", interrupted)
+    cfg = _cfg(tmp_path, RAW)
+    code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "run")
+    assert code == 130
+    assert "interrupted" in err and f"icl-bench run --no-progress --config {cfg} --out {tmp_path / 'run'} --resume" in err
+
+
+def test_replacing_a_checkpoint_invalidates_its_cells(tmp_path, capsys):
+    from icl_bench.solvers.checkpoint import save_checkpoint
+    from icl_bench.solvers.transformer import Transformer, TransformerConfig
+
+    models = tmp_path / "models"
+
+    def write(seed):
+        torch.manual_seed(seed)
+        model = Transformer(TransformerConfig(d_in=3, d_model=4, n_layers=2, n_heads=2, layernorm=True))
+        save_checkpoint(model, models / "ckpt", {"solver": "trained-l1", "R": 10.0, "N": 6})
+
+    write(0)
+    raw = dict(RAW, solvers={"trained-l1": {"models_dir": str(models)}})
+    cfg, out = _cfg(tmp_path, raw), tmp_path / "run"
+    assert _run(capsys, "--config", cfg, "--out", out)[0] == 0
+    first = pd.read_parquet(out / "results.parquet")
+    assert (first.status == "ok").all()
+    (out / "metadata.json").unlink()  # as after a crash: resumable
+    write(1)  # the same file names, other weights
+    code, _, err = _run(capsys, "--config", cfg, "--out", out, "--resume")
+    assert code == 0, err
+    assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == 0
+    again = pd.read_parquet(out / "results.parquet")
+    assert not np.allclose(again.mse_vs_ols, first.mse_vs_ols)
