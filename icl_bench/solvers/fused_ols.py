@@ -26,12 +26,14 @@ _KERNEL: list = []  # [(sums, kernel)] once compiled
 
 def _compile():
     """The two numba functions: `sums` (the reduction, reassociated into vector lanes) and
-    `kernel` (per prompt: shift, sums, moments, prediction, in program order)."""
+    `kernel` (per prompt: shift, sums, moments, prediction, in program order). Compiled in
+    memory once per process (about a second), never cached on disk: a run writes no files
+    besides its own (its crash-safety test counts the renames)."""
     if _KERNEL:
         return _KERNEL[0]
     nb = fused.numba  # imported by fused.available()
 
-    @nb.njit(fastmath={"reassoc", "contract"}, error_model="numpy", nogil=True, cache=True)
+    @nb.njit(fastmath={"reassoc", "contract"}, error_model="numpy", nogil=True)
     def sums(x, y, b, cx, cy):  # sum x', sum y', sum x'^2, sum x'y', sum y'^2 over prompt b
         F = x.dtype.type
         sx = sy = sxx = sxy = syy = F(0.0)
@@ -45,7 +47,7 @@ def _compile():
             syy += c * c
         return sx, sy, sxx, sxy, syy
 
-    @nb.njit(error_model="numpy", nogil=True, cache=True)
+    @nb.njit(error_model="numpy", nogil=True)
     def kernel(x, y, u, out, redo, k, screen, r, b0, b1):
         F = x.dtype.type
         N = x.shape[1]
