@@ -3,13 +3,16 @@
 References (each measured in the same pytest-benchmark run as the solvers):
     numpy-ols             closed-form OLS in vectorised numpy, the textbook two-pass formula
                           (means, centred values, two sums of products): the classical baseline.
+    torch-lstsq           batched torch.linalg.lstsq on the design [1, x], as peer research code
+                          computes its OLS baseline.
     linregress-loop       scipy.stats.linregress called once per prompt (a Python loop, as a user
                           with one regression routine would write it); slow, so its batch is small.
     quadratic-attention   the transformer's forward through the explicit (N+1) x N score matrix
                           per head (Transformer.forward_quadratic), the O(N^2) way published code
                           computes linear attention; the batch is capped by memory and time.
-    transformer-forward   the same module's associative forward (Transformer.forward), without
-                          a solver's wrapper: the cost of the architecture itself.
+    transformer-forward   the same module's forward (Transformer.forward: the fused kernel of
+                          icl_bench/solvers/fused.py on the CPU), without a solver's wrapper.
+    transformer-eager     the same module's eager torch forward (Transformer.forward_eager).
 "the same transformer" is the ln-closed-form construction (2 layers, 2 heads, d_model 4, LN) when
 that solver is available, else a TransformerConfig() module (the same shape) with random weights.
 
@@ -63,6 +66,14 @@ def numpy_ols(x: np.ndarray, y: np.ndarray, u: np.ndarray) -> np.ndarray:
     yc = y - y_bar[:, None]
     slope = (xc * yc).sum(axis=1) / (xc * xc).sum(axis=1)
     return y_bar + slope * (u - x_bar)
+
+
+def torch_lstsq(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Batched torch.linalg.lstsq on the design [1, x] (how peer research code computes its OLS
+    baseline). x, y (B, N); u (B,) -> (B,) in x's dtype."""
+    design = torch.stack([torch.ones_like(x), x], dim=2)  # (B, N, 2)
+    coef = torch.linalg.lstsq(design, y.unsqueeze(2)).solution  # (B, 2, 1)
+    return coef[:, 0, 0] + coef[:, 1, 0] * u
 
 
 def linregress_loop(x: np.ndarray, y: np.ndarray, u: np.ndarray) -> np.ndarray:

@@ -1,5 +1,6 @@
-"""Transformer.forward's fast path (channels-first, folded head maps, CPU chunks) equals the
-token-major reference path `_run` (the one probe() uses): values, chunk edges, gradients, float32."""
+"""Transformer.forward_eager (channels-first, folded head maps, CPU chunks; what forward runs on
+CUDA or with gradients) equals the token-major reference path `_run` (the one probe() uses):
+values, chunk edges, gradients, float32. The fused CPU kernel: tests/test_fused.py."""
 import pytest
 import torch
 
@@ -38,7 +39,7 @@ def test_fast_forward_equals_token_major_path(keys, layernorm, readout):
     m = random_model(keys, layernorm, readout, N=13)
     t = tokens()
     with torch.no_grad():
-        fast, ref = m(t), reference(m, t)
+        fast, ref = m.forward_eager(t), reference(m, t)
     assert ref.abs().max() > 1e-3
     assert torch.allclose(fast, ref, rtol=1e-12, atol=1e-12)
 
@@ -51,7 +52,7 @@ def test_chunks_do_not_change_the_answer(monkeypatch, chunk):
     with torch.no_grad():
         ref = reference(m, t)
         monkeypatch.setattr(Transformer, "CHUNK_TOKENS", chunk)
-        assert torch.allclose(m(t), ref, rtol=1e-12, atol=1e-12)
+        assert torch.allclose(m.forward_eager(t), ref, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("layernorm", [True, False])
@@ -78,7 +79,7 @@ def test_float32_rounding_of_the_construction_is_kept():
         b = sample_prompts(PromptSpec(N=100, noise=0.1, R=R), 200, seed=0, dtype="float32")
         m = build_construction(R, dtype=torch.float32)
         with torch.no_grad():
-            fast = ((m(b.tokens).double() - b.ols_prediction) ** 2).mean()
+            fast = ((m.forward_eager(b.tokens).double() - b.ols_prediction) ** 2).mean()
             ref = ((reference(m, b.tokens).double() - b.ols_prediction) ** 2).mean()
         assert fast <= 4 * ref, (R, float(fast), float(ref))
 
@@ -88,5 +89,5 @@ def test_non_finite_token_stays_in_its_prompt():
     t = tokens(B=4, N=20)
     t[1, 3, 0] = float("nan")
     with torch.no_grad():
-        out = m(t)
-    assert torch.isnan(out[1]) and torch.isfinite(out[[0, 2, 3]]).all()
+        for out in (m(t), m.forward_eager(t)):  # fused (CPU default) and eager
+            assert torch.isnan(out[1]) and torch.isfinite(out[[0, 2, 3]]).all()

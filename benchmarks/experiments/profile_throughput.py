@@ -1,8 +1,9 @@
 """Where the time goes: cProfile of the goal cases at N=1000, float32, batch 1048, one torch thread.
 
-Cases: ols, numpy-ols, ln-closed-form, gd-lsa, the transformer's associative forward
-(Transformer.forward, the fast path) and its token-major reference path (Transformer._run with
-nn.LayerNorm, what forward was before the associative fast path, docs/throughput.md).
+Cases: ols, numpy-ols, ln-closed-form, gd-lsa, the transformer's forward (Transformer.forward:
+the fused numba kernel of icl_bench/solvers/fused.py on the CPU), its eager torch forward
+(Transformer.forward_eager) and its token-major reference path (Transformer._run with
+nn.LayerNorm). The thread comparison sets torch's thread count, which the fused kernels follow.
 
     python -m benchmarks.experiments.profile_throughput [--out results/throughput_profile.md] [--update-docs]
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import math
 import pstats
 import sys
 import time
@@ -45,7 +47,8 @@ def cases(N: int, dtype: str, B: int) -> dict:
             out[name] = (lambda s: lambda: s.predict(batch))(solver)
         except Exception as exc:  # absent solver: say so in the report
             print(f"# {name}: unavailable ({type(exc).__name__}: {exc})", file=sys.stderr)
-    out["transformer-forward"] = lambda: module(batch.tokens)
+    out["transformer-forward"] = lambda: module(batch.tokens)  # the fused kernel on the CPU
+    out["transformer-eager"] = lambda: module.forward_eager(batch.tokens)
     out["transformer-token-major"] = lambda: module._run(batch.tokens, quadratic=False, keep=False)[0]
     return out
 
@@ -96,6 +99,28 @@ def thread_times(call, counts: tuple[int, ...], repeats: int) -> dict[int, list[
     return out
 
 
+def fixed_cost(dtype: str, Ns=(2, 10, 100, 1000), repeats: int = 5) -> str:
+    """Markdown table: the fused forward of the reference transformer per prompt and per token
+    at several N (2**20 context values per call, best of `repeats` calls, thread CPU time): the
+    time at N = 2 is almost all fixed per-prompt cost, the slope between N = 100 and 1000 the
+    per-token cost."""
+    module, what = reference_transformer(dtype, "cpu")
+    rows = ["| N | prompts per call | ns per prompt | ns per token |", "|---|---|---|---|"]
+    for N in Ns:
+        tokens = prompts(N, dtype, "cpu", max(1, 2**20 // N)).tokens
+        with torch.no_grad():
+            module(tokens)
+            best = math.inf
+            for _ in range(repeats):
+                t0 = time.thread_time()
+                module(tokens)
+                best = min(best, time.thread_time() - t0)
+        B = tokens.shape[0]
+        rows.append(f"| {N} | {B} | {best / B * 1e9:.0f} | {best / B / (N + 1) * 1e9:.2f} |")
+    return (f"Fixed cost per prompt: `Transformer.forward` ({what}, {dtype}, one thread, thread CPU time, "
+            f"best of {repeats}):\n\n" + "\n".join(rows))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--N", type=int, default=1000)
@@ -124,6 +149,7 @@ def main(argv=None) -> int:
         med1, medn = one[len(one) // 2], many[len(many) // 2]
         rows.append(f"| `{name}` | {one[0] * 1e3:.2f} / {med1 * 1e3:.2f} | {many[0] * 1e3:.2f} / {medn * 1e3:.2f} | {medn / med1:.2f} |")
     parts.append(f"Thread counts alternating call by call, {args.repeats} calls each (no profiler):\n\n" + "\n".join(rows))
+    parts.append(fixed_cost(args.dtype))
     for name, call in todo.items():
         wall, n, table = profile(call, args.seconds)
         parts.append(f"#### `{name}`: {wall * 1e3:.2f} ms per call ({n} calls profiled)\n\n```\n{table}\n```")

@@ -7,9 +7,12 @@ the newest file in results/runs/throughput/). Every figure comes from that one r
 median (and the minimum) seconds of one call over pytest-benchmark's rounds, divided by the
 call's batch size -> seconds per prompt; throughput = 1 / that. A ratio "A / B" is A's throughput
 over B's at the same N, dtype and device (> 1: A is faster). The goals (docs/throughput.md):
-    (a) every solver (and the associative transformer forward): t(N=4000) / t(N=1000) <= 4.5
-    (b) ln-closed-form >= 0.25x numpy-ols at N=1000 float32, and >= 10x quadratic-attention
-    (c) ols >= 2x numpy-ols
+    scaling       every solver (and the transformer forward): t(N=4000) / t(N=1000) <= 4.5
+    ln/numpy      ln-closed-form / numpy-ols, float32: >= 0.5 at N=1000, >= 0.4 at N=100
+    ln/quadratic  ln-closed-form >= 10x quadratic-attention at N=1000 float32
+    fused/eager   every transformer solver >= 5x its eager forward ("<name> [eager]") at N=1000
+    threads       fused kernels on two threads >= 1.8x one thread ("<name> [2 threads]")
+    ols/numpy     ols >= 2x numpy-ols at every N; ols / torch-lstsq reported
 --update-docs also rewrites the marked blocks of README.md and docs/throughput.md.
 """
 from __future__ import annotations
@@ -27,7 +30,9 @@ from icl_bench.report.docblock import replace_block
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root
 RUNS = ROOT / "results" / "runs" / "throughput"
-GOAL_SCALING, GOAL_LN_VS_NUMPY, GOAL_LN_VS_QUADRATIC, GOAL_OLS_VS_NUMPY = 4.5, 0.25, 10.0, 2.0
+GOAL_SCALING, GOAL_LN_VS_QUADRATIC, GOAL_OLS_VS_NUMPY = 4.5, 10.0, 2.0
+GOAL_LN_VS_NUMPY, GOAL_LN_VS_NUMPY_SMALL = 0.5, 0.4  # N = 1000, N = 100 (float32)
+GOAL_FUSED_VS_EAGER, GOAL_THREADS = 5.0, 1.8
 
 
 def load(path: Path) -> tuple[pd.DataFrame, dict]:
@@ -41,6 +46,10 @@ def load(path: Path) -> tuple[pd.DataFrame, dict]:
                      "s_per_prompt": s["median"] / e["batch_size"], "best_s_per_prompt": s["min"] / e["batch_size"],
                      "extra": e})
     table = pd.DataFrame(rows)
+    table["base"] = table.name  # the solver a case times; eager / threads cases get a distinct name
+    table.loc[table.kind == "eager", "name"] = table.base + " [eager]"
+    threads = table.extra.map(lambda e: e.get("threads"))
+    table.loc[table.kind == "threads", "name"] = table.base + " [" + threads.map(lambda n: f"{n:.0f}") + " threads]"
     table["prompts_per_s"] = 1.0 / table.s_per_prompt
     table["best_prompts_per_s"] = 1.0 / table.best_s_per_prompt
     return table, run
@@ -55,6 +64,9 @@ def with_ratios(t: pd.DataFrame) -> pd.DataFrame:
         if t.device.ne("cpu").any() and ref == "numpy-ols":  # numpy runs on the CPU: compare there
             base = pd.concat([base, base.rename(index={"cpu": "cuda"}, level="device")])
         t[f"vs_{ref}"] = [base.get(tuple(r[k] for k in key), math.nan) / r.s_per_prompt for _, r in t.iterrows()]
+    eager = t[t.kind == "eager"].set_index(["base"] + key).s_per_prompt  # a solver / its eager forward
+    t["vs_eager"] = [eager.get((r["base"], *(r[k] for k in key)), math.nan) / r.s_per_prompt
+                     if r["kind"] in ("solver", "threads") else math.nan for _, r in t.iterrows()]
     return t
 
 
@@ -73,7 +85,7 @@ def md_table(header: list[str], rows: list[list]) -> str:
 
 
 def pivot(t: pd.DataFrame, value: str, cols: list[tuple], digits: int = 3, show_batch: bool = False) -> str:
-    order = t.assign(k=t.kind.map({"solver": 0, "reference": 1})).sort_values(["k", "name"])
+    order = t.assign(k=t.kind.map({"solver": 0, "eager": 0, "threads": 0, "reference": 1})).sort_values(["k", "name"])
     names = list(dict.fromkeys(order.name))
     rows = []
     for name in names:
@@ -118,54 +130,69 @@ def verdict(value: float, goal: float, at_most: bool = False) -> str:
 
 
 def goals(t: pd.DataFrame) -> tuple[str, list[dict]]:
-    """Markdown list of goals (a)-(c) and the same as records."""
+    """Markdown table of the throughput goals (docs/throughput.md) and the same as records."""
     recs = []
+
+    def add(goal, what, v, target, goal_value, at_most=False):
+        recs.append({"goal": goal, "what": what, "value": v[0], "min_based": v[1], "target": target,
+                     "verdict": verdict(v[0], goal_value, at_most)})
+
     sc = scaling(t)
-    for _, r in sc[(sc.kind == "solver") | (sc.name == "transformer-forward")].iterrows():
-        recs.append({"goal": "a", "what": f"{r['name']} {r['dtype']} {r['device']}: t(4000)/t(1000)", "value": r["median"],
-                     "min_based": r["min"], "target": f"<= {GOAL_SCALING}", "verdict": verdict(r["median"], GOAL_SCALING, True)})
-    for name in ("ln-closed-form", "transformer-forward"):
-        v = ratio(t, name, "numpy-ols", 1000, "float32")
-        recs.append({"goal": "b", "what": f"{name} / numpy-ols, N=1000 float32", "value": v[0], "min_based": v[1],
-                     "target": f">= {GOAL_LN_VS_NUMPY}", "verdict": verdict(v[0], GOAL_LN_VS_NUMPY)})
-        v = ratio(t, name, "quadratic-attention", 1000, "float32")
-        recs.append({"goal": "b", "what": f"{name} / quadratic-attention, N=1000 float32", "value": v[0], "min_based": v[1],
-                     "target": f">= {GOAL_LN_VS_QUADRATIC}", "verdict": verdict(v[0], GOAL_LN_VS_QUADRATIC)})
+    for _, r in sc[sc.kind.isin(["solver", "eager"]) | sc.name.isin(["transformer-forward", "transformer-eager"])].iterrows():
+        add("scaling", f"{r['name']} {r['dtype']} {r['device']}: t(4000)/t(1000)", (r["median"], r["min"]),
+            f"<= {GOAL_SCALING}", GOAL_SCALING, at_most=True)
+    for N, goal in ((1000, GOAL_LN_VS_NUMPY), (100, GOAL_LN_VS_NUMPY_SMALL)):
+        add("ln/numpy", f"ln-closed-form / numpy-ols, N={N} float32", ratio(t, "ln-closed-form", "numpy-ols", N, "float32"),
+            f">= {goal}", goal)
+    add("ln/quadratic", "ln-closed-form / quadratic-attention, N=1000 float32",
+        ratio(t, "ln-closed-form", "quadratic-attention", 1000, "float32"), f">= {GOAL_LN_VS_QUADRATIC}", GOAL_LN_VS_QUADRATIC)
+    for _, r in t[(t.kind == "solver") & (t.N == 1000) & (t.device == "cpu") & t.vs_eager.notna()].sort_values(["base", "dtype"]).iterrows():
+        add("fused/eager", f"{r['base']} / its eager forward, N=1000 {r['dtype']}",
+            ratio(t, r["base"], f"{r['base']} [eager]", 1000, r["dtype"]), f">= {GOAL_FUSED_VS_EAGER}", GOAL_FUSED_VS_EAGER)
+    add("fused/eager", "transformer-forward / transformer-eager, N=1000 float32",
+        ratio(t, "transformer-forward", "transformer-eager", 1000, "float32"), f">= {GOAL_FUSED_VS_EAGER}", GOAL_FUSED_VS_EAGER)
+    for _, r in t[t.kind == "threads"].sort_values(["base", "N", "dtype"]).iterrows():
+        if r["N"] == 1000 or r["base"] == "ln-closed-form":
+            add("threads", f"{r['name']} / 1 thread, N={r['N']} {r['dtype']}",
+                ratio(t, r["name"], r["base"], int(r["N"]), r["dtype"]), f">= {GOAL_THREADS}", GOAL_THREADS)
     for N in sorted(t.N.unique()):
         for dtype in sorted(t.dtype.unique()):
-            v = ratio(t, "ols", "numpy-ols", int(N), dtype)
-            recs.append({"goal": "c", "what": f"ols / numpy-ols, N={N} {dtype}", "value": v[0], "min_based": v[1],
-                         "target": f">= {GOAL_OLS_VS_NUMPY}", "verdict": verdict(v[0], GOAL_OLS_VS_NUMPY)})
+            add("ols/numpy", f"ols / numpy-ols, N={N} {dtype}", ratio(t, "ols", "numpy-ols", int(N), dtype),
+                f">= {GOAL_OLS_VS_NUMPY}", GOAL_OLS_VS_NUMPY)
+    for N in sorted(t.N.unique()):
+        for dtype in sorted(t.dtype.unique()):
+            v = ratio(t, "ols", "torch-lstsq", int(N), dtype)
+            recs.append({"goal": "ols/lstsq", "what": f"ols / torch-lstsq, N={N} {dtype}", "value": v[0], "min_based": v[1],
+                         "target": "reported", "verdict": "reported" if not math.isnan(v[0]) else "not measured"})
     rows = [[r["goal"], r["what"], fmt(r["value"]), fmt(r["min_based"]), r["target"], r["verdict"]] for r in recs]
     return md_table(["goal", "measured", "ratio (median)", "ratio (min)", "target", "verdict"], rows), recs
 
 
 def compact(recs: list[dict]) -> str:
     """One line per goal: the range of its median ratios, how many cases meet it, the short ones."""
-    groups = {"a": "(a) time per prompt t(N=4000) / t(N=1000), every solver and the transformer forward",
-              "b1": "(b) ln-closed-form / numpy-ols, N=1000 float32",
-              "b2": "(b) ln-closed-form / quadratic-attention, N=1000 float32",
-              "c": "(c) ols / numpy-ols, every N and dtype"}
-    pick = {"a": lambda r: r["goal"] == "a",
-            "b1": lambda r: r["what"].startswith("ln-closed-form / numpy-ols"),
-            "b2": lambda r: r["what"].startswith("ln-closed-form / quadratic"),
-            "c": lambda r: r["goal"] == "c"}
+    labels = {"scaling": "time per prompt t(N=4000) / t(N=1000), every solver and the transformer forward",
+              "ln/numpy": "ln-closed-form / numpy-ols, float32 (N=1000: >= 0.5; N=100: >= 0.4)",
+              "ln/quadratic": "ln-closed-form / quadratic-attention, N=1000 float32",
+              "fused/eager": "transformer solvers: fused / eager forward, N=1000",
+              "threads": "two threads / one thread",
+              "ols/numpy": "ols / numpy-ols, every N and dtype",
+              "ols/lstsq": "ols / batched torch.linalg.lstsq (reported)"}
     rows = []
-    for key, label in groups.items():
-        rs = [r for r in recs if pick[key](r) and not math.isnan(r["value"])]
+    for key, label in labels.items():
+        rs = [r for r in recs if r["goal"] == key and not math.isnan(r["value"])]
         if not rs:
             rows.append([label, "–", "not measured"])
             continue
         vals = [r["value"] for r in rs]
-        met = sum(r["verdict"] == "met" for r in rs)
         span = fmt(vals[0]) if len(vals) == 1 else f"{fmt(min(vals))} – {fmt(max(vals))}"
+        if key == "ols/lstsq":
+            rows.append([label, span, "reported"])
+            continue
+        met = sum(r["verdict"] == "met" for r in rs)
         short = [f"{r['what'].split(':')[0]} {fmt(r['value'])}" for r in rs if r["verdict"] != "met"]
-        if len(rs) == 1:
-            verdict = "met" if met else "**short**"
-        else:
-            verdict = "met" if met == len(rs) else f"{met} of {len(rs)} met; **short**: {', '.join(short)}"
-        rows.append([label, f"{span} (target {rs[0]['target']})", verdict])
-    return md_table(["goal", "measured", "verdict"], rows)
+        v = "met" if met == len(rs) else f"{met} of {len(rs)} met; **short**: {', '.join(short)}"
+        rows.append([label, span, v])
+    return md_table(["goal", "measured (median ratios)", "verdict"], rows)
 
 
 def agreement(t: pd.DataFrame) -> str:
@@ -219,6 +246,8 @@ def report(t: pd.DataFrame, run: dict, source: str) -> tuple[str, str]:
         "### Throughput, prompts/s (median; batch size in parentheses)\n\n" + pivot(cases, "prompts_per_s", cols, show_batch=True),
         "### Throughput relative to numpy-ols (same N and dtype; > 1 = faster)\n\n" + pivot(cases, "vs_numpy-ols", cols),
         "### Throughput relative to quadratic-attention (same N and dtype)\n\n" + pivot(cases, "vs_quadratic-attention", cols),
+        "### Fused forward relative to the eager forward (transformer solvers; same N and dtype)\n\n"
+        + pivot(cases[cases.vs_eager.notna()], "vs_eager", cols),
         "### Scaling: time per prompt at N=4000 over N=1000 (linear = 4)\n\n"
         + md_table(["case", "kind", "dtype", "device", "median-based", "min-based"], sc_rows),
         "### Runner vs pytest-benchmark (`ols`, same N, dtype, batch)\n\n" + agreement(t),
@@ -249,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text("# Throughput\n\n" + full + "\n")
     cols = ["kind", "name", "N", "dtype", "device", "batch_size", "rounds", "median_s", "min_s", "s_per_prompt",
-            "prompts_per_s", "best_prompts_per_s", "vs_numpy-ols", "vs_quadratic-attention"]
+            "prompts_per_s", "best_prompts_per_s", "vs_numpy-ols", "vs_quadratic-attention", "vs_eager"]
     t[t.kind != "agreement"][cols].to_csv(args.out.with_suffix(".csv"), index=False)
     if args.update_docs:
         replace_block(ROOT / "README.md", "throughput", short)

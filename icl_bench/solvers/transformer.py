@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from icl_bench.solvers.fused import fused_forward
+
 KEY_SETS = ("masked", "query-in-context")
 READOUTS = ("flatten", "query")
 LN_SUMS = ("torch", "slots")  # order of LayerNorm's mean over the d_model slots in `forward` (see Block)
@@ -213,6 +215,8 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, N+1, d_in) -> (B,); the same function as `_run` (tests: 1e-12 in float64).
 
+        On CPU tensors without gradients it runs the fused numba kernel of icl_bench/solvers/fused.py
+        (the same per-token computation, docs/throughput.md); otherwise `forward_eager`.
         Fast path: the stream runs channels-first (B, d, T) so every op is vectorised along
         the tokens; each block's weights are folded into one small matrix once per call; with the
         "query" readout the last block computes the query token only; on the CPU the prompts go
@@ -220,6 +224,11 @@ class Transformer(nn.Module):
         """
         if self.cfg.readout == "flatten" and tokens.shape[1] != self.cfg.N + 1:
             raise ValueError(f"N: this model's flatten readout needs N={self.cfg.N}, got prompts with N={tokens.shape[1] - 1}")
+        out = fused_forward(self, tokens)  # CPU, no gradient: the fused kernel (icl_bench/solvers/fused.py)
+        return out if out is not None else self.forward_eager(tokens)
+
+    def forward_eager(self, tokens: torch.Tensor) -> torch.Tensor:
+        """`forward` in torch ops (any device, differentiable): the channels-first fast path below."""
         maps = [block.attn.folded_map() for block in self.blocks]
         B, T = tokens.shape[:2]
         step = max(1, self.CHUNK_TOKENS // T) if tokens.device.type == "cpu" else B

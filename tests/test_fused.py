@@ -1,0 +1,196 @@
+"""The fused CPU forward (icl_bench/solvers/fused.py) against the eager torch forward and a long-double
+reference: every config, float64 agreement, float32 error-vs-R shape, fallbacks, threads."""
+import numpy as np
+import pytest
+import torch
+
+from icl_bench import PromptSpec, sample_prompts
+from icl_bench.solvers import fused
+from icl_bench.solvers.gd_lsa import build_gd_construction
+from icl_bench.solvers.ln_closed_form import build_construction
+from icl_bench.solvers.transformer import Transformer, TransformerConfig
+
+needs_numba = pytest.mark.skipif(not fused.available(), reason="numba is not installed: no fused path to test")
+
+
+def random_model(keys="masked", layernorm=True, readout="query", N=None, n_layers=3, n_heads=2, d_model=4,
+                 dtype=torch.float64, seed=0):
+    """Random weights of modest scale, LN gains ~1 and biases ~0.1 (so LN's bias path is used)."""
+    torch.manual_seed(seed)
+    cfg = TransformerConfig(d_model=d_model, n_layers=n_layers, n_heads=n_heads, layernorm=layernorm, keys=keys,
+                            readout=readout, N=N)
+    m = Transformer(cfg).to(dtype).eval()
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            p.copy_(torch.randn_like(p) * 0.5 / p.shape[-1] ** 0.5)
+            if name.endswith("ln.weight"):
+                p.add_(1.0)
+            if name.endswith("ln.bias"):
+                p.add_(0.1)
+    return m
+
+
+def tokens(B=9, N=13, dtype=torch.float64, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randn(B, N + 1, 3, generator=g, dtype=torch.float64).to(dtype)
+    t[:, -1, 1] = 0.0
+    t[:, :, 2] = 1.5
+    return t
+
+
+def longdouble_forward(m: Transformer, t: torch.Tensor) -> np.ndarray:
+    """The model's function in numpy long double (token-major, the docs/design.md §4 definition),
+    with the model's float64 weights: (B,) np.longdouble."""
+    ld = np.longdouble
+    W = {k: v.detach().double().numpy().astype(ld) for k, v in m.named_parameters()}
+    h = t.double().numpy().astype(ld) @ W["embed.weight"].T  # (B, T, d)
+    T = h.shape[1]
+    M = T - 1 if m.cfg.keys == "masked" else T
+    for i in range(m.cfg.n_layers):
+        w = {k: W[f"blocks.{i}.attn.W_{k}"] for k in "QKVO"}  # (H, d, d)
+        k = np.einsum("bmd,hed->bhme", h[:, :M], w["K"])
+        v = np.einsum("bmd,hed->bhme", h[:, :M], w["V"])
+        S = np.einsum("bhme,bhmf->bhef", k, v) / M  # (B, H, d, d)
+        z = np.einsum("bhte,bhef->bhtf", np.einsum("btd,hed->bhte", h, w["Q"]), S)
+        a = np.einsum("bhtf,hgf->btg", z, w["O"])  # (B, T, d)
+        if m.cfg.layernorm:
+            c = a - a.mean(-1, keepdims=True)
+            a = c / np.sqrt((c * c).mean(-1, keepdims=True) + ld(m.cfg.ln_eps)) * W[f"blocks.{i}.ln.weight"] \
+                + W[f"blocks.{i}.ln.bias"]
+        h = h + a
+    r = W["readout.weight"][0]
+    return h.reshape(h.shape[0], -1) @ r if m.cfg.readout == "flatten" else h[:, -1] @ r
+
+
+@needs_numba
+@pytest.mark.parametrize("keys", ["masked", "query-in-context"])
+@pytest.mark.parametrize("layernorm", [True, False])
+@pytest.mark.parametrize("readout", ["query", "flatten"])
+@pytest.mark.parametrize("N", [2, 13, 40])
+def test_fused_equals_eager_in_float64(keys, layernorm, readout, N):
+    m = random_model(keys, layernorm, readout, N=N)
+    t = tokens(N=N)
+    with torch.no_grad():
+        fast, eager = fused.fused_forward(m, t), m.forward_eager(t)
+        assert fast is not None and torch.equal(m(t), fast)  # forward takes the fused path on the CPU
+    assert eager.abs().max() > 1e-3
+    assert torch.allclose(fast, eager, rtol=1e-12, atol=1e-12)
+
+
+@needs_numba
+@pytest.mark.parametrize("d_model,n_heads,n_layers,layernorm", [(5, 3, 2, True), (4, 1, 1, False)])
+def test_other_shapes(d_model, n_heads, n_layers, layernorm):
+    m = random_model(d_model=d_model, n_heads=n_heads, n_layers=n_layers, layernorm=layernorm)
+    t = tokens(B=5, N=1 if n_layers == 1 else 33)  # N = 1: a single key
+    with torch.no_grad():
+        assert torch.allclose(fused.fused_forward(m, t), m.forward_eager(t), rtol=1e-12, atol=1e-12)
+
+
+@needs_numba
+def test_float64_no_worse_than_eager_against_long_double():
+    # RMS error against a long-double evaluation of the same float64 weights, per R and per model
+    rows = []
+    for R in (10.0, 1e2, 1e3, 1e4):
+        b = sample_prompts(PromptSpec(N=100, noise=0.1, R=R), 300, seed=0, dtype="float64")
+        for name, m in (("ln-closed-form", build_construction(R)), ("gd-lsa", build_gd_construction(8, 0.4, R))):
+            ref = longdouble_forward(m, b.tokens)
+            with torch.no_grad():
+                f = np.sqrt(np.mean((fused.fused_forward(m, b.tokens).numpy() - ref) ** 2))
+                e = np.sqrt(np.mean((m.forward_eager(b.tokens).numpy() - ref) ** 2))
+            rows.append((name, R, float(f), float(e)))
+    scale = 1e-15  # below this both agree with the reference to the last bits of a unit-size answer
+    assert all(f <= 1.1 * e + scale for _, _, f, e in rows), rows
+
+
+@needs_numba
+def test_float32_error_vs_R_keeps_its_shape():
+    # ln-closed-form's float32 error vs OLS over the default grid's R (benchmarks/default.toml):
+    # the best R agrees within one grid step and the error is within 4x at every R
+    grid = (10.0, 100.0, 1000.0)
+    errs = {"fused": [], "eager": []}
+    for R in grid:
+        b = sample_prompts(PromptSpec(N=100, noise=0.1, R=R), 2000, seed=0, dtype="float32")
+        m = build_construction(R, dtype=torch.float32)
+        with torch.no_grad():
+            for name, out in (("fused", fused.fused_forward(m, b.tokens)), ("eager", m.forward_eager(b.tokens))):
+                errs[name].append(float(((out.double() - b.ols_prediction) ** 2).mean()))
+    f, e = np.array(errs["fused"]), np.array(errs["eager"])
+    assert abs(int(f.argmin()) - int(e.argmin())) <= 1, errs
+    assert np.all(f <= 4 * e) and np.all(e <= 4 * f), errs
+
+
+@needs_numba
+def test_float32_agrees_with_eager():
+    m = random_model(dtype=torch.float32)
+    t = tokens(B=40, N=300, dtype=torch.float32)
+    with torch.no_grad():
+        fast, eager = fused.fused_forward(m, t), m.forward_eager(t)
+    assert fast.dtype == torch.float32
+    assert torch.allclose(fast, eager, rtol=1e-4, atol=1e-5)
+
+
+@needs_numba
+def test_threads_give_the_same_answer(monkeypatch):
+    m = random_model()
+    t = tokens(B=70, N=20)
+    with torch.no_grad():
+        one = fused.fused_forward(m, t)
+        monkeypatch.setattr(fused, "MIN_PROMPTS_PER_THREAD", 1)
+        old = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            two = fused.fused_forward(m, t)
+        finally:
+            torch.set_num_threads(old)
+    assert torch.equal(one, two)  # each prompt is computed alone: the split changes nothing
+
+
+@needs_numba
+def test_non_finite_prompt_stays_in_its_prompt_and_zero_spread_gives_inf_not_an_error():
+    m = build_construction(100.0)
+    t = tokens(B=4, N=20)
+    t[1, 3, 0] = float("nan")
+    t[2, :, :2] = 0.0  # all x and y equal: layer 2's LN divides 0 by sqrt(eps), no exception
+    with torch.no_grad():
+        out, eager = fused.fused_forward(m, t), m.forward_eager(t)
+    assert torch.isnan(out[1]) and torch.isfinite(out[[0, 3]]).all()
+    assert torch.allclose(out[[0, 2, 3]], eager[[0, 2, 3]], rtol=1e-12, atol=1e-12)
+
+
+def test_falls_back_to_eager(monkeypatch):
+    m = random_model()
+    t = tokens()
+    with torch.no_grad():
+        eager = m.forward_eager(t)
+        monkeypatch.setattr(fused, "numba", False)  # as if numba were not installed
+        assert fused.fused_forward(m, t) is None
+        assert torch.equal(m(t), eager)
+        monkeypatch.setattr(fused, "numba", None)
+        monkeypatch.setattr(fused, "ENABLED", False)
+        assert fused.fused_forward(m, t) is None
+    monkeypatch.setattr(fused, "ENABLED", True)
+    # gradients wanted: the eager path, differentiable
+    assert fused.fused_forward(m, t) is None
+    out = m(t)
+    assert out.requires_grad
+    # another dtype than the model's, integer tokens: not the fused path
+    with torch.no_grad():
+        assert fused.fused_forward(m, t.float()) is None
+
+
+@needs_numba
+def test_solvers_use_the_fused_path(monkeypatch):
+    from icl_bench.solvers.registry import get_solver
+
+    b = sample_prompts(PromptSpec(N=30, noise=0.1, R=100.0), 64, seed=0, dtype="float64")
+    calls = []
+    real = fused.fused_forward
+    monkeypatch.setattr("icl_bench.solvers.transformer.fused_forward", lambda m, t: calls.append(1) or real(m, t))
+    for name in ("ln-closed-form", "gd-lsa"):
+        s = get_solver(name)
+        fast = s.predict(b)
+        monkeypatch.setattr(fused, "ENABLED", False)
+        slow = s.predict(b)
+        monkeypatch.setattr(fused, "ENABLED", True)
+        assert torch.allclose(fast, slow, rtol=1e-10, atol=1e-12, equal_nan=True), name
+    assert calls
