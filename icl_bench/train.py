@@ -17,10 +17,7 @@ of the embedding initialised at 1/R of the other columns (so h = W_e (x, y, R) s
 for R >= 100, that column preconditioned (`precondition_R`): without it R = 1000 stays on the
 MSE ~ 1 plateau. Sources: the reference paper (shared/reference/paper-summary.zh.txt), von
 Oswald et al. 2023 (LSA); one-cycle schedule after Smith & Topin 2017.
-
-Usage:
-    cfg = TrainConfig.from_toml("benchmarks/train.toml", section="trained-l1-R10")
-    model, history = train(cfg)
+Usage: `model, history = train(TrainConfig.from_toml("benchmarks/train.toml", section="trained-l1-R10"))`
 """
 from __future__ import annotations
 
@@ -38,6 +35,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 from tqdm.auto import tqdm
 
+from icl_bench.augment import check_fields, prox_step, training_tokens
 from icl_bench.config import tomllib  # tomllib, or tomli on Python 3.10
 from icl_bench.errors import ConfigError
 from icl_bench.metrics import weight_l1, weight_sparsity
@@ -80,6 +78,11 @@ class TrainConfig:
     warmup_frac: float = 0.05  # fraction of steps of linear warm-up (onecycle)
     clip: float = 1.0  # gradient-norm clip (0: off)
     l1: float = 0.0  # lambda of the l1 penalty on the weight matrices (>= 0)
+    aug_scale: float = 1.0  # affine augmentation (icl_bench.augment): s = exp(U[-ln S, ln S]) (1: off)
+    aug_shift: float = 0.0  # t ~ U[-T, T] (0: off); x, u -> s x + t, y and the OLS target unchanged
+    aug_ramp: float = 0.0  # fraction of steps over which the range grows to full (0: full at once)
+    l1_prox: float = 0.0  # proximal l1: soft threshold lr_t * l1_prox after each step (0: off)
+    l1_start: float = 0.0  # fraction of steps before the proximal l1 starts
     # --- evaluation / stopping ---
     eval_every: int = 250  # steps between evaluations on the held-out prompts
     eval_prompts: int = 4096  # held-out prompts (fixed, per training N)
@@ -88,9 +91,7 @@ class TrainConfig:
     threads: int = 1  # torch threads (DESIGN section 8: one thread per run)
 
     def __post_init__(self):
-        if isinstance(self.N, int):
-            self.N = [self.N]
-        self.N = list(self.N)
+        self.N = [self.N] if isinstance(self.N, int) else list(self.N)
         def bad(name, accepted):
             raise ConfigError(f"train.{name}: invalid value {getattr(self, name)!r}; accepted: {accepted}")
         for name in ("R", "noise", "init_scale", "precondition_R", "lr", "warmup_frac", "clip", "l1", "stop_rel_mse"):
@@ -128,6 +129,7 @@ class TrainConfig:
                 bad(name, "a number >= 0")
         if not 0 <= self.warmup_frac < 1:
             bad("warmup_frac", "a number in [0, 1)")
+        check_fields(self)
 
     def model_config(self) -> TransformerConfig:
         """The TransformerConfig this run trains."""
@@ -242,7 +244,7 @@ def penalised(model: Transformer) -> list[torch.Tensor]:
 
 def lr_factor(cfg: TrainConfig, step: int) -> float:
     """Multiplier of cfg.lr at `step` (0-based) for the configured schedule."""
-    if cfg.schedule == "constant":
+    if cfg.schedule == "constant":  # noqa: E701
         return 1.0
     warm = int(cfg.warmup_frac * cfg.steps) if cfg.schedule == "onecycle" else 0
     if step < warm:
@@ -306,14 +308,14 @@ def train(cfg: TrainConfig, model: Transformer | None = None) -> tuple[Transform
     for step in bar:
         batch = sample_prompts(specs[pick_n.choice(cfg.N)], cfg.batch_size, seed=cfg.seed * 1_000_000 + step, dtype=dtype)
         target = batch.ols_prediction.to(dtype) if cfg.target == "ols" else batch.y_query  # (B,)
-        pred = model(batch.tokens)  # (B,)
+        pred = model(training_tokens(cfg, batch.tokens, step))  # (B,): x, u -> s x + t if augmenting
         mse = ((pred - target) ** 2).mean()
         loss = mse + cfg.l1 * sum(p.abs().sum() for p in penalised(model)) if cfg.l1 > 0 else mse
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if cfg.clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip) if cfg.clip > 0 else None
         opt.step()
+        prox_step(model, cfg, step, opt.param_groups[0]["lr"])  # proximal l1 (no-op when l1_prox = 0)
         sched.step()
         if step % cfg.eval_every == 0 or step == cfg.steps:
             row = record(step, loss.item(), mse.item())
@@ -389,7 +391,6 @@ def run_command(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`python -m icl_bench.train ARGS` = `icl-bench train ARGS` (same parser, same errors)."""
     from icl_bench.cli import main as cli_main
-
     return cli_main(["train", *(sys.argv[1:] if argv is None else argv)])
 
 
