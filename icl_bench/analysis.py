@@ -248,7 +248,24 @@ def analyze(model: Transformer, R: float, *, n_prompts: int = 2048, N: int | Non
     except ConfigError:
         pass  # a different number of blocks: no slot-by-slot comparison
     out.update(probe_report(m, batch.tokens))
+    out.update(mechanism_report(m, float(R), N=N, n_prompts=n_prompts, seed=seed, noise=float(noise)))
     return out
+
+
+def mechanism_report(model: Transformer, R: float, *, N: int, n_prompts: int, seed: int, noise: float) -> dict:
+    """What the model does (not its weights): the functional LayerNorm tests and the state
+    (icl_bench.lnfunc, keys "ln.*", "ln.state") and the behavioural fingerprint under affine
+    maps of the prompt (icl_bench.fingerprint, keys "fp.*", "fp.verdict"); docs/analysis.md."""
+    from icl_bench.fingerprint import default_prompts, fingerprint
+    from icl_bench.lnfunc import ln_functional
+
+    out = {f"ln.{k}": v for k, v in ln_functional(model, R, N=N, n_prompts=n_prompts, noise=noise, seed=seed).items()}
+
+    class _Bare:  # the fingerprint needs only predict(batch)
+        predict = staticmethod(lambda batch: model(batch.tokens.to(next(model.parameters()).dtype)))
+
+    fp = fingerprint(_Bare(), default_prompts(N=N, R=R, n_prompts=min(n_prompts, 1024), noise=noise, seed=seed))
+    return {**out, **fp.row()}
 
 
 def analyze_checkpoint(path: str | Path, **kwargs) -> dict:
@@ -286,7 +303,10 @@ def to_json(result: dict) -> str:
 # the few numbers a table or a console line should show (analyze returns many more)
 HEADLINE = ("mse_vs_ols", "sparsity", "l1", "hoyer", "similarity", "repr.layer0.r2_mean", "repr.layer1.r2_mean",
             "repr.layer1.query_r2.s3", "repr.layer1.gp", "probe.centering.x.r2", "probe.centering.y.r2",
-            "probe.division.r2", "probe.division.slope")
+            "probe.division.r2", "probe.division.slope", "ln.rel_mse", "ln.ln0.slope", "ln.ln0.r2", "ln.ln0.freeze",
+            "ln.ln1.slope", "ln.ln1.r2", "ln.ln1.freeze", "ln.effective_R", "fp.identity", "fp.x*10", "fp.x+5", "fp.y*10")
+LABELS = {"probe.division.r2": "(passed by any accurate model: not a mechanism test)",
+          "probe.division.slope": "(passed by any accurate model: not a mechanism test)"}
 
 
 def run_cli(checkpoint: str, *, out: str | None = None, n_prompts: int = 2048, seed: int = 0,
@@ -299,7 +319,9 @@ def run_cli(checkpoint: str, *, out: str | None = None, n_prompts: int = 2048, s
     result = analyze_checkpoint(checkpoint, n_prompts=n_prompts, seed=seed, N=N)
     fmt = lambda v: "nan" if v is None else f"{v:.4g}"  # noqa: E731
     for k in HEADLINE:
-        print(f"{k:26s} {fmt(_finite_or_none(float(result[k])) if k in result else None)}")
+        print(f"{k:26s} {fmt(_finite_or_none(float(result[k])) if k in result else None)} {LABELS.get(k, '')}".rstrip())
+    print(f"{'state (functional LN)':26s} {result.get('ln.state')}\n{'fingerprint verdict':26s} {result.get('fp.verdict')} "
+          f"(closest gd: K={result.get('fp.gd_steps')}, distance {fmt(result.get('fp.gd_distance'))})")
     print(f"{'per matrix':26s} sparsity   l1         hoyer")
     for name, v in json.loads(result["per_matrix"]).items():
         print(f"  {name:24s} {fmt(v['sparsity']):10s} {fmt(v['l1']):10s} {fmt(v['hoyer'])}")

@@ -54,3 +54,11 @@ def test_state_names_each_case():
     assert state(mk(none, {**div, "freeze": 0.01})) == "neither"  # slope alone is not reliance
     assert state({"has_layernorm": False}) == "neither"
     assert ANY_ACCURATE_MODEL == ("probe.division",) and math.isfinite(div["slope"])
+
+
+def test_analyze_reports_state_and_verdict_for_the_construction():
+    from icl_bench.analysis import LABELS, mechanism_report
+
+    r = mechanism_report(build_construction(1000.0), 1000.0, N=20, n_prompts=256, seed=0, noise=0.1)
+    assert r["ln.state"] == "layer-2 division" and r["fp.verdict"] == "closed-form-like"
+    assert "any accurate model" in LABELS["probe.division.r2"]
