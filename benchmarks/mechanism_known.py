@@ -1,0 +1,78 @@
+"""Fingerprint and functional LayerNorm tests of the known solvers and the shipped checkpoints
+(the validation tables of docs/analysis.md):
+
+    python benchmarks/mechanism_known.py        # -> results/mechanism/known.{csv,md}
+
+Prompts: N = 20, noise 0.1, R = 100, float64; fingerprint on 1024 prompts (seed 0), LayerNorm
+tests on 4096 (seed 0). Checkpoints: every *.json in results/models/ (the shipped ones).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from icl_bench.checkpoint import load_checkpoint  # noqa: E402
+from icl_bench.fingerprint import GD_STEPS, classify, default_prompts, profile  # noqa: E402
+from icl_bench.gd_lsa import build_gd_construction  # noqa: E402
+from icl_bench.ln_closed_form import build_construction  # noqa: E402
+from icl_bench.lnfunc import ln_functional  # noqa: E402
+from icl_bench.registry import get_solver  # noqa: E402
+from icl_bench.train import TrainConfig, init_model  # noqa: E402
+
+
+class Bare:
+    def __init__(self, model):
+        self.model = model.double()
+
+    def predict(self, batch):
+        return self.model(batch.tokens)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    R = 100.0
+    batch = default_prompts(R=R, n_prompts=1024)
+    gd = {k: profile(get_solver("gd", steps=k), batch) for k in GD_STEPS}
+    rows = []
+
+    def add(name, solver, model=None):
+        fp = classify(profile(solver, batch), gd)
+        row = {"solver": name, **{k: v for k, v in fp.row().items()}}
+        if model is not None:
+            row.update({f"ln.{k}": v for k, v in ln_functional(model, R).items()})
+        rows.append(row)
+        print(name, fp.verdict, row.get("ln.state", ""), flush=True)
+
+    add("ols", get_solver("ols"))
+    add("scipy-lstsq", get_solver("scipy-lstsq"))
+    add("ln-closed-form", get_solver("ln-closed-form"), build_construction(R))
+    for k in (1, 4, 16):
+        add(f"gd K={k}", get_solver("gd", steps=k))
+        add(f"gd-lsa K={k}", get_solver("gd-lsa", steps=k), build_gd_construction(k, 0.4, R))
+    for seed in (0, 1, 2):
+        m = init_model(TrainConfig(R=R, seed=seed))
+        add(f"random init (seed {seed})", Bare(m), m)
+    for path in sorted((ROOT / "results" / "models").glob("*-R100.json")):
+        m, _ = load_checkpoint(path)
+        add(path.stem, Bare(m), m)
+    df = pd.DataFrame(rows)
+    out = ROOT / "results" / "mechanism"
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "known.csv", index=False)
+    cols = ["solver", "fp.identity", "fp.x*0.1", "fp.x*10", "fp.x+5", "fp.x+20", "fp.y*10", "fp.y*1+5", "fp.verdict",
+            "fp.gd_steps", "fp.gd_distance", "ln.ln0.slope", "ln.ln1.slope", "ln.ln1.r2", "ln.ln0.freeze",
+            "ln.ln1.freeze", "ln.effective_R", "ln.state"]
+    text = ["# Fingerprint and functional LayerNorm tests of the known solvers", "",
+            "Regenerate: `python benchmarks/mechanism_known.py` (R = 100, N = 20, noise 0.1, float64).", "",
+            df[[c for c in cols if c in df]].to_markdown(index=False, floatfmt=".3g"), ""]
+    (out / "known.md").write_text("\n".join(text))
+
+
+if __name__ == "__main__":
+    main()
