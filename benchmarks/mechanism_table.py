@@ -74,8 +74,14 @@ def analyse(path: Path, gd_cache: dict, n_prompts: int) -> dict:
 def write_table(out: Path, n_prompts: int = 4096) -> pd.DataFrame:
     """Analyse every checkpoint under out/models and write out/seeds.csv and out/seeds.md."""
     rows, gd_cache = [], {}
+    (out / "rows").mkdir(exist_ok=True)
     for path in sorted((out / "models").glob("*.json")):
+        cache = out / "rows" / path.name  # one analysed row per checkpoint, redone if the checkpoint is newer
+        if cache.exists() and cache.stat().st_mtime >= path.stat().st_mtime:
+            rows.append(json.loads(cache.read_text()))
+            continue
         rows.append(analyse(path, gd_cache, n_prompts))
+        cache.write_text(json.dumps(rows[-1], allow_nan=True))
         print(f"{path.name}: {rows[-1]['state']}, {rows[-1]['fp.verdict']}, success={rows[-1]['success']}", flush=True)
     df = pd.DataFrame(rows).sort_values(["recipe", "seed"])
     df.to_csv(out / "seeds.csv", index=False)
