@@ -2,11 +2,12 @@
 import pytest
 import torch
 
-from icl_bench.augment import affine_augment, exact_zero_fraction, prox_l1, ramp_factor
+from icl_bench.training.augment import affine_augment, exact_zero_fraction, prox_l1, ramp_factor
 from icl_bench.errors import ConfigError
-from icl_bench.ols import ols_predict
-from icl_bench.prompts import PromptSpec, sample_prompts
-from icl_bench.train import TrainConfig, train
+from icl_bench.prompts.ols import ols_predict
+from icl_bench.prompts.generator import PromptSpec, sample_prompts
+from icl_bench.training.config import TrainConfig
+from icl_bench.training.train import train
 
 
 def test_augmentation_keeps_ols_and_changes_x():
@@ -44,4 +45,4 @@ def test_strong_prox_zeroes_weights_and_off_zeroes_none():
                                  {"l1_start": 1.0}, {"aug_scale": True}, {"l1_prox": float("nan")}])
 def test_bad_fields(bad):
     with pytest.raises(ConfigError, match=f"train.{next(iter(bad))}"):
-        TrainConfig(**bad)
+        TrainConfig.from_dict(bad)

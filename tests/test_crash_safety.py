@@ -13,10 +13,12 @@ import pandas as pd
 import pytest
 import tomli_w
 
-from icl_bench import rundir
-from icl_bench.config import parse_config
+from icl_bench.bench import store as rundir
+from icl_bench.bench.config import parse_config
 from icl_bench.errors import ConfigError
-from icl_bench.runner import TIMING_COLUMNS, expand_cells, run_matrix
+from icl_bench.bench.cells import expand_cells
+from icl_bench.bench.runner import run_matrix
+from icl_bench.bench.schema import TIMING_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout under test
 
@@ -181,9 +183,11 @@ def test_crash_while_writing_the_tables_leaves_no_finished_mark(tmp_path, monkey
 
 def test_every_write_is_renamed_into_place_and_the_folder_fsynced(tmp_path, monkeypatch):
     synced, renamed = [], []
-    real_fsync_dir, real_replace = rundir.fsync_dir, os.replace
-    monkeypatch.setattr(rundir, "fsync_dir", lambda p: (synced.append(Path(p).name), real_fsync_dir(p)))
-    monkeypatch.setattr(rundir.os, "replace", lambda a, b: (renamed.append(Path(b).name), real_replace(a, b)))
+    from icl_bench import files
+
+    real_fsync_dir, real_replace = files.fsync_dir, os.replace
+    monkeypatch.setattr(files, "fsync_dir", lambda p: (synced.append(Path(p).name), real_fsync_dir(p)))
+    monkeypatch.setattr(files.os, "replace", lambda a, b: (renamed.append(Path(b).name), real_replace(a, b)))
     out = tmp_path / "run"
     run_matrix(parse_config(SMALL), out, progress=False)
     assert len(renamed) == 1 + 8 + 3 and renamed[0] == "config.json" and renamed[-1] == "metadata.json"
@@ -213,7 +217,7 @@ def test_resume_after_the_data_file_changed_recomputes(tmp_path):
     out = tmp_path / "run"
     run_matrix(parse_config(raw), out, progress=False)
     data.write_text("x,y\n" + "".join(f"{i},{-3 * i}\n" for i in range(20)))  # same name, new numbers
-    from icl_bench.data import _columns
+    from icl_bench.prompts.data import _columns
 
     _columns.cache_clear()
     table = run_matrix(parse_config(raw), out, resume=True, progress=False)

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from icl_bench.fingerprint import (CLOSED_FORM_TOL, DIVERGED, GD_STEPS, Transform, classify, default_prompts,
+from icl_bench.analysis.fingerprint import (CLOSED_FORM_TOL, DIVERGED, GD_STEPS, Transform, classify, default_prompts,
                                    profile, relative_mse, transforms)
-from icl_bench.registry import get_solver
+from icl_bench.solvers.registry import get_solver
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Functional LayerNorm tests reproduce the construction's values (DESIGN section 9 numbers:
+"""Functional LayerNorm tests reproduce the construction's values (docs/design.md §9 numbers:
 layer-2 slope 1.000, layer-1 slope 0, freezes ~0 / ~0.06 at N = 20) and stay quiet on gd-lsa
 (no LayerNorm) and on random weights."""
 import math
@@ -6,10 +6,11 @@ import math
 import pytest
 import torch
 
-from icl_bench.gd_lsa import build_gd_construction
-from icl_bench.ln_closed_form import build_construction
-from icl_bench.lnfunc import ANY_ACCURATE_MODEL, effective_R, ln_functional, run_with_ln_std, state
-from icl_bench.train import TrainConfig, init_model
+from icl_bench.solvers.gd_lsa import build_gd_construction
+from icl_bench.solvers.ln_closed_form import build_construction
+from icl_bench.analysis.lnfunc import ANY_ACCURATE_MODEL, effective_R, ln_functional, run_with_ln_std, state
+from icl_bench.training.config import TrainConfig
+from icl_bench.training.train import init_model
 
 
 @pytest.mark.parametrize("R", [100.0, 1000.0])
@@ -57,7 +58,7 @@ def test_state_names_each_case():
 
 
 def test_analyze_reports_state_and_verdict_for_the_construction():
-    from icl_bench.analysis import LABELS, mechanism_report
+    from icl_bench.analysis.analyze import LABELS, mechanism_report
 
     r = mechanism_report(build_construction(1000.0), 1000.0, N=20, n_prompts=256, seed=0, noise=0.1)
     assert r["ln.state"] == "layer-2 division" and r["fp.verdict"] == "closed-form-like"

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from icl_bench.errors import ConfigError
-from icl_bench.ood import OUTLIER_SIZE, apply_ood, parse_ood
-from icl_bench.prompts import PromptSpec, sample_prompts
+from icl_bench.prompts.ood import OUTLIER_SIZE, apply_ood, parse_ood
+from icl_bench.prompts.generator import PromptSpec, sample_prompts
 
 
 @pytest.fixture(scope="module")
