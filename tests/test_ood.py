@@ -45,3 +45,27 @@ def test_none_and_bad_values(batch):
     for bad in ["x-scale:0", "outliers:0", "outliers:2", "student-t:-1", "x-shift:nan", "shift:5", "x-shift", 5]:
         with pytest.raises(ConfigError, match="grid.ood"):
             parse_ood(bad)
+
+
+def test_matrix_ood_axis_gives_every_solver_ood_rows(tmp_path):
+    from icl_bench.bench.cells import expand_cells
+    from icl_bench.bench.config import parse_config
+    from icl_bench.bench.runner import run_matrix
+
+    raw = {"seed": 0, "n_prompts": 64, "batch_size": 64, "timing": {"repeats": 1},
+           "grid": {"N": [12], "noise": [0.1], "R": [100.0], "dtype": ["float64"], "device": ["cpu"],
+                    "ood": ["none", "x-shift:5", "x-scale:10", "student-t:3", "outliers:0.1"]},
+           "solvers": {"ols": {}, "gd": {"steps": [4]}}}
+    cfg = parse_config(raw)
+    cells = expand_cells(cfg)
+    plain = [c for c in cells if c.ood == "none"]
+    assert plain[0].key == expand_cells(parse_config({**raw, "grid": {**raw["grid"], "ood": ["none"]}}))[0].key
+    table = run_matrix(cfg, tmp_path / "run", progress=False)
+    assert set(table["ood"]) == set(raw["grid"]["ood"]) and (table["status"] == "ok").all()
+    ols = table[table.solver == "ols"].set_index("ood")["mse_vs_ols"]
+    gd = table[table.solver == "gd"].set_index("ood")["mse_vs_ols"]
+    assert (ols < 1e-20).all()  # OLS is least squares on whatever prompts it sees
+    assert gd["x-scale:10"] > 100 * gd["none"] and gd["x-shift:5"] > 10 * gd["none"]  # GD is not invariant
+    for bad in ["x-scale:0", "shift:5"]:
+        with pytest.raises(ConfigError, match="grid.ood"):
+            parse_config({**raw, "grid": {**raw["grid"], "ood": [bad]}})

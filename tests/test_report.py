@@ -190,7 +190,7 @@ def test_headline_is_the_summary_at_the_representative_setting(published, tables
     from icl_bench.report.aggregate import headline
 
     _, summary, setting = tables
-    assert setting == {"N": 5, "noise": 0.0, "R": 10.0, "dtype": "float32", "device": "cpu"}
+    assert setting == {"N": 5, "noise": 0.0, "R": 10.0, "dtype": "float32", "device": "cpu", "ood": "none"}
     head = headline(summary, setting).set_index("series")
     assert list(head.index) == SERIES and list(head.columns) == ["N=5", "N=12"]
     row = summary[(summary.series == "ols") & (summary.N == 12) & (summary.noise == 0.0) & (summary.R == 10.0)

@@ -18,6 +18,7 @@ from icl_bench.bench.axes import AXES
 from icl_bench.bench.config import MatrixConfig
 from icl_bench.prompts.data import DataSource, sample_data_prompts
 from icl_bench.prompts.generator import Dist, PromptSpec, sample_prompts
+from icl_bench.prompts.ood import apply_ood
 from icl_bench.solvers.registry import known_names
 
 
@@ -39,6 +40,7 @@ class Cell:
     repeats: int = 3
     max_seconds: float = 1.0
     data_sha256: str = ""  # digest of the CSV file's bytes (CSV source only): edited data = new cells
+    ood: str = "none"  # out-of-distribution map of the prompts (prompts/ood.py); "none" = in-distribution
 
     @property
     def key(self) -> str:
@@ -46,11 +48,14 @@ class Cell:
         fields = asdict(self)
         if not fields["data_sha256"]:  # generator prompts: the key stays what it always was
             del fields["data_sha256"]
+        if fields["ood"] == "none":  # in-distribution cells keep the keys they had before the ood axis
+            del fields["ood"]
         text = json.dumps(fields, sort_keys=True, allow_nan=True)
         return hashlib.sha1(text.encode()).hexdigest()[:20]
 
     def describe(self) -> str:
-        return f"{self.solver} {self.solver_params} N={self.N} noise={self.noise} R={self.R} {self.dtype} {self.device}"
+        ood = "" if self.ood == "none" else f" ood={self.ood}"
+        return f"{self.solver} {self.solver_params} N={self.N} noise={self.noise} R={self.R} {self.dtype} {self.device}{ood}"
 
 
 def prompt_seed(seed: int, N: int, noise: float, R: float) -> int:
@@ -86,11 +91,15 @@ def expand_cells(cfg: MatrixConfig) -> list[Cell]:
 
 
 @lru_cache(maxsize=2)
-def cell_prompts(source: str, N: int, noise: float, R: float, n_prompts: int, seed: int, dtype: str, device: str):
-    """The prompt batch of one grid point (cached: all its solvers share it)."""
+def cell_prompts(source: str, N: int, noise: float, R: float, n_prompts: int, seed: int, dtype: str, device: str,
+                 ood: str = "none"):
+    """The prompt batch of one grid point (cached: all its solvers share it). An `ood` map is applied
+    to the in-distribution prompts of the same point (prompts/ood.py), so its rows pair with theirs."""
     spec = json.loads(source)
     pseed = prompt_seed(seed, N, noise, R)
     if "csv" in spec:
-        return sample_data_prompts(DataSource(**spec["csv"]), N, R, n_prompts, seed=pseed, dtype=dtype, device=device)
-    dists = {k: Dist(**v) for k, v in spec.items()}
-    return sample_prompts(PromptSpec(N=N, noise=noise, R=R, **dists), n_prompts, seed=pseed, dtype=dtype, device=device)
+        batch = sample_data_prompts(DataSource(**spec["csv"]), N, R, n_prompts, seed=pseed, dtype=dtype, device=device)
+    else:
+        dists = {k: Dist(**v) for k, v in spec.items()}
+        batch = sample_prompts(PromptSpec(N=N, noise=noise, R=R, **dists), n_prompts, seed=pseed, dtype=dtype, device=device)
+    return apply_ood(batch, ood, seed=pseed + 1)

@@ -90,7 +90,7 @@ def run_cell(cell: Cell) -> dict:
         if cell.device.startswith("cuda") and not torch.cuda.is_available():
             raise SkipCell("CUDA is not available on this machine (torch.cuda.is_available() is False)")
         solver = get_solver(cell.solver, **json.loads(cell.solver_params))
-        pristine = cell_prompts(cell.prompts, cell.N, cell.noise, cell.R, cell.n_prompts, cell.seed, cell.dtype, cell.device)
+        pristine = cell_prompts(cell.prompts, cell.N, cell.noise, cell.R, cell.n_prompts, cell.seed, cell.dtype, cell.device, cell.ood)
         batch = replace(pristine, **{k: v.clone() for k, v in pristine.tensors().items()})  # the cache stays intact
         solver.check_batch(batch)
         pred, seconds = _timed_predictions(solver, batch, cell)

@@ -35,7 +35,7 @@ from scipy import stats
 
 from icl_bench.errors import ConfigError
 
-AXES = ("N", "noise", "R", "dtype", "device")  # the grid axes of a result row
+AXES = ("N", "noise", "R", "dtype", "device", "ood")  # the grid axes of a result row (ood: "none" = in-distribution)
 KEYS = ["solver", "solver_params", *AXES, "prompts"]  # one summary row per distinct KEYS
 REQUIRED = ["solver", "solver_params", *AXES, "seed", "n_prompts", "mse_vs_ols", "mse_vs_truth",
             "prompts_per_s", "weight_sparsity", "weight_l1", "status", "message"]
@@ -65,6 +65,8 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict | None]:
         table = pd.read_parquet(parquet)
     except Exception as exc:  # pyarrow raises several types for truncated / foreign files
         raise ConfigError(f"RUN_DIR: {parquet} cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+    if "ood" not in table.columns:  # runs from before the ood axis: all in-distribution
+        table["ood"] = "none"
     missing = [c for c in REQUIRED if c not in table.columns]
     if missing:
         raise ConfigError(f"RUN_DIR: {parquet} lacks the columns {', '.join(missing)}")
@@ -217,7 +219,7 @@ def representative(table: pd.DataFrame, at: dict[str, str] | None = None) -> dic
     """One value per grid axis for the plots and the headline table.
 
     Default per axis: the lower median of the distinct values that have ok cells (N = [10, 30,
-    100, 300] -> 30; R = [10, 100, 1000] -> 100; dtype -> float32; device -> cpu). NaN when the
+    100, 300] -> 30; R = [10, 100, 1000] -> 100; dtype -> float32; device -> cpu; ood -> none). NaN when the
     axis is NaN throughout (noise with CSV data).
     Args:
         table: stacked result rows. at: overrides, axis -> value as text (from --at AXIS=VALUE).
@@ -241,6 +243,8 @@ def representative(table: pd.DataFrame, at: dict[str, str] | None = None) -> dic
     for axis in AXES:
         if axis not in chosen:
             have = sorted(ok[axis].dropna().unique().tolist())
+            if axis == "ood" and "none" in have:  # the in-distribution prompts, not a median of map names
+                have = ["none"]
             chosen[axis] = have[(len(have) - 1) // 2] if have else math.nan
     return chosen
 
