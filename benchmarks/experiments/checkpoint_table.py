@@ -32,7 +32,8 @@ def main() -> None:
     models, analysis = ROOT / "icl_bench" / "models", ROOT / "results" / "models_analysis"
     head = ["checkpoint", "steps", "λ", "held-out MSE vs OLS", *(f"rel N={n}" for n in NS), "sparsity", "Σ\\|w\\|", "wall s", "steps/s"]
     lines = ["# Shipped checkpoints", "",
-             "Made by `icl-bench train --config train --out icl_bench/models`; this card by "
+             "Made by `icl-bench train --config train --out icl_bench/models` (trained-l1: shipped from the seed experiment "
+             "by `python -m benchmarks.experiments.ship_trained_l1`, the same configuration; docs/mechanism.md); this card by "
              "`python -m benchmarks.experiments.checkpoint_table`. rel = MSE vs OLS / var(OLS prediction) on 4096 "
              "fresh prompts per N (noise 0.1); wall time and steps/s were measured on a shared 2-core machine.", "",
              row(head), row(["---"] * len(head))]
