@@ -173,7 +173,7 @@ def cmd_publish(args) -> int:
 def cmd_analyze(args) -> int:
     """Print the headline numbers, the sparsity per parameter and the alignment of a checkpoint;
     write every number to --out as standard JSON."""
-    from icl_bench.analysis.analyze import HEADLINE, analyze_checkpoint
+    from icl_bench.analysis.analyze import HEADLINE, LABELS, analyze_checkpoint
     from icl_bench.files import write_json
 
     if args.out is not None and Path(args.out).suffix != ".json":
@@ -191,7 +191,9 @@ def cmd_analyze(args) -> int:
         raise ConfigError(msg) from None
     fmt = lambda v: "nan" if v is None or v != v else f"{v:.4g}"  # noqa: E731
     for k in HEADLINE:
-        print(f"{k:26s} {fmt(float(result[k])) if k in result else 'nan'}")
+        print(f"{k:26s} {fmt(float(result[k])) if k in result else 'nan'} {LABELS.get(k, '')}".rstrip())
+    print(f"{'state (functional LN)':26s} {result.get('ln.state')}\n{'fingerprint verdict':26s} {result.get('fp.verdict')} "
+          f"(closest gd: K={result.get('fp.gd_steps')}, distance {fmt(result.get('fp.gd_distance'))})")
     print(f"{'per matrix':26s} sparsity   l1         hoyer")
     for name, v in json.loads(result["per_matrix"]).items():
         print(f"  {name:24s} {fmt(v['sparsity']):10s} {fmt(v['l1']):10s} {fmt(v['hoyer'])}")

@@ -14,7 +14,7 @@ DEFAULT = resources.config_path("default")
 def test_default_matrix_shape():
     cfg = parse_config(read_toml(DEFAULT))
     assert cfg.grid.to_dict() == {"N": [10, 30, 100, 300], "noise": [0.0, 0.1, 0.5], "R": [10.0, 100.0, 1000.0], "d": [1],
-                        "dtype": ["float32", "float64"], "device": ["cpu", "cuda"]}
+                        "dtype": ["float32", "float64"], "device": ["cpu", "cuda"], "ood": ["none"]}
     cells = expand_cells(cfg)
     assert {c.solver for c in cells} == set(known_names())
     assert {c.solver_params for c in cells if c.solver == "gd-lsa"} == {'{"steps": 1}', '{"steps": 4}', '{"steps": 16}'}

@@ -36,7 +36,7 @@ def test_default_d_is_one_and_cell_keys_and_seeds_are_the_1d_ones():
     cfg = parse_config(raw())
     assert cfg.grid.d == [1]
     for cell in expand_cells(cfg):
-        old = {k: v for k, v in asdict(cell).items() if k not in ("d", "data_sha256", "inputs_sha256", "optional")}  # pre-d key
+        old = {k: v for k, v in asdict(cell).items() if k not in ("d", "ood", "data_sha256", "inputs_sha256", "optional")}  # pre-d, pre-ood key
         assert cell.key == hashlib.sha1(json.dumps(old, sort_keys=True, allow_nan=True).encode()).hexdigest()[:20]
     old_seed = int.from_bytes(hashlib.sha256(json.dumps([3, 12, 0.1, 100.0]).encode()).digest()[:7], "little")
     assert prompt_seed(3, 12, 0.1, 100.0) == prompt_seed(3, 12, 0.1, 100.0, 1) == old_seed

@@ -15,7 +15,7 @@ DEFAULT_MODELS_DIR = models_dir()
 from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
 SHIPPED_R = (10.0, 100.0, 1000.0)
-SOLVERS = ("trained-l1", "trained-nol1", "trained-lsa")
+SOLVERS = ("trained-l1", "trained-nol1", "trained-lsa", "trained-l1-noaug")
 
 
 @pytest.mark.parametrize("name", SOLVERS)
@@ -87,3 +87,16 @@ def test_flatten_checkpoint_is_chosen_by_N(tmp_path):
     assert solver.predict(sample_prompts(PromptSpec(N=10, R=10.0), 4, seed=0)).shape == (4,)
     with pytest.raises(SkipCell, match=r"N=100 .*available: R=10.0,N=10, R=10.0,N=30"):
         solver.check_batch(sample_prompts(PromptSpec(N=100, R=10.0), 4, seed=0))
+
+
+def test_shipped_trained_l1_divides_in_layer_2_and_noaug_does_not():
+    """The functional LayerNorm tests (docs/analysis.md) on the shipped R = 100 checkpoints: the
+    mechanism recipe's trained-l1 divides by Cxx in layer 2; the earlier one (noaug) does not."""
+    from icl_bench.analysis.lnfunc import ln_functional
+    from icl_bench.solvers.checkpoint import load_checkpoint
+
+    new, _ = load_checkpoint(DEFAULT_MODELS_DIR / "trained-l1-R100")
+    old, _ = load_checkpoint(DEFAULT_MODELS_DIR / "trained-l1-noaug-R100")
+    r_new, r_old = ln_functional(new, 100.0, n_prompts=1024), ln_functional(old, 100.0, n_prompts=1024)
+    assert r_new["state"] == "layer-2 division" and r_new["ln1.slope"] > 0.95 and r_new["ln1.freeze"] > 0.03, r_new
+    assert r_old["state"] != "layer-2 division" and r_old["ln1.slope"] < 0.6, r_old

@@ -15,7 +15,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]  # the repository root
 NS = (10, 30, 100, 300)
 ANALYSIS = ["mse_vs_ols", "sparsity", "l1", "hoyer", "similarity", "repr.layer0.r2_mean", "repr.layer1.r2_mean",
-            "probe.centering.x.r2_stream", "probe.centering.y.r2_stream", "probe.division.r2", "probe.division.r2_stream"]
+            "probe.centering.x.r2_stream", "probe.centering.y.r2_stream", "probe.division.r2", "probe.division.r2_stream",
+            "ln.ln1.slope", "ln.ln1.freeze", "ln.state", "fp.x+5", "fp.x*10", "fp.verdict"]
+
+
+def _fmt(v) -> str:
+    """A number to 3 significant digits, text as it is, a missing value (older analyses) as '—'."""
+    return "—" if v is None else v if isinstance(v, str) else f"{v:.3g}"
 
 
 def row(cells) -> str:
@@ -26,14 +32,15 @@ def main() -> None:
     models, analysis = ROOT / "icl_bench" / "models", ROOT / "results" / "models_analysis"
     head = ["checkpoint", "steps", "λ", "held-out MSE vs OLS", *(f"rel N={n}" for n in NS), "sparsity", "Σ\\|w\\|", "wall s", "steps/s"]
     lines = ["# Shipped checkpoints", "",
-             "Made by `icl-bench train --config train --out icl_bench/models`; this card by "
+             "Made by `icl-bench train --config train --out icl_bench/models` (trained-l1: shipped from the seed experiment "
+             "by `python -m benchmarks.experiments.ship_trained_l1`, the same configuration; docs/mechanism.md); this card by "
              "`python -m benchmarks.experiments.checkpoint_table`. rel = MSE vs OLS / var(OLS prediction) on 4096 "
              "fresh prompts per N (noise 0.1); wall time and steps/s were measured on a shared 2-core machine.", "",
              row(head), row(["---"] * len(head))]
     for path in sorted(models.glob("*.json")):
         meta = json.loads(path.read_text())
         m, fresh = meta["metrics"], meta["metrics"]["fresh_noise0.1"]
-        lines.append(row([path.stem, m["step"], f"{meta['train_config']['l1']:g}", f"{m['eval_mse_vs_ols']:.2e}",
+        lines.append(row([path.stem, m["step"], f"{meta['train_config']['l1']:g}" + (f", prox {meta['train_config']['l1_prox']:g}" if meta["train_config"].get("l1_prox") else ""), f"{m['eval_mse_vs_ols']:.2e}",
                           *(f"{100 * fresh[f'N={n}']['rel_mse']:.3f}%" for n in NS), f"{m['sparsity']:.3f}",
                           f"{m['weight_l1']:.1f}", f"{m['elapsed_s']:.0f}", f"{m['steps_per_s']:.1f}"]))
     lines += ["", "## Mechanism analysis", "",
@@ -42,7 +49,7 @@ def main() -> None:
               "(results/similarity_calibration.md).", "", row(["checkpoint", *ANALYSIS]), row(["---"] * (len(ANALYSIS) + 1))]
     for path in sorted(analysis.glob("*.json")):
         r = json.loads(path.read_text())
-        lines.append(row([path.stem, *(f"{r[c]:.3g}" for c in ANALYSIS)]))
+        lines.append(row([path.stem, *(_fmt(r.get(c)) for c in ANALYSIS)]))
     (models / "README.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -12,7 +12,9 @@
                                  .query_r2 the same at the query token, .token_r2 from the raw tokens
     repr.layer{i}.gp             how close that linear map is to a generalized permutation (1 = one)
     probe.*                      LayerNorm probes (icl_bench.analysis.probes): layer 1 vs centred x, y; the
-                                 query's layer-2 LN output vs b_hat (u - x_bar)
+                                 query's layer-2 LN output vs b_hat (u - x_bar) (passed by any accurate model)
+    ln.*, ln.state               functional LayerNorm tests and the state they name (analysis/lnfunc.py)
+    fp.*, fp.verdict             behavioural fingerprint under affine maps (analysis/fingerprint.py)
     mse_vs_ols                   the model's error on the analysis prompts
 
 Sparsity: fraction of entries with |w| < 1e-3 max|w| (docs/design.md §3; per parameter relative to
@@ -30,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from icl_bench.analysis.fingerprint import default_prompts, fingerprint
+from icl_bench.analysis.lnfunc import ln_functional
 from icl_bench.analysis.probes import mechanism_probes
 from icl_bench.analysis.representation import representation_similarity
 from icl_bench.analysis.similarity import alignment_json, similarity
@@ -132,7 +136,23 @@ def analyze(model: Transformer, R: float, *, n_prompts: int = 2048, N: int | Non
     except ConfigError:
         pass  # a different number of blocks: no slot-by-slot comparison
     out.update(probe_report(m, batch.tokens))
+    out.update(mechanism_report(m, float(R), N=N, n_prompts=n_prompts, seed=seed, noise=float(noise)))
     return out
+
+
+def mechanism_report(model: Transformer, R: float, *, N: int, n_prompts: int, seed: int, noise: float) -> dict:
+    """What the model does (not its weights): the functional LayerNorm tests and the state
+    (icl_bench.analysis.lnfunc; keys "ln.*", "ln.state") and the behavioural fingerprint under
+    affine maps of the prompt (icl_bench.analysis.fingerprint; keys "fp.*", "fp.verdict").
+    Used by `analyze` and callable on any Transformer (e.g. a published checkpoint); docs/analysis.md."""
+    out = {f"ln.{k}": v for k, v in ln_functional(model, R, N=N, n_prompts=n_prompts, noise=noise, seed=seed).items()}
+    dtype = next(model.parameters()).dtype
+
+    class _Bare:  # the fingerprint needs only predict(batch)
+        predict = staticmethod(lambda batch: model(batch.tokens.to(dtype)))
+
+    fp = fingerprint(_Bare(), default_prompts(N=N, R=R, n_prompts=min(n_prompts, 1024), noise=noise, seed=seed))
+    return {**out, **fp.row()}
 
 
 def analyze_checkpoint(path: str | Path, **kwargs) -> dict:
@@ -160,4 +180,7 @@ def analyze_checkpoint(path: str | Path, **kwargs) -> dict:
 # the few numbers a table or a console line should show (analyze returns many more)
 HEADLINE = ("mse_vs_ols", "sparsity", "l1", "hoyer", "similarity", "repr.layer0.r2_mean", "repr.layer1.r2_mean",
             "repr.layer1.query_r2.s3", "repr.layer1.gp", "probe.centering.x.r2", "probe.centering.y.r2",
-            "probe.division.r2", "probe.division.slope")
+            "probe.division.r2", "probe.division.slope", "ln.rel_mse", "ln.ln0.slope", "ln.ln0.r2", "ln.ln0.freeze",
+            "ln.ln1.slope", "ln.ln1.r2", "ln.ln1.freeze", "ln.effective_R", "fp.identity", "fp.x*10", "fp.x+5", "fp.y*10")
+# printed beside a headline number: probes that every accurate model passes are not mechanism tests
+LABELS = {k: "(passed by any accurate model: not a mechanism test)" for k in ("probe.division.r2", "probe.division.slope")}

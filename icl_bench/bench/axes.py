@@ -11,11 +11,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from icl_bench.config_base import choice, integer, number
+from icl_bench.config_base import choice, integer, number, problem
+from icl_bench.errors import ConfigError
 from icl_bench.prompts.generator import DTYPES
 from icl_bench.prompts.multivariate import MAX_D
+from icl_bench.prompts.ood import parse_ood
 
 DEVICES = ("cpu", "cuda")
+
+
+def ood_value(v: Any) -> str:
+    """One value of the `ood` axis: "none" or a map of prompts/ood.py ("x-shift:5", "outliers:0.1")."""
+    try:
+        parse_ood(v)
+    except ConfigError as exc:
+        raise problem(str(exc).split(": ", 1)[1]) from None
+    return v
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,8 @@ AXES: tuple[Axis, ...] = (
     Axis("device", ("cpu",), choice(DEVICES), "object", False, "torch device the solver runs on"),
     Axis("d", (1,), integer(1, MAX_D), "int64", True,
          "regressors per example (x in R^d; d > 1: docs/ln-closed-form-multivariate.md)"),
+    Axis("ood", ("none",), ood_value, "object", False,
+         "out-of-distribution map of the prompts (prompts/ood.py): none, x-shift:T, x-scale:S, student-t:NU, outliers:F"),
 )
 AXIS_NAMES: tuple[str, ...] = tuple(a.name for a in AXES)
 BY_NAME: dict[str, Axis] = {a.name: a for a in AXES}

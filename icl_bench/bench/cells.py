@@ -20,6 +20,8 @@ from icl_bench.bench.config import MatrixConfig
 from icl_bench.prompts.data import DataSource, sample_data_prompts
 from icl_bench.prompts.generator import Dist, PromptSpec, sample_prompts
 from icl_bench.prompts.multivariate import sample_prompts_mv
+from icl_bench.prompts.ood import apply_ood
+from icl_bench.solvers.base import SkipCell
 from icl_bench.solvers.registry import get_solver, known_names
 
 
@@ -44,6 +46,7 @@ class Cell:
     inputs_sha256: str = ""  # digest of the files the solver reads (Solver.input_files: checkpoints)
     optional: bool = False  # run only because all_solvers: a solver that fails to load is skipped (not in the key)
     d: int = 1  # regressors per example (the grid axis d)
+    ood: str = "none"  # out-of-distribution map of the prompts (prompts/ood.py); "none" = in-distribution
 
     @property
     def key(self) -> str:
@@ -57,12 +60,15 @@ class Cell:
                 del fields[name]
         if fields["d"] == 1:  # one regressor: the key of every 1-D cell stays what it always was
             del fields["d"]
+        if fields["ood"] == "none":  # in-distribution cells keep the keys they had before the ood axis
+            del fields["ood"]
         text = json.dumps(fields, sort_keys=True, allow_nan=True)
         return hashlib.sha1(text.encode()).hexdigest()[:20]
 
     def describe(self) -> str:
         dim = f" d={self.d}" if self.d != 1 else ""
-        return f"{self.solver} {self.solver_params} N={self.N} noise={self.noise} R={self.R}{dim} {self.dtype} {self.device}"
+        ood = "" if self.ood == "none" else f" ood={self.ood}"
+        return f"{self.solver} {self.solver_params} N={self.N} noise={self.noise} R={self.R}{dim} {self.dtype} {self.device}{ood}"
 
 
 def prompt_seed(seed: int, N: int, noise: float, R: float, d: int = 1) -> int:
@@ -140,15 +146,22 @@ def expand_cells(cfg: MatrixConfig) -> list[Cell]:
 
 @lru_cache(maxsize=2)
 def cell_prompts(source: str, N: int, noise: float, R: float, n_prompts: int, seed: int, dtype: str, device: str,
-                 d: int = 1):
+                 d: int = 1, ood: str = "none"):
     """The prompt batch of one grid point (cached: all its solvers share it); d > 1 regressors:
-    x (B, N, d) from icl_bench.prompts.multivariate (the distributions apply per coordinate)."""
+    x (B, N, d) from icl_bench.prompts.multivariate (the distributions apply per coordinate). An
+    `ood` map is applied to the in-distribution prompts of the same point (prompts/ood.py), so its
+    rows pair with theirs; the maps are defined for one regressor (d > 1 with a map: SkipCell)."""
     spec = json.loads(source)
     pseed = prompt_seed(seed, N, noise, R, d)
     if "csv" in spec:
-        return sample_data_prompts(DataSource(**spec["csv"]), N, R, n_prompts, seed=pseed, dtype=dtype, device=device)
-    dists = {k: Dist(**v) for k, v in spec.items()}
-    if d > 1:
+        batch = sample_data_prompts(DataSource(**spec["csv"]), N, R, n_prompts, seed=pseed, dtype=dtype, device=device)
+    elif d > 1:
+        if ood != "none":
+            raise SkipCell(f"ood map {ood!r} is defined for one regressor (d = 1); this cell has d = {d}")
+        dists = {k: Dist(**v) for k, v in spec.items()}
         return sample_prompts_mv(PromptSpec(N=N, noise=noise, R=R, **dists), n_prompts, d=d, seed=pseed,
                                  dtype=dtype, device=device)
-    return sample_prompts(PromptSpec(N=N, noise=noise, R=R, **dists), n_prompts, seed=pseed, dtype=dtype, device=device)
+    else:
+        dists = {k: Dist(**v) for k, v in spec.items()}
+        batch = sample_prompts(PromptSpec(N=N, noise=noise, R=R, **dists), n_prompts, seed=pseed, dtype=dtype, device=device)
+    return apply_ood(batch, ood, seed=pseed + 1)

@@ -38,7 +38,7 @@ from icl_bench.errors import ConfigError
 
 AXES = AXIS_NAMES  # the grid axes of a result row (their one definition: bench/axes.py)
 # axes added after runs were first published; a table without the column has the one default value
-BACKFILL = {"d": 1}
+BACKFILL = {"d": 1, "ood": "none"}
 KEYS = ["solver", "solver_params", *AXES, "prompts"]  # one summary row per distinct KEYS
 REQUIRED = ["solver", "solver_params", *(a for a in AXES if a not in BACKFILL), "seed", "n_prompts",
             "mse_vs_ols", "mse_vs_truth",
@@ -69,6 +69,8 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict | None]:
         table = pd.read_parquet(parquet)
     except Exception as exc:  # pyarrow raises several types for truncated / foreign files
         raise ConfigError(f"RUN_DIR: {parquet} cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+    if "ood" not in table.columns:  # runs from before the ood axis: all in-distribution
+        table["ood"] = "none"
     missing = [c for c in REQUIRED if c not in table.columns]
     if missing:
         raise ConfigError(f"RUN_DIR: {parquet} lacks the columns {', '.join(missing)}")
@@ -272,7 +274,7 @@ def representative(table: pd.DataFrame, at: dict[str, str] | None = None) -> dic
     """One value per grid axis for the plots and the headline table.
 
     Default per axis: the lower median of the distinct values that have ok cells (N = [10, 30,
-    100, 300] -> 30; R = [10, 100, 1000] -> 100; dtype -> float32; device -> cpu). NaN when the
+    100, 300] -> 30; R = [10, 100, 1000] -> 100; dtype -> float32; device -> cpu; ood -> none). NaN when the
     axis is NaN throughout (noise with CSV data).
     Args:
         table: stacked result rows. at: overrides, axis -> value as text (from --at AXIS=VALUE).
@@ -296,6 +298,8 @@ def representative(table: pd.DataFrame, at: dict[str, str] | None = None) -> dic
     for axis in AXES:
         if axis not in chosen:
             have = sorted(ok[axis].dropna().unique().tolist())
+            if axis == "ood" and "none" in have:  # the in-distribution prompts, not a median of map names
+                have = ["none"]
             chosen[axis] = have[(len(have) - 1) // 2] if have else math.nan
     return chosen
 
@@ -331,7 +335,7 @@ def to_markdown(df: pd.DataFrame) -> str:
 
 
 def setting_text(setting: dict, axes=None, fmt=str) -> str:
-    """"N = 30, noise = 0.1, ..." for `axes` (default: every axis of `setting`); one regressor
-    (d = 1) is the default setting and is not named."""
+    """"N = 30, noise = 0.1, ..." for `axes` (default: every axis of `setting`); axes at the value
+    every run had before they existed (BACKFILL: one regressor, in-distribution) are not named."""
     axes = list(setting) if axes is None else axes
-    return ", ".join(f"{a} = {fmt(setting[a])}" for a in axes if not (a == "d" and setting.get(a) == 1))
+    return ", ".join(f"{a} = {fmt(setting[a])}" for a in axes if not (a in BACKFILL and setting.get(a) == BACKFILL[a]))

@@ -2,8 +2,8 @@
 (the out-of-distribution rows of the run) and a verdict (docs/report.md, "Mechanism").
 
 It reads stored result rows only. A run with an `ood` column holds, beside the in-distribution
-rows (ood = "none"), rows evaluated on transformed prompts: "x_shift=T" (x and u -> x + T, y
-unchanged), "x_scale=S" (x and u -> S·x, y unchanged), "student_t3", "outliers". The x
+rows (ood = "none"), rows evaluated on transformed prompts (prompts/ood.py): "x-shift:T" (x and
+u -> x + T, y unchanged), "x-scale:S" (x and u -> S·x, y unchanged), "student-t:NU", "outliers:F". The x
 transforms leave the OLS prediction unchanged, so a method that computes OLS is invariant to them.
 
 Relative error = MSE vs OLS / E[(OLS prediction)^2] (the run's `rel_mse_vs_ols` column when it
@@ -54,8 +54,10 @@ def signal_power(prompts: str) -> float:
 
 
 def parse_ood(value: str) -> tuple[str, float]:
-    """("x_shift", 5.0) for "x_shift=5"; (name, NaN) for the others ("none", "student_t3")."""
-    name, _, num = str(value).partition("=")
+    """("x_shift", 5.0) for the matrix's "x-shift:5" (prompts/ood.py) or "x_shift=5"; (name, NaN)
+    for values without an amount ("none")."""
+    text = str(value).replace("-", "_", 1) if not str(value).startswith("-") else str(value)
+    name, _, num = text.replace(":", "=", 1).partition("=")
     try:
         return name, float(num) if num else math.nan
     except ValueError:

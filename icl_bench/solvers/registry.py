@@ -28,6 +28,7 @@ BUILTINS: dict[str, str] = {
     "trained-l1": "icl_bench.solvers.trained",
     "trained-nol1": "icl_bench.solvers.trained",
     "trained-lsa": "icl_bench.solvers.trained",
+    "trained-l1-noaug": "icl_bench.solvers.trained",
 }
 
 

@@ -1,6 +1,8 @@
 """Solvers backed by trained checkpoints: trained-l1, trained-nol1 and trained-lsa.
 
-    trained-l1    LSA + LayerNorm trained with an l1 penalty (the reference paper's model)
+    trained-l1    LSA + LayerNorm trained with l1 (the reference paper's model): the mechanism
+                  recipe (affine augmentation, proximal l1; docs/training.md)
+    trained-l1-noaug  the earlier trained-l1 (l1 1e-4, no augmentation), kept for comparison
     trained-nol1  the same, lambda = 0 (does l1 matter?)
     trained-lsa   no LayerNorm, lambda = 0 (expected to learn something like gd-lsa)
 
@@ -134,3 +136,8 @@ class TrainedNoL1(TrainedSolver):
 @register_solver("trained-lsa")
 class TrainedLSA(TrainedSolver):
     """Trained LSA transformer without LayerNorm, no l1 penalty (control; cf. gd-lsa)."""
+
+
+@register_solver("trained-l1-noaug")
+class TrainedL1NoAug(TrainedSolver):
+    """The earlier trained-l1 (subgradient l1 1e-4, no augmentation): fits OLS without the LayerNorm division."""

@@ -20,7 +20,7 @@ from icl_bench.solvers.transformer import KEY_SETS, READOUTS, TransformerConfig
 
 SCHEDULES = ("onecycle", "cosine", "constant")
 TARGETS = ("ols", "noisy")
-TRAINED_SOLVERS = ("", "trained-l1", "trained-nol1", "trained-lsa")  # what a checkpoint may serve ("" = none)
+TRAINED_SOLVERS = ("", "trained-l1", "trained-nol1", "trained-lsa", "trained-l1-noaug")  # what a checkpoint may serve ("" = none)
 
 MAX_WIDTH = 256  # d_model, n_layers, n_heads: far beyond the 4 / 2 / 2 of the paper, far below an out-of-memory
 Int1 = Annotated[int, BeforeValidator(integer(1))]
@@ -60,6 +60,12 @@ class TrainConfig(ConfigModel):
     warmup_frac: Annotated[float, BeforeValidator(number(ge=0, lt=1))] = 0.05  # linear warm-up fraction (onecycle)
     clip: NonNeg = 1.0  # gradient-norm clip (0: off)
     l1: NonNeg = 0.0  # lambda of the l1 penalty on the weight matrices
+    # --- affine augmentation and proximal l1 (icl_bench/training/augment.py, docs/mechanism.md) ---
+    aug_scale: Annotated[float, BeforeValidator(number(ge=1))] = 1.0  # x, u -> s x + t, s = exp(U[-ln S, ln S]) (1: off)
+    aug_shift: NonNeg = 0.0  # t ~ U[-T, T] (0: off); y and the OLS target unchanged
+    aug_ramp: Annotated[float, BeforeValidator(number(ge=0, lt=1))] = 0.0  # fraction of steps to reach the full range
+    l1_prox: NonNeg = 0.0  # proximal l1: soft threshold lr_t * l1_prox after each step (0: off)
+    l1_start: Annotated[float, BeforeValidator(number(ge=0, lt=1))] = 0.0  # fraction of steps before it starts
     # --- evaluation / stopping ---
     eval_every: Int1 = 250  # steps between evaluations on the held-out prompts
     eval_prompts: Int1 = 4096  # held-out prompts (fixed, per training N)

@@ -17,10 +17,7 @@ of the embedding initialised at 1/R of the other columns (so h = W_e (x, y, R) s
 for R >= 100, that column preconditioned (`precondition_R`): without it R = 1000 stays on the
 MSE ~ 1 plateau. Sources: the reference paper (summarised in docs/design.md §1), von
 Oswald et al. 2023 (LSA); one-cycle schedule after Smith & Topin 2017.
-
-Usage:
-    cfg = TrainConfig.from_toml("benchmarks/train.toml", section="trained-l1-R10")
-    model, history = train(cfg)
+Affine augmentation and proximal l1 (the mechanism recipe): icl_bench/training/augment.py.
 """
 from __future__ import annotations
 
@@ -38,6 +35,7 @@ from icl_bench.prompts.generator import PromptSpec, resolve_dtype, sample_prompt
 from icl_bench.solvers.checkpoint import save_checkpoint
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
 from icl_bench.solvers.transformer import Transformer
+from icl_bench.training.augment import prox_step, training_tokens
 from icl_bench.training.config import TrainConfig
 
 EVAL_SEED_OFFSET = 1_000_003  # held-out prompts use seed + this, never a training step's seed
@@ -172,7 +170,7 @@ def train(cfg: TrainConfig, model: Transformer | None = None) -> tuple[Transform
     for step in bar:
         batch = sample_prompts(specs[pick_n.choice(cfg.N)], cfg.batch_size, seed=cfg.seed * 1_000_000 + step, dtype=dtype)
         target = batch.ols_prediction.to(dtype) if cfg.target == "ols" else batch.y_query  # (B,)
-        pred = model(batch.tokens)  # (B,)
+        pred = model(training_tokens(cfg, batch.tokens, step))  # (B,): x, u -> s x + t if augmenting
         mse = ((pred - target) ** 2).mean()
         loss = mse + cfg.l1 * sum(p.abs().sum() for p in penalised(model)) if cfg.l1 > 0 else mse
         opt.zero_grad(set_to_none=True)
@@ -180,6 +178,7 @@ def train(cfg: TrainConfig, model: Transformer | None = None) -> tuple[Transform
         if cfg.clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         opt.step()
+        prox_step(model, cfg, step, opt.param_groups[0]["lr"])  # proximal l1 (no-op when l1_prox = 0)
         sched.step()
         if step % cfg.eval_every == 0 or step == cfg.steps:
             row = record(step, loss.item(), mse.item())

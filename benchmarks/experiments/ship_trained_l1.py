@@ -1,0 +1,85 @@
+"""Ship a mechanism-learning checkpoint of the seed experiment as `trained-l1` at every R of the
+matrix, and keep the earlier trained-l1 checkpoints as `trained-l1-noaug` (docs/mechanism.md):
+
+    python -m benchmarks.experiments.ship_trained_l1 --from results/mechanism/models/ramp12k-prox-s3
+
+R = 10 / 100 / 1000 from one R = 100 run: with `precondition_R` the optimiser stores the
+embedding's R column as W' = W R / precondition_R, its initial value is init / precondition_R
+whatever R is, and the forward pass only sees W R = W' precondition_R; the augmentation and the
+proximal step act on x and on W'. So training at R = 10, 100 or 1000 is the same optimisation
+step for step (up to float rounding), and the checkpoint for R' is the R = 100 one with the
+R column multiplied by 100 / R'. The JSON says so ("derived_from"), and every metric in it is
+measured again on the derived model at its own R (fresh prompts, functional LayerNorm tests,
+fingerprint).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from icl_bench.analysis.fingerprint import default_prompts, fingerprint
+from icl_bench.analysis.lnfunc import ln_functional
+from icl_bench.solvers.checkpoint import load_checkpoint, save_checkpoint
+from icl_bench.training.augment import exact_zero_fraction
+from icl_bench.training.train import fresh_metrics
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository root
+
+RS = (10.0, 100.0, 1000.0)
+
+
+class Bare:
+    def __init__(self, model):
+        self.model = model.double()
+
+    def predict(self, batch):
+        return self.model(batch.tokens)
+
+
+def keep_old(models_dir: Path) -> None:
+    """trained-l1-R*.{json,safetensors} -> trained-l1-noaug-R*, solver "trained-l1-noaug"."""
+    for js in sorted(models_dir.glob("trained-l1-R*.json")):
+        meta = json.loads(js.read_text())
+        stem = js.with_suffix("")
+        new = stem.with_name(stem.name.replace("trained-l1-", "trained-l1-noaug-"))
+        meta["solver"] = "trained-l1-noaug"
+        Path(f"{stem}.safetensors").rename(f"{new}.safetensors")
+        Path(f"{new}.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        js.unlink()
+        print(f"{stem.name} -> {new.name}")
+
+
+def ship(src: Path, models_dir: Path) -> None:
+    model, meta = load_checkpoint(src)
+    R0 = float(meta["R"])
+    for R in RS:
+        m = load_checkpoint(src)[0]
+        with torch.no_grad():
+            m.embed.weight[:, 2] *= R0 / R
+        ln = ln_functional(m, R)
+        fp = fingerprint(Bare(m), default_prompts(R=R, n_prompts=1024))
+        new = {**meta, "solver": "trained-l1", "R": R,
+               "derived_from": {"checkpoint": src.name, "R": R0, "rule": f"embedding R column x {R0 / R:g}"},
+               "mechanism": {**ln, "fingerprint": fp.row(), "exact_zero": exact_zero_fraction(m)}}
+        new["metrics"] = {**meta["metrics"], "fresh_noise0.1": fresh_metrics(m, R)}
+        stem = save_checkpoint(m, models_dir / f"trained-l1-R{R:g}", new)
+        print(f"{stem.name}: state {ln['state']}, verdict {fp.verdict}, x+5 {fp.scores['x+5']:.2e}, "
+              f"rel MSE N=20 {ln['rel_mse']:.2e}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--from", dest="src", required=True, help="checkpoint stem of the seed experiment")
+    p.add_argument("--models-dir", default=str(ROOT / "icl_bench" / "models"))
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    models_dir = Path(args.models_dir)
+    keep_old(models_dir)
+    ship(Path(args.src), models_dir)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Training-time random affine augmentation of x and the proximal l1 step (docs/mechanism.md).
+
+Affine augmentation. Each training prompt gets its own map of the inputs
+
+    x_i -> s x_i + t,  u -> s u + t,   y unchanged,   s = exp(U[r ln(1/S), r ln S]),  t ~ U[-r T, r T]
+
+(S = `aug_scale`, T = `aug_shift`, r the ramp factor below). Least squares with an intercept is
+equivariant under it: the fitted line moves with x, so the OLS prediction at the mapped query is
+the same number and the training target does not change. A solver that divides by the context
+statistics (the LayerNorm closed form, docs/design.md §5) is invariant; one that relies
+on the scale and the centre of x being those of N(0, 1) is not. The issue that motivated it
+measured that without it the trained models fit OLS without the LayerNorm division (docs/mechanism.md).
+
+Ramp: r = min(1, step / (aug_ramp * steps)) (r = 1 throughout when aug_ramp = 0), so the range
+grows from the identity to the full range over the first `aug_ramp` fraction of the run.
+
+Proximal l1 (`l1_prox`). After each Adam step, every penalised matrix (embedding, W_Q, W_K, W_V,
+W_O, readout; not the LayerNorm gains and biases) is soft-thresholded,
+
+    w <- sign(w) max(|w| - lr_t * l1_prox, 0)
+
+(the proximal map of lr_t * l1_prox * |w|, Parikh & Boyd 2014, "Proximal Algorithms", sec. 6.5.2),
+so weights can become exactly zero, which a subgradient penalty never makes them. Since Adam's
+steps are about lr_t in size whatever the gradient scale, l1_prox is in units of an Adam step:
+a weight whose gradient keeps one sign moves by ~lr_t per step and survives while l1_prox < 1;
+a weight with a noisy gradient shrinks to 0. It acts on the parameters Adam sees: for the
+preconditioned R column of the embedding (icl_bench.training.train.precondition) that is the stored
+column, whose zeros are the real column's zeros. It starts at step `l1_start * steps`.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def ramp_factor(step: int, steps: int, ramp: float) -> float:
+    """r in [0, 1]: the fraction of the augmentation range used at `step` (1-based) of `steps`."""
+    return 1.0 if ramp <= 0 else min(1.0, step / (ramp * steps))
+
+
+def affine_augment(tokens: torch.Tensor, *, scale: float, shift: float, r: float, seed: int) -> torch.Tensor:
+    """x and u -> s x + t per prompt (y and R untouched); the OLS prediction is unchanged.
+
+    Args:
+        tokens: (B, N+1, 3) rows (x_i, y_i, R), last row (u, 0, R); any float dtype.
+        scale: S >= 1, s = exp(U[-r ln S, r ln S]); shift: T >= 0, t ~ U[-r T, r T]; r: ramp factor.
+        seed: seeds the per-prompt draws (CPU float64 generator), so a step is reproducible.
+    Returns:
+        a new (B, N+1, 3) tensor; `tokens` is not modified. With r = 0 (or S = 1 and T = 0) a copy.
+    """
+    B = tokens.shape[0]
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    u1, u2 = torch.rand(2, B, generator=gen, dtype=torch.float64)  # (B,), (B,)
+    log_s = r * math.log(scale) * (2 * u1 - 1)
+    s = torch.exp(log_s).to(tokens)  # (B,)
+    t = (r * shift * (2 * u2 - 1)).to(tokens)  # (B,)
+    out = tokens.clone()
+    out[..., 0] = s[:, None] * tokens[..., 0] + t[:, None]
+    return out
+
+
+@torch.no_grad()
+def prox_l1(params: list[torch.Tensor], threshold: float) -> None:
+    """Soft-threshold every tensor in place: w <- sign(w) max(|w| - threshold, 0) (threshold >= 0)."""
+    if threshold <= 0:
+        return
+    for p in params:
+        p.copy_(torch.sign(p) * torch.clamp(p.abs() - threshold, min=0.0))
+
+
+def prox_params(model) -> list[torch.Tensor]:
+    """The leaf parameters the proximal step acts on: the embedding as Adam stores it (the
+    preconditioned original when parametrized), every attention matrix, the readout."""
+    emb = model.embed
+    stored = emb.parametrizations.weight.original if hasattr(emb, "parametrizations") else emb.weight
+    return [stored, model.readout.weight] + [p for name, p in model.named_parameters() if ".attn." in name]
+
+
+def exact_zero_fraction(model) -> float:
+    """Fraction of entries exactly 0.0 over the embedding, attention matrices and readout
+    (the tensors l1 acts on; the LayerNorm gains and biases are not counted)."""
+    mats = [model.embed.weight, model.readout.weight] + [p for n, p in model.named_parameters() if ".attn." in n]
+    total = sum(m.numel() for m in mats)
+    return float(sum(int((m.detach() == 0).sum()) for m in mats)) / total
+
+
+def training_tokens(cfg, tokens: torch.Tensor, step: int) -> torch.Tensor:
+    """The tokens a training step feeds the model: `tokens` (B, N+1, 3) augmented as cfg says
+    (a TrainConfig; seed cfg.seed * 1e6 + step + 5e8, apart from the prompt seeds), or as they are."""
+    if cfg.aug_scale <= 1 and cfg.aug_shift <= 0:
+        return tokens
+    r = ramp_factor(step, cfg.steps, cfg.aug_ramp)
+    return affine_augment(tokens, scale=cfg.aug_scale, shift=cfg.aug_shift, r=r, seed=cfg.seed * 1_000_000 + step + 500_000_000)
+
+
+def prox_step(model, cfg, step: int, lr: float) -> None:
+    """The proximal l1 step after optimiser step `step` (1-based) at learning rate lr: threshold
+    lr * cfg.l1_prox once step > cfg.l1_start * cfg.steps; nothing when cfg.l1_prox = 0."""
+    if cfg.l1_prox > 0 and step > cfg.l1_start * cfg.steps:
+        prox_l1(prox_params(model), lr * cfg.l1_prox)

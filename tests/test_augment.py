@@ -1,0 +1,48 @@
+"""Affine augmentation leaves the OLS target unchanged; the proximal l1 step makes exact zeros."""
+import pytest
+import torch
+
+from icl_bench.training.augment import affine_augment, exact_zero_fraction, prox_l1, ramp_factor
+from icl_bench.errors import ConfigError
+from icl_bench.prompts.ols import ols_predict
+from icl_bench.prompts.generator import PromptSpec, sample_prompts
+from icl_bench.training.config import TrainConfig
+from icl_bench.training.train import train
+
+
+def test_augmentation_keeps_ols_and_changes_x():
+    b = sample_prompts(PromptSpec(N=20, R=100.0, noise=0.1), 64, seed=0, dtype="float64")
+    tok = affine_augment(b.tokens, scale=10.0, shift=5.0, r=1.0, seed=1)
+    x, y, u = tok[:, :-1, 0], tok[:, :-1, 1], tok[:, -1, 0]
+    torch.testing.assert_close(ols_predict(x, y, u), b.ols_prediction, rtol=1e-8, atol=1e-8)
+    assert torch.equal(tok[..., 1:], b.tokens[..., 1:]) and not torch.allclose(tok[..., 0], b.tokens[..., 0])
+    s = (tok[:, 1, 0] - tok[:, 0, 0]) / (b.tokens[:, 1, 0] - b.tokens[:, 0, 0])  # per-prompt scale
+    assert s.min() >= 0.1 - 1e-9 and s.max() <= 10 + 1e-9 and s.max() / s.min() > 10
+    assert torch.equal(affine_augment(b.tokens, scale=10.0, shift=5.0, r=0.0, seed=1), b.tokens)
+
+
+def test_ramp():
+    assert ramp_factor(0, 300, 1 / 3) == 0 and ramp_factor(50, 300, 1 / 3) == pytest.approx(0.5)
+    assert ramp_factor(200, 300, 1 / 3) == 1 and ramp_factor(1, 300, 0.0) == 1
+
+
+def test_prox_soft_threshold():
+    w = torch.tensor([-0.3, -0.05, 0.0, 0.04, 0.5])
+    prox_l1([w], 0.1)
+    torch.testing.assert_close(w, torch.tensor([-0.2, 0.0, 0.0, 0.0, 0.4]))
+
+
+def test_strong_prox_zeroes_weights_and_off_zeroes_none():
+    cfg = dict(R=10.0, N=[12], steps=200, batch_size=64, eval_every=100, eval_prompts=256, lr=1e-2, progress=False,
+               aug_scale=3.0, aug_shift=1.0, aug_ramp=0.3)
+    dense, _ = train(TrainConfig(**cfg))
+    sparse, hist = train(TrainConfig(**cfg, l1_prox=0.9, l1_start=0.5))
+    assert exact_zero_fraction(dense) == 0.0
+    assert exact_zero_fraction(sparse) > 0.3 and torch.isfinite(torch.tensor(hist[-1]["eval_mse_vs_ols"]))
+
+
+@pytest.mark.parametrize("bad", [{"aug_scale": 0.5}, {"aug_shift": -1.0}, {"aug_ramp": 1.0}, {"l1_prox": -0.1},
+                                 {"l1_start": 1.0}, {"aug_scale": True}, {"l1_prox": float("nan")}])
+def test_bad_fields(bad):
+    with pytest.raises(ConfigError, match=f"train.{next(iter(bad))}"):
+        TrainConfig.from_dict(bad)

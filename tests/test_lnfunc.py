@@ -1,0 +1,65 @@
+"""Functional LayerNorm tests reproduce the construction's values (docs/design.md §9 numbers:
+layer-2 slope 1.000, layer-1 slope 0, freezes ~0 / ~0.06 at N = 20) and stay quiet on gd-lsa
+(no LayerNorm) and on random weights."""
+import math
+
+import pytest
+import torch
+
+from icl_bench.solvers.gd_lsa import build_gd_construction
+from icl_bench.solvers.ln_closed_form import build_construction
+from icl_bench.analysis.lnfunc import ANY_ACCURATE_MODEL, effective_R, ln_functional, run_with_ln_std, state
+from icl_bench.training.config import TrainConfig
+from icl_bench.training.train import init_model
+
+
+@pytest.mark.parametrize("R", [100.0, 1000.0])
+def test_construction_values(R):
+    r = ln_functional(build_construction(R), R, n_prompts=1024)
+    assert abs(r["ln0.slope"]) < 1e-3 and abs(r["ln1.slope"] - 1.0) < 2e-3 and r["ln1.r2"] > 0.999, r
+    assert r["ln0.freeze"] < 1e-5 and 0.04 <= r["ln1.freeze"] <= 0.08, r
+    assert r["effective_R"] == pytest.approx(R) and r["rel_mse"] < 1e-5
+    assert r["state"] == "layer-2 division"
+
+
+def test_unfrozen_forward_is_the_model():
+    model = build_construction(100.0)
+    tokens = torch.randn(16, 21, 3, dtype=torch.float64)
+    tokens[..., 2] = 100.0
+    pred, stds = run_with_ln_std(model, tokens)
+    torch.testing.assert_close(pred, model(tokens), rtol=1e-10, atol=1e-10)
+    assert set(stds) == {0, 1} and stds[0].shape == (16, 21)
+
+
+def test_gd_lsa_has_no_layernorm_to_test():
+    r = ln_functional(build_gd_construction(16, 0.4, 100.0), 100.0, n_prompts=512)
+    assert r["has_layernorm"] is False and r["state"] == "neither"
+    assert not any(k.startswith("ln") for k in r) and r["rel_mse"] < 1e-2
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_weights_do_not_divide(seed):
+    r = ln_functional(init_model(TrainConfig(R=100.0, seed=seed)), 100.0, n_prompts=512)
+    assert r["state"] == "neither" and r["ln1.slope"] < 0.95, r
+    assert effective_R(init_model(TrainConfig(R=100.0, seed=seed)), 100.0) < 10
+
+
+def test_state_names_each_case():
+    div = {"slope": 1.0, "r2": 0.99, "freeze": 0.06}
+    none = {"slope": 0.1, "r2": 0.2, "freeze": 0.001}
+    mk = lambda a, b: {"has_layernorm": True, **{f"ln0.{k}": v for k, v in a.items()}, **{f"ln1.{k}": v for k, v in b.items()}}  # noqa: E731
+    assert state(mk(none, div)) == "layer-2 division"
+    assert state(mk(div, none)) == "layer-1 division"
+    assert state(mk({"slope": 0.5, "r2": 0.9, "freeze": 0.01}, none)) == "layer-1 scale normaliser"
+    assert state(mk(none, none)) == "neither"
+    assert state(mk(none, {**div, "freeze": 0.01})) == "neither"  # slope alone is not reliance
+    assert state({"has_layernorm": False}) == "neither"
+    assert ANY_ACCURATE_MODEL == ("probe.division",) and math.isfinite(div["slope"])
+
+
+def test_analyze_reports_state_and_verdict_for_the_construction():
+    from icl_bench.analysis.analyze import LABELS, mechanism_report
+
+    r = mechanism_report(build_construction(1000.0), 1000.0, N=20, n_prompts=256, seed=0, noise=0.1)
+    assert r["ln.state"] == "layer-2 division" and r["fp.verdict"] == "closed-form-like"
+    assert "any accurate model" in LABELS["probe.division.r2"]
