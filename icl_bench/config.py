@@ -14,6 +14,8 @@ that names the key and the accepted values, before anything is written to disk.
     [data]                   # optional CSV prompt source: path, x, y (columns)
     [timing]                 # repeats (median reported), max_seconds (stop repeating after),
                              # threads (torch threads for the run; 0 = torch's default)
+    [executor]               # where cells run (docs/scale-out.md): kind = "local" | "dask",
+                             # scheduler, n_workers, exclusive_timing, retries
 """
 from __future__ import annotations
 
@@ -31,7 +33,9 @@ except ModuleNotFoundError:  # Python < 3.11
 from icl_bench.errors import ConfigError
 from icl_bench.prompts import DISTRIBUTIONS, DTYPES, Dist
 
-TOP_KEYS = ("seed", "n_prompts", "batch_size", "all_solvers", "grid", "prompts", "solvers", "data", "timing")
+TOP_KEYS = ("seed", "n_prompts", "batch_size", "all_solvers", "grid", "prompts", "solvers", "data", "timing",
+            "executor")
+EXECUTORS = ("local", "dask")
 GRID_DEFAULTS = {"N": [20], "noise": [0.1], "R": [100.0], "dtype": ["float32"], "device": ["cpu"]}
 DEVICES = ("cpu", "cuda")
 PROMPT_KEYS = ("x", "slope", "intercept")
@@ -66,6 +70,18 @@ class Timing:
     threads: int = 0  # torch.set_num_threads for the run (0: leave torch's default); docs/throughput.md
 
 
+@dataclass(frozen=True)
+class Executor:
+    """Where the cells run (docs/scale-out.md). Not part of the run's identity: --resume may
+    continue a run on another executor, and both give the same table (timing columns aside)."""
+
+    kind: str = "local"  # "local": in this process; "dask": tasks on a Dask cluster
+    scheduler: str = ""  # dask: address of a running scheduler (tcp://host:8786); "" = start a LocalCluster
+    n_workers: int = 2  # dask LocalCluster: worker processes (one thread each)
+    exclusive_timing: bool = False  # at most one cell per machine inside its timed section at a time
+    retries: int = 2  # dask: times a cell is re-run after its worker died, before it becomes an error row
+
+
 @dataclass
 class MatrixConfig:
     """A validated benchmark matrix (see the module docstring for the TOML form)."""
@@ -79,6 +95,7 @@ class MatrixConfig:
     all_solvers: bool = True  # also run every other registered solver with its default parameters
     data: DataSource | None = None
     timing: Timing = field(default_factory=Timing)
+    executor: Executor = field(default_factory=Executor)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -218,6 +235,8 @@ def parse_config(raw: dict, *, base_dir: Path | None = None) -> MatrixConfig:
         cfg.timing = Timing(_int(t.get("repeats", 3), "timing.repeats", 1),
                             _float(t.get("max_seconds", 1.0), "timing.max_seconds", positive=True),
                             _int(t.get("threads", 0), "timing.threads", 0, hi=MAX_THREADS))
+    if "executor" in raw:
+        cfg.executor = parse_executor(raw["executor"])
     cfg.all_solvers = raw.get("all_solvers", "solvers" not in raw)
     if not isinstance(cfg.all_solvers, bool):
         _fail("all_solvers", f"expected true or false, got {cfg.all_solvers!r}")
@@ -226,6 +245,26 @@ def parse_config(raw: dict, *, base_dir: Path | None = None) -> MatrixConfig:
     if "data" in raw:
         cfg.data = _data(raw["data"], cfg.grid["N"], base_dir)
     return cfg
+
+
+def parse_executor(raw: dict, where: str = "executor") -> Executor:
+    """Validate an [executor] table; ConfigError names the key and the accepted values."""
+    _check_keys(raw, tuple(Executor.__dataclass_fields__), where)
+    kind = raw.get("kind", "local")
+    if kind not in EXECUTORS:
+        _fail(f"{where}.kind", f"unknown value {kind!r}; accepted: {', '.join(EXECUTORS)}")
+    scheduler = raw.get("scheduler", "")
+    if not isinstance(scheduler, str):
+        _fail(f"{where}.scheduler", f"expected an address like 'tcp://host:8786', got {scheduler!r}")
+    if scheduler and kind != "dask":
+        _fail(f"{where}.scheduler", 'only with kind = "dask"')
+    flags = {}
+    for key in ("exclusive_timing",):
+        flags[key] = raw.get(key, False)
+        if not isinstance(flags[key], bool):
+            _fail(f"{where}.{key}", f"expected true or false, got {flags[key]!r}")
+    return Executor(kind, scheduler, _int(raw.get("n_workers", 2), f"{where}.n_workers", 1, MAX_THREADS),
+                    flags["exclusive_timing"], _int(raw.get("retries", 2), f"{where}.retries", 0, 100))
 
 
 def _data(raw, Ns: list[int], base_dir: Path | None) -> DataSource:

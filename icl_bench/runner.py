@@ -2,17 +2,17 @@
 
 A *cell* is one (solver, solver params, N, noise, R, dtype, device, seed) point. `run_cell` is a
 pure function of its `Cell` (prompt generation included; a small cache shares one prompt batch
-between the solvers of a grid point), so cells can be farmed out to any executor later.
+between the solvers of a grid point), so cells run on any executor (icl_bench.executors: in this
+process, or as tasks on a Dask cluster); the driver alone stores each finished row as it arrives.
 
-On disk, in the output folder:
+On disk, in the output folder (icl_bench/cellstore.py, docs/scale-out.md):
     config.json        the run's config, written first (--resume refuses another config)
-    cells/<key>.json   one finished row per cell, written atomically (temp file + rename)
+    cells.sqlite       one finished row per cell (SQLite, WAL mode, one transaction per cell)
     results.parquet    the tidy table (one row per cell, DESIGN section 3 columns)
     results.csv        the same table as CSV
-    metadata.json      config, seed, package versions, device, git commit, start / end time
-`resume=True` reuses every valid cell file and recomputes the rest; a truncated or corrupt cell
-file, or one written for another config, is recomputed, never merged. How the folder survives a
-crash (atomic writes, fsync, lock, metadata.json written last) is in icl_bench/rundir.py.
+    metadata.json      config, seed, package versions, device, git commit, executor, start / end time
+`resume=True` reuses every valid stored cell and recomputes the rest; a stored row that fails its
+checksum is recomputed, never merged.
 """
 from __future__ import annotations
 
@@ -24,15 +24,16 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 
 import pandas as pd
 import torch
 from tqdm import tqdm
 
-from icl_bench import metadata, rundir
-from icl_bench.config import DataSource, MatrixConfig
+from icl_bench import cellstore, hostload, metadata
+from icl_bench.config import DataSource, Executor, MatrixConfig
+from icl_bench.executors import make_executor, worker_name
 from icl_bench.metrics import prediction_metrics, weight_l1, weight_sparsity
 from icl_bench.prompts import Dist, PromptSpec, sample_prompts
 from icl_bench.registry import get_solver, known_names
@@ -45,8 +46,12 @@ COLUMNS = [
     "prompts_per_s", "batch_size", "weight_sparsity", "weight_l1", "status", "message",
     "prompts", "started_at", "elapsed_s",
     "mse_vs_ols_se", "mse_vs_truth_se",  # standard errors over the prompts (report: 95 % CIs)
+    "executor", "worker", "concurrency",  # where the cell ran; cells busy on that machine while it was timed
 ]
-TIMING_COLUMNS = ("prompts_per_s", "started_at", "elapsed_s")  # vary from run to run
+TIMING_COLUMNS = ("prompts_per_s", "started_at", "elapsed_s", "executor", "worker", "concurrency")  # vary run to run
+CELL_COLUMNS = ("solver", "solver_params", "N", "noise", "R", "dtype", "device", "seed", "n_prompts", "batch_size",
+                "prompts")  # copied from the Cell; the store keeps only the others (RESULT_COLUMNS)
+RESULT_COLUMNS = tuple(c for c in COLUMNS if c not in CELL_COLUMNS)
 METRIC_COLUMNS = ("mse_vs_ols", "mse_vs_truth", "mse_vs_target", "abs_err_median", "abs_err_p99",
                   "prompts_per_s", "weight_sparsity", "weight_l1", "mse_vs_ols_se", "mse_vs_truth_se")
 
@@ -169,12 +174,16 @@ def _check_untouched(batch, pristine) -> None:
         raise RuntimeError(f"predict modified the prompt batch in place ({', '.join(changed)})")
 
 
-def run_cell(cell: Cell) -> dict:
-    """Run one cell and return its result row (never raises for a solver's failure)."""
+def run_cell(cell: Cell, timing_slot=None) -> dict:
+    """Run one cell and return its result row (never raises for a solver's failure).
+
+    `timing_slot`: optional context-manager factory wrapped around the timed section; the dict it
+    yields is merged into the row (icl_bench.hostload.timing_slot: `concurrency`).
+    """
     row = {c: math.nan for c in COLUMNS}
-    row.update({k: getattr(cell, k) for k in ("solver", "solver_params", "N", "noise", "R", "dtype",
-                                               "device", "seed", "n_prompts", "batch_size", "prompts")})
-    row.update(status="ok", message="", n_nonfinite=-1, started_at=datetime.now(timezone.utc).isoformat())
+    row.update({k: getattr(cell, k) for k in CELL_COLUMNS})
+    row.update(status="ok", message="", n_nonfinite=-1, started_at=datetime.now(timezone.utc).isoformat(),
+               executor="local", worker="local")
     t0 = time.perf_counter()
     try:
         if cell.device.startswith("cuda") and not torch.cuda.is_available():
@@ -183,7 +192,9 @@ def run_cell(cell: Cell) -> dict:
         pristine = _prompts(cell.prompts, cell.N, cell.noise, cell.R, cell.n_prompts, cell.seed, cell.dtype, cell.device)
         batch = replace(pristine, **{k: v.clone() for k, v in pristine.tensors().items()})  # the cache stays intact
         solver.check_batch(batch)
-        pred, seconds = _timed_predictions(solver, batch, cell)
+        with (timing_slot or _no_slot)() as extra:
+            pred, seconds = _timed_predictions(solver, batch, cell)
+        row.update(extra)
         _check_untouched(batch, pristine)
         row.update(prediction_metrics(pred, batch))
         row["prompts_per_s"] = batch.B / seconds if seconds > 0 else math.inf
@@ -201,6 +212,29 @@ def run_cell(cell: Cell) -> dict:
 
 
 @contextmanager
+def _no_slot():
+    yield {}
+
+
+def failed_row(cell: Cell, status: str, message: str) -> dict:
+    """The row of a cell the executor could not run (a worker died under it, no GPU worker...)."""
+    row = {c: math.nan for c in COLUMNS}
+    row.update({k: getattr(cell, k) for k in CELL_COLUMNS})
+    row.update(status=status, message=message, n_nonfinite=-1, started_at=datetime.now(timezone.utc).isoformat(),
+               executor="dask", worker="")
+    return row
+
+
+def run_cell_task(cell: Cell, *, threads: int = 0, exclusive: bool = False, executor: str = "local") -> dict:
+    """run_cell as an executor task: marks this process busy on its machine, records the cells
+    running there while it was timed (icl_bench/hostload.py), and where it ran."""
+    with torch_threads(threads), hostload.busy():
+        row = run_cell(cell, timing_slot=lambda: hostload.timing_slot(exclusive))
+    row.update(executor=executor, worker=worker_name())
+    return row
+
+
+@contextmanager
 def torch_threads(n: int):
     """torch.set_num_threads(n) inside the block (n = 0: unchanged); the old count is restored."""
     before = torch.get_num_threads()
@@ -213,49 +247,65 @@ def torch_threads(n: int):
 
 
 def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: bool = False,
-               progress: bool = True) -> pd.DataFrame:
+               progress: bool = True, executor: Executor | None = None) -> pd.DataFrame:
     """Run every cell of `config` and return the tidy result table (one row per cell).
 
     Args:
         config: a validated MatrixConfig (see config.load_config / parse_config).
         out: output folder; None keeps everything in memory (nothing written).
         resume: reuse the finished cells found in `out` (otherwise `out` must not hold a run).
-        progress: show a progress bar (cells done / total and the current cell).
+        progress: show a progress bar (cells done / total and the last finished cell).
+        executor: where the cells run; None: config.executor (default: in this process).
     Returns:
-        pandas.DataFrame with COLUMNS; failing cells have status "error", impossible ones "skipped".
+        pandas.DataFrame with COLUMNS, in the matrix order whatever the executor; failing cells
+        have status "error", impossible ones "skipped".
     Raises:
         ConfigError: `out` is a file or not writable, already holds a run and resume is False,
-            or is being written by another icl-bench process.
+            or is being written by another icl-bench process; the Dask scheduler cannot be
+            reached or dask is not installed. Nothing is written to `out` then.
     """
     cells = expand_cells(config)
-    lock = cell_dir = None
-    if out is not None:
-        out = Path(out)
-        config_json = json.dumps(config.to_dict(), sort_keys=True, default=str)
-        lock = rundir.prepare(out, resume=resume, config_json=config_json)
-        cell_dir = out / "cells"
+    ex_cfg = executor or config.executor
+    ex = make_executor(ex_cfg)  # before `out` is touched: an unreachable scheduler writes nothing
+    store = None
     try:
+        if out is not None:
+            out = Path(out)
+            identity = {k: v for k, v in config.to_dict().items() if k != "executor"}  # any executor resumes
+            config_json = json.dumps(identity, sort_keys=True, default=str)
+            store = cellstore.CellStore(out, RESULT_COLUMNS, resume=resume, config_json=config_json)
         with torch_threads(config.timing.threads):  # timing.threads = 0: torch's default
             started = datetime.now(timezone.utc).isoformat()
-            rows, reused = [], 0
-            bar = tqdm(cells, total=len(cells), unit="cell", disable=not progress, dynamic_ncols=True)
-            for cell in bar:
-                bar.set_postfix_str(cell.describe(), refresh=False)
-                path = cell_dir / f"{cell.key}.json" if cell_dir else None
-                row = rundir.load_cell(path, cell.key, COLUMNS) if (path and resume) else None
+            stored = store.load() if (store is not None and resume) else {}
+            rows = {}
+            for cell in cells:
+                if cell.key in stored:
+                    rows[cell.key] = {**{k: getattr(cell, k) for k in CELL_COLUMNS}, **stored[cell.key]}
+            reused = len(rows)
+            todo = [c for c in {c.key: c for c in cells if c.key not in rows}.values()]  # each key once
+            if ex.kind == "local":
+                work = partial(run_cell_task, exclusive=ex_cfg.exclusive_timing)
+            else:
+                work = partial(run_cell_task, threads=config.timing.threads, exclusive=ex_cfg.exclusive_timing,
+                               executor="dask")
+            bar = tqdm(total=len(cells), initial=reused, unit="cell", disable=not progress, dynamic_ncols=True)
+            for cell, row, failure in ex.results(todo, work):
                 if row is None:
-                    row = run_cell(cell)
-                    if path:
-                        rundir.save_cell(path, cell.key, row)
-                else:
-                    reused += 1
-                rows.append({c: row[c] for c in COLUMNS})
-            table = pd.DataFrame(rows, columns=COLUMNS)
-            if out is not None:
+                    row = failed_row(cell, *failure)
+                if store is not None:
+                    store.put(cell.key, row)
+                rows[cell.key] = row
+                bar.set_postfix_str(cell.describe(), refresh=False)
+                bar.update()
+            bar.close()
+            table = pd.DataFrame([{c: rows[cell.key][c] for c in COLUMNS} for cell in cells], columns=COLUMNS)
+            if store is not None:
                 meta = metadata.collect(config, started=started, table=table)
                 meta["n_cells_reused"] = reused  # cells taken from an earlier (interrupted) run by --resume
-                rundir.write_results(out, table, meta)
+                meta["executor"] = ex.describe()
+                store.write_results(table, meta)
     finally:
-        if lock is not None:
-            lock.close()
+        ex.close()
+        if store is not None:
+            store.close()
     return table

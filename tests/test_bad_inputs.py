@@ -23,7 +23,7 @@ import tomli_w
 import torch
 from safetensors.torch import save_file
 
-from icl_bench import rundir
+from icl_bench import cellstore
 from icl_bench.checkpoint import load_checkpoint, save_checkpoint
 from icl_bench.cli import main
 from icl_bench.config import parse_config
@@ -340,7 +340,7 @@ def test_out_that_is_a_file_or_under_a_file_or_locked(tmp_path, capsys, finished
     busy = tmp_path / "busy"
     shutil.copytree(finished_run, busy)
     before = _snapshot(busy)
-    lock = rundir.prepare(busy, resume=True)  # another run holds it
+    lock = cellstore._prepare(busy, resume=True, config_json=None)  # another run holds it
     try:
         assert main([*config, "--out", str(busy), "--resume"]) == 2
     finally:
