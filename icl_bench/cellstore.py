@@ -17,10 +17,14 @@ Why a crash cannot merge a torn row: every `put` is one SQLite transaction, comm
 next cell is stored. In WAL mode a commit appends the row's pages to out/cells.sqlite-wal with a
 checksum over every frame, then a commit frame; a reader (the next --resume) replays only frames
 up to the last intact commit frame, so a transaction cut short by kill -9 or a power cut is simply
-absent (https://www.sqlite.org/wal.html, "checksums"). `synchronous=FULL` fsyncs the WAL at every
-commit, so a committed cell also survives a power cut. On top of that each row carries a CRC-32 of
-its values: a row changed behind SQLite's back (or written by another schema) fails the check and
-is recomputed, never merged.
+absent (https://www.sqlite.org/wal.html, "checksums"). A commit is a write() into the WAL, so it
+is in the kernel's page cache before `put` returns: killing the process, kill -9 included, loses
+no committed cell. With `synchronous=NORMAL` the WAL is fsynced at checkpoints, not at every
+commit (https://www.sqlite.org/pragma.html#pragma_synchronous): a power cut or kernel crash may
+roll back the last cells committed before it - they are recomputed by --resume - but never tears
+one (an fsync per cell costs 0.25-10 ms on this machine's disk, more than the rest of a trivial
+cell). On top of that each row carries a CRC-32 of its values: a row changed behind SQLite's back
+(or written by another schema) fails the check and is recomputed, never merged.
 
 The folder-level files (config.json, tables, metadata.json) are written atomically: temp file,
 fsync, rename, fsync of the folder (icl_bench.rundir.write_atomic).
@@ -67,7 +71,7 @@ class CellStore:
         try:
             self._db = sqlite3.connect(self.out / STORE_NAME, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")  # fsync the WAL at every commit
+            self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: every commit survives kill -9 (see above)
             cols = ", ".join(f'"{c}"' for c in self.columns)  # no declared type: values kept as given
             self._db.execute(f"CREATE TABLE IF NOT EXISTS cells (key TEXT PRIMARY KEY, {cols}, crc INTEGER NOT NULL)")
             have = [r[1] for r in self._db.execute("PRAGMA table_info(cells)")]

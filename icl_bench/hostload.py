@@ -28,22 +28,25 @@ try:
 except ImportError:  # not POSIX: no activity tracking (concurrency is reported as NaN)
     fcntl = None
 
-_state: dict = {}  # pid -> open marker file of this process (re-created after fork)
+_state: dict = {}  # pid -> open marker file of this process (re-created after fork); "tmp", "folder"
 
 
 def _folder() -> Path:
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    folder = Path(tempfile.gettempdir()) / f"icl-bench-activity-{uid}"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    return folder
+    tmp = tempfile.gettempdir()
+    if _state.get("tmp") != tmp:
+        uid = os.getuid() if hasattr(os, "getuid") else 0
+        _state["folder"] = folder = Path(tmp) / f"icl-bench-activity-{uid}"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        _state["tmp"] = tmp
+    return _state["folder"]
 
 
 def _marker():
     f = _state.get(os.getpid())
-    if f is None:
-        f = open(_folder() / f"{os.getpid()}.busy", "a+b")
-        _state.clear()
-        _state[os.getpid()] = f
+    if f is None:  # first use in this process (or after a fork)
+        for k in [k for k in _state if isinstance(k, int)]:
+            del _state[k]
+        f = _state[os.getpid()] = open(_folder() / f"{os.getpid()}.busy", "a+b")
     return f
 
 
@@ -65,13 +68,15 @@ def count_busy() -> float:
     """Processes of this machine (this user, this temp dir) running a cell now; NaN without flock."""
     if fcntl is None:
         return float("nan")
-    folder, n = _folder(), 0
-    for path in folder.glob("*.busy"):
-        if path.stem == str(os.getpid()):
+    folder, n, mine = _folder(), 0, f"{os.getpid()}.busy"
+    for name in os.listdir(folder):
+        if not name.endswith(".busy"):
+            continue
+        if name == mine:
             n += 1  # ours: only called from inside busy()
             continue
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(folder / name, os.O_RDONLY)
         except OSError:
             continue
         try:
@@ -80,8 +85,9 @@ def count_busy() -> float:
             n += 1  # held: that process is running a cell
         else:
             fcntl.flock(fd, fcntl.LOCK_UN)
-            if path.stem.isdigit() and not _alive(int(path.stem)):  # a dead process's marker
-                path.unlink(missing_ok=True)
+            pid = name[:-len(".busy")]
+            if pid.isdigit() and not _alive(int(pid)):  # a dead process's marker
+                (folder / name).unlink(missing_ok=True)
         finally:
             os.close(fd)
     return n

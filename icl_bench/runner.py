@@ -16,6 +16,7 @@ checksum is recomputed, never merged.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -78,7 +79,7 @@ class Cell:
     @property
     def key(self) -> str:
         """Stable file name of this cell's row (sha1 of its canonical JSON)."""
-        fields = asdict(self)
+        fields = {f.name: getattr(self, f.name) for f in _CELL_FIELDS}  # == asdict(self): flat, immutable values
         if not fields["data_sha256"]:  # generator prompts: the key stays what it always was
             del fields["data_sha256"]
         text = json.dumps(fields, sort_keys=True, allow_nan=True)
@@ -86,6 +87,9 @@ class Cell:
 
     def describe(self) -> str:
         return f"{self.solver} {self.solver_params} N={self.N} noise={self.noise} R={self.R} {self.dtype} {self.device}"
+
+
+_CELL_FIELDS = dataclasses.fields(Cell)
 
 
 def prompt_seed(seed: int, N: int, noise: float, R: float) -> int:
@@ -277,12 +281,13 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
         with torch_threads(config.timing.threads):  # timing.threads = 0: torch's default
             started = datetime.now(timezone.utc).isoformat()
             stored = store.load() if (store is not None and resume) else {}
+            keys = [cell.key for cell in cells]
             rows = {}
-            for cell in cells:
-                if cell.key in stored:
-                    rows[cell.key] = {**{k: getattr(cell, k) for k in CELL_COLUMNS}, **stored[cell.key]}
+            for key, cell in zip(keys, cells):
+                if key in stored:
+                    rows[key] = {**{k: getattr(cell, k) for k in CELL_COLUMNS}, **stored[key]}
             reused = len(rows)
-            todo = [c for c in {c.key: c for c in cells if c.key not in rows}.values()]  # each key once
+            todo = list({k: c for k, c in zip(keys, cells) if k not in rows}.values())  # each key once
             if ex.kind == "local":
                 work = partial(run_cell_task, exclusive=ex_cfg.exclusive_timing)
             else:
@@ -292,13 +297,14 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
             for cell, row, failure in ex.results(todo, work):
                 if row is None:
                     row = failed_row(cell, *failure)
+                key = cell.key
                 if store is not None:
-                    store.put(cell.key, row)
-                rows[cell.key] = row
+                    store.put(key, row)
+                rows[key] = row
                 bar.set_postfix_str(cell.describe(), refresh=False)
                 bar.update()
             bar.close()
-            table = pd.DataFrame([{c: rows[cell.key][c] for c in COLUMNS} for cell in cells], columns=COLUMNS)
+            table = pd.DataFrame([rows[key] for key in keys], columns=COLUMNS)
             if store is not None:
                 meta = metadata.collect(config, started=started, table=table)
                 meta["n_cells_reused"] = reused  # cells taken from an earlier (interrupted) run by --resume

@@ -30,8 +30,8 @@ MIXED = {"seed": 5, "n_prompts": 40, "batch_size": 16, "timing": {"repeats": 1},
          "grid": {"N": [3, 9], "noise": [0.0, 0.3], "R": [10.0], "dtype": ["float32", "float64"],
                   "device": ["cpu", "cuda"]},
          "solvers": {"ols": {}, "scipy-lstsq": {}, "gd": {"steps": [1, 8]}, "ln-closed-form": {}, "trained-lsa": {}}}
-# slow enough to kill something mid-cell (scipy-lstsq loops over prompts in Python), ~0.3 s a cell
-SLOW = {"seed": 3, "n_prompts": 2000, "batch_size": 500, "timing": {"repeats": 1},
+# slow enough to kill something mid-cell (scipy-lstsq loops over prompts in Python), ~0.15 s a cell
+SLOW = {"seed": 3, "n_prompts": 1000, "batch_size": 250, "timing": {"repeats": 1},
         "grid": {"N": [4, 5, 6, 7, 8, 9, 10, 11], "noise": [0.1], "R": [100.0], "dtype": ["float64"]},
         "solvers": {"scipy-lstsq": {}}}
 
@@ -69,6 +69,12 @@ def cluster():
     yield client, lc.scheduler_address
     client.close()
     lc.close()
+
+
+@pytest.fixture(scope="module")
+def slow_reference() -> pd.DataFrame:
+    """SLOW run uninterrupted, in this process."""
+    return run_matrix(parse_config(SLOW), progress=False)
 
 
 def _on(address: str, **kw) -> Executor:
@@ -109,7 +115,7 @@ def test_dask_table_equals_local_table_bit_for_bit(cluster, tmp_path):
     assert (table[cuda].status == "skipped").all()
 
 
-def test_killing_a_worker_mid_run_still_gives_every_cell(cluster, tmp_path):
+def test_killing_a_worker_mid_run_still_gives_every_cell(cluster, slow_reference, tmp_path):
     client, address = cluster
     client.wait_for_workers(2)
     out, killed = tmp_path / "run", []
@@ -133,10 +139,10 @@ def test_killing_a_worker_mid_run_still_gives_every_cell(cluster, tmp_path):
     killer.join()
     assert killed, "no worker was caught inside a cell"
     assert len(table) == len(expand_cells(parse_config(SLOW))) and (table.status == "ok").all()
-    pd.testing.assert_frame_equal(_stable(table), _stable(run_matrix(parse_config(SLOW), progress=False)))
+    pd.testing.assert_frame_equal(_stable(table), _stable(slow_reference))
 
 
-def test_killing_the_driver_then_resume_gives_the_uninterrupted_table(cluster, tmp_path):
+def test_killing_the_driver_then_resume_gives_the_uninterrupted_table(cluster, slow_reference, tmp_path):
     client, address = cluster
     client.wait_for_workers(2)
     cfg_path, out = tmp_path / "slow.toml", tmp_path / "run"
@@ -158,7 +164,7 @@ def test_killing_the_driver_then_resume_gives_the_uninterrupted_table(cluster, t
     table = run_matrix(parse_config(SLOW), out, resume=True, progress=False, executor=_on(address))
     assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == done
     pd.testing.assert_frame_equal(_stable(pd.read_parquet(out / "results.parquet")), _stable(table))
-    pd.testing.assert_frame_equal(_stable(table), _stable(run_matrix(parse_config(SLOW), progress=False)))
+    pd.testing.assert_frame_equal(_stable(table), _stable(slow_reference))
 
 
 def test_a_cell_that_kills_every_worker_becomes_an_error_row(cluster, tmp_path):
