@@ -258,13 +258,11 @@ def parse_executor(raw: dict, where: str = "executor") -> Executor:
         _fail(f"{where}.scheduler", f"expected an address like 'tcp://host:8786', got {scheduler!r}")
     if scheduler and kind != "dask":
         _fail(f"{where}.scheduler", 'only with kind = "dask"')
-    flags = {}
-    for key in ("exclusive_timing",):
-        flags[key] = raw.get(key, False)
-        if not isinstance(flags[key], bool):
-            _fail(f"{where}.{key}", f"expected true or false, got {flags[key]!r}")
+    exclusive = raw.get("exclusive_timing", False)
+    if not isinstance(exclusive, bool):
+        _fail(f"{where}.exclusive_timing", f"expected true or false, got {exclusive!r}")
     return Executor(kind, scheduler, _int(raw.get("n_workers", 2), f"{where}.n_workers", 1, MAX_THREADS),
-                    flags["exclusive_timing"], _int(raw.get("retries", 2), f"{where}.retries", 0, 100))
+                    exclusive, _int(raw.get("retries", 2), f"{where}.retries", 0, 100))
 
 
 def _data(raw, Ns: list[int], base_dir: Path | None) -> DataSource:

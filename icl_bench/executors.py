@@ -29,6 +29,7 @@ from icl_bench.errors import ConfigError
 
 Failure = tuple[str, str]  # (status, message) of a cell the executor could not get a row for
 DASK_MISSING = 'executor.kind: "dask" needs the optional packages dask and distributed (pip install "icl-bench[dask]")'
+CONNECT_TIMEOUT = "10s"  # to reach a running scheduler
 NO_GPU = ("no Dask worker of this cluster declares a GPU resource (start GPU workers with "
           "`dask worker SCHEDULER --nthreads 1 --resources GPU=1`)")
 
@@ -78,7 +79,7 @@ class DaskExecutor:
         self.cfg, self.cluster = cfg, None
         if cfg.scheduler:
             try:
-                self.client = Client(cfg.scheduler, timeout="10s")
+                self.client = Client(cfg.scheduler, timeout=CONNECT_TIMEOUT)
             except (OSError, TimeoutError, ValueError) as exc:
                 raise ConfigError(f"executor.scheduler: cannot connect to {cfg.scheduler!r} "
                                   f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None

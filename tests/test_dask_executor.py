@@ -100,7 +100,7 @@ def test_dask_table_equals_local_table_bit_for_bit(cluster, tmp_path):
     client, address = cluster
     cfg = parse_config(MIXED)
     local = run_matrix(cfg, tmp_path / "local", progress=False)
-    table = run_matrix(cfg, tmp_path / "dask", progress=False, executor=_on(address))
+    table = run_matrix(cfg, tmp_path / "dask", progress=False, executor=_on(address, exclusive_timing=True))
     assert (local.status == "ok").sum() > 0 and set(local.status) == set(table.status)
     cuda = table.device == "cuda"  # skipped on both, for another reason: no GPU worker / no CUDA here
     assert table[cuda].message.str.contains("no Dask worker of this cluster declares a GPU resource").all()
@@ -180,3 +180,21 @@ def test_a_cell_that_kills_every_worker_becomes_an_error_row(cluster, tmp_path):
     assert (table[table.solver == "ols"].status == "ok").all()
     stored = pd.read_parquet(tmp_path / "run" / "results.parquet")
     assert list(stored.status) == list(table.status)
+
+
+def test_bad_executor_flags_exit_2_and_write_nothing(tmp_path, monkeypatch, capsys):
+    from icl_bench import executors
+    from icl_bench.cli import main
+
+    monkeypatch.setattr(executors, "CONNECT_TIMEOUT", "1s")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('n_prompts = 8\nbatch_size = 8\n[grid]\nN = [4]\n[solvers.ols]\n')
+    cases = [(["--executor", "banana"], "--executor: unknown value 'banana'; accepted: local, dask"),
+             (["--workers", "0", "--executor", "dask"], "--workers: must be >= 1"),
+             (["--scheduler", "tcp://127.0.0.1:1"], "executor.scheduler: cannot connect to 'tcp://127.0.0.1:1'")]
+    for flags, expected in cases:
+        out = tmp_path / "o"
+        assert main(["run", "--config", str(cfg), "--out", str(out), "--no-progress", *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("icl-bench: error: ") and expected in err and err.count("\n") == 1, err
+        assert not out.exists()
