@@ -62,9 +62,15 @@ def load() -> float:
 
 
 def timed(fn):
-    la0, t0 = load(), time.perf_counter()
+    """(fn(), wall seconds, (load before, load after)); CPU seconds of this process in LAST_CPU[0]."""
+    la0, c0, t0 = load(), time.process_time(), time.perf_counter()
     out = fn()
-    return out, time.perf_counter() - t0, (la0, load())
+    wall = time.perf_counter() - t0
+    LAST_CPU[0] = time.process_time() - c0
+    return out, wall, (la0, load())
+
+
+LAST_CPU = [0.0]
 
 
 def bench_store_and_overhead(n_cells: int, tmp: Path) -> dict:
@@ -81,6 +87,7 @@ def bench_store_and_overhead(n_cells: int, tmp: Path) -> dict:
     cellstore.CellStore.put = counting_put
     try:
         _, wall, la = timed(lambda: run_matrix(cfg, tmp / "run", progress=False))
+        cpu = LAST_CPU[0]
     finally:
         cellstore.CellStore.put = real_put
     store_bytes = (tmp / "run" / cellstore.STORE_NAME).stat().st_size
@@ -88,6 +95,7 @@ def bench_store_and_overhead(n_cells: int, tmp: Path) -> dict:
     # the cells alone, no store, no runner loop: run_cell on a sample (same process, same cache)
     sample = cells[:: max(1, n // 2000)]
     _, cell_wall, _ = timed(lambda: [run_cell(c) for c in sample])
+    cell_cpu = LAST_CPU[0]
     # reference, same run: the one-JSON-file-per-cell store this replaces (write_atomic + fsync)
     ref_dir = tmp / "json_cells"
     ref_dir.mkdir()
@@ -100,7 +108,8 @@ def bench_store_and_overhead(n_cells: int, tmp: Path) -> dict:
     ref_bytes = sum(p.stat().st_blocks * 512 for p in ref_dir.iterdir()) / n_ref
     return {
         "cells": n, "wall_s": wall, "load_avg": la,
-        "per_cell_ms": 1e3 * wall / n,
+        "per_cell_ms": 1e3 * wall / n, "cpu_per_cell_ms": 1e3 * cpu / n,
+        "run_cell_cpu_per_cell_ms": 1e3 * cell_cpu / len(sample),
         "store_put_per_cell_ms": 1e3 * put_s[0] / n,
         "run_cell_per_cell_ms": 1e3 * cell_wall / len(sample),
         "runner_rest_per_cell_ms": 1e3 * (wall - put_s[0]) / n - 1e3 * cell_wall / len(sample),
@@ -118,9 +127,11 @@ def bench_speedup(tmp: Path, repeats: int) -> dict:
     warm = parse_config({**CPU_BOUND, "n_prompts": 20, "grid": {**CPU_BOUND["grid"], "N": [4, 6, 8, 10]}})
     run_matrix(warm, progress=False)  # imports (scipy, plugins) and caches, as the workers get below
     local, dask_cold, dask_warm, loads = [], [], [], []
+    in_flight = {"local": [], "dask running cluster": []}  # sum of the cells' elapsed_s / wall
+
     for r in range(repeats):
-        _, t, la = timed(lambda: run_matrix(cfg, progress=False))
-        local.append(t), loads.append(("local", la))
+        table, t, la = timed(lambda: run_matrix(cfg, progress=False))
+        local.append(t), loads.append(("local", la)), in_flight["local"].append(table.elapsed_s.sum() / t)
         _, t, la = timed(lambda: run_matrix(cfg, progress=False, executor=Executor(kind="dask", n_workers=2)))
         dask_cold.append(t), loads.append(("dask incl. cluster start", la))
     lc = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None)
@@ -129,14 +140,15 @@ def bench_speedup(tmp: Path, repeats: int) -> dict:
     run_matrix(warm, progress=False, executor=Executor(kind="dask", scheduler=lc.scheduler_address))  # both workers
     try:
         for r in range(repeats):
-            _, t, la = timed(lambda: run_matrix(cfg, progress=False,
-                                                executor=Executor(kind="dask", scheduler=lc.scheduler_address)))
+            table, t, la = timed(lambda: run_matrix(cfg, progress=False,
+                                                    executor=Executor(kind="dask", scheduler=lc.scheduler_address)))
             dask_warm.append(t), loads.append(("dask running cluster", la))
+            in_flight["dask running cluster"].append(table.elapsed_s.sum() / t)
     finally:
         client.close(), lc.close()
     med = statistics.median
     return {"cells": len(expand_cells(cfg)), "local_s": local, "dask_with_cluster_start_s": dask_cold,
-            "dask_running_cluster_s": dask_warm, "load_avg": loads,
+            "dask_running_cluster_s": dask_warm, "load_avg": loads, "cells_in_flight": in_flight,
             "speedup_running_cluster": med(local) / med(dask_warm),
             "speedup_with_cluster_start": med(local) / med(dask_cold)}
 
@@ -176,8 +188,9 @@ is shared, and a load above {i['cpus']} means other processes took CPU time from
 
 | what | per cell | goal |
 |---|---|---|
-| whole run (expand, run, store, tables) | {s['per_cell_ms']:.3f} ms | <= 1 ms: {ok(s['per_cell_ms'] <= 1)} |
-| of which run_cell (prompts, solver, timing, metrics) | {s['run_cell_per_cell_ms']:.3f} ms | |
+| whole run (expand, run, store, tables), wall clock | {s['per_cell_ms']:.3f} ms | <= 1 ms: {ok(s['per_cell_ms'] <= 1)} |
+| the same, CPU time of the process (less sensitive to load) | {s['cpu_per_cell_ms']:.3f} ms | <= 1 ms: {ok(s['cpu_per_cell_ms'] <= 1)} |
+| of which run_cell (prompts, solver, timing, metrics) | {s['run_cell_per_cell_ms']:.3f} ms ({s['run_cell_cpu_per_cell_ms']:.3f} ms CPU) | |
 | of which store put (one SQLite transaction) | {s['store_put_per_cell_ms']:.3f} ms | |
 | of which the rest (runner loop, table, parquet + csv) | {s['runner_rest_per_cell_ms']:.3f} ms | |
 | store size (cells.sqlite) | {s['store_bytes_per_cell']:.0f} bytes | <= 1 KB: {ok(s['store_bytes_per_cell'] <= 1024)} |
@@ -197,7 +210,9 @@ smaller. Load average: run {s['load_avg']}, resume {s['resume_load_avg']}.
 
 Speed-up (ratio of medians): {d['speedup_running_cluster']:.2f}x on a running cluster
 (goal >= 1.6x: {ok(d['speedup_running_cluster'] >= 1.6)}), {d['speedup_with_cluster_start']:.2f}x including the
-cluster's start. Load average (before, after): {'; '.join(f'{k} {v}' for k, v in d['load_avg'])}.
+cluster's start. Cells in flight on average (sum of the cells' elapsed_s / wall; 2 = both workers
+always busy): {'; '.join(f"{k} {', '.join(f'{v:.2f}' for v in vs)}" for k, vs in d['cells_in_flight'].items())}.
+Load average (before, after): {'; '.join(f'{k} {v}' for k, v in d['load_avg'])}.
 """
 
 

@@ -32,7 +32,7 @@ MIXED = {"seed": 5, "n_prompts": 40, "batch_size": 16, "timing": {"repeats": 1},
          "solvers": {"ols": {}, "scipy-lstsq": {}, "gd": {"steps": [1, 8]}, "ln-closed-form": {}, "trained-lsa": {}}}
 # slow enough to kill something mid-cell (scipy-lstsq loops over prompts in Python), ~0.15 s a cell
 SLOW = {"seed": 3, "n_prompts": 1000, "batch_size": 250, "timing": {"repeats": 1},
-        "grid": {"N": [4, 5, 6, 7, 8, 9, 10, 11], "noise": [0.1], "R": [100.0], "dtype": ["float64"]},
+        "grid": {"N": list(range(4, 16)), "noise": [0.1], "R": [100.0], "dtype": ["float64"]},
         "solvers": {"scipy-lstsq": {}}}
 
 
