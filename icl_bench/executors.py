@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 import uuid
 from typing import Callable, Iterable, Iterator
 
@@ -30,6 +31,7 @@ from icl_bench.errors import ConfigError
 Failure = tuple[str, str]  # (status, message) of a cell the executor could not get a row for
 DASK_MISSING = 'executor.kind: "dask" needs the optional packages dask and distributed (pip install "icl-bench[dask]")'
 CONNECT_TIMEOUT = "10s"  # to reach a running scheduler
+WORKER_WAIT_S = 60.0  # for the first worker of a running scheduler (batch jobs start late)
 NO_GPU = ("no Dask worker of this cluster declares a GPU resource (start GPU workers with "
           "`dask worker SCHEDULER --nthreads 1 --resources GPU=1`)")
 
@@ -83,6 +85,12 @@ class DaskExecutor:
             except (OSError, TimeoutError, ValueError) as exc:
                 raise ConfigError(f"executor.scheduler: cannot connect to {cfg.scheduler!r} "
                                   f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+            try:
+                self.client.wait_for_workers(1, timeout=WORKER_WAIT_S)
+            except TimeoutError:
+                self.client.close()
+                raise ConfigError(f"executor.scheduler: the cluster at {cfg.scheduler!r} has no worker after "
+                                  f"{WORKER_WAIT_S:g} s; start some (dask worker {cfg.scheduler} --nthreads 1)") from None
         else:
             import torch
 
@@ -109,10 +117,10 @@ class DaskExecutor:
         from distributed import as_completed
 
         workers = self.workers()
-        gpu = any(w["resources"].get("GPU") for w in workers.values())
-        window = max(4, 2 * sum(w["nthreads"] or 1 for w in workers.values()))  # tasks in flight
+        gpu = any(w["resources"].get("GPU") for w in workers.values())  # GPU workers at the start of the run
         pending, done = {}, as_completed()
         todo = iter(cells)
+        window, refreshed = _window(workers), time.monotonic()  # tasks in flight: 2 per worker thread
 
         def submit() -> bool:
             for cell in todo:
@@ -139,7 +147,10 @@ class DaskExecutor:
                     exc = fut.exception()
                     row, failure = None, ("error", " ".join(f"{type(exc).__name__}: {exc}".split()))
                 fut.release()
-                submit()
+                if time.monotonic() - refreshed > 1.0:  # workers come and go (batch jobs, restarts)
+                    window, refreshed = _window(self.workers()), time.monotonic()
+                while len(pending) < window and submit():
+                    pass
                 yield cell, row, failure
                 yield from ((c, None, ("skipped", NO_GPU)) for c in _drain(skipped))
         finally:
@@ -150,6 +161,10 @@ class DaskExecutor:
         self.client.close()
         if self.cluster is not None:
             self.cluster.close()
+
+
+def _window(workers: dict) -> int:
+    return max(4, 2 * sum(w["nthreads"] or 1 for w in workers.values()))
 
 
 def _drain(items: list) -> list:
