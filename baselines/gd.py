@@ -1,9 +1,9 @@
 """`gd`: K explicit gradient-descent steps on the prompt's least-squares loss, batched in torch.
 
-This is the ground truth for the `gd-lsa` construction (icl_bench/gd_lsa.py), which must produce
+This is the ground truth for the `gd-lsa` construction (icl_bench/solvers/gd_lsa.py), which must produce
 the same iterates with K linear self-attention (LSA) layers (von Oswald et al. 2023,
 "Transformers learn in-context by gradient descent", section 2, eq. 1-2; the intercept is
-handled as in shared DESIGN.md section 6).
+handled as in docs/gd-lsa.md).
 
 Model and loss, per prompt, over a key set of M examples (x_j, y_j):
 
@@ -29,12 +29,16 @@ import math
 
 import torch
 
-from icl_bench import PromptBatch, Solver
+from icl_bench import Param, PromptBatch, Solver
 from icl_bench.errors import ConfigError
-from icl_bench.gd_lsa import DEFAULT_LR, DEFAULT_STEPS, MAX_STEPS  # the same defaults as gd-lsa
-from icl_bench.solver import Param, nan_if_ill_posed
+from icl_bench.solvers.base import nan_if_ill_posed
 
 VARIANTS = ("masked", "query-in-context")
+# Defaults, stated here (not imported from gd-lsa, the construction this baseline checks); gd-lsa
+# uses the same values so that `gd` and `gd-lsa` at their defaults are comparable (a test checks).
+DEFAULT_STEPS = 16  # K
+DEFAULT_LR = 0.4  # eta: the committed step-size sweep (results/gd_lr_sweep.md, docs/gd-lsa.md)
+MAX_STEPS = 4096  # K above this is refused as a config error
 
 
 def check_gd_params(steps, lr, variant, where: str) -> None:
@@ -123,66 +127,3 @@ class GD(Solver):
                  for c in (batch.slice(i, i + step) for i in range(0, batch.B, step))]
         pred = parts[0] if len(parts) == 1 else torch.cat(parts)  # (B,)
         return nan_if_ill_posed(pred, batch)  # var(x) = 0: the GD iterate is finite but no answer
-
-
-# ---- conditioning helpers (used by benchmarks/gd_lr_sweep.py, benchmarks/gd_conditioning.py) ----
-
-def hessian_eigenvalues(xs: torch.Tensor) -> torch.Tensor:
-    """Eigenvalues of the GD Hessian H = [[1, mean x], [mean x, mean x^2]] of each prompt.
-
-    Args: xs (B, M), the key set's inputs. Returns: (B, 2) = (lambda_min, lambda_max), float64.
-    GD with step size lr is stable on a prompt iff lr * lambda_max < 2; the error along the
-    slow direction shrinks by |1 - lr * lambda_min| per step.
-    """
-    xs = xs.double()
-    m1, m2 = xs.mean(dim=1), (xs * xs).mean(dim=1)  # (B,)
-    mid = (1.0 + m2) / 2  # (B,) half the trace
-    rad = torch.sqrt(((m2 - 1.0) / 2) ** 2 + m1 * m1)  # (B,) half the eigenvalue gap
-    return torch.stack([mid - rad, mid + rad], dim=1)
-
-
-def mse_by_step(batch: PromptBatch, steps: int, lr: float, variant: str = "masked") -> torch.Tensor:
-    """MSE vs the OLS prediction after GD steps 0..K, (K+1,) float64, over prompts with finite OLS."""
-    ok = torch.isfinite(batch.ols_prediction)  # (B,)
-    traj = gd_trajectory(batch.x, batch.y, batch.x_query, steps, lr, variant).double()  # (K+1, B)
-    return ((traj[:, ok] - batch.ols_prediction[ok]) ** 2).mean(dim=1)
-
-
-def steps_to_reach(batch: PromptBatch, lr: float, target: float = 1e-3, max_steps: int = 10_000,
-                   variant: str = "masked", blowup: float = 1e6) -> int | None:
-    """The first K with MSE vs OLS <= target (over prompts with finite OLS), or None.
-
-    Stops early: returns None once the MSE is non-finite or above `blowup` times its value at
-    K = 0 (GD diverges: lr * lambda_max >= 2 on some prompt), or after `max_steps` steps.
-    Computed in float64 whatever the batch dtype. Cost: O(K * B * N); iterates are not stored.
-    """
-    check_gd_params(max_steps, lr, variant, "steps_to_reach")
-    ok = torch.isfinite(batch.ols_prediction)  # (B,)
-    ref, u = batch.ols_prediction[ok], batch.x_query[ok].double()  # (B',)
-    mse0 = float((ref ** 2).mean())  # w_0 = 0 predicts 0
-    if mse0 <= target:
-        return 0
-    it = gd_iterates(batch.x[ok].double(), batch.y[ok].double(), u, lr, variant)
-    for k in range(1, max_steps + 1):
-        a, b = next(it)
-        mse = float(((a + b * u - ref) ** 2).mean())
-        if mse <= target:
-            return k
-        if not math.isfinite(mse) or mse > blowup * mse0:
-            return None
-    return None
-
-
-def best_steps_to_reach(batch: PromptBatch, etas, target: float = 1e-3, max_steps: int = 10_000,
-                        variant: str = "masked") -> tuple[float | None, int | None]:
-    """(eta, K): the eta in `etas` that reaches MSE vs OLS <= target in the fewest steps, and
-    that K; (None, None) if none does within max_steps. Each later eta is cut off at the best K
-    so far, so a scan costs about the best K times the number of etas that beat it."""
-    best_eta, best_k = None, None
-    for eta in etas:
-        k = steps_to_reach(batch, eta, target, max_steps if best_k is None else best_k - 1, variant)
-        if k is not None:
-            best_eta, best_k = eta, k
-            if k == 0:
-                break
-    return best_eta, best_k

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from icl_bench import PromptBatch, Solver
-from icl_bench.ols import ols_predict
+from icl_bench.prompts.ols import ols_predict
 
 
 class OLS(Solver):

@@ -12,7 +12,7 @@ Options (besides pytest-benchmark's own, e.g. --benchmark-max-time, --benchmark-
                          a shared machine torch's thread pool stalls at every op's barrier while
                          the other cores are busy (docs/throughput.md has the measurement).
 Without --benchmark-json the JSON goes to results/runs/throughput/<UTC time>.json (not committed);
-benchmarks/summarize.py reads the newest one there by default. The JSON gains, beside
+`python -m benchmarks.experiments.summarize` reads the newest one there by default. The JSON gains, beside
 pytest-benchmark's machine_info, an "icl_bench" block: CPU model, cores, torch / numpy / scipy
 versions, torch threads, CUDA device (or why none), git commit, the load average when the run
 started and ended, the options above, and every skipped case with its reason.
@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
-import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))  # throughput_cases, importable from the tests
+from icl_bench.provenance import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON_DIR = ROOT / "results" / "runs" / "throughput"
@@ -93,13 +91,6 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def machine_description(config) -> dict:
     import numpy
     import scipy
@@ -114,7 +105,7 @@ def machine_description(config) -> dict:
         "numpy": numpy.__version__, "scipy": scipy.__version__,
         "cuda_device": torch.cuda.get_device_name(0) if cuda else None,
         "cuda_note": "" if cuda else "no CUDA device on this machine (no GPU was lent to this run): cuda cases skipped",
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(ROOT),
         "options": {"bench_values": config.getoption("--bench-values"), "bench_batch": config.getoption("--bench-batch"),
                     "bench_budget": config.getoption("--bench-budget"),
                     "torch_threads_option": config.getoption("--torch-threads")},

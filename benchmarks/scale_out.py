@@ -26,9 +26,12 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from icl_bench import Param, Solver, cellstore, register_solver, rundir  # noqa: E402
-from icl_bench.config import Executor, parse_config  # noqa: E402
-from icl_bench.runner import RESULT_COLUMNS, expand_cells, run_cell, run_matrix  # noqa: E402
+from icl_bench import Param, Solver, register_solver  # noqa: E402
+from icl_bench import files  # noqa: E402
+from icl_bench.bench import store as cellstore  # noqa: E402
+from icl_bench.bench.cells import expand_cells  # noqa: E402
+from icl_bench.bench.config import Executor, parse_config  # noqa: E402
+from icl_bench.bench.runner import run_cell, run_matrix  # noqa: E402
 
 
 @register_solver("bench-trivial")
@@ -103,7 +106,7 @@ def bench_store_and_overhead(n_cells: int, tmp: Path) -> dict:
     n_ref = min(n, 2000)
     t0 = time.perf_counter()
     for i in range(n_ref):
-        rundir.write_atomic(ref_dir / f"{i:020x}.json", json.dumps({**row, "_key": f"{i:020x}"}, allow_nan=True).encode())
+        files.write_atomic(ref_dir / f"{i:020x}.json", json.dumps({**row, "_key": f"{i:020x}"}, allow_nan=True).encode())
     ref_put = (time.perf_counter() - t0) / n_ref
     ref_bytes = sum(p.stat().st_blocks * 512 for p in ref_dir.iterdir()) / n_ref
     return {
@@ -136,7 +139,7 @@ def bench_speedup(tmp: Path, repeats: int) -> dict:
         dask_cold.append(t), loads.append(("dask incl. cluster start", la))
     lc = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None)
     client = Client(lc)
-    client.run(lambda: __import__("icl_bench.runner"))
+    client.run(lambda: __import__("icl_bench.bench.runner"))
     run_matrix(warm, progress=False, executor=Executor(kind="dask", scheduler=lc.scheduler_address))  # both workers
     try:
         for r in range(repeats):

@@ -6,7 +6,7 @@ the fast CI tests. For each N and dtype of the suite, on the CPU, with the suite
                default [timing] (the figure a user gets in results.parquet), run just before
                and just after the benchmark; their geometric mean is compared;
     benchmark  pytest-benchmark's median of solver.predict() on B prompts (the suite's method).
-extra_info keeps both figures; benchmarks/summarize.py prints them as a table.
+extra_info keeps both figures; `python -m benchmarks.experiments.summarize` prints them as a table.
 """
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ import math
 import pytest
 import torch
 
-from icl_bench.config import parse_config
-from icl_bench.registry import get_solver
-from icl_bench.runner import expand_cells, run_cell
-from throughput_cases import DTYPES, NOISE, NS, R, SEED, prompts
+from benchmarks.throughput_cases import DTYPES, NOISE, NS, R, SEED, prompts
+from icl_bench.bench.cells import expand_cells
+from icl_bench.bench.config import parse_config
+from icl_bench.bench.runner import run_cell
+from icl_bench.solvers.registry import get_solver
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -46,5 +47,5 @@ def test_runner_agrees_with_benchmark(benchmark, bench_opts, N, dtype):
     bench = B / benchmark.stats.stats.median
     benchmark.extra_info.update(runner_prompts_per_s=runner, runner_before=before["prompts_per_s"],
                                 runner_after=after["prompts_per_s"], benchmark_prompts_per_s=bench,
-                                runner_over_benchmark=runner / bench, timing=cfg.timing.__dict__)
+                                runner_over_benchmark=runner / bench, timing=cfg.timing.model_dump())
     assert 0.5 <= runner / bench <= 2.0, f"runner {runner:.4g} vs pytest-benchmark {bench:.4g} prompts/s"

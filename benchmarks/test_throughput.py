@@ -1,7 +1,7 @@
 """Throughput of every registered solver and of the references, in one pytest-benchmark run.
 
     python -m pytest benchmarks/ --benchmark-only [--benchmark-json=PATH]
-    python benchmarks/summarize.py [PATH]          # the ratio table (results/throughput.md, .csv)
+    python -m benchmarks.experiments.summarize [PATH]   # the ratio table (results/throughput.md, .csv)
 
 Cases: every name the registry knows (built-ins and plugins, never a fixed list) x N in NS x
 float32 / float64 x cpu / cuda, plus the references of throughput_cases.py. A solver that is
@@ -11,18 +11,18 @@ back. Each benchmark times one predict() (or reference)
 call on a batch under torch.no_grad(), synchronising CUDA inside the timed call, after a warm-up
 call; extra_info records kind, name, N, dtype, device and batch_size, so figures are compared
 per prompt. A call moves the same number of context values at every N (B = --bench-values // N,
-fewer where a call would exceed --bench-budget seconds). Nothing is asserted about speed here: benchmarks/summarize.py reports the ratios.
+fewer where a call would exceed --bench-budget seconds). Nothing is asserted about speed here: benchmarks/experiments/summarize.py reports the ratios.
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
-from icl_bench.registry import get_solver, known_names
-from icl_bench.solver import SkipCell
-from icl_bench.timing import sync
-from throughput_cases import (DEVICES, DTYPES, NS, fit_batch, linregress_loop, numpy_ols, prompts,
-                              quadratic_batch_cap, reference_transformer, require_device)
+from benchmarks.throughput_cases import (DEVICES, DTYPES, NS, fit_batch, linregress_loop, numpy_ols, prompts,
+                                         quadratic_batch_cap, reference_transformer, require_device)
+from icl_bench.bench.timing import sync
+from icl_bench.solvers.base import SkipCell
+from icl_bench.solvers.registry import get_solver, known_names
 
 REFERENCES = ("numpy-ols", "linregress-loop", "quadratic-attention", "transformer-forward")
 CASES = [f"solver:{name}" for name in known_names()] + [f"reference:{name}" for name in REFERENCES]

@@ -28,8 +28,8 @@ import scipy.stats
 import torch
 
 from icl_bench import PromptSpec, get_solver, sample_prompts
-from icl_bench.timing import sync
-from icl_bench.transformer import Transformer, TransformerConfig
+from icl_bench.bench.timing import sync
+from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
 NS = (100, 1000, 4000)  # context lengths N
 DTYPES = ("float32", "float64")

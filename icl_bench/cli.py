@@ -1,4 +1,5 @@
-"""`icl-bench` command line: list, run, train, analyze, publish.
+"""`icl-bench` command line: list, run, train, sweep, analyze, publish (each a thin handler over
+the package's stages; docs/design.md, "Command line").
 
 Bad input (config, flags, data, checkpoints) prints one line `icl-bench: error: <field>: <problem>`
 and exits with code 2, without a traceback and without writing anything. A run whose cells
@@ -7,13 +8,16 @@ failed exits with code 1 after writing every row.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from datetime import datetime
 from pathlib import Path
 
+from icl_bench import resources
 from icl_bench.errors import ConfigError
 
-DEFAULT_CONFIG = "benchmarks/default.toml"
+PACKAGED = "default, train, trained, l1_sweep"  # icl_bench/configs/*.toml (resources.config_names())
+
 
 
 class _Parser(argparse.ArgumentParser):
@@ -21,16 +25,8 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-def default_config_path() -> Path:
-    """benchmarks/default.toml of the source checkout (or of the current folder)."""
-    for base in (Path(__file__).resolve().parents[1], Path.cwd()):
-        if (base / DEFAULT_CONFIG).is_file():
-            return base / DEFAULT_CONFIG
-    raise ConfigError(f"--config: no default matrix found ({DEFAULT_CONFIG}); pass --config FILE.toml")
-
-
 def cmd_list(args) -> int:
-    from icl_bench.registry import conflicts, list_solvers
+    from icl_bench.solvers.registry import conflicts, list_solvers
 
     for info in list_solvers():
         print(f"{info.name}  [{info.origin}]")
@@ -48,10 +44,11 @@ def cmd_list(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from icl_bench.config import parse_config, read_toml
-    from icl_bench.runner import run_matrix
+    from icl_bench.bench.config import parse_config
+    from icl_bench.bench.runner import run_matrix
+    from icl_bench.config_base import read_toml
 
-    path = Path(args.config) if args.config else default_config_path()
+    path = resources.config_path(args.config or "default")
     raw = read_toml(path)
     if args.solver:  # keep the config's parameters for a named solver, defaults otherwise
         given = raw.get("solvers", {}) if isinstance(raw.get("solvers"), dict) else {}
@@ -101,8 +98,8 @@ def cmd_run(args) -> int:
 
 
 def cmd_publish(args) -> int:
-    from icl_bench.docblock import read_block, replace_block
-    from icl_bench.publish import publish
+    from icl_bench.report.docblock import read_block, replace_block
+    from icl_bench.report.publish import publish
 
     at = {}
     for item in args.at or []:
@@ -111,7 +108,7 @@ def cmd_publish(args) -> int:
             raise ConfigError(f"--at: expected AXIS=VALUE (e.g. R=100), got {item!r}")
         at[key] = value
     if args.checkpoint:  # an explicitly named checkpoint must load (ConfigError otherwise)
-        from icl_bench.checkpoint import load_checkpoint
+        from icl_bench.solvers.checkpoint import load_checkpoint
 
         for path in args.checkpoint:
             load_checkpoint(path)
@@ -130,17 +127,73 @@ def cmd_publish(args) -> int:
 
 
 def cmd_analyze(args) -> int:
-    from icl_bench.analysis import run_cli
+    """Print the headline numbers, the sparsity per parameter and the alignment of a checkpoint;
+    write every number to --out as standard JSON."""
+    from icl_bench.analysis.analyze import HEADLINE, analyze_checkpoint
+    from icl_bench.files import write_json
 
-    return run_cli(args.checkpoint, out=args.out, n_prompts=args.n_prompts, seed=args.seed, N=args.N)
+    if args.out is not None and Path(args.out).suffix != ".json":
+        raise ConfigError(f"--out: must name a .json file (got {args.out!r})")
+    result = analyze_checkpoint(_checkpoint_arg(args.checkpoint), n_prompts=args.n_prompts, seed=args.seed, N=args.N)
+    fmt = lambda v: "nan" if v is None or v != v else f"{v:.4g}"  # noqa: E731
+    for k in HEADLINE:
+        print(f"{k:26s} {fmt(float(result[k])) if k in result else 'nan'}")
+    print(f"{'per matrix':26s} sparsity   l1         hoyer")
+    for name, v in json.loads(result["per_matrix"]).items():
+        print(f"  {name:24s} {fmt(v['sparsity']):10s} {fmt(v['l1']):10s} {fmt(v['hoyer'])}")
+    print(f"{'alignment':26s} {result['alignment']}")
+    if args.out is not None:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        write_json(args.out, result, sort_keys=True)  # atomic: an old file survives a crash intact
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _checkpoint_arg(name: str) -> str:
+    """A checkpoint path as given, or the stem of a shipped one (e.g. trained-l1-R100)."""
+    if any(Path(name + ext).exists() for ext in ("", ".json", ".safetensors")):
+        return name
+    shipped = resources.models_dir() / Path(name).name
+    return str(shipped) if Path(f"{shipped}.json").is_file() and Path(name).parent == Path(".") else name
+
+
+def cmd_train(args) -> int:
+    """Train every selected run of --config one after another (one process, one thread each)."""
+    from icl_bench.training.config import TrainConfig, load_runs
+    from icl_bench.training.train import train_and_save
+
+    runs = load_runs(resources.config_path(args.config), args.run)
+    if args.steps is not None:  # a quick check of a packaged config: fewer steps, same recipe
+        runs = [{**d, "steps": args.steps, "eval_every": min(d.get("eval_every", 250), max(args.steps, 1))} for d in runs]
+    cfgs = [TrainConfig.from_dict({**d, "progress": d.get("progress", True) and not args.no_progress},
+                                  where=f"runs.{d['name']}" if "name" in d else "train")
+            for d in runs]  # every run is validated before hours of training, not after
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out: {out} exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)  # an OSError here is one line, exit 2 (main)
+    for cfg in cfgs:
+        stem = train_and_save(cfg, out)
+        meta = json.loads(Path(f"{stem}.json").read_text())["metrics"]
+        print(f"{cfg.name}: {meta['step']} steps, held-out MSE vs OLS {meta['eval_mse_vs_ols']:.3e} "
+              f"({meta['eval_rel_mse']:.2%} of var(OLS)), sparsity {meta['sparsity']:.2f} -> {stem}.safetensors", flush=True)
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    """Train an l1 sweep (lambda grid x seeds) and write its tables."""
+    from icl_bench.training.sweep import run_sweep
+
+    run_sweep(resources.config_path(args.config), reuse=args.reuse, progress=not args.no_progress)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="icl-bench", description="Benchmark in-context learning algorithms for linear regression.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("list", help="list solvers, their parameters and where they come from").set_defaults(func=cmd_list)
-    run = sub.add_parser("run", help="run a benchmark matrix (default: benchmarks/default.toml)")
-    run.add_argument("--config", help="matrix config (TOML)")
+    run = sub.add_parser("run", help="run a benchmark matrix (default: the packaged default matrix)")
+    run.add_argument("--config", help=f"matrix config: a TOML file or a packaged name ({PACKAGED}; default: default)")
     run.add_argument("--out", help="output folder (default: results/runs/<timestamp>)")
     run.add_argument("--solver", action="append", help="run only this solver (repeatable)")
     run.add_argument("--resume", action="store_true", help="reuse the finished cells in --out")
@@ -167,15 +220,25 @@ def build_parser() -> argparse.ArgumentParser:
         pub.add_argument("--readme", help="also rewrite the <!-- headline:begin/end --> block of this file with headline.md")
         pub.set_defaults(func=cmd_publish)
     ana = sub.add_parser("analyze", help="mechanism analysis of a checkpoint: sparsity, similarity to the construction, probes")
-    ana.add_argument("checkpoint", metavar="CHECKPOINT", help="<stem>.safetensors, <stem>.json or the stem")
+    ana.add_argument("checkpoint", metavar="CHECKPOINT",
+                     help="<stem>.safetensors, <stem>.json, the stem, or a shipped checkpoint's name (e.g. trained-l1-R100)")
     ana.add_argument("--out", help="write every number to this JSON file")
     ana.add_argument("--n-prompts", type=int, default=2048, help="analysis prompts (default 2048)")
     ana.add_argument("--seed", type=int, default=0, help="seed of the prompts and the alignment search")
     ana.add_argument("--N", type=int, default=None, help="context length (default: the checkpoint's)")
     ana.set_defaults(func=cmd_analyze)
-    from icl_bench.train import add_train_command  # light: torch + tqdm, no pandas
-
-    add_train_command(sub)
+    tr = sub.add_parser("train", help="train transformers from a TOML config and save checkpoints")
+    tr.add_argument("--config", default="train", help=f"training TOML ([defaults] + [runs.NAME]) or a packaged name ({PACKAGED})")
+    tr.add_argument("--out", default="models", help="folder for <name>.safetensors + <name>.json (default: ./models)")
+    tr.add_argument("--run", action="append", default=None, help="train only this run (repeatable; default: all)")
+    tr.add_argument("--steps", type=int, default=None, help="override every run's step budget (e.g. 20 for a smoke test)")
+    tr.add_argument("--no-progress", action="store_true", help="no progress bars")
+    tr.set_defaults(func=cmd_train)
+    sw = sub.add_parser("sweep", help="l1 sweep: train a lambda grid x seeds and tabulate what the penalty changes")
+    sw.add_argument("--config", default="l1_sweep", help="sweep TOML ([sweep] + [train]) or a packaged name")
+    sw.add_argument("--reuse", action="store_true", help="reuse checkpoints already saved by an earlier sweep")
+    sw.add_argument("--no-progress", action="store_true", help="no progress bars")
+    sw.set_defaults(func=cmd_sweep)
     return p
 
 

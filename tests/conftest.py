@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import icl_bench.registry as registry
+import icl_bench.solvers.registry as registry
 
 
 @pytest.fixture
@@ -57,8 +57,6 @@ def plugin_path(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(root))
     yield root
     for name in ("plugin-mean-y", "plugin-broken"):
-        registry._registered.pop(name, None)
-        registry._broken.pop(name, None)
-        registry._origin.pop(name, None)
+        registry.REGISTRY.unregister(name)
     for mod in ("fake_plugin_good", "fake_plugin_bad"):
         sys.modules.pop(mod, None)

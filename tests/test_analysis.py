@@ -10,13 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from icl_bench.analysis import analyze, hoyer, linear_map_fit, representation_similarity, sparsity_report, to_json
+from icl_bench.analysis.analyze import analyze, sparsity_report
+from icl_bench.analysis.representation import linear_map_fit, representation_similarity
+from icl_bench.files import dumps
+from icl_bench.solvers.sparsity import hoyer
 from icl_bench.errors import ConfigError
-from icl_bench.ln_closed_form import build_construction
-from icl_bench.metrics import weight_l1, weight_sparsity
-from icl_bench.prompts import PromptSpec, sample_prompts
-from icl_bench.symmetry import random_symmetry, similarity, transform
-from icl_bench.transformer import Transformer, TransformerConfig
+from icl_bench.solvers.ln_closed_form import build_construction
+from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
+from icl_bench.prompts.generator import PromptSpec, sample_prompts
+from icl_bench.analysis.similarity import random_symmetry, similarity, transform
+from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
 R = 100.0
 
@@ -86,7 +89,7 @@ def test_random_symmetries_keep_predictions_and_similarity_one(construction, tok
 
 def test_similarity_flatten_readout_and_unused_layernorm_input_slots(construction, tokens):
     """A flatten-readout copy of the construction, with layer 1's LN-input rows 2 and 3 swapped
-    (its LN gain is 0 there: a symmetry beyond DESIGN section 7's list), then moved by
+    (its LN gain is 0 there: a symmetry beyond the list of docs/design.md §7), then moved by
     random symmetries: same predictions, similarity 1."""
     flat = Transformer(TransformerConfig(keys="masked", readout="flatten", N=20)).to(torch.float64)
     with torch.no_grad():
@@ -183,7 +186,7 @@ def test_analyze_flat_dict_of_headline_numbers(analysis):
     assert a["probe.division.slope"] == pytest.approx(1.0, abs=0.01)
     assert json.loads(a["alignment"])["sigma"] == [0, 1, 2, 3]
     assert (a["R"], a["N"], a["n_prompts"], a["seed"]) == (R, 20, 512, 1)
-    parsed = json.loads(to_json(a))  # strict JSON: NaN became null
+    parsed = json.loads(dumps(a))  # strict JSON: NaN became null
     assert parsed["repr.layer0.r2.s2"] is None
 
 
@@ -203,7 +206,7 @@ def test_analyze_random_model_and_bad_input(construction):
 
 
 def test_analyze_checkpoint_and_command(construction, tmp_path, capsys):
-    ckpt = pytest.importorskip("icl_bench.checkpoint")
+    ckpt = pytest.importorskip("icl_bench.solvers.checkpoint")
     from icl_bench.cli import main
 
     moved, _ = random_symmetry(construction, 3)

@@ -23,13 +23,13 @@ import tomli_w
 import torch
 from safetensors.torch import save_file
 
-from icl_bench import cellstore
-from icl_bench.checkpoint import load_checkpoint, save_checkpoint
+from icl_bench.bench import store
+from icl_bench.solvers.checkpoint import load_checkpoint, save_checkpoint
 from icl_bench.cli import main
-from icl_bench.config import parse_config
+from icl_bench.bench.config import parse_config
 from icl_bench.errors import ConfigError
-from icl_bench.runner import run_matrix
-from icl_bench.transformer import Transformer, TransformerConfig
+from icl_bench.bench.runner import run_matrix
+from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
 BASE = {"seed": 0, "n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1},
         "grid": {"N": [4], "noise": [0.1], "R": [10.0], "dtype": ["float64"]}, "solvers": {"ols": {}}}
@@ -349,7 +349,7 @@ def test_out_that_is_a_file_or_under_a_file_or_locked(tmp_path, capsys, finished
     busy = tmp_path / "busy"
     shutil.copytree(finished_run, busy)
     before = _snapshot(busy)
-    lock = cellstore._prepare(busy, resume=True, config_json=None)  # another run holds it
+    lock = store.prepare(busy, resume=True, config_json=None)  # another run holds it
     try:
         assert main([*config, "--out", str(busy), "--resume"]) == 2
     finally:
@@ -363,9 +363,9 @@ def test_catalogue_size():
 
 @pytest.mark.parametrize("kwargs", [{"n_prompts": 10**12}, {"N": 10**8}])
 def test_analyze_refuses_sizes_it_cannot_hold_before_allocating(kwargs):
-    from icl_bench.analysis import analyze
+    from icl_bench.analysis.analyze import analyze
     from icl_bench.errors import ConfigError
-    from icl_bench.transformer import Transformer, TransformerConfig
+    from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
     with pytest.raises(ConfigError, match=r"^n_prompts: n_prompts \* \(N \+ 1\) = \d+ prompt values exceed"):
         analyze(Transformer(TransformerConfig()), 10.0, **kwargs)

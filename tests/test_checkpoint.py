@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from icl_bench.checkpoint import load_checkpoint, save_checkpoint
-from icl_bench.transformer import Transformer, TransformerConfig
+from icl_bench.solvers.checkpoint import load_checkpoint, save_checkpoint
+from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
 
 def _model(**kw):

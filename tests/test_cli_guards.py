@@ -5,7 +5,7 @@ import pytest
 import tomli_w
 
 from icl_bench.cli import main
-from icl_bench.registry import list_solvers
+from icl_bench.solvers.registry import list_solvers
 
 
 def _run(capsys, argv):
@@ -30,12 +30,12 @@ def test_unwritable_publish_out_is_one_line(tmp_path, capsys, tiny_raw, monkeypa
     (tmp_path / "c.toml").write_text(tomli_w.dumps(tiny_raw))
     assert main(["run", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
     capsys.readouterr()
-    import icl_bench.publish
+    import icl_bench.report.publish
 
     def denied(*a, **k):
         raise PermissionError(13, "Permission denied", str(tmp_path / "pub"))
 
-    monkeypatch.setattr(icl_bench.publish.tempfile, "mkdtemp", denied)
+    monkeypatch.setattr(icl_bench.report.publish.tempfile, "mkdtemp", denied)
     code, err = _run(capsys, ["publish", str(tmp_path / "run"), "--out", str(tmp_path / "pub")])
     assert code == 2 and err == f"icl-bench: error: {tmp_path / 'pub'}: Permission denied\n"
 
@@ -52,14 +52,14 @@ def test_bad_checkpoint_named_on_publish_is_exit_2(tmp_path, capsys, tiny_raw):
 
 def test_train_checks_out_before_training(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
-    code, err = _run(capsys, ["train", "--config", "benchmarks/train.toml", "--out", str(tmp_path / "file")])
+    code, err = _run(capsys, ["train", "--config", "train", "--out", str(tmp_path / "file")])
     assert code == 2 and err == f"icl-bench: error: --out: {tmp_path / 'file'} exists and is not a folder\n"
 
 
 def test_plugin_that_exits_on_import_is_listed_as_broken(tmp_path, monkeypatch):
     from conftest import write_plugin
 
-    import icl_bench.registry as registry
+    import icl_bench.solvers.registry as registry
 
     root = write_plugin(tmp_path / "site", "exiting-plugin", {"plugin-exits": "exiting_mod:X"},
                         {"exiting_mod": "raise SystemExit('plugin exited')\n"})
@@ -69,7 +69,7 @@ def test_plugin_that_exits_on_import_is_listed_as_broken(tmp_path, monkeypatch):
         assert infos["plugin-exits"].error == "SystemExit: plugin exited"
         assert infos["ols"].error is None
     finally:
-        registry._broken.pop("plugin-exits", None)
+        registry.REGISTRY.unregister("plugin-exits")
         sys.modules.pop("exiting_mod", None)
 
 
@@ -81,17 +81,16 @@ def test_plugin_shadowing_a_builtin_or_another_plugin_is_warned(tmp_path, monkey
     second = write_plugin(tmp_path / "b", "second-plugin", {"dup-solver": "dup_b:MeanY"}, {"dup_b": GOOD_PLUGIN})
     monkeypatch.syspath_prepend(str(second))
     monkeypatch.syspath_prepend(str(first))
-    import icl_bench.registry as registry
+    import icl_bench.solvers.registry as registry
 
     try:
         assert main(["list"]) == 0
         out = capsys.readouterr().out
         assert "WARNING: plugin dup_a:MeanY (first-plugin) declares 'ln-closed-form', a built-in name: ignored" in out
         assert "WARNING: plugin dup_b:MeanY (second-plugin) declares 'dup-solver', already declared by dup_a:MeanY: ignored" in out
-        assert registry._origin["dup-solver"].startswith("plugin dup_a:MeanY") and "built-in" in registry._origin["ln-closed-form"]
+        assert registry.REGISTRY.origin("dup-solver").startswith("plugin dup_a:MeanY") and "built-in" in registry.REGISTRY.origin("ln-closed-form")
     finally:
         for name in ("dup-solver",):
-            registry._registered.pop(name, None)
-            registry._origin.pop(name, None)
+            registry.REGISTRY.unregister(name)
         for mod in ("dup_a", "dup_b"):
             sys.modules.pop(mod, None)

@@ -4,7 +4,7 @@ own semantics."""
 import subprocess
 import sys
 
-from icl_bench.config import parse_config
+from icl_bench.bench.config import parse_config
 
 
 def test_no_traceback_through_the_console_script(tmp_path):

@@ -14,10 +14,12 @@ import pandas as pd
 import pytest
 import tomli_w
 
-from icl_bench import cellstore
-from icl_bench.config import parse_config
+from icl_bench.bench import store
+from icl_bench.bench.cells import expand_cells
+from icl_bench.bench.config import parse_config
+from icl_bench.bench.runner import run_matrix
+from icl_bench.bench.schema import RESULT_COLUMNS, TIMING_COLUMNS
 from icl_bench.errors import ConfigError
-from icl_bench.runner import RESULT_COLUMNS, TIMING_COLUMNS, expand_cells, run_matrix
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout under test
 
@@ -84,14 +86,14 @@ def test_sigkill_mid_run_then_resume_recomputes_only_unfinished_cells(tmp_path):
 
 KILL_AFTER_THIRD_CELL = """
 import os, signal, sys
-from icl_bench import cellstore
-real, calls = cellstore.CellStore.put, []
+from icl_bench.bench import store
+real, calls = store.CellStore.put, []
 def put(self, key, row):
     real(self, key, row)
     calls.append(key)
     if len(calls) == 3:  # three cells committed; the WAL is never checkpointed
         os.kill(os.getpid(), signal.SIGKILL)
-cellstore.CellStore.put = put
+store.CellStore.put = put
 from icl_bench.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -128,7 +130,7 @@ def test_torn_write_is_never_merged(tmp_path, tear):
         expect = 3
     done = _stored(out)
     assert len(done) == expect  # SQLite replays the WAL only up to the last intact commit frame
-    from icl_bench.report import load_run
+    from icl_bench.report.aggregate import load_run
 
     with pytest.raises(ConfigError, match="an unfinished run: complete it with `icl-bench run --resume"):
         load_run(out)
@@ -202,31 +204,31 @@ def test_resume_into_a_folder_that_is_not_a_run_is_refused(tmp_path):
 def test_crash_while_writing_the_tables_leaves_no_finished_mark(tmp_path, monkeypatch):
     out = tmp_path / "run"
     run_matrix(parse_config(SMALL), out, progress=False)
-    real = cellstore.write_atomic
+    real = store.write_atomic
 
     def dies_at_csv(path, data):
         if path.name == "results.csv":
             raise KeyboardInterrupt  # stands in for a crash between the two table writes
         real(path, data)
 
-    monkeypatch.setattr(cellstore, "write_atomic", dies_at_csv)
+    monkeypatch.setattr(store, "write_atomic", dies_at_csv)
     with pytest.raises(KeyboardInterrupt):
         run_matrix(parse_config(SMALL), out, resume=True, progress=False)
     assert not (out / "metadata.json").exists()  # the rewritten parquet is not vouched for by old metadata
-    monkeypatch.setattr(cellstore, "write_atomic", real)
+    monkeypatch.setattr(store, "write_atomic", real)
     table = run_matrix(parse_config(SMALL), out, resume=True, progress=False)
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["n_cells_reused"] == 8 and len(pd.read_csv(out / "results.csv")) == len(table) == 8
 
 
 def test_every_write_is_renamed_into_place_and_every_cell_committed_durably(tmp_path, monkeypatch):
-    from icl_bench import rundir
+    from icl_bench import files
 
     synced, renamed, commits = [], [], []
-    real_fsync_dir, real_replace, real_put = rundir.fsync_dir, os.replace, cellstore.CellStore.put
-    monkeypatch.setattr(cellstore, "fsync_dir", lambda p: (synced.append(Path(p).name), real_fsync_dir(p)))
-    monkeypatch.setattr(rundir, "fsync_dir", lambda p: (synced.append(Path(p).name), real_fsync_dir(p)))
-    monkeypatch.setattr(rundir.os, "replace", lambda a, b: (renamed.append(Path(b).name), real_replace(a, b)))
+    real_fsync_dir, real_replace, real_put = files.fsync_dir, os.replace, store.CellStore.put
+    monkeypatch.setattr(files, "fsync_dir", lambda p: (synced.append(Path(p).name), real_fsync_dir(p)))
+    monkeypatch.setattr(store, "fsync_dir", lambda p: (synced.append(Path(p).name), real_fsync_dir(p)))
+    monkeypatch.setattr(files.os, "replace", lambda a, b: (renamed.append(Path(b).name), real_replace(a, b)))
 
     def put(self, key, row):  # each put is its own committed transaction in the WAL
         assert self._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -235,7 +237,7 @@ def test_every_write_is_renamed_into_place_and_every_cell_committed_durably(tmp_
         assert not self._db.in_transaction
         commits.append(key)
 
-    monkeypatch.setattr(cellstore.CellStore, "put", put)
+    monkeypatch.setattr(store.CellStore, "put", put)
     out = tmp_path / "run"
     run_matrix(parse_config(SMALL), out, progress=False)
     assert len(commits) == len(set(commits)) == 8
@@ -249,7 +251,7 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_folder(tmp_path):
     out = tmp_path / "run"
     run_matrix(parse_config(SMALL), out, progress=False)
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    holder = cellstore.CellStore(out, RESULT_COLUMNS, resume=True)  # stands in for a run in progress
+    holder = store.CellStore(out, RESULT_COLUMNS, resume=True)  # stands in for a run in progress
     try:
         with pytest.raises(ConfigError, match="--out: .* is in use by another icl-bench run"):
             run_matrix(parse_config(SMALL), out, resume=True, progress=False)
@@ -266,7 +268,7 @@ def test_resume_after_the_data_file_changed_recomputes(tmp_path):
     out = tmp_path / "run"
     run_matrix(parse_config(raw), out, progress=False)
     data.write_text("x,y\n" + "".join(f"{i},{-3 * i}\n" for i in range(20)))  # same name, new numbers
-    from icl_bench.data import _columns
+    from icl_bench.prompts.data import _columns
 
     _columns.cache_clear()
     table = run_matrix(parse_config(raw), out, resume=True, progress=False)

@@ -1,16 +1,19 @@
-"""The default matrix (benchmarks/default.toml) is valid and every solver in it runs."""
+"""The default matrix (the packaged icl_bench/configs/default.toml) is valid and every solver in it runs."""
 from pathlib import Path
 
-from icl_bench.config import parse_config, read_toml
-from icl_bench.registry import known_names
-from icl_bench.runner import expand_cells, run_matrix
+from icl_bench import resources
+from icl_bench.bench.config import parse_config
+from icl_bench.config_base import read_toml
+from icl_bench.solvers.registry import known_names
+from icl_bench.bench.cells import expand_cells
+from icl_bench.bench.runner import run_matrix
 
-DEFAULT = Path(__file__).parents[1] / "benchmarks" / "default.toml"
+DEFAULT = resources.config_path("default")
 
 
 def test_default_matrix_shape():
     cfg = parse_config(read_toml(DEFAULT))
-    assert cfg.grid == {"N": [10, 30, 100, 300], "noise": [0.0, 0.1, 0.5], "R": [10.0, 100.0, 1000.0],
+    assert cfg.grid.to_dict() == {"N": [10, 30, 100, 300], "noise": [0.0, 0.1, 0.5], "R": [10.0, 100.0, 1000.0],
                         "dtype": ["float32", "float64"], "device": ["cpu", "cuda"]}
     cells = expand_cells(cfg)
     assert {c.solver for c in cells} == set(known_names())

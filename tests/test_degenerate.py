@@ -21,10 +21,11 @@ import pytest
 import torch
 
 from icl_bench import PromptSpec, SkipCell, make_batch, sample_prompts
-from icl_bench.config import parse_config
-from icl_bench.metrics import prediction_metrics
-from icl_bench.registry import BUILTINS, SolverLoadError, _plugins, get_solver, get_solver_class, known_names
-from icl_bench.runner import _prompts, run_matrix
+from icl_bench.bench.config import parse_config
+from icl_bench.bench.metrics import prediction_metrics
+from icl_bench.solvers.registry import BUILTINS, REGISTRY, SolverLoadError, get_solver, get_solver_class, known_names
+from icl_bench.bench.cells import cell_prompts
+from icl_bench.bench.runner import run_matrix
 
 NAN, INF = math.nan, math.inf
 FLOOR = {"float32": 1e-4, "float64": 1e-9}  # relative tolerance for solvers exact up to rounding
@@ -45,7 +46,7 @@ def test_every_registered_solver_is_covered():
     """A name that does not load is tolerated only while its module does not exist (not built yet)."""
     assert {"ols", "scipy-lstsq"} <= set(SOLVERS)
     for name in set(known_names()) - set(SOLVERS):
-        module = BUILTINS[name] if name in BUILTINS else _plugins()[name].value.split(":")[0]
+        module = BUILTINS[name] if name in BUILTINS else REGISTRY.entry_points()[name].value.split(":")[0]
         assert importlib.util.find_spec(module) is None, f"{name}: {module} exists but fails to load"
 
 
@@ -170,7 +171,7 @@ def test_dirty_csv_through_the_runner_every_solver(dirty_csv):
     assert set(table[table.solver.isin(SOLVERS)].status) <= {"ok", "skipped"}, table[table.status == "error"].message.tolist()
     assert (table[table.status == "skipped"].message.str.len() > 0).all()
     for r in table[table.status == "ok"].itertuples():
-        batch = _prompts(r.prompts, r.N, r.noise, r.R, r.n_prompts, r.seed, r.dtype, "cpu")
+        batch = cell_prompts(r.prompts, r.N, r.noise, r.R, r.n_prompts, r.seed, r.dtype, "cpu")
         ill = int((~torch.isfinite(batch.ols_prediction)).sum())
         assert ill > 0  # the data really produced ill-posed prompts
         with torch.no_grad():

@@ -15,8 +15,9 @@ import tomli_w
 import torch
 
 from icl_bench import PromptSpec, sample_prompts
-from icl_bench.config import parse_config
-from icl_bench.runner import RESULT_COLUMNS, TIMING_COLUMNS, _prompts, expand_cells, prompt_seed
+from icl_bench.bench.config import parse_config
+from icl_bench.bench.cells import cell_prompts, expand_cells, prompt_seed
+from icl_bench.bench.schema import RESULT_COLUMNS, TIMING_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 TIME_KEYS = ("started_at", "finished_at")  # metadata.json's wall-clock fields
@@ -72,8 +73,8 @@ def test_different_seeds_give_different_prompts():
     # through the runner: the run seed reaches every grid point's prompts, and grid points differ
     cfg0, cfg1 = parse_config(RAW), parse_config({**RAW, "seed": 12})
     c0, c1 = expand_cells(cfg0)[0], expand_cells(cfg1)[0]
-    p0 = _prompts(c0.prompts, c0.N, c0.noise, c0.R, c0.n_prompts, c0.seed, c0.dtype, c0.device)
-    p1 = _prompts(c1.prompts, c1.N, c1.noise, c1.R, c1.n_prompts, c1.seed, c1.dtype, c1.device)
+    p0 = cell_prompts(c0.prompts, c0.N, c0.noise, c0.R, c0.n_prompts, c0.seed, c0.dtype, c0.device)
+    p1 = cell_prompts(c1.prompts, c1.N, c1.noise, c1.R, c1.n_prompts, c1.seed, c1.dtype, c1.device)
     assert not torch.equal(p0.x, p1.x)
     seeds = {prompt_seed(11, N, noise, R) for N in (2, 9) for noise in (0.0, 0.3) for R in (10.0, 1000.0)}
     assert len(seeds) == 8 and prompt_seed(11, 2, 0.0, 10.0) != prompt_seed(12, 2, 0.0, 10.0)
@@ -85,10 +86,10 @@ def test_data_prompts_are_seeded_too(tmp_path):
     raw = {**RAW, "data": {"path": str(csv), "x": "x", "y": "y"}}
     cells = expand_cells(parse_config(raw))
     c = cells[0]
-    one = _prompts(c.prompts, c.N, c.noise, c.R, c.n_prompts, c.seed, c.dtype, c.device)
-    _prompts.cache_clear()
-    two = _prompts(c.prompts, c.N, c.noise, c.R, c.n_prompts, c.seed, c.dtype, c.device)
+    one = cell_prompts(c.prompts, c.N, c.noise, c.R, c.n_prompts, c.seed, c.dtype, c.device)
+    cell_prompts.cache_clear()
+    two = cell_prompts(c.prompts, c.N, c.noise, c.R, c.n_prompts, c.seed, c.dtype, c.device)
     assert one is not two and torch.equal(one.x, two.x) and torch.equal(one.y_query, two.y_query)
     other = expand_cells(parse_config({**raw, "seed": 12}))[0]
-    three = _prompts(other.prompts, other.N, other.noise, other.R, other.n_prompts, other.seed, other.dtype, other.device)
+    three = cell_prompts(other.prompts, other.N, other.noise, other.R, other.n_prompts, other.seed, other.dtype, other.device)
     assert not torch.equal(one.x, three.x)

@@ -7,10 +7,11 @@ import pandas as pd
 import pytest
 import torch
 
-from baselines.gd import GD, best_steps_to_reach, gd_trajectory, hessian_eigenvalues, steps_to_reach
+from baselines.gd import GD, gd_trajectory
+from benchmarks.experiments.gd_analysis import best_steps_to_reach, hessian_eigenvalues, steps_to_reach
 from icl_bench import Dist, PromptSpec, get_solver, make_batch, sample_prompts
 from icl_bench.errors import ConfigError
-from icl_bench.gd_lsa import DEFAULT_LR, GDLSA, build_gd_construction
+from icl_bench.solvers.gd_lsa import DEFAULT_LR, GDLSA, build_gd_construction
 
 VARIANTS = ("masked", "query-in-context")
 
@@ -154,8 +155,17 @@ def test_cuda_matches_cpu(batches):
 
 
 def test_committed_sweep_selects_the_default_lr():
-    from benchmarks.gd_lr_sweep import select_lr
+    from benchmarks.experiments.gd_lr_sweep import select_lr
 
     df = pd.read_csv("results/gd_lr_sweep.csv")
     assert select_lr(df) == DEFAULT_LR
     assert set(df.N) == {10, 30, 100} and df.K.max() == 32
+
+
+def test_gd_and_gd_lsa_share_their_defaults():
+    # the baseline states its defaults itself; the construction must use the same ones
+    from baselines import gd
+    from icl_bench.solvers import gd_lsa
+
+    assert (gd.DEFAULT_STEPS, gd.DEFAULT_LR, gd.MAX_STEPS) == (gd_lsa.DEFAULT_STEPS, gd_lsa.DEFAULT_LR, gd_lsa.MAX_STEPS)
+    assert GD().values == {"steps": gd.DEFAULT_STEPS, "lr": gd.DEFAULT_LR, "variant": "masked"}

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from icl_bench import hostload
+from icl_bench.bench import hostload
 
 fork = mp.get_context("fork")
 

@@ -9,10 +9,11 @@ import pandas as pd
 import pytest
 import torch
 
-import icl_bench.registry as registry
+import icl_bench.solvers.registry as registry
 from icl_bench import Solver, register_solver
-from icl_bench.config import parse_config
-from icl_bench.runner import TIMING_COLUMNS, run_matrix
+from icl_bench.bench.config import parse_config
+from icl_bench.bench.runner import run_matrix
+from icl_bench.bench.schema import TIMING_COLUMNS
 
 
 def _solver(method: str, body):
@@ -63,8 +64,7 @@ def tables():
         alone = run_matrix(parse_config({**RAW, "solvers": {"ols": {}}}), progress=False)
     finally:
         for name in BAD:
-            registry._registered.pop(name, None)
-            registry._origin.pop(name, None)
+            registry.REGISTRY.unregister(name)
     assert not set(BAD) & set(registry.known_names())  # the registry is clean again
     return mixed, alone
 
@@ -95,6 +95,5 @@ def test_no_error_rows_for_a_solver_that_only_answers_nan(tables):
     try:
         table = run_matrix(parse_config({**RAW, "solvers": {"all-nan": {}}}), progress=False)
     finally:
-        registry._registered.pop("all-nan", None)
-        registry._origin.pop("all-nan", None)
+        registry.REGISTRY.unregister("all-nan")
     assert (table.status == "ok").all() and (table.n_nonfinite == 24).all() and table.mse_vs_ols.isna().all()

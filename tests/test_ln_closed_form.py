@@ -1,6 +1,6 @@
 """The ln-closed-form construction: accuracy vs OLS, its error laws, probes, scale, bad input.
 
-Thresholds are the ones of issue 3; every number is computed here, on seeded prompts.
+Thresholds are those docs/ln-closed-form.md states; every number is computed here, on seeded prompts.
 """
 import math
 
@@ -9,8 +9,8 @@ import torch
 
 from icl_bench import Dist, PromptSpec, get_solver, make_batch, sample_prompts
 from icl_bench.errors import ConfigError
-from icl_bench.ln_closed_form import analytic_output, build_construction, standardize_prompts
-from icl_bench.probes import mechanism_probes, probe_fit
+from icl_bench.solvers.ln_closed_form import analytic_output, build_construction, standardize_prompts
+from icl_bench.analysis.probes import mechanism_probes, probe_fit
 
 
 def mse_vs_ols(R, N, *, variant="masked", dtype="float64", B=400, seed=0, **solver):

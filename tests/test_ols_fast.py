@@ -1,4 +1,4 @@
-"""The one-pass, chunked OLS reference (icl_bench.ols): accuracy, chunk edges, NaN rules, autograd.
+"""The one-pass, chunked OLS reference (icl_bench.prompts.ols): accuracy, chunk edges, NaN rules, autograd.
 
 Accuracy is judged against a long-double two-pass computation (numpy.longdouble, 64-bit mantissa
 on x86) and against scipy.stats.linregress; these are correctness checks, not timings.
@@ -8,9 +8,9 @@ import pytest
 import scipy.stats
 import torch
 
-import icl_bench.ols as ols_mod
+import icl_bench.prompts.ols as ols_mod
 from icl_bench import PromptSpec, sample_prompts
-from icl_bench.ols import ols_fit, ols_predict
+from icl_bench.prompts.ols import ols_fit, ols_predict
 
 
 def exact_ols(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor) -> np.ndarray:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from icl_bench import Dist, PromptSpec, make_batch, sample_prompts
-from icl_bench.ols import ols_predict
+from icl_bench.prompts.ols import ols_predict
 
 
 def test_shapes_dtypes_and_tokens():

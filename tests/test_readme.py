@@ -3,7 +3,8 @@ from pathlib import Path
 
 
 
-from icl_bench.config import parse_config, tomllib
+from icl_bench.bench.config import parse_config
+from icl_bench.config_base import tomllib
 
 README = (Path(__file__).parents[1] / "README.md").read_text()
 
@@ -22,7 +23,7 @@ def test_readme_setup_commands_match_ci_script():
 
 
 def test_readme_headline_is_the_published_table():
-    from icl_bench.docblock import read_block
+    from icl_bench.report.docblock import read_block
 
     published = (Path(__file__).parents[1] / "results" / "default" / "headline.md").read_text().strip()
     assert read_block(Path(__file__).parents[1] / "README.md", "headline") == published
@@ -31,7 +32,7 @@ def test_readme_headline_is_the_published_table():
 def test_docblock_replaces_only_the_marked_text(tmp_path):
     import pytest
 
-    from icl_bench.docblock import read_block, replace_block
+    from icl_bench.report.docblock import read_block, replace_block
     from icl_bench.errors import ConfigError
 
     doc = tmp_path / "doc.md"

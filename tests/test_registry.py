@@ -4,9 +4,9 @@ import sys
 import pytest
 
 from icl_bench import get_solver, list_solvers
-from icl_bench.config import parse_config
-from icl_bench.registry import SolverLoadError, UnknownSolverError, get_solver_class
-from icl_bench.runner import run_matrix
+from icl_bench.bench.config import parse_config
+from icl_bench.solvers.registry import SolverLoadError, UnknownSolverError, get_solver_class
+from icl_bench.bench.runner import run_matrix
 
 
 def test_unknown_name_lists_known_and_closest():

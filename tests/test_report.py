@@ -13,9 +13,9 @@ from scipy import stats
 
 from icl_bench import Param, Solver, register_solver
 from icl_bench.cli import main
-from icl_bench.config import parse_config
-from icl_bench.registry import _origin, _registered
-from icl_bench.runner import run_matrix
+from icl_bench.bench.config import parse_config
+from icl_bench.solvers.registry import REGISTRY
+from icl_bench.bench.runner import run_matrix
 
 
 class PlusInverseSteps(Solver):
@@ -61,8 +61,7 @@ def solvers():
         register_solver(name)(cls)
     yield
     for name in TEST_SOLVERS:
-        _registered.pop(name, None)
-        _origin.pop(name, None)
+        REGISTRY.unregister(name)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +80,7 @@ def published(run_dir):
 
 @pytest.fixture(scope="module")
 def tables(run_dir):
-    from icl_bench import report
+    from icl_bench.report import aggregate as report
 
     table, _ = report.load_runs([run_dir])
     summary = report.aggregate(table)
@@ -127,19 +126,20 @@ def test_summary_equals_direct_pandas_aggregation(run_dir, published):
 
 
 def test_standard_error_column_is_std_over_sqrt_n(solvers):
-    from icl_bench.registry import get_solver
-    from icl_bench.runner import Cell, _prompts, run_cell
+    from icl_bench.solvers.registry import get_solver
+    from icl_bench.bench.cells import Cell, cell_prompts
+    from icl_bench.bench.runner import run_cell
 
     cell = Cell("test-weighted", "{}", 12, 0.1, 10.0, "float64", "cpu", 0, 64, 64, json.dumps({}), 1, 1.0)
     row = run_cell(cell)
-    batch = _prompts(cell.prompts, 12, 0.1, 10.0, 64, 0, "float64", "cpu")
+    batch = cell_prompts(cell.prompts, 12, 0.1, 10.0, 64, 0, "float64", "cpu")
     sq = (get_solver("test-weighted").predict(batch) - batch.ols_prediction) ** 2
     assert row["mse_vs_ols"] == pytest.approx(float(sq.mean()), rel=1e-12)
     assert row["mse_vs_ols_se"] == pytest.approx(float(sq.std() / 8.0), rel=1e-12)
 
 
 def test_seeds_pool_and_repeated_runs_count_once(run_dir, tmp_path, solvers):
-    from icl_bench import report
+    from icl_bench.report import aggregate as report
 
     raw1 = {**RAW, "seed": 1, "solvers": {"test-weighted": {}}}
     run_matrix(parse_config(raw1), tmp_path / "seed1", progress=False)
@@ -155,7 +155,7 @@ def test_seeds_pool_and_repeated_runs_count_once(run_dir, tmp_path, solvers):
 
 
 def test_runs_without_standard_errors_get_nan_intervals(run_dir, tmp_path):
-    from icl_bench import report
+    from icl_bench.report import aggregate as report
 
     old = tmp_path / "old-run"
     old.mkdir()
@@ -187,7 +187,7 @@ def test_sparsity_table_lists_solvers_with_weights(published):
 
 
 def test_headline_is_the_summary_at_the_representative_setting(published, tables):
-    from icl_bench.report import headline
+    from icl_bench.report.aggregate import headline
 
     _, summary, setting = tables
     assert setting == {"N": 5, "noise": 0.0, "R": 10.0, "dtype": "float32", "device": "cpu"}
@@ -205,7 +205,7 @@ def _lines(ax):
 
 
 def test_line_plots_have_labelled_axes_and_one_line_per_solver(tables):
-    from icl_bench import plots
+    from icl_bench.report import plots
 
     _, summary, setting = tables
     fig = plots.mse_vs_n(summary, setting)
@@ -221,7 +221,7 @@ def test_line_plots_have_labelled_axes_and_one_line_per_solver(tables):
 
 
 def test_gd_steps_plot_lines_beside_solvers_without_steps(tables):
-    from icl_bench import plots
+    from icl_bench.report import plots
 
     _, summary, setting = tables
     fig = plots.gd_steps(summary, setting)
@@ -236,7 +236,7 @@ def test_gd_steps_plot_lines_beside_solvers_without_steps(tables):
 
 
 def test_throughput_plot_one_bar_per_solver_and_dtype(tables):
-    from icl_bench import plots
+    from icl_bench.report import plots
 
     table, _, _ = tables
     fig = plots.throughput(table)
@@ -251,9 +251,9 @@ def test_throughput_plot_one_bar_per_solver_and_dtype(tables):
 
 
 def test_weight_heatmaps_show_symmetry_reduced_maps(monkeypatch, tables):
-    from icl_bench import model_plots
-    from icl_bench.plots import PlotSkipped
-    from icl_bench.transformer import Transformer, TransformerConfig
+    from icl_bench.report import model_plots
+    from icl_bench.report.plots import PlotSkipped
+    from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
     torch.manual_seed(0)
     model = Transformer(TransformerConfig()).double()
@@ -268,25 +268,20 @@ def test_weight_heatmaps_show_symmetry_reduced_maps(monkeypatch, tables):
     assert len(fig.axes) == 2 * 5 and [ax.get_title() for ax in fig.axes[:5]] == [
         "embed", "L1H1 QK", "L1H1 OV", "L1 LN γ/β", "readout"]
     assert fig.axes[0].get_ylabel() == "a\noutput slot" and fig.axes[5].get_ylabel() == "b\noutput slot"
-    # without the construction module, and without models, the plots skip with a note
-    table, _, setting = tables
-    monkeypatch.setattr(model_plots, "_optional", lambda module, attr: None)
-    models, notes = model_plots.collect_models(table, setting)
-    assert models == {} and any("build_construction is not available" in n for n in notes)
+    # without models, the plots skip
     with pytest.raises(PlotSkipped):
-        model_plots.weight_heatmaps(models)
-    with pytest.raises(PlotSkipped, match="mechanism_probes is not available"):
-        model_plots.probe_scatter(models)
+        model_plots.weight_heatmaps({})
+    with pytest.raises(PlotSkipped):
+        model_plots.probe_scatter({})
 
 
 def test_model_plots_draw_the_construction_and_its_probes(tables):
-    pytest.importorskip("icl_bench.ln_closed_form", reason="the ln-closed-form construction is not merged")
-    from icl_bench import model_plots
+    from icl_bench.report import model_plots
 
     table, _, setting = tables
     models, notes = model_plots.collect_models(table, setting, n_prompts=128)
-    assert list(models) == ["construction (R=10)"], notes  # the run's only weighted solver has no LayerNorm
-    assert notes == ["test-weighted: no LayerNorm weights, not drawn beside the LayerNorm construction"]
+    assert list(models) == ["construction (R=10)"], notes  # the run's only weighted solver is no checkpoint
+    assert notes == []
     fig = model_plots.weight_heatmaps(models)
     assert [ax.get_title() for ax in fig.axes][:3] == ["embed", "L1H1 QK", "L1H1 OV"]
     fig = model_plots.probe_scatter(models)
@@ -333,9 +328,9 @@ def test_out_not_empty_needs_force_and_never_overlaps_a_run(published, run_dir, 
 
 
 def test_force_replaces_a_previous_report(tmp_path, run_dir, monkeypatch):
-    import icl_bench.publish
+    import icl_bench.report.publish
 
-    monkeypatch.setattr(icl_bench.publish, "_figures", lambda *a: ({}, ["plots left out (fast test)"]))
+    monkeypatch.setattr(icl_bench.report.publish, "_figures", lambda *a: ({}, ["plots left out (fast test)"]))
     out = tmp_path / "pub"
     out.mkdir()
     (out / "thesis.tex").write_text("mine")  # a folder publish did not write: --force refuses it

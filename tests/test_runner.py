@@ -8,11 +8,13 @@ import torch
 
 from icl_bench import Solver, register_solver
 from icl_bench.cli import main
-from icl_bench.config import parse_config
-from icl_bench.registry import _registered
-from icl_bench.runner import COLUMNS, TIMING_COLUMNS, expand_cells, run_matrix
+from icl_bench.bench.config import parse_config
+from icl_bench.solvers.registry import REGISTRY
+from icl_bench.bench.cells import expand_cells
+from icl_bench.bench.runner import run_matrix
+from icl_bench.bench.schema import COLUMNS, TIMING_COLUMNS
 
-DESIGN_COLUMNS = ["solver", "solver_params", "N", "noise", "R", "dtype", "device", "seed", "n_prompts",
+CONTRACT_COLUMNS = ["solver", "solver_params", "N", "noise", "R", "dtype", "device", "seed", "n_prompts",
                   "mse_vs_ols", "mse_vs_truth", "mse_vs_target", "abs_err_median", "abs_err_p99", "n_nonfinite",
                   "prompts_per_s", "batch_size", "weight_sparsity", "weight_l1", "status", "message"]
 
@@ -24,7 +26,7 @@ def _stable(table: pd.DataFrame) -> pd.DataFrame:
 def test_writes_three_files_with_every_design_column(tmp_path, tiny_raw):
     out = tmp_path / "run"
     table = run_matrix(parse_config(tiny_raw), out, progress=False)
-    assert set(DESIGN_COLUMNS) <= set(table.columns)
+    assert set(CONTRACT_COLUMNS) <= set(table.columns)
     for name in ("results.parquet", "results.csv", "metadata.json"):
         assert (out / name).is_file()
     assert _stable(pd.read_parquet(out / "results.parquet")).equals(_stable(table))
@@ -41,11 +43,11 @@ def test_ols_and_scipy_agree_on_the_default_grid():
     raw = {"n_prompts": 256, "batch_size": 256, "timing": {"repeats": 1},
            "grid": {"N": [10, 30, 100, 300], "noise": [0.0, 0.1, 0.5], "R": [10.0], "dtype": ["float64"]},
            "solvers": {"ols": {}, "scipy-lstsq": {}}}
-    from icl_bench.runner import _prompts
-    from icl_bench.registry import get_solver
+    from icl_bench.bench.cells import cell_prompts
+    from icl_bench.solvers.registry import get_solver
 
     for cell in expand_cells(parse_config(raw))[::2]:
-        batch = _prompts(cell.prompts, cell.N, cell.noise, cell.R, cell.n_prompts, cell.seed, "float64", "cpu")
+        batch = cell_prompts(cell.prompts, cell.N, cell.noise, cell.R, cell.n_prompts, cell.seed, "float64", "cpu")
         a, b = get_solver("ols").predict(batch), get_solver("scipy-lstsq").predict(batch)
         rel = ((a - b).abs() / b.abs().clamp_min(1.0)).max().item()
         assert rel <= 1e-10, (cell.N, cell.noise, rel)
@@ -107,7 +109,7 @@ def test_failing_cell_is_a_row_and_run_continues_exit_1(tmp_path, tiny_raw, caps
         assert (table[table.solver == "ols"].status == "ok").all()
         assert "error: test-exploding" in capsys.readouterr().err
     finally:
-        _registered.pop("test-exploding", None)
+        REGISTRY.unregister("test-exploding")
 
 
 def test_resume_skips_finished_cells_and_refuses_non_empty_out(tmp_path, tiny_raw):

@@ -1,13 +1,14 @@
-"""The timing policy (icl_bench.timing) and the runner's use of it, on a fake clock: deterministic,
+"""The timing policy (icl_bench.bench.timing) and the runner's use of it, on a fake clock: deterministic,
 no real timing is asserted here (throughput itself is measured in benchmarks/)."""
 import gc
 
 import pytest
 import torch
 
-import icl_bench.timing as timing
+import icl_bench.bench.timing as timing
 from icl_bench import PromptSpec, Solver, sample_prompts
-from icl_bench.runner import Cell, _timed_predictions
+from icl_bench.bench.cells import Cell
+from icl_bench.bench.runner import _timed_predictions
 
 
 class FakeClock:
@@ -106,9 +107,9 @@ def test_runner_warms_up_outside_the_timer_and_reports_seconds_per_pass(clock):
 
 
 def test_run_matrix_uses_timing_threads_and_restores_them(tiny_raw, monkeypatch):
-    from icl_bench.config import parse_config
-    from icl_bench.runner import run_matrix
-    import icl_bench.runner as runner
+    from icl_bench.bench.config import parse_config
+    from icl_bench.bench.runner import run_matrix
+    import icl_bench.bench.runner as runner
 
     seen = []
     real = runner.run_cell
@@ -125,7 +126,7 @@ def test_run_matrix_uses_timing_threads_and_restores_them(tiny_raw, monkeypatch)
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True])
 def test_timing_threads_must_be_a_non_negative_integer(tiny_raw, bad):
-    from icl_bench.config import parse_config
+    from icl_bench.bench.config import parse_config
     from icl_bench.errors import ConfigError
 
     tiny_raw["timing"]["threads"] = bad

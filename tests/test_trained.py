@@ -6,10 +6,13 @@ import pytest
 import torch
 
 from icl_bench import PromptSpec, get_solver, make_batch, sample_prompts
-from icl_bench.checkpoint import save_checkpoint
-from icl_bench.solver import SkipCell
-from icl_bench.trained import DEFAULT_MODELS_DIR, find_checkpoints
-from icl_bench.transformer import Transformer, TransformerConfig
+from icl_bench.solvers.checkpoint import save_checkpoint
+from icl_bench.solvers.base import SkipCell
+from icl_bench.resources import models_dir
+from icl_bench.solvers.trained import find_checkpoints
+
+DEFAULT_MODELS_DIR = models_dir()
+from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
 SHIPPED_R = (10.0, 100.0, 1000.0)
 SOLVERS = ("trained-l1", "trained-nol1", "trained-lsa")

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from icl_bench.transformer import Transformer, TransformerConfig
+from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
 
 def random_model(keys, layernorm, readout="query", N=None, seed=0, scale=0.5):
@@ -20,7 +20,7 @@ def random_model(keys, layernorm, readout="query", N=None, seed=0, scale=0.5):
 
 
 def naive_attention(attn, h):
-    """A loop over prompts, heads, tokens and keys: the definition in DESIGN section 4."""
+    """A loop over prompts, heads, tokens and keys: the definition in docs/design.md §4."""
     B, T, d = h.shape
     M = T - 1 if attn.keys == "masked" else T
     out = torch.zeros_like(h)

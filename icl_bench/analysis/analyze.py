@@ -1,0 +1,163 @@
+"""Mechanism analysis of a transformer: is it sparse, and does it run the LayerNorm closed form?
+
+`analyze(model, R)` returns one flat dict of headline numbers (the l1 sweep's table rows):
+
+    sparsity, l1, hoyer          over every weight; "per_matrix": the same per parameter (JSON text)
+    similarity                   weight-space similarity to the construction, invariant to the
+                                 exact symmetries of docs/design.md §7 (icl_bench.analysis.similarity)
+    similarity.<component>       its cosines: embed, layer{i}.out, layer{i}.gram, readout
+    alignment                    JSON text: the residual-slot alignment that similarity found
+    repr.layer{i}.r2.s{j}        representation space (docs/design.md §7): R^2 of construction slot j
+                                 after block i, linearly decoded from the model's residual stream;
+                                 .query_r2 the same at the query token, .token_r2 from the raw tokens
+    repr.layer{i}.gp             how close that linear map is to a generalized permutation (1 = one)
+    probe.*                      LayerNorm probes (icl_bench.analysis.probes): layer 1 vs centred x, y; the
+                                 query's layer-2 LN output vs b_hat (u - x_bar)
+    mse_vs_ols                   the model's error on the analysis prompts
+
+Sparsity: fraction of entries with |w| < 1e-3 max|w| (docs/design.md §3; per parameter relative to
+its own max, overall relative to the global max, as the runner's weight_sparsity), the l1 norm,
+and Hoyer's sparsity (Hoyer 2004, "Non-negative matrix factorization with sparseness constraints",
+eq. 1): (sqrt(n) - ||w||_1 / ||w||_2) / (sqrt(n) - 1), 0 for a flat vector, 1 for a single spike.
+The method and what the numbers mean: docs/analysis.md.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from icl_bench.analysis.probes import mechanism_probes
+from icl_bench.analysis.representation import representation_similarity
+from icl_bench.analysis.similarity import alignment_json, similarity
+from icl_bench.bench.metrics import prediction_metrics
+from icl_bench.errors import ConfigError
+from icl_bench.files import jsonable
+from icl_bench.prompts.generator import MAX_VALUES, PromptSpec, sample_prompts
+from icl_bench.solvers.checkpoint import load_checkpoint
+from icl_bench.solvers.ln_closed_form import build_construction
+from icl_bench.solvers.sparsity import SPARSITY_REL_THRESHOLD, hoyer, weight_l1, weight_sparsity
+from icl_bench.solvers.transformer import Transformer
+
+DEFAULT_N = 20  # context length of the analysis prompts when the model's readout does not fix it
+DEFAULT_NOISE = 0.1  # label noise of the analysis prompts (the issue's evaluation setting)
+
+
+def sparsity_report(model: Transformer) -> dict:
+    """Sparsity, l1 norm and Hoyer sparsity over every weight (Transformer.weight_matrices:
+    embedding, W_Q/W_K/W_V/W_O, LayerNorm gains and biases, readout), and per parameter.
+
+    Returns: {"sparsity", "l1", "hoyer": floats, "per_matrix": JSON text of
+    {name: {"sparsity", "l1", "hoyer"}} (NaN as null; an all-zero tensor has sparsity 1)}.
+    """
+    w = model.weight_matrices()
+    per = {}
+    for name, t in w.items():
+        a = t.detach().abs().double()
+        top = float(a.max()) if a.numel() else 0.0
+        per[name] = {"sparsity": float((a < SPARSITY_REL_THRESHOLD * top).double().mean()) if top > 0 else 1.0,
+                     "l1": float(a.sum()), "hoyer": hoyer(t)}
+    return {"sparsity": weight_sparsity(w), "l1": weight_l1(w),
+            "hoyer": hoyer(torch.cat([t.reshape(-1).double().cpu() for t in w.values()])),
+            "per_matrix": json.dumps(jsonable(per))}
+
+
+def probe_report(model: Transformer, tokens: torch.Tensor) -> dict[str, float]:
+    """The LayerNorm probes of icl_bench.analysis.probes (centering after block 1, division in block 2's
+    LN at the query) as flat numbers: probe.<name>.{r2, slope, r2_stream, slot}; NaN when the
+    model has no such layer (e.g. one block)."""
+    names = ("centering.x", "centering.y", "division")
+    try:
+        fits = mechanism_probes(model.probe(tokens), tokens)
+    except ConfigError:
+        return {f"probe.{n}.{f}": math.nan for n in names for f in ("r2", "slope", "r2_stream", "slot")}
+    return {f"probe.{n}.{f}": float(getattr(fits[n], f)) for n in names for f in ("r2", "slope", "r2_stream", "slot")}
+
+
+def analyze(model: Transformer, R: float, *, n_prompts: int = 2048, N: int | None = None, seed: int = 0,
+            noise: float = DEFAULT_NOISE) -> dict:
+    """Every headline number of the mechanism analysis, as one flat dict (module docstring).
+
+    Args:
+        model: any Transformer (a float64 copy is analysed; the model is not modified).
+        R: the embedding constant the model was trained for; the construction is built for it,
+            with the model's key set (masked / query-in-context), and the prompts carry it.
+        n_prompts: analysis prompts (>= 8; half fit, half score the representation maps).
+        N: context length; default: the model's N for a flatten readout, else 20.
+        seed: seeds the prompts and the alignment search.
+        noise: label noise of the prompts.
+    Returns:
+        flat dict of floats, ints and strings (alignment / assignments as JSON text): sparsity,
+        l1, hoyer (+ per parameter), similarity (+ per component), alignment, repr.*, probe.*,
+        mse_vs_ols, and the settings R, N, noise, n_prompts, seed. Values that cannot be computed
+        for this model (e.g. similarity of a 3-block model) are NaN, with the reason in
+        "alignment".
+    Raises:
+        ConfigError: bad R, n_prompts, N or noise, or N that the model's flatten readout rejects.
+    """
+    if isinstance(n_prompts, bool) or not isinstance(n_prompts, int) or n_prompts < 8:
+        raise ConfigError(f"n_prompts: must be an integer >= 8 (got {n_prompts!r})")
+    if not isinstance(noise, (int, float)) or not math.isfinite(noise) or noise < 0:
+        raise ConfigError(f"noise: must be a finite number >= 0 (got {noise!r})")
+    cfg = model.cfg
+    if N is None:
+        N = cfg.N if cfg.readout == "flatten" else DEFAULT_N
+    if isinstance(N, bool) or not isinstance(N, int) or N < 2:
+        raise ConfigError(f"N: must be an integer >= 2 (got {N!r})")
+    if n_prompts * (N + 1) > MAX_VALUES:
+        raise ConfigError(f"n_prompts: n_prompts * (N + 1) = {n_prompts * (N + 1)} prompt values exceed "
+                          f"{MAX_VALUES}; lower --n-prompts or --N")
+    if cfg.readout == "flatten" and N != cfg.N:
+        raise ConfigError(f"N: this model's flatten readout fixes N={cfg.N} (got {N})")
+    construction = build_construction(R, variant=cfg.keys, dtype=torch.float64)  # ConfigError for bad R
+    m = copy.deepcopy(model).to(device="cpu", dtype=torch.float64).eval()
+    batch = sample_prompts(PromptSpec(N=N, noise=float(noise), R=float(R)), n_prompts, seed=seed, dtype="float64")
+    out: dict = {"R": float(R), "N": N, "noise": float(noise), "n_prompts": n_prompts, "seed": seed}
+    with torch.no_grad():
+        out["mse_vs_ols"] = prediction_metrics(m(batch.tokens), batch)["mse_vs_ols"]
+    out.update(sparsity_report(model))
+    try:
+        score, align = similarity(m, construction, seed=seed)
+        out["similarity"] = score
+        out.update({f"similarity.{k}": v for k, v in align["components"].items()})
+        out["alignment"] = alignment_json(align)
+    except ConfigError as exc:
+        out["similarity"] = math.nan
+        out["alignment"] = json.dumps({"error": str(exc)})
+    try:
+        out.update(representation_similarity(m, construction, batch.tokens))
+    except ConfigError:
+        pass  # a different number of blocks: no slot-by-slot comparison
+    out.update(probe_report(m, batch.tokens))
+    return out
+
+
+def analyze_checkpoint(path: str | Path, **kwargs) -> dict:
+    """`analyze` of a saved checkpoint (icl_bench.solvers.checkpoint), at the R stored in its metadata and,
+    unless N is given, the training N stored there (query readout; a flatten readout fixes N).
+
+    Args:
+        path: the checkpoint (either file of the .safetensors / .json pair, or the stem).
+        kwargs: passed to `analyze` (n_prompts, N, seed, noise).
+    Returns:
+        analyze's dict plus "checkpoint" (the path as given).
+    Raises:
+        ConfigError: a missing or bad checkpoint, metadata without a finite R > 0, bad kwargs.
+    """
+    model, meta = load_checkpoint(path)
+    R = meta.get("R")
+    if isinstance(R, bool) or not isinstance(R, (int, float)) or not math.isfinite(R) or R <= 0:
+        raise ConfigError(f"checkpoint: {path} metadata has no valid R (got {R!r})")
+    N = meta.get("N")
+    if kwargs.get("N") is None and model.cfg.readout == "query" and isinstance(N, int) and not isinstance(N, bool) and N >= 2:
+        kwargs["N"] = N  # the context length it was trained on
+    return {"checkpoint": str(path), **analyze(model, float(R), **kwargs)}
+
+
+# the few numbers a table or a console line should show (analyze returns many more)
+HEADLINE = ("mse_vs_ols", "sparsity", "l1", "hoyer", "similarity", "repr.layer0.r2_mean", "repr.layer1.r2_mean",
+            "repr.layer1.query_r2.s3", "repr.layer1.gp", "probe.centering.x.r2", "probe.centering.y.r2",
+            "probe.division.r2", "probe.division.slope")

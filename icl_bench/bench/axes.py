@@ -1,0 +1,40 @@
+"""The grid axes of the benchmark matrix: the one definition of each axis.
+
+An axis has a name (the config key under [grid], the Cell field and the result column), its
+default values, a validator for one value and the result column's dtype. The matrix config
+(bench/config.py), the cell expansion (bench/cells.py), the result schema (bench/schema.py) and
+the report (report/aggregate.py) all read this tuple; adding an axis means adding it here and
+giving `Cell` a field of the same name that the prompt source or the solver reads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from icl_bench.config_base import choice, integer, number
+from icl_bench.prompts.generator import DTYPES
+
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One grid axis (see the module docstring)."""
+
+    name: str
+    default: tuple  # values when [grid] does not name the axis
+    check: Callable[[Any], Any]  # one raw TOML value -> the checked value (raises a config problem)
+    column_dtype: str  # pandas dtype of the result column
+    numeric: bool  # True: plots may use it as an x axis; False: a categorical setting
+    help: str
+
+
+AXES: tuple[Axis, ...] = (
+    Axis("N", (20,), integer(2), "int64", True, "context length: examples per prompt"),
+    Axis("noise", (0.1,), number(ge=0), "float64", True, "std of the label noise (NaN for CSV data)"),
+    Axis("R", (100.0,), number(gt=0), "float64", True, "the constant in every token's third slot"),
+    Axis("dtype", ("float32",), choice(tuple(DTYPES)), "object", False, "floating-point type of prompts and solver"),
+    Axis("device", ("cpu",), choice(DEVICES), "object", False, "torch device the solver runs on"),
+)
+AXIS_NAMES: tuple[str, ...] = tuple(a.name for a in AXES)
+BY_NAME: dict[str, Axis] = {a.name: a for a in AXES}

@@ -1,0 +1,189 @@
+"""Matrix config: a TOML file -> a validated `MatrixConfig` (docs/design.md, "Matrix config").
+
+A list is a grid axis, a scalar a fixed value. Every problem raises `ConfigError` with one line
+that names the key and the accepted values, before anything is written to disk.
+
+    seed = 0                 # base seed; each grid point derives its own
+    n_prompts = 2048         # prompts per cell
+    batch_size = 2048        # prompts per predict() call
+    [grid]                   # the axes of bench/axes.py (N, noise, R, dtype, device): lists or scalars
+    [prompts]                # x / slope / intercept = { dist, loc, scale } (default standard normal)
+    all_solvers = true       # run every registered solver (default: true iff there is no [solvers])
+    [solvers.NAME]           # one table per solver, its parameters (lists = grids); with
+                             # all_solvers, the solvers not named here run with their defaults
+    [data]                   # optional CSV prompt source: path, x, y (columns)
+    [timing]                 # repeats (median reported), max_seconds (stop repeating after),
+                             # threads (torch threads for the run; 0 = torch's default)
+    [executor]               # where cells run (docs/scale-out.md): kind = "local" | "dask",
+                             # scheduler, n_workers, exclusive_timing, retries
+"""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+from pydantic import BeforeValidator, Field, ValidationInfo, create_model, field_validator, model_validator
+
+from icl_bench.bench.axes import AXES
+from icl_bench.config_base import (MAX_SEED, ConfigModel, axis_list, choice, flag, integer, number, problem, read_toml,
+                                   text, validate)
+from icl_bench.errors import ConfigError
+from icl_bench.prompts.data import DataSource, check_source
+from icl_bench.prompts.generator import DISTRIBUTIONS, MAX_VALUES, Dist
+
+MAX_THREADS = 1024  # torch.set_num_threads beyond this crashes the process (seen at 100000)
+MAX_PROMPTS = 2**24  # n_prompts and batch_size: torch.quantile (abs_err_* metrics) takes <= 2**24 values
+EXECUTORS = ("local", "dask")
+FLOAT_MAX = {"float32": 3.4028234663852886e38, "float64": 1.7976931348623157e308}
+
+Grid = create_model(  # one field per axis of bench/axes.py, in that order
+    "Grid", __base__=ConfigModel,
+    **{a.name: (Annotated[list, BeforeValidator(axis_list(a.check))], list(a.default)) for a in AXES},
+)
+Grid.__getitem__ = lambda self, name: getattr(self, name)  # cfg.grid["N"]
+Grid.__doc__ = "The [grid] table: one list of values per axis (bench/axes.py)."
+
+
+class DistTable(ConfigModel):
+    """One `[prompts]` entry: {dist, loc, scale} (prompts/generator.py: Dist)."""
+
+    dist: Annotated[str, BeforeValidator(choice(DISTRIBUTIONS, "distribution"))] = "normal"
+    loc: Annotated[float, BeforeValidator(number())] = 0.0
+    scale: Annotated[float, BeforeValidator(number(ge=0))] = 1.0
+
+    def to_dist(self) -> Dist:
+        return Dist(self.dist, self.loc, self.scale)
+
+
+class Prompts(ConfigModel):
+    """The [prompts] table: distributions of x, slope and intercept (default standard normal)."""
+
+    x: DistTable = DistTable()
+    slope: DistTable = DistTable()
+    intercept: DistTable = DistTable()
+
+
+class Timing(ConfigModel):
+    """The [timing] table (bench/timing.py is the policy)."""
+
+    repeats: Annotated[int, BeforeValidator(integer(1))] = 3  # timed passes; the median is reported
+    max_seconds: Annotated[float, BeforeValidator(number(gt=0))] = 1.0  # stop repeating after this much timing
+    threads: Annotated[int, BeforeValidator(integer(0, MAX_THREADS))] = 0  # torch threads (0: torch's default)
+
+
+class Executor(ConfigModel):
+    """The [executor] table: where the cells run (bench/executors.py, docs/scale-out.md). Not part
+    of the run's identity: --resume may continue a run on another executor, with the same table."""
+
+    kind: Annotated[str, BeforeValidator(choice(EXECUTORS))] = "local"  # local: this process; dask: a cluster
+    scheduler: Annotated[str, BeforeValidator(text)] = ""  # dask: tcp://host:8786 of a running cluster; "": a LocalCluster
+    n_workers: Annotated[int, BeforeValidator(integer(1, MAX_THREADS))] = 2  # LocalCluster: processes, one thread each
+    exclusive_timing: Annotated[bool, BeforeValidator(flag)] = False  # one timed cell per machine at a time
+    retries: Annotated[int, BeforeValidator(integer(0, 100))] = 2  # LocalCluster: re-runs after a worker died
+
+    @model_validator(mode="after")
+    def _scheduler_needs_dask(self) -> "Executor":
+        if self.scheduler and self.kind != "dask":
+            raise problem('only with kind = "dask"', key="executor.scheduler")
+        return self
+
+
+def _solver_grid(name: str, params: Any) -> list[dict]:
+    """Expand one [solvers.NAME] table into its parameter sets; ConfigError for bad ones."""
+    from icl_bench.solvers.registry import SolverLoadError, UnknownSolverError, get_solver_class
+
+    if not isinstance(params, dict):
+        raise ConfigError(f"solvers.{name}: must be a table of parameters (got {params!r})")
+    try:
+        cls = get_solver_class(name)
+    except UnknownSolverError as exc:
+        raise ConfigError(f"solvers.{name}: {str(exc).split(': ', 1)[1]}") from None
+    except SolverLoadError:  # recorded as error rows by the runner; the rest still runs
+        return [dict(params)]
+    axes = {k: (v if isinstance(v, list) else [v]) for k, v in params.items()}
+    for k, v in axes.items():
+        if not v:
+            raise ConfigError(f"solvers.{name}.{k}: empty list; give at least one value")
+    combos = [dict(zip(axes, vals)) for vals in itertools.product(*axes.values())]
+    for combo in combos:
+        try:
+            cls(**combo)
+        except ValueError as exc:  # ConfigError from Param.check: already "solvers.NAME.PARAM: ..."
+            raise ConfigError(str(exc)) from None
+        except Exception:  # a solver that cannot even be built: its cells become error rows
+            pass
+    return combos
+
+
+class MatrixConfig(ConfigModel):
+    """A validated benchmark matrix (see the module docstring for the TOML form)."""
+
+    seed: Annotated[int, BeforeValidator(integer(0, MAX_SEED))] = 0
+    n_prompts: Annotated[int, BeforeValidator(integer(1, MAX_PROMPTS))] = 2048
+    batch_size: Annotated[int, BeforeValidator(integer(1, MAX_PROMPTS))] = 2048
+    all_solvers: Annotated[bool, BeforeValidator(flag)] = True  # also run every other registered solver
+    grid: Grid = Field(default_factory=Grid)
+    prompts_: Prompts = Field(default_factory=Prompts, alias="prompts")
+    solvers: dict[str, Any] = Field(default_factory=dict)  # name -> expanded parameter sets (list of dicts)
+    data: Optional[DataSource] = None
+    timing: Timing = Field(default_factory=Timing)
+    executor: Executor = Field(default_factory=Executor)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_all_solvers(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and "all_solvers" not in raw:
+            raw = {**raw, "all_solvers": "solvers" not in raw}
+        return raw
+
+    @field_validator("solvers", mode="before")
+    @classmethod
+    def _solvers(cls, raw: Any) -> dict:
+        if not isinstance(raw, dict):
+            raise problem(f"must be a table (got {type(raw).__name__})")
+        return raw  # expanded in _check (needs all_solvers)
+
+    @model_validator(mode="after")
+    def _check(self, info: ValidationInfo) -> "MatrixConfig":
+        g = self.grid
+        if self.n_prompts * (max(g.N) + 1) > MAX_VALUES:
+            raise problem(f"n_prompts * (N + 1) = {self.n_prompts * (max(g.N) + 1)} prompt values exceed "
+                          f"{MAX_VALUES} per grid point; lower n_prompts or N", key="n_prompts")
+        for dtype in g.dtype:
+            for R in g.R:
+                if R > FLOAT_MAX[dtype]:
+                    raise problem(f"R={R:g} overflows {dtype} (max {FLOAT_MAX[dtype]:.3g}); lower R or drop {dtype}", key="grid.R")
+        if not self.solvers and "solvers" in (info.context or {}).get("given", ()) and not self.all_solvers:
+            raise problem("empty table; name at least one solver, remove [solvers] or set all_solvers = true", key="solvers")
+        return self
+
+    @property
+    def prompts(self) -> dict[str, Dist]:
+        """{"x", "slope", "intercept"} -> Dist."""
+        return {k: getattr(self.prompts_, k).to_dist() for k in ("x", "slope", "intercept")}
+
+
+def parse_config(raw: dict, *, base_dir: Path | None = None) -> MatrixConfig:
+    """Validate a config dict (as loaded from TOML) into a MatrixConfig.
+
+    Raises:
+        ConfigError: any unknown key, wrong type, out-of-range value, unknown solver or solver
+            parameter, empty grid, or a missing CSV file / column.
+    """
+    cfg = validate(MatrixConfig, raw, context={"given": tuple(raw) if isinstance(raw, dict) else ()})
+    updates = {}
+    if cfg.solvers:
+        updates["solvers"] = {name: _solver_grid(name, params) for name, params in raw["solvers"].items()}
+    if cfg.data is not None:
+        updates["data"] = check_source(cfg.data, cfg.grid.N, base_dir)
+    return cfg.model_copy(update=updates) if updates else cfg
+
+
+def load_config(path: str | Path) -> MatrixConfig:
+    """Read and validate a TOML matrix config.
+
+    Raises:
+        ConfigError: a missing / unreadable / non-UTF-8 / invalid TOML file, or any parse_config error.
+    """
+    return parse_config(read_toml(path), base_dir=Path(path).parent)

@@ -1,0 +1,61 @@
+"""Per-cell metrics: prediction errors against OLS / truth / target (weight sparsity: solvers/sparsity.py).
+
+Errors are computed in float64 over the prompts where both the prediction and the reference are
+finite; the non-finite predictions are counted (`n_nonfinite`), never silently averaged.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from icl_bench.prompts.generator import PromptBatch
+
+def _mse(pred: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(mean, standard error of the mean) of the squared error over the finite prompts.
+
+    The standard error is std(squared errors, ddof=1) / sqrt(n); NaN with fewer than 2 prompts.
+    """
+    ok = torch.isfinite(pred) & torch.isfinite(ref)
+    n = int(ok.sum())
+    if n == 0:
+        return math.nan, math.nan
+    sq = (pred[ok] - ref[ok]) ** 2  # (n,)
+    se = float(sq.std(correction=1) / math.sqrt(n)) if n > 1 else math.nan
+    return float(sq.mean()), se
+
+
+def prediction_metrics(pred: torch.Tensor, batch: PromptBatch) -> dict[str, float | int]:
+    """Error metrics of predictions against a batch's references.
+
+    Args:
+        pred: (B,) predictions (any float dtype/device).
+        batch: the PromptBatch they answer.
+    Returns:
+        mse_vs_ols, mse_vs_truth (vs y_query_clean; NaN for real data), mse_vs_target
+        (vs the noisy y_query), abs_err_median and abs_err_p99 (quantiles of |pred - ols|),
+        n_nonfinite (number of non-finite predictions), and mse_vs_ols_se, mse_vs_truth_se (the
+        standard error of those two means over the prompts: std of the squared errors / sqrt(n);
+        used by the report for confidence intervals). Units: squared units of y, units of y.
+    Raises:
+        ValueError: pred is not of shape (B,).
+    """
+    if pred.shape != (batch.B,):
+        raise ValueError(f"predict: returned shape {tuple(pred.shape)}, expected ({batch.B},)")
+    p = pred.detach().to("cpu", torch.float64)
+    ols = batch.ols_prediction.detach().to("cpu", torch.float64)
+    err = (p - ols).abs()
+    err = err[torch.isfinite(err)]
+    q = (lambda a: float(torch.quantile(err, a))) if err.numel() else (lambda a: math.nan)
+    vs_ols, vs_ols_se = _mse(p, ols)
+    vs_truth, vs_truth_se = _mse(p, batch.y_query_clean.detach().to("cpu", torch.float64))
+    return {
+        "mse_vs_ols": vs_ols,
+        "mse_vs_ols_se": vs_ols_se,
+        "mse_vs_truth": vs_truth,
+        "mse_vs_truth_se": vs_truth_se,
+        "mse_vs_target": _mse(p, batch.y_query.detach().to("cpu", torch.float64))[0],
+        "abs_err_median": q(0.5),
+        "abs_err_p99": q(0.99),
+        "n_nonfinite": int((~torch.isfinite(p)).sum()),
+    }

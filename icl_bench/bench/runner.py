@@ -1,0 +1,221 @@
+"""The matrix runner: expand a config into cells (bench/cells.py), run each, persist each row as
+it completes.
+
+`run_cell` is a pure function of its `Cell` (prompt generation included; a small cache shares one
+prompt batch between the solvers of a grid point), so cells run on any executor
+(bench/executors.py: in this process, or as tasks on a Dask cluster); the driver alone stores each
+finished row as it arrives (docs/scale-out.md).
+
+On disk, in the output folder (bench/store.py):
+    config.json        the run's config, written first (--resume refuses another config)
+    cells.sqlite       one finished row per cell (SQLite, WAL mode, one transaction per cell)
+    results.parquet    the tidy table (one row per cell, the columns of bench/schema.py)
+    results.csv        the same table as CSV
+    metadata.json      config, seed, package versions, device, git commit, executor, start / end time
+`resume=True` reuses every valid stored cell and recomputes the rest; a stored row that fails its
+checksum is recomputed, never merged.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import replace
+from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
+from icl_bench.bench import hostload, schema, store
+from icl_bench.bench.cells import Cell, cell_prompts, expand_cells
+from icl_bench.bench.config import Executor, MatrixConfig
+from icl_bench.bench.executors import make_executor, worker_name
+from icl_bench.bench.metrics import prediction_metrics
+from icl_bench.bench.schema import CELL_COLUMNS, COLUMNS, METRIC_COLUMNS, RESULT_COLUMNS
+from icl_bench.bench.timing import sync, time_passes
+from icl_bench.files import dumps
+from icl_bench.solvers.base import SkipCell
+from icl_bench.solvers.registry import get_solver
+
+def _timed_predictions(solver, batch, cell: Cell) -> tuple[torch.Tensor, float]:
+    """Warm up, then time full passes of predict over the batch in chunks (icl_bench.bench.timing).
+
+    Returns (predictions of the last pass (B,), median seconds per pass). Only predict() is
+    inside the timer (the chunks are views cut before it starts); CUDA work is synchronised
+    before each clock read; passes shorter than timing.MIN_SAMPLE_S are grouped per sample.
+    """
+    chunks = [batch.slice(i, i + cell.batch_size) for i in range(0, batch.B, cell.batch_size)]
+    with torch.no_grad():
+        solver.predict(chunks[0])  # warm-up: lazy construction, caches, kernels
+        if chunks[-1].B != chunks[0].B:
+            solver.predict(chunks[-1])  # the odd-sized last chunk too
+        sync(cell.device)
+        preds, seconds, _, _ = time_passes(lambda: [solver.predict(c) for c in chunks], cell.device,
+                                           repeats=cell.repeats, max_seconds=cell.max_seconds)
+    for p, c in zip(preds, chunks):
+        if not isinstance(p, torch.Tensor) or tuple(p.shape) != (c.B,):
+            shape = tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__
+            raise TypeError(f"predict returned {shape}, expected a tensor of shape ({c.B},)")
+        if p.dtype != c.dtype:
+            raise TypeError(f"predict returned dtype {p.dtype}, expected {c.dtype}")
+        if p.device != c.device:
+            raise TypeError(f"predict returned a tensor on {p.device}, expected {c.device}")
+    return torch.cat(preds), seconds
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN equal to NaN."""
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+def _check_untouched(batch, pristine) -> None:
+    """Solvers must never modify their batch (docs/design.md, "Solver"): name the fields that changed."""
+    changed = [k for k, v in batch.tensors().items() if not _same(v, getattr(pristine, k))]
+    if changed:
+        raise RuntimeError(f"predict modified the prompt batch in place ({', '.join(changed)})")
+
+
+def run_cell(cell: Cell, timing_slot=None) -> dict:
+    """Run one cell and return its result row (never raises for a solver's failure).
+
+    `timing_slot`: optional context-manager factory wrapped around the timed section; the dict it
+    yields is merged into the row (bench/hostload.py: timing_slot gives `concurrency`).
+    """
+    row = {c: math.nan for c in COLUMNS}
+    row.update({k: getattr(cell, k) for k in CELL_COLUMNS})
+    row.update(status="ok", message="", n_nonfinite=-1, started_at=datetime.now(timezone.utc).isoformat(),
+               executor="local", worker="local")
+    t0 = time.perf_counter()
+    try:
+        if cell.device.startswith("cuda") and not torch.cuda.is_available():
+            raise SkipCell("CUDA is not available on this machine (torch.cuda.is_available() is False)")
+        solver = get_solver(cell.solver, **json.loads(cell.solver_params))
+        pristine = cell_prompts(cell.prompts, cell.N, cell.noise, cell.R, cell.n_prompts, cell.seed, cell.dtype, cell.device)
+        batch = replace(pristine, **{k: v.clone() for k, v in pristine.tensors().items()})  # the cache stays intact
+        solver.check_batch(batch)
+        with (timing_slot or _no_slot)() as extra:
+            pred, seconds = _timed_predictions(solver, batch, cell)
+        row.update(extra)
+        _check_untouched(batch, pristine)
+        row.update(prediction_metrics(pred, batch))
+        row["prompts_per_s"] = batch.B / seconds if seconds > 0 else math.inf
+        w = solver.weights()
+        row["weight_sparsity"], row["weight_l1"] = weight_sparsity(w), weight_l1(w)
+    except SkipCell as exc:
+        row.update(status="skipped", message=str(exc))
+    except (Exception, SystemExit) as exc:  # one failing cell is a row, never the end of the run
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        where = f" ({Path(frame.filename).name}:{frame.lineno})"
+        row.update({c: math.nan for c in METRIC_COLUMNS}, n_nonfinite=-1)  # no half-computed numbers
+        row.update(status="error", message=" ".join(f"{type(exc).__name__}: {exc}{where}".splitlines()))
+    row["elapsed_s"] = time.perf_counter() - t0
+    return row
+
+
+@contextmanager
+def _no_slot():
+    yield {}
+
+
+def failed_row(cell: Cell, status: str, message: str) -> dict:
+    """The row of a cell the executor could not run (a worker died under it, no GPU worker...)."""
+    row = {c: math.nan for c in COLUMNS}
+    row.update({k: getattr(cell, k) for k in CELL_COLUMNS})
+    row.update(status=status, message=message, n_nonfinite=-1, started_at=datetime.now(timezone.utc).isoformat(),
+               executor="dask", worker="")
+    return row
+
+
+def run_cell_task(cell: Cell, *, threads: int = 0, exclusive: bool = False, executor: str = "local") -> dict:
+    """run_cell as an executor task: marks this process busy on its machine, records the cells
+    running there while it was timed (bench/hostload.py), and where it ran."""
+    with torch_threads(threads), hostload.busy():
+        row = run_cell(cell, timing_slot=lambda: hostload.timing_slot(exclusive))
+    row.update(executor=executor, worker=worker_name())
+    return row
+
+
+@contextmanager
+def torch_threads(n: int):
+    """torch.set_num_threads(n) inside the block (n = 0: unchanged); the old count is restored."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: bool = False,
+               progress: bool = True, executor: Executor | None = None) -> pd.DataFrame:
+    """Run every cell of `config` and return the tidy result table (one row per cell).
+
+    Args:
+        config: a validated MatrixConfig (see bench/config.py: load_config / parse_config).
+        out: output folder; None keeps everything in memory (nothing written).
+        resume: reuse the finished cells found in `out` (otherwise `out` must not hold a run).
+        progress: show a progress bar (cells done / total and the last finished cell).
+        executor: where the cells run; None: config.executor (default: in this process).
+    Returns:
+        pandas.DataFrame with COLUMNS, in the matrix order whatever the executor; failing cells
+        have status "error", impossible ones "skipped".
+    Raises:
+        ConfigError: `out` is a file or not writable, already holds a run and resume is False,
+            or is being written by another icl-bench process; the Dask scheduler cannot be
+            reached or dask is not installed. Nothing is written to `out` then.
+    """
+    cells = expand_cells(config)
+    ex_cfg = executor or config.executor
+    ex = make_executor(ex_cfg)  # before `out` is touched: an unreachable scheduler writes nothing
+    cells_db = None
+    try:
+        if out is not None:
+            out = Path(out)
+            identity = {k: v for k, v in config.to_dict().items() if k != "executor"}  # any executor resumes
+            config_json = dumps(identity, sort_keys=True)
+            cells_db = store.CellStore(out, RESULT_COLUMNS, resume=resume, config_json=config_json)
+        with torch_threads(config.timing.threads):  # timing.threads = 0: torch's default
+            started = datetime.now(timezone.utc).isoformat()
+            stored = cells_db.load() if (cells_db is not None and resume) else {}
+            keys = [cell.key for cell in cells]
+            rows = {}
+            for key, cell in zip(keys, cells):
+                if key in stored:
+                    rows[key] = {**{k: getattr(cell, k) for k in CELL_COLUMNS}, **stored[key]}
+            reused = len(rows)
+            todo = list({k: c for k, c in zip(keys, cells) if k not in rows}.values())  # each key once
+            key_of = {id(c): k for k, c in zip(keys, cells)}  # Cell.key hashes the cell: compute it once
+            if ex.kind == "local":
+                work = partial(run_cell_task, exclusive=ex_cfg.exclusive_timing)
+            else:
+                work = partial(run_cell_task, threads=config.timing.threads, exclusive=ex_cfg.exclusive_timing,
+                               executor="dask")
+            bar = tqdm(total=len(cells), initial=reused, unit="cell", disable=not progress, dynamic_ncols=True)
+            for cell, row, failure in ex.results(todo, work):
+                if row is None:
+                    row = failed_row(cell, *failure)
+                key = key_of[id(cell)]
+                if cells_db is not None:
+                    cells_db.put(key, row)
+                rows[key] = row
+                bar.set_postfix_str(cell.describe(), refresh=False)
+                bar.update()
+            bar.close()
+            table = schema.table([rows[key] for key in keys])
+            if cells_db is not None:
+                meta = store.run_metadata(config, started=started, table=table)
+                meta["n_cells_reused"] = reused  # cells taken from an earlier (interrupted) run by --resume
+                meta["executor"] = ex.describe()
+                cells_db.write_results(table, meta)
+    finally:
+        ex.close()
+        if cells_db is not None:
+            cells_db.close()
+    return table

@@ -1,0 +1,182 @@
+"""The one config layer: TOML reading, a pydantic base model and the shared field validators.
+
+Every config the suite reads (the benchmark matrix in bench/config.py, training runs and sweeps
+in training/config.py) is a `ConfigModel` validated by `validate`. A problem becomes one
+`ConfigError` line `<dotted.key>: <problem; accepted values>`, which the CLI prints as
+`icl-bench: error: ...` with exit code 2 (docs/design.md, "Bad input").
+
+Field validators (`integer`, `number`, `choice`, `flag`, `text`, `axis_list`) are plain functions
+wrapped as pydantic `BeforeValidator`s: they check the raw TOML value themselves so that the
+message names our accepted values, not pydantic's internal types.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
+
+from icl_bench.errors import ConfigError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python < 3.11
+    import tomli as tomllib
+
+MAX_SEED = 2**63 - 1  # seeds are stored as 64-bit integers (parquet)
+
+
+def problem(msg: str, key: str | None = None) -> PydanticCustomError:
+    """A validation problem with our own message; `key` overrides the location (cross-field checks)."""
+    return PydanticCustomError("icl", "{msg}", {"msg": msg, "key": key})
+
+
+class ConfigModel(BaseModel):
+    """Base of every config table: unknown keys are refused with the list of accepted ones, and a
+    non-table value is refused as such. Instances are frozen (a validated config never changes)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _table(cls, data: Any) -> Any:
+        if isinstance(data, cls):
+            return data
+        if not isinstance(data, dict):
+            raise problem(f"must be a table (got {type(data).__name__})")
+        accepted = [f.alias or name for name, f in cls.model_fields.items()]
+        for k in data:
+            if k not in accepted:
+                raise PydanticCustomError("icl_key", "{msg}", {"msg": f"unknown key; accepted: {', '.join(accepted)}",
+                                                               "unknown": str(k)})
+        return data
+
+    def to_dict(self) -> dict:
+        """Plain dict of the validated values (JSON-able; what run folders and checkpoints store)."""
+        return self.model_dump(mode="python", by_alias=True)
+
+
+def _loc(err: dict, where: str) -> str:
+    parts = [where] if where else []
+    parts += [str(p) for p in err["loc"] if not isinstance(p, int)]
+    ctx = err.get("ctx") or {}
+    if ctx.get("key"):
+        parts = ([where] if where else []) + [ctx["key"]]
+    if err["type"] == "icl_key":
+        parts.append(ctx["unknown"])
+    return ".".join(parts)
+
+
+def format_error(exc: ValidationError, where: str = "") -> str:
+    """One line for the first problem of `exc`: `<dotted.key>: <message>` (list indices dropped)."""
+    err = exc.errors(include_url=False)[0]
+    msg = err["msg"]
+    if err["type"] == "missing":
+        msg = "required key is missing"
+    elif err["type"] == "literal_error":
+        msg = f"unknown value {err['input']!r}; accepted: {', '.join(map(str, err['ctx']['expected'].replace(chr(39), '').split(' or ')))}"
+    return f"{_loc(err, where)}: {msg}"
+
+
+def validate(model: type[ConfigModel], raw: Any, *, where: str = "", context: dict | None = None) -> Any:
+    """`model` validated from `raw` (a dict as read from TOML).
+
+    Raises:
+        ConfigError: one line naming the first bad key (prefixed by `where`) and what is accepted.
+    """
+    try:
+        return model.model_validate(raw, context=context)
+    except ValidationError as exc:
+        raise ConfigError(format_error(exc, where)) from None
+
+
+def read_toml(path: str | Path, key: str = "--config") -> dict:
+    """The raw dict of a TOML file.
+
+    Raises:
+        ConfigError (naming `key`): the path is a folder, missing, unreadable, not UTF-8 or not TOML.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{key}: {str(path)!r} is a folder; give a .toml file")
+    if not path.is_file():
+        raise ConfigError(f"{key}: no such file {str(path)!r}")
+    try:
+        return tomllib.loads(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{key}: cannot read {path.name} ({exc.strerror or type(exc).__name__})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{key}: {path.name} is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{key}: {path.name} is not valid TOML ({exc})".replace("\n", " ")) from None
+
+
+# ---- field validators (raw TOML value -> checked Python value) ----
+
+def integer(lo: int, hi: int | None = None) -> Callable[[Any], int]:
+    """An int in [lo, hi] (bool is not an int here)."""
+    def check(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise problem(f"expected an integer >= {lo}, got {v!r}")
+        if v < lo:
+            raise problem(f"must be >= {lo} (got {v})")
+        if hi is not None and v > hi:
+            raise problem(f"must be <= {hi} (got {v})")
+        return v
+    return check
+
+
+def number(*, gt: float | None = None, ge: float | None = None, lt: float | None = None) -> Callable[[Any], float]:
+    """A finite float with optional bounds gt (>), ge (>=), lt (<); ints are accepted."""
+    bounds = " and ".join(b for b in (gt is not None and f"> {gt:g}", ge is not None and f">= {ge:g}",
+                                      lt is not None and f"< {lt:g}") if b)
+
+    def check(v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise problem(f"expected a number, got {v!r}")
+        v = float(v)
+        ok = math.isfinite(v) and (gt is None or v > gt) and (ge is None or v >= ge) and (lt is None or v < lt)
+        if not ok:
+            raise problem(f"must be finite{' and ' + bounds if bounds else ''} (got {v})")
+        return v
+    return check
+
+
+def choice(options: Iterable[str], what: str = "value") -> Callable[[Any], str]:
+    """One of `options` (exact text); the message calls a wrong one an unknown `what`."""
+    options = tuple(options)
+
+    def check(v: Any) -> str:
+        if v not in options:
+            raise problem(f"unknown {what} {v!r}; accepted: {', '.join(options)}")
+        return v
+    return check
+
+
+def flag(v: Any) -> bool:
+    """true or false (TOML booleans only)."""
+    if not isinstance(v, bool):
+        raise problem(f"expected true or false, got {v!r}")
+    return v
+
+
+def text(v: Any) -> str:
+    """A string (may be empty)."""
+    if not isinstance(v, str):
+        raise problem(f"expected text, got {v!r}")
+    return v
+
+
+def axis_list(item: Callable[[Any], Any], *, unique: bool = True) -> Callable[[Any], list]:
+    """A grid axis: a scalar is a one-value list; every value checked by `item`; no repeats."""
+    def check(v: Any) -> list:
+        values = v if isinstance(v, list) else [v]
+        if not values:
+            raise problem("empty list; give at least one value")
+        out = [item(x) for x in values]
+        if unique and len(set(out)) != len(out):
+            raise problem(f"repeated values in {values!r}")
+        return out
+    return check

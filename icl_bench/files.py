@@ -1,0 +1,88 @@
+"""Files the suite writes: atomic replacement and the one JSON policy.
+
+Every file is written to a uniquely named temporary file in the same folder, flushed and fsynced,
+renamed over its final name (atomic on POSIX) and the folder fsynced, so a reader sees either the
+old complete file or the new complete file (docs/design.md, "Crash safety").
+
+JSON is standard JSON (RFC 8259) everywhere: NaN and +-inf are written as null, numpy / torch
+scalars as numbers, tuples as lists. Readers turn null back into NaN where a column is numeric
+(bench/axes.py holds the result schema that says which).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+TMP_SUFFIX = ".tmp"
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the entries of folder `path` (new names, renames) durable; a no-op where unsupported."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | Path, data: bytes) -> None:
+    """Replace `path` by `data` atomically: unique temp file, fsync, rename, fsync of the folder.
+
+    The temp file is `.<name>.<pid>-<hex>.tmp` beside `path`; it is removed if the write fails.
+    Raises:
+        OSError: the folder is missing or not writable (nothing is left behind).
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def jsonable(v: Any) -> Any:
+    """`v` with NaN / inf -> None and numpy / torch scalars and arrays -> Python numbers / lists."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    if hasattr(v, "tolist") and not isinstance(v, (str, bytes)):  # numpy / torch scalars and arrays
+        return jsonable(v.tolist())
+    if isinstance(v, Path):
+        return str(v)
+    return v
+
+
+def dumps(obj: Any, *, indent: int | None = None, sort_keys: bool = False) -> str:
+    """Standard JSON text of `obj` (see the module docstring); never writes NaN or Infinity.
+
+    Raises:
+        TypeError: `obj` holds a value JSON cannot represent (after the conversions above).
+    """
+    return json.dumps(jsonable(obj), indent=indent, sort_keys=sort_keys, allow_nan=False)
+
+
+def write_json(path: str | Path, obj: Any, *, indent: int | None = 2, sort_keys: bool = False) -> None:
+    """Write `obj` as standard JSON to `path` atomically (with a trailing newline)."""
+    write_atomic(path, (dumps(obj, indent=indent, sort_keys=sort_keys) + "\n").encode())

@@ -1,0 +1,114 @@
+"""Prompts from real data: a CSV file with an x and a y column.
+
+Each prompt draws N + 1 distinct rows (seeded): the first N are the context, the last one the
+query, whose observed y is the target. Real data has no clean truth, so y_query_clean, slope
+and intercept are NaN and the runner reports mse_vs_truth = NaN. Rows with NaN / inf are kept:
+they make degenerate prompts, which every solver must answer with NaN (bench/metrics.py counts
+them in n_nonfinite).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import pandas as pd
+import torch
+from pydantic import BeforeValidator
+
+from icl_bench.config_base import ConfigModel, problem
+from icl_bench.errors import ConfigError
+from icl_bench.prompts.generator import PromptBatch, make_batch
+
+
+def _required_text(v) -> str:
+    if not isinstance(v, str) or not v:
+        raise problem(f"required text value (got {v!r})")
+    return v
+
+
+RequiredText = Annotated[str, BeforeValidator(_required_text)]
+
+
+class DataSource(ConfigModel):
+    """The `[data]` table: a CSV file whose rows are drawn as prompts.
+
+    path: a file path (relative paths are tried against the config file's folder too), or
+    "matplotlib:NAME" for a sample file bundled with matplotlib (e.g. matplotlib:msft.csv).
+    """
+
+    path: RequiredText = ""  # the CSV file
+    x: RequiredText = ""  # column of inputs
+    y: RequiredText = ""  # column of targets
+
+    def resolve(self) -> Path:
+        """The file's path on disk."""
+        if self.path.startswith("matplotlib:"):
+            import matplotlib
+
+            return Path(matplotlib.get_data_path()) / "sample_data" / self.path.split(":", 1)[1]
+        return Path(self.path)
+
+
+def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -> DataSource:
+    """`src` with its path resolved against `base_dir` if needed, after checking the file.
+
+    Raises:
+        ConfigError: a missing or unreadable file, a missing or non-numeric column, or fewer
+            than max(Ns) + 1 rows (or rows with finite x and y).
+    """
+    for k in ("path", "x", "y"):
+        _required = getattr(src, k)
+        if not _required:
+            raise ConfigError(f"data.{k}: required text value (got {_required!r})")
+    path = src.resolve()
+    if not path.is_file() and base_dir is not None and (base_dir / path).is_file():
+        src = DataSource(path=str(base_dir / path), x=src.x, y=src.y)
+        path = src.resolve()
+    if not path.is_file():
+        raise ConfigError(f"data.path: no such file {str(path)!r}")
+    try:
+        frame = pd.read_csv(path)
+    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, OSError) as exc:
+        raise ConfigError(f"data.path: cannot read {str(path)!r} as CSV ({type(exc).__name__})") from None
+    for k in ("x", "y"):
+        col = getattr(src, k)
+        if col not in frame.columns:
+            raise ConfigError(f"data.{k}: no column {col!r} in {path.name}; columns: {', '.join(map(str, frame.columns))}")
+        if len(frame) and not pd.api.types.is_numeric_dtype(frame[col]):
+            raise ConfigError(f"data.{k}: column {col!r} is not numeric")
+    n = max(Ns)
+    if n + 1 > len(frame):
+        raise ConfigError(f"grid.N: N={n} needs at least {n + 1} rows of data; {path.name} has {len(frame)}")
+    finite = int((np.isfinite(frame[src.x].to_numpy(float)) & np.isfinite(frame[src.y].to_numpy(float))).sum())
+    if n + 1 > finite:  # NaN / inf rows are kept (degenerate prompts), but some must be usable
+        raise ConfigError(f"data.path: N={n} needs at least {n + 1} rows with finite x and y; {path.name} has {finite}")
+    return src
+
+
+@lru_cache(maxsize=4)
+def _columns(source: DataSource) -> tuple[np.ndarray, np.ndarray]:
+    frame = pd.read_csv(source.resolve())
+    return frame[source.x].to_numpy(np.float64), frame[source.y].to_numpy(np.float64)
+
+
+def sample_data_prompts(source: DataSource, N: int, R: float, n_prompts: int, *, seed: int,
+                        dtype="float32", device="cpu") -> PromptBatch:
+    """Draw `n_prompts` prompts of N context rows + 1 query row from a CSV file.
+
+    Returns:
+        PromptBatch: x, y (B, N); x_query, y_query (B,) from the held-out row; the OLS reference
+        from the context; truth fields NaN.
+    Raises:
+        ConfigError: the file has fewer than N + 1 rows.
+    """
+    xs, ys = _columns(source)
+    if len(xs) < N + 1:
+        raise ConfigError(f"grid.N: N={N} needs at least {N + 1} rows of data; {source.path} has {len(xs)}")
+    rng = np.random.default_rng(seed)
+    # (B, N+1) row indices, distinct within each prompt: argsort of uniform keys = random permutation
+    idx = np.argsort(rng.random((n_prompts, len(xs))), axis=1)[:, : N + 1]
+    x, y = xs[idx], ys[idx]  # (B, N+1)
+    return make_batch(torch.from_numpy(x[:, :N]), torch.from_numpy(y[:, :N]), torch.from_numpy(x[:, N]),
+                      R=R, dtype=dtype, device=device, y_query=torch.from_numpy(y[:, N]))

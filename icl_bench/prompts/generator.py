@@ -1,0 +1,225 @@
+"""The shared prompt generator: one source of (x, y) regression prompts for every solver.
+
+A prompt is N context examples (x_i, y_i) with y_i = a + b*x_i + eps_i, eps_i ~ N(0, noise^2),
+plus a query x = u. Every solver in the suite reads the same `PromptBatch`
+(docs/design.md, "Prompt batch", is the contract):
+
+    x              (B, N)       context inputs
+    y              (B, N)       context targets (noisy)
+    x_query        (B,)         query input u
+    y_query        (B,)         noisy target a + b*u + eps
+    y_query_clean  (B,)         a + b*u  (NaN for real data, which has no clean truth)
+    slope          (B,)         b        (NaN for real data)
+    intercept      (B,)         a        (NaN for real data)
+    ols_prediction (B,) float64 least-squares prediction from the context, in float64
+    tokens         (B, N+1, 3)  row i = (x_i, y_i, R) for i < N, last row = (u, 0, R)
+
+Sampling draws in float64 on the CPU from a seeded `torch.Generator`, then casts to the requested
+dtype and moves to the device, so a spec + seed gives identical values in every process and the
+float32 and float64 cells of one grid point see the same prompts (up to rounding).
+The OLS reference is computed in float64 *from the cast values*, so it is exactly the
+least-squares answer for the data the solver sees.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+
+from icl_bench.prompts.ols import ols_predict
+
+DISTRIBUTIONS = ("normal", "uniform")
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+MAX_VALUES = 2**27  # n_prompts * (N + 1): prompt values one batch may hold in memory (~ 5 GiB in float64)
+
+
+@dataclass(frozen=True)
+class Dist:
+    """A named one-dimensional distribution with location and scale.
+
+    normal:  N(loc, scale^2).
+    uniform: U[loc, loc + scale]  (the scipy.stats location/scale convention).
+    """
+
+    dist: str = "normal"  # one of DISTRIBUTIONS
+    loc: float = 0.0  # location (mean for normal, left end for uniform)
+    scale: float = 1.0  # standard deviation (normal) or width (uniform); >= 0
+
+    def __post_init__(self):
+        if self.dist not in DISTRIBUTIONS:
+            raise ValueError(f"dist: unknown distribution {self.dist!r}; accepted: {', '.join(DISTRIBUTIONS)}")
+        if not (math.isfinite(self.loc) and math.isfinite(self.scale)) or self.scale < 0:
+            raise ValueError(f"dist: loc must be finite and scale finite and >= 0 (got loc={self.loc}, scale={self.scale})")
+
+    def sample(self, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+        """Draw float64 CPU samples of `shape` from `gen`."""
+        if self.dist == "normal":
+            return self.loc + self.scale * torch.randn(shape, generator=gen, dtype=torch.float64)
+        return self.loc + self.scale * torch.rand(shape, generator=gen, dtype=torch.float64)
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """Everything that defines a distribution of prompts (hashable, so it can key caches)."""
+
+    N: int = 20  # context length (number of (x, y) examples); >= 2
+    noise: float = 0.0  # standard deviation of the label noise eps; >= 0
+    R: float = 100.0  # the large constant in the third token coordinate; > 0, finite
+    x: Dist = field(default_factory=Dist)  # distribution of context x and of the query u
+    slope: Dist = field(default_factory=Dist)  # distribution of b
+    intercept: Dist = field(default_factory=Dist)  # distribution of a
+
+    def __post_init__(self):
+        if isinstance(self.N, bool) or not isinstance(self.N, int) or self.N < 2:
+            raise ValueError(f"N: must be an integer >= 2 (got {self.N!r})")
+        if not math.isfinite(self.noise) or self.noise < 0:
+            raise ValueError(f"noise: must be finite and >= 0 (got {self.noise!r})")
+        if not math.isfinite(self.R) or self.R <= 0:
+            raise ValueError(f"R: must be finite and > 0 (got {self.R!r})")
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """A batch of B prompts; see the module docstring for every field's shape.
+
+    All tensors share one device; `ols_prediction` is float64, the rest are in `dtype`.
+    Treat it as read-only: solvers must not modify it in place.
+    """
+
+    x: torch.Tensor  # (B, N)
+    y: torch.Tensor  # (B, N)
+    x_query: torch.Tensor  # (B,)
+    y_query: torch.Tensor  # (B,)
+    y_query_clean: torch.Tensor  # (B,)
+    slope: torch.Tensor  # (B,)
+    intercept: torch.Tensor  # (B,)
+    ols_prediction: torch.Tensor  # (B,) float64
+    tokens: torch.Tensor  # (B, N+1, 3)
+    R: float  # the embedding constant written in tokens[..., 2]
+
+    @property
+    def B(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def N(self) -> int:
+        return self.x.shape[1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.x.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The tensor fields by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "R"}
+
+    def to(self, device: str | torch.device) -> "PromptBatch":
+        """A copy on `device` (the same object if already there)."""
+        if torch.device(device) == self.device:
+            return self
+        return replace(self, **{k: v.to(device) for k, v in self.tensors().items()})
+
+    def slice(self, start: int, stop: int) -> "PromptBatch":
+        """Prompts start..stop-1 as a batch (views, no copy)."""
+        return replace(self, **{k: v[start:stop] for k, v in self.tensors().items()})
+
+
+def make_tokens(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor, R: float) -> torch.Tensor:
+    """Token matrix (B, N+1, 3): rows (x_i, y_i, R), then the query row (u, 0, R). Dtype of x."""
+    B, N = x.shape
+    tokens = torch.empty(B, N + 1, 3, dtype=x.dtype, device=x.device)
+    tokens[:, :N, 0] = x
+    tokens[:, :N, 1] = y
+    tokens[:, N, 0] = x_query
+    tokens[:, N, 1] = 0.0
+    tokens[:, :, 2] = R
+    return tokens
+
+
+def _assemble(x, y, x_query, y_query, y_clean, slope, intercept, *, R, dtype, device) -> PromptBatch:
+    dt = resolve_dtype(dtype)
+    cast = lambda t: t.to(device=device, dtype=dt)  # noqa: E731
+    x, y, x_query = cast(x), cast(y), cast(x_query)
+    ols = ols_predict(x.double(), y.double(), x_query.double())
+    return PromptBatch(
+        x=x, y=y, x_query=x_query, y_query=cast(y_query), y_query_clean=cast(y_clean),
+        slope=cast(slope), intercept=cast(intercept), ols_prediction=ols,
+        tokens=make_tokens(x, y, x_query, float(R)), R=float(R),
+    )
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """'float32' / 'float64' (or the torch dtype itself) -> torch dtype; ValueError otherwise."""
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"dtype: unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
+
+
+def sample_prompts(spec: PromptSpec, n_prompts: int, *, seed: int, dtype="float32", device="cpu") -> PromptBatch:
+    """Draw `n_prompts` prompts from `spec`, reproducibly.
+
+    Args:
+        spec: the prompt distribution (N, noise, R and the x / slope / intercept distributions).
+        n_prompts: batch size B >= 1.
+        seed: integer seed of the CPU float64 generator; same spec + seed -> same tensors.
+        dtype: "float32" or "float64" (or the torch dtype) of every field but ols_prediction.
+        device: torch device of the batch ("cpu", "cuda", ...).
+    Returns:
+        PromptBatch with B = n_prompts.
+    Raises:
+        ValueError: n_prompts < 1 or an unknown dtype.
+    """
+    if isinstance(n_prompts, bool) or not isinstance(n_prompts, int) or n_prompts < 1:
+        raise ValueError(f"n_prompts: must be an integer >= 1 (got {n_prompts!r})")
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    B, N = n_prompts, spec.N
+    slope = spec.slope.sample((B,), gen)  # (B,)
+    intercept = spec.intercept.sample((B,), gen)  # (B,)
+    x = spec.x.sample((B, N), gen)  # (B, N)
+    x_query = spec.x.sample((B,), gen)  # (B,)
+    eps = spec.noise * torch.randn(B, N + 1, generator=gen, dtype=torch.float64)  # (B, N+1)
+    y = intercept[:, None] + slope[:, None] * x + eps[:, :N]
+    y_clean = intercept + slope * x_query
+    y_query = y_clean + eps[:, N]
+    return _assemble(x, y, x_query, y_query, y_clean, slope, intercept, R=spec.R, dtype=dtype, device=device)
+
+
+def make_batch(x, y, x_query, *, R: float, dtype="float64", device="cpu", y_query=None) -> PromptBatch:
+    """Wrap the user's own arrays as a PromptBatch (the OLS reference is computed for them too).
+
+    Args:
+        x, y: context, array-likes of shape (B, N) or (N,) (one prompt).
+        x_query: query inputs, shape (B,) or a scalar.
+        R: the embedding constant (> 0, finite).
+        dtype, device: as in `sample_prompts`.
+        y_query: optional observed query targets (B,); NaN if not given.
+    Returns:
+        PromptBatch; y_query_clean, slope and intercept are NaN (no known truth).
+    Raises:
+        ValueError: shapes that do not match, N < 2, or a bad R / dtype.
+    """
+    x = torch.as_tensor(x, dtype=torch.float64).cpu()
+    y = torch.as_tensor(y, dtype=torch.float64).cpu()
+    u = torch.as_tensor(x_query, dtype=torch.float64).cpu()
+    if x.ndim == 1:
+        x, y = x[None], y[None]
+    if x.ndim != 2 or x.shape != y.shape:
+        raise ValueError(f"x, y: must both have shape (B, N) or (N,) (got {tuple(x.shape)} and {tuple(y.shape)})")
+    if x.shape[1] < 2:
+        raise ValueError(f"N: must be >= 2 (got {x.shape[1]})")
+    u = u.reshape(-1) if u.ndim else u.expand(x.shape[0])
+    if u.shape != (x.shape[0],):
+        raise ValueError(f"x_query: must have shape ({x.shape[0]},) or be a scalar (got {tuple(u.shape)})")
+    if not math.isfinite(R) or R <= 0:
+        raise ValueError(f"R: must be finite and > 0 (got {R!r})")
+    nan = torch.full_like(u, float("nan"))
+    yq = nan if y_query is None else torch.as_tensor(y_query, dtype=torch.float64).reshape(-1).cpu()
+    return _assemble(x, y, u, yq, nan, nan, nan, R=R, dtype=dtype, device=device)
+

@@ -1,0 +1,215 @@
+"""Model plots: weight heat-maps of transformer solvers beside the LayerNorm construction, and the
+LayerNorm probe scatter (what a model's stream holds vs the closed form's statistics).
+
+The models come from code and checkpoint files only (`collect_models`): the construction
+(solvers/ln_closed_form.py, docs/ln-closed-form.md), the checkpoints the run's trained-* cells used
+and those given with --checkpoint. No solver is re-run; the numbers of the report's tables come
+from the stored results alone.
+
+Heat-maps show the symmetry-reduced maps of docs/design.md ("Symmetries"), not the raw factors: per layer l and
+head k, QK = W_Q^T W_K (the bilinear score form) and OV = W_O W_V (the value-to-output map), since
+only these change predictions; plus the embedding, the LayerNorm gain and bias and the readout.
+They are shown as they are, without aligning the residual coordinates (a trained model may use
+a permuted, rescaled basis); each panel is coloured on its own scale, centred at 0.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+import torch
+from matplotlib.figure import Figure
+
+from icl_bench import resources
+from icl_bench.analysis.probes import mechanism_probes
+from icl_bench.prompts.generator import PromptSpec, sample_prompts
+from icl_bench.prompts.ols import ols_fit
+from icl_bench.report.aggregate import select
+from icl_bench.report.plots import PlotSkipped
+from icl_bench.solvers.checkpoint import load_checkpoint
+from icl_bench.solvers.ln_closed_form import build_construction
+from icl_bench.solvers.registry import get_solver_class
+
+MAX_POINTS = 1500  # points per scatter panel (a random subset when there are more)
+LN_KEY = re.compile(r"blocks\.(\d+)\.ln\.weight$")
+
+
+def has_layernorm(weights: dict) -> bool:
+    """True for Transformer weight dicts whose blocks have LayerNorm (comparable with the construction)."""
+    return any(LN_KEY.match(k) for k in weights)
+
+
+def reduced_maps(weights: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """Symmetry-reduced matrices of `Transformer.weight_matrices()` (see the module docstring).
+
+    Returns: ordered name -> 2-D float64 array: "embed" (d_model, 3), "L{l}H{k} QK" and
+        "L{l}H{k} OV" (d_model, d_model), "L{l} LN γ/β" (2, d_model), "readout" (1, width).
+    Raises:
+        PlotSkipped: the dict lacks embed.weight / blocks.*.attn.W_Q (not a transformer's weights).
+    """
+    w = {k: v.detach().double().cpu().numpy() for k, v in weights.items()}
+    if "embed.weight" not in w or "blocks.0.attn.W_Q" not in w:
+        raise PlotSkipped(f"weights have no embed.weight / blocks.0.attn.W_Q (names: {', '.join(list(w)[:6])})")
+    out = {"embed": w["embed.weight"]}
+    layer = 0
+    while f"blocks.{layer}.attn.W_Q" in w:
+        p = f"blocks.{layer}."
+        for k in range(w[p + "attn.W_Q"].shape[0]):
+            out[f"L{layer + 1}H{k + 1} QK"] = w[p + "attn.W_Q"][k].T @ w[p + "attn.W_K"][k]
+            out[f"L{layer + 1}H{k + 1} OV"] = w[p + "attn.W_O"][k] @ w[p + "attn.W_V"][k]
+        if p + "ln.weight" in w:
+            out[f"L{layer + 1} LN γ/β"] = np.stack([w[p + "ln.weight"], w.get(p + "ln.bias", 0 * w[p + "ln.weight"])])
+        layer += 1
+    if "readout.weight" in w:
+        out["readout"] = w["readout.weight"]
+    return out
+
+
+def _fitting_checkpoint(solver: str, params: str, R: float, N: int) -> Path | None:
+    """The checkpoint file a trained-* solver serves (R, N) with (its models_dir or the shipped
+    one), or None for solvers that are not checkpoint-backed or have none."""
+    from icl_bench.solvers.trained import TrainedSolver, checkpoint_fits, find_checkpoints
+
+    cls = get_solver_class(solver)
+    if not issubclass(cls, TrainedSolver):
+        return None
+    models_dir = json.loads(params or "{}").get("models_dir") or resources.models_dir()
+    fits = [p for p, meta in find_checkpoints(models_dir, solver) if checkpoint_fits(meta, R, N)]
+    return fits[0] if fits else None
+
+
+def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts: int = 512, seed: int = 0):
+    """The transformers to draw, from code and checkpoint files only (no solver is re-run): the
+    LayerNorm construction at the setting's R, the checkpoint each trained-* solver with ok cells
+    at `setting` used (its models_dir, or the shipped models), and the checkpoints given.
+
+    The probe traces are the models' forward passes on `n_prompts` prompts drawn at the setting
+    (N, noise, R; standard-normal x, slope, intercept; float64) with `seed`.
+
+    Returns:
+        (models, notes): models = label -> {"weights": dict, "trace": dict} (trace: the model's
+        probe() intermediates plus "tokens"); notes = what was left out and why.
+    """
+    notes, models = [], {}
+    R, N = float(setting["R"]), int(setting["N"])
+    noise = float(setting["noise"]) if np.isfinite(float(setting["noise"])) else 0.0
+    tokens = sample_prompts(PromptSpec(N=N, noise=noise, R=R), n_prompts, seed=seed, dtype="float64").tokens
+
+    def add(label: str, model) -> None:
+        model = model.to(torch.float64).eval()
+        with torch.no_grad():
+            models[label] = {"weights": model.weight_matrices(), "trace": {"tokens": tokens, **model.probe(tokens)}}
+
+    add(f"construction (R={R:g})", build_construction(R))
+    at = select(table[table["status"] == "ok"], setting, ("N", "noise", "R"))
+    for (solver, params), _ in at.groupby(["solver", "solver_params"]):
+        label = f"{solver} {params}" if params not in ("", "{}") else solver
+        try:
+            path = _fitting_checkpoint(solver, params, R, N)
+        except Exception as exc:  # an unknown or broken solver: a note, not the end of the report
+            notes.append(f"{label}: not drawn ({type(exc).__name__}: {exc})")
+            continue
+        if path is None:
+            continue  # not checkpoint-backed: its weights are a construction drawn from code
+        model, _ = load_checkpoint(path)
+        if not model.cfg.layernorm:
+            notes.append(f"{label}: no LayerNorm weights, not drawn beside the LayerNorm construction")
+            continue
+        add(f"{label} ({Path(path).stem})", model)
+    for path in checkpoints:
+        try:
+            model, _ = load_checkpoint(path)
+            add(f"checkpoint {path}", model)
+        except Exception as exc:
+            notes.append(f"--checkpoint {path}: not drawn ({type(exc).__name__}: {exc})")
+    return models, notes
+
+
+def weight_heatmaps(models: dict[str, dict]) -> Figure:
+    """One row per model, one heat-map per reduced map (`reduced_maps`), annotated with values.
+
+    Args: models: label -> {"weights": Transformer weight dict, ...} (collect_models).
+    Raises: PlotSkipped when no model has transformer weights.
+    """
+    maps = {}
+    for label, m in models.items():
+        try:
+            maps[label] = reduced_maps(m["weights"])
+        except PlotSkipped:
+            continue
+    if not maps:
+        raise PlotSkipped("weight heat-maps: no transformer weights (construction or solver) to draw")
+    names = list(dict.fromkeys(k for mm in maps.values() for k in mm))
+    sns.set_theme(style="white", context="paper")
+    width, height = 1.55 * len(names) + 0.5, 1.9 * len(maps) + 0.8  # inches
+    fig = Figure(figsize=(width, height))
+    axes = fig.subplots(len(maps), len(names), squeeze=False)
+    for i, (label, mm) in enumerate(maps.items()):
+        for j, name in enumerate(names):
+            ax = axes[i, j]
+            if name not in mm:
+                ax.axis("off")
+                continue
+            a = mm[name]
+            if a.shape[0] == 1 and a.shape[1] > 8:  # a flatten readout: one row per token
+                a = a.reshape(-1, mm["embed"].shape[0])
+            vmax = float(np.abs(a).max()) or 1.0
+            sns.heatmap(a, ax=ax, cmap="RdBu_r", center=0, vmin=-vmax, vmax=vmax, cbar=False, square=True,
+                        annot=a.size <= 16, fmt=".2g", annot_kws={"fontsize": 5}, linewidths=0.3)
+            ax.set_xlabel("input slot" if i == len(maps) - 1 else "", fontsize=6)
+            ax.set_ylabel((label + "\noutput slot") if j == 0 else "", fontsize=6)
+            ax.tick_params(labelsize=5)
+            if i == 0:
+                ax.set_title(name, fontsize=7)
+    fig.suptitle("Weights (QK = W_Qᵀ W_K, OV = W_O W_V; each panel on its own colour scale, unaligned)", fontsize=9)
+    # equal small panels: fixed margins in inches (tight_layout would measure ~200 annotations)
+    fig.subplots_adjust(left=0.9 / width, right=1 - 0.1 / width, bottom=0.45 / height, top=1 - 0.65 / height,
+                        wspace=0.35, hspace=0.45)
+    return fig
+
+
+def probe_scatter(models: dict[str, dict]) -> Figure:
+    """Per model (rows): scatter of the residual slot that best tracks each closed-form statistic
+    against that statistic (x - x_bar and y - y_bar after layer 1 at the context tokens; b_hat
+    (u - x_bar) in the query's layer-2 LayerNorm output), with the fitted line and R^2.
+
+    Raises: PlotSkipped when icl_bench.analysis.probes is absent or no model has a 2-layer trace.
+    """
+    fits = {}
+    for label, m in models.items():
+        t = m.get("trace")
+        if t and "layer0.resid" in t and "layer1.ln" in t:
+            fits[label] = (t, mechanism_probes(t, t["tokens"]))
+    if not fits:
+        raise PlotSkipped("probe scatter: no model with a LayerNorm trace (layer0.resid, layer1.ln)")
+    sns.set_theme(style="whitegrid", context="paper")
+    fig = Figure(figsize=(10, 2.9 * len(fits) + 0.6))
+    axes = fig.subplots(len(fits), 3, squeeze=False)
+    rng = np.random.default_rng(0)
+    for i, (label, (t, fit)) in enumerate(fits.items()):
+        tok = t["tokens"].double()
+        x, y, u = tok[:, :-1, 0], tok[:, :-1, 1], tok[:, -1, 0]  # (B, N), (B, N), (B,)
+        x_bar, y_bar, b_hat, _ = ols_fit(x, y)
+        targets = {"centering.x": ((x - x_bar[:, None]).reshape(-1), t["layer0.resid"][:, :-1]),
+                   "centering.y": ((y - y_bar[:, None]).reshape(-1), t["layer0.resid"][:, :-1]),
+                   "division": (b_hat * (u - x_bar), t["layer1.ln"][:, -1])}
+        for j, (key, (target, stream)) in enumerate(targets.items()):
+            f = fit[key]
+            slot = stream.reshape(-1, stream.shape[-1])[:, f.slot].double()
+            tx, sy = target.numpy(), slot.numpy()
+            keep = rng.permutation(tx.size)[:MAX_POINTS]
+            ax = axes[i, j]
+            ax.scatter(tx[keep], sy[keep], s=4, alpha=0.5)
+            line = np.linspace(np.nanmin(tx), np.nanmax(tx), 2)
+            ax.plot(line, f.slope * line + f.intercept, color="k", lw=0.8, label=f"slope {f.slope:.3g}")
+            ax.set_title(f"{label}\n{f.source}: slot {f.slot}, R² = {f.r2:.4f}", fontsize=7)
+            ax.set_xlabel(f"closed form {f.target} (y or x units)", fontsize=7)
+            ax.set_ylabel(f"stream slot {f.slot} (model units)", fontsize=7)
+            ax.legend(fontsize=6)
+    fig.suptitle("LayerNorm probes: stream slot vs the closed form's statistic", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    return fig

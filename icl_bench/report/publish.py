@@ -1,0 +1,239 @@
+"""`icl-bench publish RUN_DIR... --out DIR`: run folders -> tables, plots and a static web page.
+
+Writes into DIR (nothing else, nothing typed by hand):
+    index.html       the page: headline table, every plot, failed / skipped cells, run metadata
+    report.md        the same in markdown (headline, plots, failures, sparsity, notes)
+    headline.md      the README table (mean MSE vs OLS by solver x N) and the command that made it
+    summary.csv/.md  report.aggregate: one row per cell key, mean MSE with 95 % CI, throughput
+    failures.csv/.md every error / skipped cell (csv), grouped by message (md)
+    sparsity.csv/.md weight sparsity and L1 of the solvers with weights
+    results.csv      every input row, stacked, with its run folder
+    plots/*.png      mse_vs_n, mse_vs_r, gd_steps, throughput, weights, probes (each when possible)
+    publish.json     inputs, the representative setting, notes (skipped plots and why), versions
+Everything is first written to a hidden temporary folder beside DIR and moved into place at the
+end, so DIR never holds a half-written report. A non-empty DIR is refused unless force=True.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+import shlex
+import shutil
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from icl_bench.report import aggregate as report
+from icl_bench.errors import ConfigError
+
+PLOT_TITLES = {
+    "mse_vs_n": "Error vs context length N",
+    "mse_vs_r": "Error vs embedding constant R (float32 vs float64)",
+    "gd_steps": "GD steps vs error, beside the closed forms",
+    "throughput": "Throughput per solver, device and dtype",
+    "weights": "Weights of the transformer solvers beside the construction",
+    "probes": "LayerNorm probes",
+}
+
+
+def _check_out(out: Path, runs: list[Path], force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out: {out} exists and is not a folder")
+    for run in runs:
+        r, o = run.resolve(), out.resolve()
+        if r == o or o in r.parents or r in o.parents:
+            raise ConfigError(f"--out: {out} overlaps the run folder {run}; choose a folder outside it")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise ConfigError(f"--out: {out} is not empty; pass --force to replace it")
+        if not (out / "publish.json").is_file():  # --force never deletes a folder publish did not write
+            raise ConfigError(f"--out: {out} is not a folder written by icl-bench publish (no publish.json); "
+                              "--force only replaces such a folder")
+    if out.resolve() == Path.cwd().resolve():
+        raise ConfigError(f"--out: {out} is the current folder; choose a subfolder")
+
+
+def _figures(table, summary, setting, checkpoints):
+    """(name -> Figure, notes) for every plot that has data; the others become notes."""
+    from icl_bench.report import model_plots, plots
+
+    figs, notes = {}, []
+    makers = {
+        "mse_vs_n": lambda: plots.mse_vs_n(summary, setting),
+        "mse_vs_r": lambda: plots.mse_vs_r(summary, setting),
+        "gd_steps": lambda: plots.gd_steps(summary, setting),
+        "throughput": lambda: plots.throughput(table),
+    }
+    for name, make in makers.items():
+        try:
+            figs[name] = make()
+        except plots.PlotSkipped as exc:
+            notes.append(f"{name}.png not drawn: {exc}")
+    models, model_notes = model_plots.collect_models(table, setting, checkpoints)
+    notes += model_notes
+    for name, make in (("weights", model_plots.weight_heatmaps), ("probes", model_plots.probe_scatter)):
+        try:
+            figs[name] = make(models)
+        except plots.PlotSkipped as exc:
+            notes.append(f"{name}.png not drawn: {exc}")
+    return figs, notes
+
+
+def _html_table(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "<p>(none)</p>"
+    return df.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="NaN", border=0, classes="t")
+
+
+def _setting_text(setting: dict) -> str:
+    def fmt(v):
+        return ("n/a" if math.isnan(v) else f"{v:g}") if isinstance(v, float) else str(v)
+
+    return ", ".join(f"{k} = {fmt(v)}" for k, v in setting.items())
+
+
+def _index_html(ctx: dict) -> str:
+    e = html.escape
+    parts = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'><title>icl-bench results</title>",
+        "<style>body{font-family:sans-serif;max-width:1200px;margin:auto;padding:1em}"
+        "table.t{border-collapse:collapse;font-size:12px}table.t td,table.t th{border:1px solid #ccc;"
+        "padding:2px 6px}figure{margin:1em 0}img{max-width:100%}pre{background:#f6f6f6;padding:.5em;"
+        "overflow-x:auto;font-size:11px}</style></head><body>",
+        "<h1>icl-bench results</h1>",
+        f"<p>Generated {e(ctx['generated_at'])} by <code>{e(ctx['command'])}</code></p>",
+        f"<h2>Headline: mean MSE vs OLS [95 % CI] at {e(_setting_text(ctx['headline_at']))}</h2>",
+        _html_table(ctx["headline"]),
+        "<h2>Plots</h2>",
+    ]
+    for name in ctx["plots"]:
+        parts.append(f"<figure id='{name}'><img src='plots/{name}.png' alt='{e(PLOT_TITLES[name])}'>"
+                     f"<figcaption>{e(PLOT_TITLES[name])}</figcaption></figure>")
+    if ctx["notes"]:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in ctx["notes"]) + "</ul>")
+    parts += ["<h2>Failed and skipped cells</h2>", _html_table(ctx["failures"]),
+              "<h2>Weight sparsity</h2>", _html_table(ctx["sparsity"]),
+              "<h2>All cells (summary.csv)</h2><details><summary>show</summary>",
+              _html_table(ctx["summary_shown"]), "</details>", "<h2>Runs</h2>"]
+    for run, meta in ctx["runs"].items():
+        parts.append(f"<h3>{e(run)}</h3>")
+        if meta is None:
+            parts.append("<p>no metadata.json in this run folder</p>")
+            continue
+        facts = {k: meta.get(k) for k in ("git_commit", "seed", "started_at", "finished_at", "n_cells", "status_counts")}
+        parts.append("<pre>" + e(json.dumps(facts, indent=1)) + "</pre>")
+        for key in ("device", "packages", "config"):
+            parts.append(f"<details><summary>{key}</summary><pre>{e(json.dumps(meta.get(key), indent=1))}</pre></details>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _report_md(ctx: dict) -> str:
+    lines = ["# icl-bench results", "", f"Generated {ctx['generated_at']} by:", "", "```bash", ctx["command"], "```", "",
+             ctx["headline_md"], "## Plots", ""]
+    lines += [f"![{PLOT_TITLES[n]}](plots/{n}.png)" for n in ctx["plots"]]
+    lines += ["", "## Notes", ""] + [f"- {n}" for n in ctx["notes"]] + [""]
+    lines += ["## Failed and skipped cells", "", report.to_markdown(ctx["failures"]),
+              "## Weight sparsity", "", report.to_markdown(ctx["sparsity"]),
+              f"All cells: [summary.csv](summary.csv) ({len(ctx['summary'])} rows); runs: "
+              + ", ".join(f"`{r}`" for r in ctx["runs"]), ""]
+    return "\n".join(lines)
+
+
+def command_line(run_dirs, out, at: dict | None, checkpoints) -> str:
+    """The `icl-bench publish` command that regenerates this output (with --force)."""
+    args = ["icl-bench", "publish", *map(str, run_dirs), "--out", str(out)]
+    for k, v in (at or {}).items():
+        args += ["--at", f"{k}={v}"]
+    for c in checkpoints:
+        args += ["--checkpoint", str(c)]
+    return shlex.join(args + ["--force"])
+
+
+def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = None, checkpoints=()) -> dict:
+    """Aggregate run folders and write the report into `out` (see the module docstring).
+
+    Args:
+        run_dirs: folders written by `icl-bench run` (one or more; aggregated together).
+        out: the output folder; must be absent or empty unless force.
+        force: replace a non-empty `out` (only after the new report is complete).
+        at: representative setting overrides, axis -> value text (report.representative).
+        checkpoints: trained-model checkpoint paths to draw beside the construction.
+    Returns:
+        {"out": Path, "files": [relative paths], "notes": [str], "setting": dict}.
+    Raises:
+        ConfigError: bad run folders, --at values or --out (nothing is written then).
+    """
+    runs, out = [Path(r) for r in run_dirs], Path(out)
+    table, metas = report.load_runs(runs)  # read-only: bad run folders and --at values first
+    setting = report.representative(table, at)
+    _check_out(out, runs, force)
+    summary = report.aggregate(table)
+    head = report.headline(summary, setting)
+    headline_at = {k: v for k, v in setting.items() if k != "N"}
+    command = command_line(runs, out, at, checkpoints)
+    headline_md = "\n".join([
+        f"### Mean MSE vs OLS [95 % CI] by solver and N ({_setting_text(headline_at)})", "",
+        report.to_markdown(head), f"Regenerate with `{command}`; the 95 % CI method is described in icl_bench/report/aggregate.py.", ""])
+    figs, notes = _figures(table, summary, setting, checkpoints)
+    ctx = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command,
+           "headline": head, "headline_md": headline_md, "headline_at": headline_at, "plots": list(figs),
+           "notes": notes, "failures": report.failure_summary(table), "sparsity": report.sparsity(table),
+           "summary": summary.drop(columns=["series_rank"], errors="ignore"), "runs": metas}
+    one_source = summary["prompts"].nunique() <= 1  # then the long prompt-source JSON says nothing
+    ctx["summary_shown"] = ctx["summary"].drop(columns=["prompts"] if one_source else [])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        (tmp / "plots").mkdir()
+        for name, fig in figs.items():
+            fig.savefig(tmp / "plots" / f"{name}.png", dpi=110)
+        frames = {"summary": ctx["summary"], "failures": report.failures(table), "sparsity": ctx["sparsity"]}
+        for name, df in frames.items():
+            df.to_csv(tmp / f"{name}.csv", index=False)
+        table.drop(columns=["series_rank"]).to_csv(tmp / "results.csv", index=False)
+        (tmp / "summary.md").write_text(report.to_markdown(ctx["summary_shown"]))
+        (tmp / "failures.md").write_text(report.to_markdown(ctx["failures"]))
+        (tmp / "sparsity.md").write_text(report.to_markdown(ctx["sparsity"]))
+        (tmp / "headline.md").write_text(headline_md)
+        (tmp / "report.md").write_text(_report_md(ctx))
+        (tmp / "index.html").write_text(_index_html(ctx))
+        info = {"command": command, "runs": [str(r) for r in runs], "setting": setting, "notes": notes,
+                "generated_at": ctx["generated_at"], "ci": "95 % delta-method log interval (icl_bench/report/aggregate.py)"}
+        from icl_bench.provenance import package_versions
+
+        info["packages"] = package_versions()
+        (tmp / "publish.json").write_text(json.dumps(info, indent=2, default=_json_default))
+        old = None
+        if out.exists():  # empty, or force: move it aside, move the new report in, then delete it
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+            out.rename(old / "previous")
+        try:
+            tmp.rename(out)
+        except BaseException:
+            if old is not None:
+                (old / "previous").rename(out)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        _close(figs)
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    return {"out": out, "files": files, "notes": notes, "setting": setting}
+
+
+def _json_default(v):
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    return v.item() if hasattr(v, "item") else str(v)
+
+
+def _close(figs: dict) -> None:
+    for fig in figs.values():  # Figures made with plt (none here) would also need plt.close
+        fig.clf()

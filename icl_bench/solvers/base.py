@@ -1,0 +1,129 @@
+"""The solver contract: a small class with declared parameters and `predict(batch) -> (B,)`.
+
+Write a solver by subclassing `Solver`, declaring `params` (name -> `Param`) and implementing
+`predict`. Register it with `@register_solver("name")` (inside icl_bench) or through the
+`icl_bench.solvers` entry-point group (plugins; see README).
+
+    @register_solver("my-solver")
+    class MySolver(Solver):
+        '''One line that `icl-bench list` shows.'''
+        params = {"steps": Param(4, "number of iterations")}
+
+        def predict(self, batch):          # batch: PromptBatch
+            ...                            # -> (B,) tensor, batch.dtype, batch.device
+"""
+from __future__ import annotations
+
+import json
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from icl_bench.errors import ConfigError
+from icl_bench.prompts.generator import PromptBatch
+
+
+def nan_if_ill_posed(pred: torch.Tensor, batch: PromptBatch) -> torch.Tensor:
+    """`pred` (B,) with NaN at every prompt that has no unique least-squares answer, and in
+    place of +-inf (an overflow is no answer either).
+
+    Ill-posed prompts are those whose float64 OLS reference is NaN: a NaN or inf in x, y or the
+    query, or no spread in x (all x equal, up to rounding). No finite answer to them is right,
+    so a solver reports NaN there (and the runner counts it in `n_nonfinite`) instead of whatever
+    finite number its arithmetic happens to produce. Returns a new tensor; `pred` is untouched.
+    """
+    ok = torch.isfinite(batch.ols_prediction).to(pred.device) & ~torch.isinf(pred)  # (B,)
+    return pred.masked_fill(~ok, float("nan"))
+
+
+def r_lost(tokens: torch.Tensor, R: float) -> torch.Tensor:
+    """(B,) bool: prompts whose x, y or u are so large that R vanishes in rounding beside them
+    (|value| * eps >= R, eps of the tokens' dtype; e.g. |x| ~ 1e30 with R = 100 in float64).
+    A model that reads R from the token's third slot cannot tell it from the data there, so its
+    output carries no slope: transformer solvers answer NaN for these prompts.
+    Args: tokens (B, N+1, 3) as the model reads them; R the constant in their third slot."""
+    return tokens[..., :2].abs().amax(dim=(1, 2)) * torch.finfo(tokens.dtype).eps >= R
+
+
+class SkipCell(Exception):
+    """Raised by a solver that cannot handle a cell; the runner records status="skipped"."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """A declared solver parameter: its default (which fixes the type), help text and choices."""
+
+    default: Any
+    help: str = ""
+    choices: tuple | None = None  # accepted values, or None for any value of the default's type
+    min: float | None = None  # inclusive lower bound for numbers
+    max: float | None = None  # inclusive upper bound for numbers
+    gt: float | None = None  # exclusive lower bound for numbers (e.g. a step size > 0)
+
+    def check(self, solver: str, name: str, value: Any) -> Any:
+        """Validate and coerce `value`; ConfigError naming solver, parameter and accepted values."""
+        kind = type(self.default)
+        where = f"solvers.{solver}.{name}"
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if type(value) is not kind:
+            raise ConfigError(f"{where}: expected {kind.__name__}, got {value!r}")
+        if kind is float and not math.isfinite(value):
+            raise ConfigError(f"{where}: must be finite (got {value!r})")
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(f"{where}: {value!r} is not accepted; accepted: {', '.join(map(str, self.choices))}")
+        if self.min is not None and not value >= self.min:
+            raise ConfigError(f"{where}: must be >= {self.min} (got {value!r})")
+        if self.gt is not None and not value > self.gt:
+            raise ConfigError(f"{where}: must be > {self.gt} (got {value!r})")
+        if self.max is not None and not value <= self.max:
+            raise ConfigError(f"{where}: must be <= {self.max} (got {value!r})")
+        return value
+
+
+class Solver(ABC):
+    """Base class. Subclasses set `params` and implement `predict`.
+
+    Attributes:
+        name: the registered name (set by the registry).
+        params: class-level declaration, name -> Param.
+        values: this instance's parameter values, name -> value (defaults filled in).
+    """
+
+    name: ClassVar[str] = ""
+    params: ClassVar[dict[str, Param]] = {}
+
+    def __init__(self, **values: Any):
+        unknown = sorted(set(values) - set(self.params))
+        if unknown:
+            accepted = ", ".join(self.params) or "(none)"
+            raise ConfigError(f"solvers.{self.name}.{unknown[0]}: unknown parameter; accepted: {accepted}")
+        self.values = {k: p.check(self.name, k, values.get(k, p.default)) for k, p in self.params.items()}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.values.items())
+        return f"{type(self).__name__}({args})"
+
+    @property
+    def params_json(self) -> str:
+        """The parameter values as canonical JSON text (the result table's `solver_params`)."""
+        return json.dumps(self.values, sort_keys=True)
+
+    def check_batch(self, batch: PromptBatch) -> None:
+        """Raise SkipCell with a reason if this solver cannot run on `batch` (default: can)."""
+
+    @abstractmethod
+    def predict(self, batch: PromptBatch) -> torch.Tensor:
+        """Predictions at the queries: (B,) tensor in batch.dtype on batch.device. Never mutates batch.
+        NaN for a prompt the solver cannot answer (at least the ill-posed ones: see nan_if_ill_posed)."""
+
+    def weights(self) -> dict[str, torch.Tensor] | None:
+        """Named weight matrices for sparsity analysis, or None for solvers without weights."""
+        return None
+
+    def probe(self, batch: PromptBatch) -> dict[str, torch.Tensor]:
+        """Named intermediate tensors (solvers without internals return {})."""
+        return {}

@@ -1,0 +1,122 @@
+"""Checkpoints of trained transformers: weights in safetensors, everything else in JSON.
+
+A checkpoint is a pair of files with one stem:
+
+    <stem>.safetensors   the state_dict of a `Transformer` (tensors only; safetensors format)
+    <stem>.json          {"format": "icl-bench-checkpoint", "version": 1,
+                          "model_config": TransformerConfig as a dict, "R": ..., "N": [...],
+                          "seed": ..., "train_config": {...}, "metrics": {...},
+                          "git_commit": ..., "created": ISO time, ...caller's fields}
+
+Loading never unpickles anything (safetensors holds raw tensors and a JSON header; the
+metadata is JSON), so a checkpoint cannot run code. Every problem with the pair (missing
+file, truncated or corrupt data, a pickle renamed to .safetensors, tensors whose names or
+shapes do not fit the config) is a one-line `ConfigError`.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from icl_bench import provenance
+from icl_bench.errors import ConfigError
+from icl_bench.files import dumps
+from icl_bench.solvers.transformer import Transformer, TransformerConfig
+
+FORMAT = "icl-bench-checkpoint"
+VERSION = 1
+
+
+def stem_of(path: str | Path) -> Path:
+    """`a/b.safetensors`, `a/b.json` or `a/b` -> Path("a/b")."""
+    p = Path(path)
+    return p.with_suffix("") if p.suffix in (".safetensors", ".json") else p
+
+
+def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None = None) -> Path:
+    """Write `<stem>.safetensors` and `<stem>.json`; returns the stem.
+
+    Args:
+        model: the Transformer; its weights are saved as contiguous CPU tensors in their dtype.
+        path_stem: file stem (a .safetensors/.json suffix is dropped); parent dirs are created.
+        meta: JSON-serialisable fields to store beside the config (e.g. train_config, metrics,
+            seed, R, N). "format", "version", "model_config" and "created" are set here, and
+            "git_commit" unless given. Non-finite floats are stored as null.
+    Raises:
+        TypeError: meta is not JSON-serialisable.
+    """
+    stem = stem_of(path_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    doc = {"git_commit": provenance.git_commit(), **(meta or {})}
+    doc.update(format=FORMAT, version=VERSION, model_config=model.cfg.to_dict(),
+               created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    text = dumps(doc, indent=2, sort_keys=True)
+    save_file(tensors, str(stem) + ".safetensors", metadata={"format": FORMAT})
+    Path(str(stem) + ".json").write_text(text + "\n")
+    return stem
+
+
+def read_meta(path: str | Path) -> dict:
+    """The JSON half of a checkpoint (either file of the pair may be named). ConfigError if bad."""
+    stem = stem_of(path)
+    jpath = Path(str(stem) + ".json")
+    if not jpath.is_file():
+        raise ConfigError(f"checkpoint: metadata file {jpath} is missing; a checkpoint is <stem>.safetensors + <stem>.json")
+    try:
+        meta = json.loads(jpath.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"checkpoint: {jpath} is not valid JSON ({type(exc).__name__})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("model_config"), dict):
+        raise ConfigError(f"checkpoint: {jpath} is not an icl-bench checkpoint (needs format={FORMAT!r} and model_config)")
+    return meta
+
+
+def load_checkpoint(path: str | Path, *, device: str = "cpu") -> tuple[Transformer, dict]:
+    """Load a checkpoint pair without unpickling anything.
+
+    Args:
+        path: `<stem>.safetensors`, `<stem>.json` or the bare stem.
+        device: where to put the model.
+    Returns:
+        (model in eval mode, in the dtype the weights were saved in, meta dict from the JSON).
+    Raises:
+        ConfigError: (one line) either file missing, JSON invalid or not a checkpoint, a model
+            config the Transformer rejects, a safetensors file that is truncated, corrupt or
+            not safetensors at all (e.g. a pickle), or tensors with missing/extra names or
+            shapes that do not match the config.
+    """
+    stem = stem_of(path)
+    meta = read_meta(stem)
+    spath = Path(str(stem) + ".safetensors")
+    if not spath.is_file():
+        raise ConfigError(f"checkpoint: weights file {spath} is missing")
+    try:
+        cfg = TransformerConfig(**meta["model_config"])
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"checkpoint: {stem}.json has a bad model_config: {exc}".replace("\n", " ")) from None
+    try:
+        tensors = load_file(str(spath), device="cpu")
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"checkpoint: {spath} is not a readable safetensors file ({msg})") from None
+    with torch.device("meta"):  # shapes only: a config naming a huge model allocates nothing
+        expected = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in tensors.items()}
+    if set(expected) != set(got):
+        diff = sorted(set(expected) ^ set(got))
+        raise ConfigError(f"checkpoint: {spath} tensor names do not match the config (first difference: {diff[0]!r})")
+    for k, shape in expected.items():
+        if got[k] != shape:
+            raise ConfigError(f"checkpoint: {spath} tensor {k!r} has shape {got[k]}, the config needs {shape}")
+    dtypes = {v.dtype for v in tensors.values()}
+    if len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
+        raise ConfigError(f"checkpoint: {spath} tensors must share one floating dtype (got {sorted(map(str, dtypes))})")
+    model = Transformer(cfg).to(next(iter(dtypes)))  # no bigger than the file it matches
+    model.load_state_dict(tensors)
+    return model.to(device).eval(), meta

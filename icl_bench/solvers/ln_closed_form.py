@@ -1,0 +1,246 @@
+"""`ln-closed-form`: the 2-layer, 2-head, d_model-4 transformer whose LayerNorm does the division.
+
+A prompt's least-squares prediction is y_hat = y_bar + b_hat (u - x_bar), b_hat = Cxy / Cxx
+(Cxy, Cxx: context covariance and variance). Linear self-attention (LSA) forms products and means
+but cannot divide; LayerNorm (LN) divides by a standard deviation. With the large constant R in
+every token, the LN input of each layer is dominated by one known term, so LN's standard deviation
+*is* that term, and LN divides by it:
+
+    layer 1 (centering): LN divides the key means by ~R/sqrt(2)       -> tokens (x - x_bar, y - y_bar)
+    layer 2 (division):  LN divides x~ Cxy by ~R Cxx / sqrt(2)        -> b_hat (u - x_bar) at the query
+    readout: s3 - s1 at the query                                     -> b_hat (u - x_bar) + y_bar
+
+References: docs/design.md §4-§5 (the derivation re-done here, every weight below); the
+reference paper (2 layers, 2 heads, d_model 4; summary in docs/design.md §1); the idea of LayerNorm
+as a divider: Akyurek et al. 2023, "What learning algorithm is in-context learning?", App. C.
+The full derivation, the printed weights, error terms and measured tables: docs/ln-closed-form.md.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from icl_bench.errors import ConfigError
+from icl_bench.prompts.ols import ols_predict
+from icl_bench.prompts.generator import PromptBatch, make_tokens
+from icl_bench.solvers.registry import register_solver
+from icl_bench.solvers.base import Param, Solver, r_lost
+from icl_bench.solvers.transformer import KEY_SETS, Transformer, TransformerConfig
+
+VARIANTS = KEY_SETS  # "masked" (keys = context) or "query-in-context" (keys = context + query)
+
+
+def _check(R: float, variant: str) -> float:
+    if variant not in VARIANTS:
+        raise ConfigError(f"variant: unknown value {variant!r}; accepted: {', '.join(VARIANTS)}")
+    if isinstance(R, bool) or not isinstance(R, (int, float)) or not math.isfinite(R) or R <= 0:
+        raise ConfigError(f"R: must be a finite number > 0 (got {R!r})")
+    return float(R)
+
+
+@torch.no_grad()
+def build_construction(R: float, variant: str = "masked", dtype: torch.dtype = torch.float64,
+                       device: str | torch.device = "cpu") -> Transformer:
+    """The docs/design.md §5 construction as a `Transformer` (2 layers, 2 heads, d_model 4, LN on).
+
+    Residual slots (s0, s1, s2, s3) start as (x, y, R, 0). W[k][out, in] of head k acts as h -> W h.
+    Every weight not listed is 0 (head 1 of layer 1 is unused; every LN bias is 0).
+
+    embed (4, 3):  s0 <- x, s1 <- y, s2 <- R (identity on the first three slots).
+    layer 1, head 0 (centering):
+        W_Q[2,2] = W_K[2,2] = 1/R   q_i . k_j = (R/R)(R/R) = 1: uniform scores, the head returns
+                                    the key mean (x_bar, y_bar, R, 0) mapped by W_O W_V.
+        W_V = [[-1,   0,   0, 0],   value v = (-x_bar, -y_bar, R + m, -R + m), m = (x_bar+y_bar)/2.
+               [ 0,  -1,   0, 0],   v sums to 0, so LN's mean subtraction leaves it unchanged; the
+               [1/2, 1/2,  1, 0],   two +-R slots make its std R/sqrt(2) (1 + O(1/R^2)), and the
+               [1/2, 1/2, -1, 0]]   halves m cancel the first-order term of that std.
+        W_O = I.
+        LN gain (R/sqrt2, R/sqrt2, 0, 0): writes (-x_bar, -y_bar) into (s0, s1), nothing into s2, s3.
+        After the skip: context tokens (x~_i, y~_i, R, 0), query (u - x_bar, -y_bar, R, 0).
+    layer 2, head 0 ("a", covariance):
+        W_Q[0,0] = W_K[0,0] = 1     q_i . k_j = x~_i x~_j
+        W_V[1,1] = 1                v_j = y~_j                 -> head output x~_i Cxy
+        W_O[2,1] = -1, W_O[3,1] = 1 placed as (0, 0, -x~_i Cxy, x~_i Cxy)
+    layer 2, head 1 ("b", variance):
+        W_Q[0,2] = 1                q_i = s2 = R (K = R)
+        W_K[0,0] = W_V[0,0] = 1     k_j = v_j = x~_j            -> head output R Cxx
+        W_O[0,0] = 1, W_O[1,0] = -1 placed as (R Cxx, -R Cxx, 0, 0)
+        LN input (R Cxx, -R Cxx, -x~Cxy, x~Cxy) sums to 0; std R Cxx/sqrt2 (1 + O((b_hat x~/R)^2)),
+        so LN slot 3 = sqrt2 x~ Cxy / (R Cxx) (1 + ...); LN gain (0, 0, 0, R/sqrt2) -> b_hat x~.
+    readout ("query", 4 -> 1): (0, -1, 0, 1): s3 - s1 = b_hat (u - x_bar) + y_bar at the query.
+
+    Args:
+        R: the embedding constant of the prompts this model will read (finite, > 0); the model is
+            only right for prompts whose tokens carry this R (the solver reads it from the batch).
+        variant: "masked" (keys = the N context tokens; error O(1/R^2)) or "query-in-context"
+            (keys = all N+1 tokens; the query's (u, 0) enters every mean: error O(1/N)).
+        dtype, device: of the returned module's parameters.
+    Returns:
+        Transformer in eval mode; forward(tokens (B, N+1, 3)) -> (B,) approximate OLS predictions.
+    Raises:
+        ConfigError: unknown variant, or R not finite and > 0.
+    """
+    R = _check(R, variant)
+    cfg = TransformerConfig(d_in=3, d_model=4, n_layers=2, n_heads=2, layernorm=True, keys=variant, readout="query")
+    model = Transformer(cfg).double()  # set every weight in float64, round once to `dtype` at the end
+    for p in model.parameters():
+        p.zero_()
+    g = R / math.sqrt(2.0)  # the LN gain that undoes the std R/sqrt2 (layer 1) and R Cxx/sqrt2 (layer 2)
+    model.embed.weight[:3, :3] = torch.eye(3, dtype=torch.float64)  # (4, 3): (x, y, R) -> (x, y, R, 0)
+
+    a1, ln1 = model.blocks[0].attn, model.blocks[0].ln  # layer 1: centering
+    a1.W_Q[0, 2, 2] = 1.0 / R
+    a1.W_K[0, 2, 2] = 1.0 / R
+    a1.W_V[0] = torch.tensor([[-1.0, 0.0, 0.0, 0.0],
+                              [0.0, -1.0, 0.0, 0.0],
+                              [0.5, 0.5, 1.0, 0.0],
+                              [0.5, 0.5, -1.0, 0.0]], dtype=torch.float64)
+    a1.W_O[0] = torch.eye(4, dtype=torch.float64)
+    ln1.weight[:] = torch.tensor([g, g, 0.0, 0.0], dtype=torch.float64)
+
+    a2, ln2 = model.blocks[1].attn, model.blocks[1].ln  # layer 2: division
+    a2.W_Q[0, 0, 0] = a2.W_K[0, 0, 0] = 1.0  # head a: scores x~_i x~_j
+    a2.W_V[0, 1, 1] = 1.0  # values y~_j
+    a2.W_O[0, 2, 1], a2.W_O[0, 3, 1] = -1.0, 1.0  # -> (0, 0, -x~ Cxy, x~ Cxy)
+    a2.W_Q[1, 0, 2] = 1.0  # head b: query reads s2 = R
+    a2.W_K[1, 0, 0] = a2.W_V[1, 0, 0] = 1.0  # keys and values x~_j: scores R x~_j
+    a2.W_O[1, 0, 0], a2.W_O[1, 1, 0] = 1.0, -1.0  # -> (R Cxx, -R Cxx, 0, 0)
+    ln2.weight[:] = torch.tensor([0.0, 0.0, 0.0, g], dtype=torch.float64)
+
+    model.readout.weight[0] = torch.tensor([0.0, -1.0, 0.0, 1.0], dtype=torch.float64)  # s3 - s1 at the query
+    return model.to(dtype=dtype, device=device).eval()
+
+
+def analytic_output(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor, R: float,
+                    variant: str = "masked", ln_eps: float = 1e-5) -> torch.Tensor:
+    """What the construction computes, in closed form with every error term kept (float64 math).
+
+    Derived by hand from the weights of `build_construction` (independently of the module), so a
+    test can compare the two. With k the key set (context, plus the query token (u, 0) for
+    "query-in-context"), mx, my the key means and m = (mx + my)/2:
+        c1  = (R/sqrt2) / sqrt((mx^2 + my^2 + (R+m)^2 + (R-m)^2)/4 + eps)   (= 1 - O(1/R^2))
+        x~  = x - c1 mx, y~ = y - c1 my;  Cxx = mean_k x~^2, Cxy = mean_k x~ y~
+        out = (R/sqrt2) x~_u Cxy / sqrt((R Cxx)^2/2 + (x~_u Cxy)^2/2 + eps) + c1 my
+    With c1 = 1 and no eps, out = y_bar + b_hat (u - x_bar) / sqrt(1 + (b_hat (u - x_bar)/R)^2).
+
+    Args:
+        x, y: context (B, N); u: queries (B,); any float dtype (computed in float64).
+        R, variant: as in `build_construction`; ln_eps: LayerNorm epsilon of the module.
+    Returns:
+        (B,) float64.
+    Raises:
+        ConfigError: unknown variant or bad R.
+    """
+    R = _check(R, variant)
+    x, y, u = x.double(), y.double(), u.double()
+    xk, yk = x, y  # (B, M) key tokens' x and y
+    if variant == "query-in-context":
+        xk = torch.cat([x, u[:, None]], dim=1)
+        yk = torch.cat([y, torch.zeros_like(u)[:, None]], dim=1)
+    mx, my = xk.mean(1), yk.mean(1)  # (B,)
+    m = (mx + my) / 2
+    c1 = (R / math.sqrt(2)) / torch.sqrt((mx**2 + my**2 + (R + m) ** 2 + (R - m) ** 2) / 4 + ln_eps)
+    xt, yt = xk - (c1 * mx)[:, None], yk - (c1 * my)[:, None]  # (B, M) keys after layer 1
+    cxx, cxy = (xt * xt).mean(1), (xt * yt).mean(1)  # (B,)
+    xu = u - c1 * mx  # (B,) query's s0 after layer 1
+    s3 = (R / math.sqrt(2)) * xu * cxy / torch.sqrt((R * cxx) ** 2 / 2 + (xu * cxy) ** 2 / 2 + ln_eps)
+    return s3 + c1 * my
+
+
+def degenerate(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: prompts with no least-squares answer: any non-finite x, y or u, or all x equal
+    (the test of icl_bench.prompts.ols: Sxx <= N * eps * sum x^2, eps of x's dtype). Computed as "the
+    OLS prediction in x's dtype is not finite", one fused pass over x and y (icl_bench.prompts.ols)."""
+    return ~torch.isfinite(ols_predict(x, y, u))
+
+
+def standardize_prompts(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor):
+    """Per prompt, from the context only: x' = (x - x_bar)/s_x, u' = (u - x_bar)/s_x,
+    y' = (y - y_bar)/s_y, s = the population standard deviation (s_y = 1 where y is constant,
+    s_x = 1 where x is; those prompts are degenerate anyway).
+
+    OLS is equivariant under these maps: ols(x, y, u) = y_bar + s_y * ols(x', y', u').
+    Args: x, y (B, N); u (B,). Returns: (x', y', u', y_bar, s_y), shapes (B,N), (B,N), (B,), (B,), (B,).
+    """
+    x_bar, y_bar = x.mean(1), y.mean(1)  # (B,)
+    s_x = (x - x_bar[:, None]).pow(2).mean(1).sqrt()
+    s_y = (y - y_bar[:, None]).pow(2).mean(1).sqrt()
+    s_x = torch.where(s_x > 0, s_x, torch.ones_like(s_x))
+    s_y = torch.where(s_y > 0, s_y, torch.ones_like(s_y))
+    xs = (x - x_bar[:, None]) / s_x[:, None]
+    ys = (y - y_bar[:, None]) / s_y[:, None]
+    return xs, ys, (u - x_bar) / s_x, y_bar, s_y
+
+
+@register_solver("ln-closed-form")
+class LNClosedForm(Solver):
+    """The LayerNorm closed-form transformer (2 layers, 2 heads, d_model 4), weights by construction.
+
+    R is read from each batch (batch.R), so the weights always match the prompts' tokens; one
+    module per (R, variant, dtype, device) is built and cached.
+
+    Scale (`standardize`). The construction needs R >> |x_bar|, |y_bar|, |b_hat (u - x_bar)|; its
+    error grows like (scale / R)^2. With standardize=False (the default) the tokens are fed
+    as they are, which is the mechanism the suite studies and the input a trained model sees; on
+    data in the hundreds with R = 1000 its predictions are off by a few percent (measured in
+    docs/ln-closed-form.md). With standardize=True each prompt's x and y are centred and scaled from its
+    context (see `standardize_prompts`) and the output is mapped back: the construction then
+    only divides (layer 1 has nothing left to centre) and is accurate to (|u'|/R)^2 at any
+    data scale. Standardizing is done outside the transformer, so it is an option, not the default.
+
+    Degenerate prompts (all x equal, any NaN / inf in the prompt) predict NaN, like the OLS
+    reference, and so do prompts on a scale where R vanishes in rounding (|x|, |y| or |u| >= R / eps,
+    e.g. ~1e30 with R = 100 in float64); the other prompts of the batch are unaffected.
+    """
+
+    params = {
+        "variant": Param("masked", "key set: context only (O(1/R^2) error) or context + query (O(1/N))", VARIANTS),
+        "standardize": Param(False, "centre and scale each prompt from its context before the model, undo after"),
+    }
+
+    def __init__(self, **values):
+        super().__init__(**values)
+        self._models: dict[tuple, Transformer] = {}
+        self._last_R: float | None = None
+
+    def model(self, R: float, dtype: torch.dtype = torch.float64, device="cpu") -> Transformer:
+        """The cached construction for (R, this variant, dtype, device)."""
+        key = (float(R), self.values["variant"], dtype, torch.device(device))
+        if key not in self._models:
+            self._models[key] = build_construction(R, self.values["variant"], dtype=dtype, device=device)
+        self._last_R = float(R)
+        return self._models[key]
+
+    def _inputs(self, batch: PromptBatch):
+        """Tokens the module reads (B, N+1, 3) and the map back: pred = shift + scale * out."""
+        if not self.values["standardize"]:
+            return batch.tokens, None, None
+        xs, ys, us, y_bar, s_y = standardize_prompts(batch.x, batch.y, batch.x_query)
+        return make_tokens(xs, ys, us, batch.R), y_bar, s_y
+
+    @torch.no_grad()
+    def predict(self, batch: PromptBatch) -> torch.Tensor:
+        """(B,) predictions in batch.dtype on batch.device; NaN for degenerate prompts."""
+        tokens, shift, scale = self._inputs(batch)  # (B, N+1, 3)
+        out = self.model(batch.R, batch.dtype, batch.device)(tokens)  # (B,)
+        if shift is not None:
+            out = shift + scale * out
+        bad = degenerate(batch.x, batch.y, batch.x_query) | r_lost(tokens, batch.R)  # (B,)
+        return torch.where(bad, torch.full_like(out, float("nan")), out)
+
+    def weights(self, R: float | None = None) -> dict[str, torch.Tensor]:
+        """The module's weight_matrices() for R (default: the R of the last batch, else 100.0).
+
+        Note: layer 1's W_Q, W_K entries are 1/R, so a sparsity threshold relative to the largest
+        weight (R/sqrt2, an LN gain) counts them as near zero once R > ~30.
+        """
+        R = self._last_R if R is None and self._last_R is not None else (100.0 if R is None else R)
+        return build_construction(R, self.values["variant"]).weight_matrices()
+
+    def probe(self, batch: PromptBatch) -> dict[str, torch.Tensor]:
+        """Transformer.probe() of the tokens the module reads, plus "tokens" (B, N+1, 3) themselves
+        (the standardized ones when standardize=True), for `icl_bench.analysis.probes.mechanism_probes`."""
+        tokens, _, _ = self._inputs(batch)
+        trace = self.model(batch.R, batch.dtype, batch.device).probe(tokens)
+        return {"tokens": tokens, **trace}

@@ -1,0 +1,222 @@
+"""Solver registry: built-ins by decorator, plugins by the `icl_bench.solvers` entry-point group.
+
+Loading is lazy: a built-in module or a plugin is imported only when its solver is asked for
+(or when everything is listed). A plugin that fails to import is recorded with its error and
+never breaks the other solvers, `icl-bench list` or the runner.
+
+Plugin authors declare, in their pyproject.toml:
+
+    [project.entry-points."icl_bench.solvers"]
+    my-solver = "my_package.module:MySolver"     # a Solver subclass
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import threading
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+
+from icl_bench.solvers.base import Solver
+
+ENTRY_POINT_GROUP = "icl_bench.solvers"
+
+# Built-in solvers: name -> module that registers it on import.
+BUILTINS: dict[str, str] = {
+    "ln-closed-form": "icl_bench.solvers.ln_closed_form",
+    "gd-lsa": "icl_bench.solvers.gd_lsa",
+    "trained-l1": "icl_bench.solvers.trained",
+    "trained-nol1": "icl_bench.solvers.trained",
+    "trained-lsa": "icl_bench.solvers.trained",
+}
+
+
+class UnknownSolverError(ValueError):
+    """An unknown solver name (message lists the known names and the closest match)."""
+
+
+class SolverLoadError(RuntimeError):
+    """A known solver whose module or plugin failed to import."""
+
+
+@dataclass(frozen=True)
+class SolverInfo:
+    """One line of `icl-bench list`."""
+
+    name: str
+    origin: str  # "built-in (module)" or "plugin module:attr (dist version)"
+    params: dict  # name -> Param (empty when broken)
+    doc: str  # first docstring line
+    error: str | None = None  # import error of a broken plugin
+
+
+class Registry:
+    """Solver classes by name, loaded lazily: built-ins (BUILTINS) on first use, plugins from the
+    entry-point group. Thread-safe; `unregister` and `reset` exist for tests and notebooks."""
+
+    def __init__(self, builtins: dict[str, str], group: str):
+        self.builtins = dict(builtins)  # name -> module that registers it on import
+        self.group = group
+        self._lock = threading.RLock()
+        self._classes: dict[str, type[Solver]] = {}
+        self._origins: dict[str, str] = {}
+        self._broken: dict[str, str] = {}  # name -> import error
+
+    def add(self, name: str, cls, origin: str) -> None:
+        """Register `cls` under `name`.
+
+        Raises:
+            TypeError: `cls` is not a Solver subclass.
+            ValueError: `name` is already taken by another class.
+        """
+        if not (isinstance(cls, type) and issubclass(cls, Solver)):
+            raise TypeError(f"solver {name!r}: {cls!r} is not a subclass of icl_bench.Solver")
+        with self._lock:
+            if name in self._classes and self._classes[name] is not cls:
+                raise ValueError(f"solver {name!r}: already registered by {self._origins[name]}")
+            cls.name = name
+            self._classes[name] = cls
+            self._origins[name] = origin
+
+    def unregister(self, name: str) -> None:
+        """Forget `name` (class, origin and any load error); a later lookup loads it again."""
+        with self._lock:
+            for d in (self._classes, self._origins, self._broken):
+                d.pop(name, None)
+
+    def reset(self) -> None:
+        """Forget every registration and load error (built-in modules already imported are not
+        re-imported, so call this only with their classes re-added or in a fresh process)."""
+        with self._lock:
+            self._classes.clear()
+            self._origins.clear()
+            self._broken.clear()
+
+    def origin(self, name: str) -> str | None:
+        """Where `name` came from ("built-in (module)" / "plugin ..."), None if not registered."""
+        return self._origins.get(name)
+
+    def entry_points(self) -> dict:
+        """name -> entry point; the first distribution on sys.path declaring a name wins (see conflicts)."""
+        out: dict = {}
+        for ep in entry_points(group=self.group):
+            out.setdefault(ep.name, ep)
+        return out
+
+    def _load(self, name: str) -> None:
+        """Import whatever provides `name`; record a failure instead of raising."""
+        with self._lock:
+            if name in self._classes or name in self._broken:
+                return
+            try:
+                if name in self.builtins:
+                    importlib.import_module(self.builtins[name])
+                    return
+                ep = self.entry_points().get(name)
+                if ep is None:
+                    return
+                cls = ep.load()
+                dist = f"{ep.dist.name} {ep.dist.version}" if getattr(ep, "dist", None) else "unknown distribution"
+                self.add(name, cls, origin=f"plugin {ep.value} ({dist})")
+            except (Exception, SystemExit) as exc:  # a broken plugin must not break anything else
+                self._broken[name] = f"{type(exc).__name__}: {exc}"
+
+    def conflicts(self) -> list[str]:
+        """One line per plugin entry point that is ignored because its name is taken: a built-in
+        name (built-ins win) or a name an earlier distribution on sys.path already declared."""
+        seen: dict[str, str] = {}
+        out = []
+        for ep in entry_points(group=self.group):
+            dist = ep.dist.name if getattr(ep, "dist", None) else "unknown distribution"
+            if ep.name in self.builtins:
+                out.append(f"plugin {ep.value} ({dist}) declares {ep.name!r}, a built-in name: ignored")
+            elif ep.name in seen and seen[ep.name] != ep.value:
+                out.append(f"plugin {ep.value} ({dist}) declares {ep.name!r}, already declared by {seen[ep.name]}: ignored")
+            else:
+                seen.setdefault(ep.name, ep.value)
+        return out
+
+    def known_names(self) -> list[str]:
+        """Every solver name that is registered, built in, or declared by an installed plugin."""
+        return sorted(set(self._classes) | set(self.builtins) | set(self.entry_points()))
+
+    def get_class(self, name: str) -> type[Solver]:
+        """The Solver subclass registered as `name`.
+
+        Raises:
+            UnknownSolverError: no such name (message names the known ones and the closest match).
+            SolverLoadError: the name is known but its module or plugin failed to import.
+        """
+        self._load(name)
+        if name in self._classes:
+            return self._classes[name]
+        if name in self._broken:
+            raise SolverLoadError(f"solver {name!r} failed to load: {self._broken[name]}")
+        names = self.known_names()
+        close = difflib.get_close_matches(name, names, n=1) or [n for n in names if n.lower() == name.lower()]
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise UnknownSolverError(f"solver: unknown name {name!r}; known: {', '.join(names)}{hint}")
+
+    def describe(self) -> list[SolverInfo]:
+        """Load every built-in and plugin and describe each; broken ones carry their error."""
+        for name in self.known_names():
+            self._load(name)
+        out = []
+        plugins = self.entry_points()
+        for name in self.known_names():
+            if name in self._classes:
+                cls = self._classes[name]
+                doc = (cls.__doc__ or "").strip().splitlines()
+                out.append(SolverInfo(name, self._origins[name], dict(cls.params), doc[0] if doc else ""))
+            else:
+                origin = f"plugin {plugins[name].value}" if name in plugins else f"built-in ({self.builtins.get(name)})"
+                out.append(SolverInfo(name, origin, {}, "", self._broken.get(name, "not loaded")))
+        return out
+
+
+REGISTRY = Registry(BUILTINS, ENTRY_POINT_GROUP)  # the suite's one registry
+
+
+def register_solver(name: str):
+    """Class decorator: register a Solver subclass under `name` (used inside icl_bench).
+
+    Raises:
+        TypeError: the class is not a Solver subclass.
+        ValueError: `name` is already taken by another class.
+    """
+
+    def decorate(cls):
+        REGISTRY.add(name, cls, origin=f"built-in ({cls.__module__})")
+        return cls
+
+    return decorate
+
+
+def get_solver_class(name: str) -> type[Solver]:
+    """The Solver subclass registered as `name` (see Registry.get_class)."""
+    return REGISTRY.get_class(name)
+
+
+def get_solver(name: str, **params) -> Solver:
+    """An instance of solver `name` with `params` (defaults for the rest).
+
+    Raises:
+        UnknownSolverError, SolverLoadError: see Registry.get_class.
+        ValueError: an unknown parameter or a value of the wrong type / out of range.
+    """
+    return REGISTRY.get_class(name)(**params)
+
+
+def known_names() -> list[str]:
+    """Every solver name that is registered, built in, or declared by an installed plugin."""
+    return REGISTRY.known_names()
+
+
+def list_solvers() -> list[SolverInfo]:
+    """Every solver, loaded and described (broken plugins carry their error)."""
+    return REGISTRY.describe()
+
+
+def conflicts() -> list[str]:
+    """Plugin entry points ignored because their name is taken (see Registry.conflicts)."""
+    return REGISTRY.conflicts()

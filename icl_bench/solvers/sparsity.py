@@ -1,0 +1,39 @@
+"""Sparsity of a solver's weights: the result row's weight_sparsity and weight_l1, and Hoyer's measure.
+
+weight_sparsity counts an entry as zero when |w| < 1e-3 * max|w|, the maximum taken over every
+tensor of the solver (docs/design.md, "Result row"). Hoyer's sparsity (Hoyer 2004, "Non-negative
+matrix factorization with sparseness constraints", eq. 1) is (sqrt(n) - ||w||_1 / ||w||_2) /
+(sqrt(n) - 1): 0 for a flat vector, 1 for a single spike.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+SPARSITY_REL_THRESHOLD = 1e-3  # |w| < 1e-3 * max|w| counts as zero
+
+
+def weight_sparsity(weights: dict[str, torch.Tensor] | None, rel: float = SPARSITY_REL_THRESHOLD) -> float:
+    """Fraction of all weight entries with |w| < rel * max|w| (max over every tensor); NaN if None."""
+    if not weights:
+        return math.nan
+    flat = torch.cat([w.detach().reshape(-1).abs().double().cpu() for w in weights.values()])
+    return float((flat < rel * flat.max()).double().mean())
+
+
+def weight_l1(weights: dict[str, torch.Tensor] | None) -> float:
+    """Sum of |w| over every weight entry; NaN if None."""
+    if not weights:
+        return math.nan
+    return float(sum(w.detach().abs().double().sum().cpu() for w in weights.values()))
+
+
+def hoyer(w: torch.Tensor) -> float:
+    """Hoyer sparsity of all entries of w (any shape): (sqrt(n) - l1/l2) / (sqrt(n) - 1) in [0, 1].
+    NaN for fewer than 2 entries or an all-zero tensor."""
+    v = w.detach().reshape(-1).double().cpu()
+    n, l2 = v.numel(), float(v.norm())
+    if n < 2 or l2 == 0.0:
+        return math.nan
+    return (math.sqrt(n) - float(v.abs().sum()) / l2) / (math.sqrt(n) - 1.0)

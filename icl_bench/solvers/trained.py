@@ -1,0 +1,128 @@
+"""Solvers backed by trained checkpoints: trained-l1, trained-nol1 and trained-lsa.
+
+    trained-l1    LSA + LayerNorm trained with an l1 penalty (the reference paper's model)
+    trained-nol1  the same, lambda = 0 (does l1 matter?)
+    trained-lsa   no LayerNorm, lambda = 0 (expected to learn something like gd-lsa)
+
+Each solver looks in a models directory (default: the checkpoints shipped inside the package,
+icl_bench/models/, made by `icl-bench train --config train`, see docs/training.md and the model
+card icl_bench/models/README.md) for the checkpoint whose
+JSON says `"solver": <its name>` and whose R equals the cell's R (and, for a flatten readout, whose N
+equals the cell's N). No fitting checkpoint -> `SkipCell` naming what exists. The model runs
+in the cell's dtype and device (a float32 checkpoint is cast for float64 cells).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from icl_bench import resources
+from icl_bench.errors import ConfigError
+from icl_bench.solvers.checkpoint import load_checkpoint
+from icl_bench.prompts.generator import PromptBatch
+from icl_bench.solvers.registry import register_solver
+from icl_bench.solvers.base import Param, SkipCell, Solver, nan_if_ill_posed, r_lost
+from icl_bench.solvers.transformer import Transformer
+
+
+
+def find_checkpoints(models_dir: str | Path, solver: str) -> list[tuple[Path, dict]]:
+    """(json path, meta) of every checkpoint in `models_dir` made for `solver`, sorted by name.
+
+    Unreadable JSON files are ignored here (load_checkpoint reports them if one is chosen).
+    """
+    out = []
+    for path in sorted(Path(models_dir).glob("*.json")):
+        try:
+            meta = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and meta.get("solver") == solver:
+            out.append((path, meta))
+    return out
+
+
+def checkpoint_fits(meta: dict, R: float, N: int) -> bool:
+    """True when a checkpoint's metadata serves a cell at (R, N): same R, and the same N for a
+    flatten readout (a query readout serves every N)."""
+    r = meta.get("R")
+    if not isinstance(r, (int, float)) or not math.isclose(float(r), R, rel_tol=1e-9):
+        return False
+    cfg = meta.get("model_config", {})
+    return cfg.get("readout") != "flatten" or cfg.get("N") == N
+
+
+class TrainedSolver(Solver):
+    """Base for the checkpoint-backed solvers (subclasses only set the registered name)."""
+
+    params = {
+        "models_dir": Param("", "directory of checkpoints (empty: the shipped checkpoints, icl_bench/models)"),
+    }
+
+    def __init__(self, **values):
+        super().__init__(**values)
+        if self.values["models_dir"] and not self.models_dir.is_dir():  # a typo must not read as "no model"
+            raise ConfigError(f"solvers.{self.name}.models_dir: no such folder {self.values['models_dir']!r}")
+        self._cache: dict[tuple, Transformer] = {}  # (json path, dtype, device) -> model
+        self._last: Transformer | None = None
+
+    @property
+    def models_dir(self) -> Path:
+        return Path(self.values["models_dir"]) if self.values["models_dir"] else resources.models_dir()
+
+    def checkpoint_for(self, R: float, N: int) -> Path:
+        """The JSON path of the checkpoint that fits a cell; SkipCell with the reason if none."""
+        found = find_checkpoints(self.models_dir, self.name)
+        fits = [p for p, meta in found if checkpoint_fits(meta, R, N)]
+        if fits:
+            return fits[0]
+        have = ", ".join(sorted({f"R={m.get('R')}" + (f",N={m['model_config'].get('N')}" if m.get("model_config", {}).get("readout") == "flatten" else "")
+                                 for _, m in found})) or "none"
+        raise SkipCell(f"{self.name}: no checkpoint for R={R:g}, N={N} in {self.models_dir} (available: {have}); "
+                       "train one with `icl-bench train` (docs/training.md)")
+
+    def check_batch(self, batch: PromptBatch) -> None:
+        self.checkpoint_for(batch.R, batch.N)
+
+    def model_for(self, batch: PromptBatch) -> Transformer:
+        """The checkpoint's model in the batch's dtype and device (cached)."""
+        path = self.checkpoint_for(batch.R, batch.N)
+        key = (str(path), batch.dtype, str(batch.device))
+        if key not in self._cache:
+            model, _ = load_checkpoint(path)
+            self._cache[key] = model.to(device=batch.device, dtype=batch.dtype).eval()
+        self._last = self._cache[key]
+        return self._last
+
+    @torch.no_grad()
+    def predict(self, batch: PromptBatch) -> torch.Tensor:
+        """(B,) predictions in batch.dtype; NaN for ill-posed prompts (all x equal, NaN / inf) and
+        for prompts so large that R vanishes in rounding beside them (see icl_bench.solvers.base)."""
+        pred = self.model_for(batch)(batch.tokens)  # (B,)
+        return nan_if_ill_posed(pred.masked_fill(r_lost(batch.tokens, batch.R), float("nan")), batch)
+
+    def weights(self) -> dict[str, torch.Tensor] | None:
+        """weight_matrices() of the last model used by predict/probe (None before any)."""
+        return None if self._last is None else self._last.weight_matrices()
+
+    def probe(self, batch: PromptBatch) -> dict[str, torch.Tensor]:
+        """Transformer.probe of the fitting checkpoint: embed, layer{i}.attn / .ln / .resid."""
+        return self.model_for(batch).probe(batch.tokens)
+
+
+@register_solver("trained-l1")
+class TrainedL1(TrainedSolver):
+    """Trained LSA + LayerNorm transformer, l1-penalised (the reference paper's model)."""
+
+
+@register_solver("trained-nol1")
+class TrainedNoL1(TrainedSolver):
+    """Trained LSA + LayerNorm transformer without the l1 penalty (control)."""
+
+
+@register_solver("trained-lsa")
+class TrainedLSA(TrainedSolver):
+    """Trained LSA transformer without LayerNorm, no l1 penalty (control; cf. gd-lsa)."""

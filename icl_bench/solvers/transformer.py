@@ -1,0 +1,239 @@
+"""The transformer every transformer solver shares (ln-closed-form, gd-lsa, the trained models).
+
+Architecture (docs/design.md §4; the reference paper's model, after von Oswald et al.
+2023 for the linear self-attention):
+
+    tokens (B, T=N+1, 3) --embed--> h (B, T, d_model)
+    L blocks:  h <- h + LN(MHA(h))        (LayerNorm optional: gd-lsa runs without it)
+    readout:   "flatten" -> Linear(T*d_model, 1) on the whole stream (the paper's; fixes N)
+               "query"   -> Linear(d_model, 1) on the query token only (N-free)
+
+Multi-head *linear* self-attention, head k, token i, key set J of size M:
+
+    A_k(h)_i = (1/M) sum_{j in J} (W_Q^k h_i . W_K^k h_j) W_O^k W_V^k h_j
+
+computed associatively: S_k = (1/M) sum_j (W_K^k h_j)(W_V^k h_j)^T, a (d x d) matrix per prompt,
+then A_k(h)_i = W_O^k S_k^T W_Q^k h_i. Cost O(T * heads * d^2) per prompt, never (T x T).
+Key sets: "masked" = the N context tokens (M = N); "query-in-context" = all N+1 tokens.
+
+Two equal implementations of the associative form: `_run` / `probe` (token-major (B, T, d),
+nn.LayerNorm; the readable reference) and `forward` (the fast path: channels-first (B, d, T) so
+every op runs along the tokens, each layer's heads folded into two small matrices per call, the
+last block computed for the query token only, CPU prompts in cache-sized chunks; same per-token
+keys, values and LayerNorm centring, so the same kind of float rounding). forward_quadratic is
+the O(N^2) score-matrix reference.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+KEY_SETS = ("masked", "query-in-context")
+READOUTS = ("flatten", "query")
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    d_in: int = 3  # token width: (x, y, R)
+    d_model: int = 4  # residual stream width
+    n_layers: int = 2  # number of blocks L
+    n_heads: int = 2  # heads per block
+    layernorm: bool = True  # LN after attention in every block (False: plain LSA, as gd-lsa)
+    keys: str = "masked"  # one of KEY_SETS
+    readout: str = "query"  # one of READOUTS
+    N: int | None = None  # context length; required by readout="flatten"
+    ln_eps: float = 1e-5  # LayerNorm epsilon (added to the variance)
+
+    def __post_init__(self):
+        if self.keys not in KEY_SETS:
+            raise ValueError(f"keys: unknown key set {self.keys!r}; accepted: {', '.join(KEY_SETS)}")
+        if self.readout not in READOUTS:
+            raise ValueError(f"readout: unknown readout {self.readout!r}; accepted: {', '.join(READOUTS)}")
+        if self.readout == "flatten" and (self.N is None or self.N < 2):
+            raise ValueError("N: readout='flatten' needs the context length N >= 2")
+        for k in ("d_in", "d_model", "n_layers", "n_heads"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"{k}: must be >= 1 (got {getattr(self, k)})")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class LinearSelfAttention(nn.Module):
+    """Multi-head linear self-attention (no softmax), computed associatively.
+
+    Weights: W_Q, W_K, W_V, W_O each (heads, d_model, d_model); head k maps h -> W @ h.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, keys: str):
+        super().__init__()
+        self.keys = keys
+        shape = (n_heads, d_model, d_model)
+        self.W_Q = nn.Parameter(torch.zeros(shape))
+        self.W_K = nn.Parameter(torch.zeros(shape))
+        self.W_V = nn.Parameter(torch.zeros(shape))
+        self.W_O = nn.Parameter(torch.zeros(shape))
+
+    def key_tokens(self, h: torch.Tensor) -> torch.Tensor:
+        """The tokens attended to: (B, M, d) with M = N (masked) or N+1."""
+        return h[:, :-1] if self.keys == "masked" else h
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """h (B, T, d) -> attention output (B, T, d), O(T * heads * d^2)."""
+        hk = self.key_tokens(h)  # (B, M, d)
+        k = torch.einsum("bmd,hed->bmhe", hk, self.W_K)  # (B, M, H, d)
+        v = torch.einsum("bmd,hed->bmhe", hk, self.W_V)  # (B, M, H, d)
+        S = torch.einsum("bmhe,bmhf->bhef", k, v) / hk.shape[1]  # (B, H, d, d): mean_j k_j v_j^T
+        q = torch.einsum("btd,hed->bthe", h, self.W_Q)  # (B, T, H, d)
+        z = torch.einsum("bthe,bhef->bthf", q, S)  # (B, T, H, d): sum_j (q.k_j) W_V h_j / M
+        return torch.einsum("bthf,hgf->btg", z, self.W_O)  # (B, T, d): sum over heads of W_O z
+
+    def folded_map(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Weights of `forward_channels`, built once per forward call.
+
+        Returns (W_kv, K): W_kv (2*H*d, d) stacks every head's W_K, then every head's W_V, so
+        one product gives all keys and values; K (d*d, (H*d)^2) maps the keys' and values' mean
+        outer product S (H*d x H*d; head k's S_k = (1/M) sum_j k_j v_j^T is its k-th diagonal
+        block) to the layer's per-prompt map P = sum_k W_O^k S_k^T W_Q^k, row-major:
+        P_ga = sum_{k,e,f} W_O[k,g,f] W_Q[k,e,a] S[(k,e),(k,f)]; the other blocks get weight 0.
+        """
+        H, d, _ = self.W_O.shape
+        W_kv = torch.cat([self.W_K.reshape(H * d, d), self.W_V.reshape(H * d, d)])  # (2Hd, d)
+        per_head = torch.einsum("hgf,hea->gahef", self.W_O, self.W_Q)  # (d, d, H, d, d)
+        eye = torch.eye(H, dtype=per_head.dtype, device=per_head.device)
+        K = torch.einsum("gahef,hk->gahekf", per_head, eye)  # (d, d, H, d, H, d): zero off the diagonal
+        return W_kv, K.reshape(d * d, (H * d) ** 2)
+
+    def forward_channels(self, hT: torch.Tensor, maps: tuple, query_only: bool = False) -> torch.Tensor:
+        """`forward` on a channels-first stream hT (B, d, T) -> (B, d, T), maps = folded_map().
+
+        The same order as `forward` (per-token keys and values, their mean outer product S_k,
+        docs/design.md §4), so the float rounding is of the same kind; each op runs along the
+        tokens. query_only=True returns the last token's output only (B, d, 1).
+        """
+        W_kv, K = maps
+        b, d, _ = hT.shape
+        Hd = W_kv.shape[0] // 2
+        hk = hT[:, :, :-1] if self.keys == "masked" else hT  # (B, d, M): the key tokens, a view
+        kv = torch.bmm(W_kv.expand(b, -1, -1).contiguous(), hk)  # (B, 2Hd, M): keys, then values
+        S = torch.bmm(kv[:, :Hd], kv[:, Hd:].transpose(1, 2)) / kv.shape[2]  # (B, Hd, Hd)
+        P = (S.view(b, Hd * Hd) @ K.T).view(b, d, d)  # (B, d, d)
+        h = hT[:, :, -1:] if query_only else hT  # (B, d, T')
+        return torch.bmm(P, h)
+
+    def forward_quadratic(self, h: torch.Tensor) -> torch.Tensor:
+        """The same map through the explicit (T x M) score matrix, O(T * M * d): a reference."""
+        hk = self.key_tokens(h)  # (B, M, d)
+        q = torch.einsum("btd,hed->bhte", h, self.W_Q)  # (B, H, T, d)
+        k = torch.einsum("bmd,hed->bhme", hk, self.W_K)  # (B, H, M, d)
+        v = torch.einsum("bmd,hed->bhme", hk, self.W_V)  # (B, H, M, d)
+        scores = q @ k.transpose(-1, -2) / hk.shape[1]  # (B, H, T, M)
+        z = scores @ v  # (B, H, T, d)
+        return torch.einsum("bhtf,hgf->btg", z, self.W_O)
+
+
+class Block(nn.Module):
+    """h <- h + LN(MHA(h)); LN is the identity when layernorm=False."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.attn = LinearSelfAttention(cfg.d_model, cfg.n_heads, cfg.keys)
+        self.ln = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps) if cfg.layernorm else None
+
+    def forward(self, h: torch.Tensor, quadratic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """h (B, T, d) -> (new residual, attention output, LN output), each (B, T, d)."""
+        a = self.attn.forward_quadratic(h) if quadratic else self.attn(h)
+        n = self.ln(a) if self.ln is not None else a
+        return h + n, a, n
+
+    def forward_channels(self, hT: torch.Tensor, maps: tuple, query_only: bool = False) -> torch.Tensor:
+        """`forward` on a channels-first stream hT (B, d, T) -> (B, d, T) (B, d, 1 if query_only).
+
+        maps = self.attn.folded_map(). LayerNorm is written out over d: mean and variance of the
+        attention output a per token, then (gain * (a - mean)) / sqrt(var + eps) + bias, so
+        the centring is done on the data as nn.LayerNorm does it (its float rounding is part of
+        the mechanism, docs/design.md §5). With d as the inner axis every op would run 4 numbers
+        at a time; here they run along the tokens.
+        """
+        h = hT[:, :, -1:] if query_only else hT  # (B, d, T')
+        a = self.attn.forward_channels(hT, maps, query_only)  # (B, d, T')
+        if self.ln is None:
+            return h + a
+        d = a.shape[1]
+        c = a - a.sum(dim=1, keepdim=True) / d  # (B, d, T'): centred over d
+        inv = torch.rsqrt(c.square().sum(dim=1, keepdim=True) / d + self.ln.eps)  # (B, 1, T'): 1 / LN std
+        gc = c if self.ln.weight is None else c * self.ln.weight[:, None]  # gain * centred
+        base = h if self.ln.bias is None else h + self.ln.bias[:, None]
+        return torch.addcmul(base, gc, inv)  # h + gain * (a - mean) / std + bias
+
+
+class Transformer(nn.Module):
+    """Embedding -> L blocks -> readout. See the module docstring.
+
+    forward(tokens (B, N+1, d_in)) -> predictions (B,) in the module's dtype.
+    """
+
+    CHUNK_TOKENS = 65536  # CPU forward: prompts per chunk = this // (N+1), at least 1 (cache-sized)
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Linear(cfg.d_in, cfg.d_model, bias=False)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        width = cfg.d_model * (cfg.N + 1) if cfg.readout == "flatten" else cfg.d_model
+        self.readout = nn.Linear(width, 1, bias=False)
+
+    def _run(self, tokens: torch.Tensor, quadratic: bool, keep: bool):
+        if self.cfg.readout == "flatten" and tokens.shape[1] != self.cfg.N + 1:
+            raise ValueError(f"N: this model's flatten readout needs N={self.cfg.N}, got prompts with N={tokens.shape[1] - 1}")
+        h = self.embed(tokens)  # (B, T, d)
+        trace = {"embed": h} if keep else None
+        for i, block in enumerate(self.blocks):
+            h, a, n = block(h, quadratic)
+            if keep:
+                trace.update({f"layer{i}.attn": a, f"layer{i}.ln": n, f"layer{i}.resid": h})
+        feats = h.flatten(1) if self.cfg.readout == "flatten" else h[:, -1]  # (B, T*d) or (B, d)
+        return self.readout(feats).squeeze(-1), trace  # (B,)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, N+1, d_in) -> (B,); the same function as `_run` (tests: 1e-12 in float64).
+
+        Fast path: the stream runs channels-first (B, d, T) so every op is vectorised along
+        the tokens; each block's weights are folded into one small matrix once per call; with the
+        "query" readout the last block computes the query token only; on the CPU the prompts go
+        through in chunks of about CHUNK_TOKENS tokens so the stream stays in cache. O(B*N*d^2).
+        """
+        if self.cfg.readout == "flatten" and tokens.shape[1] != self.cfg.N + 1:
+            raise ValueError(f"N: this model's flatten readout needs N={self.cfg.N}, got prompts with N={tokens.shape[1] - 1}")
+        maps = [block.attn.folded_map() for block in self.blocks]
+        B, T = tokens.shape[:2]
+        step = max(1, self.CHUNK_TOKENS // T) if tokens.device.type == "cpu" else B
+        outs = [self._forward_channels(tokens[i:i + step], maps) for i in range(0, B, step)]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def _forward_channels(self, tokens: torch.Tensor, maps: list[tuple]) -> torch.Tensor:
+        """One chunk of `forward`: tokens (b, T, d_in) -> (b,)."""
+        W = self.embed.weight  # (d, d_in)
+        hT = torch.bmm(W.expand(tokens.shape[0], -1, -1).contiguous(), tokens.transpose(1, 2))  # (b, d, T)
+        last = len(self.blocks) - 1
+        for i, (block, K) in enumerate(zip(self.blocks, maps)):
+            hT = block.forward_channels(hT, K, query_only=(i == last and self.cfg.readout == "query"))
+        feats = hT.transpose(1, 2).flatten(1) if self.cfg.readout == "flatten" else hT[:, :, -1]
+        return self.readout(feats).squeeze(-1)  # (b,)
+
+    def forward_quadratic(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The same model with quadratic (score-matrix) attention: the O(N^2) reference."""
+        return self._run(tokens, quadratic=True, keep=False)[0]
+
+    @torch.no_grad()
+    def probe(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Intermediates by name, each (B, N+1, d_model): "embed", and per block i
+        "layer{i}.attn" (attention output), "layer{i}.ln" (LayerNorm output, = attn without LN)
+        and "layer{i}.resid" (residual stream after the block)."""
+        return self._run(tokens, quadratic=False, keep=True)[1]
+
+    def weight_matrices(self) -> dict[str, torch.Tensor]:
+        """Every parameter by its dotted name (matrices and LayerNorm gains / biases)."""
+        return {k: v.detach() for k, v in self.named_parameters()}

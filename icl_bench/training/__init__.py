@@ -1,0 +1,2 @@
+"""Stage 5, training: configs (config.py), the training loop (train.py) and the l1 sweep (sweep.py).
+"""

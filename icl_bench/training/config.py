@@ -1,0 +1,157 @@
+"""Training and sweep configs (pydantic models of the one config layer, icl_bench/config_base.py).
+
+A training TOML holds `[defaults]` and one `[runs.NAME]` table per checkpoint (NAME is the file
+stem); a file without [runs] is one run. A sweep TOML holds `[sweep]` (the lambda grid, seeds and
+evaluation settings) and `[train]` (TrainConfig fields shared by every run). Field meanings and
+the recipe: docs/training.md. Bad values raise ConfigError("train.<field>: ...").
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, model_validator
+
+from icl_bench.config_base import (MAX_SEED, ConfigModel, axis_list, choice, flag, integer, number, problem, read_toml,
+                                   text, validate)
+from icl_bench.errors import ConfigError
+from icl_bench.solvers.transformer import KEY_SETS, READOUTS, TransformerConfig
+
+SCHEDULES = ("onecycle", "cosine", "constant")
+TARGETS = ("ols", "noisy")
+TRAINED_SOLVERS = ("", "trained-l1", "trained-nol1", "trained-lsa")  # what a checkpoint may serve ("" = none)
+
+Int1 = Annotated[int, BeforeValidator(integer(1))]
+Pos = Annotated[float, BeforeValidator(number(gt=0))]
+NonNeg = Annotated[float, BeforeValidator(number(ge=0))]
+Flag = Annotated[bool, BeforeValidator(flag)]
+
+
+class TrainConfig(ConfigModel):
+    """One training run (docs/training.md explains the recipe and every default)."""
+
+    name: Annotated[str, BeforeValidator(text)] = "model"  # checkpoint file stem, e.g. "trained-l1-R10"
+    solver: Annotated[str, BeforeValidator(choice(TRAINED_SOLVERS))] = ""  # the solver this checkpoint serves
+    seed: Annotated[int, BeforeValidator(integer(0, MAX_SEED))] = 0  # init, per-step prompts, held-out prompts
+    # --- prompts ---
+    R: Pos = 10.0  # the embedding constant of every prompt
+    N: Annotated[list[int], BeforeValidator(axis_list(integer(2), unique=False))] = [20]  # context lengths; a step draws one
+    noise: NonNeg = 0.1  # label noise sigma of the training prompts
+    target: Annotated[str, BeforeValidator(choice(TARGETS))] = "ols"  # regress on the OLS prediction, or the noisy y_query
+    # --- model ---
+    layernorm: Flag = True  # LN after attention in every block (False: the trained-lsa control)
+    keys: Annotated[str, BeforeValidator(choice(KEY_SETS))] = "masked"  # key set of the attention
+    readout: Annotated[str, BeforeValidator(choice(READOUTS))] = "query"  # "query" (N-free) or "flatten" (one N)
+    d_model: Int1 = 4  # residual width
+    n_layers: Int1 = 2  # blocks
+    n_heads: Int1 = 2  # heads per block
+    init_scale: Pos = 0.3  # std of the N(0, std^2) init of every weight matrix
+    embed_r_over_R: Flag = True  # divide the R column of the embedding init by R
+    precondition_R: NonNeg = 10.0  # > 0: Adam trains the R column in units where R = this (0: off)
+    dtype: Annotated[str, BeforeValidator(choice(("float32", "float64")))] = "float32"  # model and prompts
+    # --- optimisation ---
+    steps: Int1 = 6000  # step budget
+    batch_size: Int1 = 512  # prompts per step
+    lr: Pos = 3e-3  # peak Adam learning rate
+    schedule: Annotated[str, BeforeValidator(choice(SCHEDULES))] = "onecycle"
+    warmup_frac: Annotated[float, BeforeValidator(number(ge=0, lt=1))] = 0.05  # linear warm-up fraction (onecycle)
+    clip: NonNeg = 1.0  # gradient-norm clip (0: off)
+    l1: NonNeg = 0.0  # lambda of the l1 penalty on the weight matrices
+    # --- evaluation / stopping ---
+    eval_every: Int1 = 250  # steps between evaluations on the held-out prompts
+    eval_prompts: Int1 = 4096  # held-out prompts (fixed, per training N)
+    stop_rel_mse: NonNeg = 0.0  # stop once held-out MSE vs OLS / var(OLS) <= this (0: never)
+    progress: Flag = True  # show a tqdm bar (loss, MSE vs OLS, sparsity)
+    threads: Int1 = 1  # torch threads (one per run: docs/training.md)
+
+    @model_validator(mode="after")
+    def _flatten_needs_one_N(self) -> "TrainConfig":
+        if self.readout == "flatten" and len(self.N) != 1:
+            raise problem("needs exactly one N with readout = 'flatten' (it fixes the context length)", key="N")
+        return self
+
+    def transformer_config(self) -> TransformerConfig:
+        """The TransformerConfig this run trains."""
+        return TransformerConfig(
+            d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, layernorm=self.layernorm,
+            keys=self.keys, readout=self.readout, N=self.N[0] if self.readout == "flatten" else None,
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "train") -> "TrainConfig":
+        """Validate a dict; ConfigError("<where>.<field>: ...") for unknown keys or bad values."""
+        return validate(cls, d, where=where)
+
+    @classmethod
+    def from_toml(cls, path: str | Path, section: str | None = None) -> "TrainConfig":
+        """Read `[defaults]` merged with `[runs.<section>]` (or a flat file when section is None)."""
+        return cls.from_dict(load_runs(path, [section] if section else None)[0])
+
+
+def load_runs(path: str | Path, names: list[str] | None = None) -> list[dict]:
+    """The runs of a training TOML: `[defaults]` + one `[runs.NAME]` table each -> list of dicts.
+
+    A file with no [runs] table is one run (its top-level keys). `names` selects runs by name.
+    Raises:
+        ConfigError: a missing / unreadable / invalid file, or an unknown run name.
+    """
+    doc = read_toml(path)
+    if "runs" not in doc:
+        return [doc]
+    defaults = doc.get("defaults", {})
+    if not isinstance(doc["runs"], dict) or not all(isinstance(t, dict) for t in doc["runs"].values()):
+        raise ConfigError("runs: must hold one [runs.NAME] table per run")
+    runs = {name: {**defaults, "name": name, **table} for name, table in doc["runs"].items()}
+    if names:
+        missing = [n for n in names if n not in runs]
+        if missing:
+            raise ConfigError(f"--run: unknown run {missing[0]!r}; accepted: {', '.join(runs)}")
+        return [runs[n] for n in names]
+    return list(runs.values())
+
+
+def _lambdas(v: Any) -> list[float]:
+    if not isinstance(v, list) or not v:
+        raise problem("needs a non-empty list of lambdas >= 0")
+    return [number(ge=0)(x) for x in v]
+
+
+def _seeds(v: Any) -> list[int]:
+    if not isinstance(v, list) or not v:
+        raise problem("needs a non-empty list of integers >= 0")
+    return axis_list(integer(0, MAX_SEED))(v)
+
+
+class Sweep(ConfigModel):
+    """The [sweep] table of an l1 sweep (training/sweep.py)."""
+
+    l1: Annotated[list[float], BeforeValidator(_lambdas)]  # the lambda grid
+    seeds: Annotated[list[int], BeforeValidator(_seeds)] = [0]
+    out: Annotated[str, BeforeValidator(text)] = "l1_sweep"  # tables <out>.csv / .md, checkpoints <out>_models/
+    eval_N: Annotated[int, BeforeValidator(integer(2))] = 30
+    eval_noise: NonNeg = 0.1
+    eval_prompts: Int1 = 4096
+    analysis_prompts: Annotated[int, BeforeValidator(integer(8))] = 2048
+
+
+class SweepConfig(ConfigModel):
+    """A sweep TOML: [sweep] and [train] (TrainConfig fields shared by every run, except the
+    name, seed and l1 that the sweep sets)."""
+
+    sweep: Sweep
+    train: dict = {}
+
+    @model_validator(mode="after")
+    def _train_fields(self) -> "SweepConfig":
+        for key in ("name", "seed", "l1"):
+            if key in self.train:
+                raise problem("set by the sweep; accepted: any other TrainConfig field", key=f"train.{key}")
+        return self
+
+
+def read_sweep(path: str | Path) -> SweepConfig:
+    """Read and validate a sweep TOML, its [train] table included (so a bad field fails before any
+    training). Raises ConfigError (one line) for any problem."""
+    cfg = validate(SweepConfig, read_toml(path))
+    validate(TrainConfig, cfg.train, where="train")
+    return cfg

@@ -1,0 +1,119 @@
+"""The l1 sweep: train over a lambda grid x seeds and tabulate what the penalty changes.
+
+    icl-bench sweep --config l1_sweep            # train + table (the packaged config)
+    icl-bench sweep --config l1_sweep --reuse    # the table again from the saved checkpoints
+
+Config (TOML; fields in training/config.py):
+    [sweep]  l1 = [...] (the lambda grid), seeds = [...], out = "l1_sweep" (relative to the
+             current folder), eval_N = 30, eval_noise = 0.1, eval_prompts = 4096, analysis_prompts = 2048
+    [train]  TrainConfig fields shared by every run (R, steps, ...); name/seed/l1 are set here.
+
+Every run's checkpoint is saved under <out>_models/ (so --reuse can redo the table, e.g. once
+the analysis module changes, without retraining). Outputs: <out>.csv (one row per lambda x
+seed) and <out>.md (mean and min..max over seeds per lambda). Columns: MSE vs OLS on fresh
+prompts (absolute and / var(OLS)), weight sparsity (solvers/sparsity.py), L1 norm, and whatever
+`icl_bench.analysis.analyze.analyze(model, R, seed=...)` returns (similarity to the construction,
+probe R^2, Hoyer sparsity).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from icl_bench.analysis.analyze import analyze
+from icl_bench.prompts.generator import PromptSpec, sample_prompts
+from icl_bench.solvers.checkpoint import load_checkpoint
+from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
+from icl_bench.training.config import Sweep, TrainConfig, read_sweep
+from icl_bench.training.train import train_and_save
+
+# Columns of the markdown summary (the CSV keeps every column analyze returns).
+MD_COLUMNS = ["l1", "seeds", "rel_mse", "rel_mse_range", "mse_vs_ols", "sparsity", "weight_l1", "hoyer", "similarity",
+              "repr.layer0.r2_mean", "repr.layer1.r2_mean", "probe.centering.x.r2_stream", "probe.centering.y.r2_stream",
+              "probe.division.r2", "probe.division.r2_stream"]
+
+
+def row_for(stem: Path, sweep: Sweep) -> dict:
+    """One table row for a saved sweep checkpoint."""
+    model, meta = load_checkpoint(stem)
+    R = float(meta["R"])
+    batch = sample_prompts(PromptSpec(N=sweep.eval_N, noise=sweep.eval_noise, R=R), sweep.eval_prompts,
+                           seed=3_000_000_000, dtype=next(model.parameters()).dtype)
+    with torch.no_grad():
+        err = (model(batch.tokens).double() - batch.ols_prediction) ** 2  # (B,)
+    ok = torch.isfinite(err)
+    mse = float(err[ok].mean()) if bool(ok.any()) else math.nan
+    w = model.weight_matrices()
+    row = {"l1": meta["train_config"]["l1"], "seed": meta["seed"], "R": R, "steps": meta["metrics"]["step"],
+           "mse_vs_ols": mse, "rel_mse": mse / float(batch.ols_prediction.var()),
+           "sparsity": weight_sparsity(w), "weight_l1": weight_l1(w)}
+    try:
+        result = analyze(model, R, seed=int(meta["seed"]), n_prompts=sweep.analysis_prompts)
+        row.update({k: v for k, v in result.items() if isinstance(v, (int, float)) and k not in row})
+    except Exception as exc:  # record the failure in the table, keep the sweep
+        row["analysis_error"] = f"{type(exc).__name__}: {exc}"
+    return row
+
+
+def summarise(table: pd.DataFrame) -> pd.DataFrame:
+    """Per lambda: mean over seeds of every numeric column, plus min..max of rel_mse."""
+    num = table.drop(columns=["seed"]).select_dtypes("number")
+    out = num.groupby("l1").mean()
+    out.insert(0, "seeds", table.groupby("l1")["seed"].count())
+    rng = table.groupby("l1")["rel_mse"].agg(["min", "max"])
+    out.insert(out.columns.get_loc("rel_mse") + 1, "rel_mse_range", [f"{a:.2e}..{b:.2e}" for a, b in rng.values])
+    return out.reset_index()
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    """A GitHub markdown table of `df` (numbers to 3 significant digits)."""
+    cell = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def write_tables(table: pd.DataFrame, out: Path, sweep: Sweep, command: str) -> None:
+    """<out>.csv (every run) and <out>.md (summary by lambda, with the command that made it)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(f"{out}.csv", index=False)
+    summary = summarise(table)
+    summary = summary[[c for c in MD_COLUMNS if c in summary.columns]]
+    note = ("hoyer, similarity (to the LN construction, symmetry-invariant; ~0.35 for random weights, see "
+            "results/similarity_calibration.md), repr.* (R^2 of linear maps to the construction's residual stream) "
+            "and probe.* come from `icl_bench.analysis.analyze.analyze` "
+            f"(N = 20, {sweep.analysis_prompts} prompts).")
+    lines = [f"# l1 sweep (R = {table.R.iloc[0]:g})", "", f"Made by: `{command}`", "",
+             f"Evaluation: {sweep.eval_prompts} fresh prompts, N = {sweep.eval_N}, noise = {sweep.eval_noise}; "
+             "rel_mse = MSE vs OLS / var(OLS prediction); sparsity = fraction of weights with |w| < 1e-3 max|w| "
+             f"(all parameters incl. LayerNorm). Means over seeds {sorted(set(table.seed))}; per-run rows in "
+             f"`{out.name}.csv`. {note}", "",
+             markdown_table(summary), ""]
+    Path(f"{out}.md").write_text("\n".join(lines))
+
+
+def run_sweep(config: str | Path, reuse: bool = False, progress: bool = True) -> pd.DataFrame:
+    """Train (or, with reuse, reload) every lambda x seed run and write the tables; returns the
+    per-run table. Raises ConfigError for a bad config (before any training)."""
+    cfg = read_sweep(config)
+    sweep = cfg.sweep
+    out = Path(sweep.out)
+    models = out.parent / (out.name + "_models")
+    rows = []
+    for lam in sweep.l1:
+        for seed in sweep.seeds:
+            name = f"l1-{lam:g}-seed{seed}"
+            stem = models / name
+            if not (reuse and Path(f"{stem}.safetensors").is_file()):
+                run = TrainConfig.from_dict({"progress": progress, **cfg.train, "name": name, "seed": seed, "l1": float(lam)})
+                train_and_save(run, models)
+            rows.append(row_for(stem, sweep))
+            r = rows[-1]
+            print(f"{name}: rel_mse {r['rel_mse']:.2e}, sparsity {r['sparsity']:.2f}", flush=True)
+    table = pd.DataFrame(rows)
+    command = f"icl-bench sweep --config {config}" + (" --reuse" if reuse else "")
+    write_tables(table, out, sweep, command)
+    return table

@@ -1,0 +1,68 @@
+"""A non-editable install works from any folder: the default configs and the shipped checkpoints
+travel with the package (docs/design.md §2). Builds a wheel once, installs it into a fresh
+virtual environment (reusing this interpreter's dependencies; the package itself comes only from
+the wheel) and runs every command from an unrelated folder."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sh(*cmd, cwd, env=None, timeout=600) -> subprocess.CompletedProcess:
+    p = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, f"{' '.join(map(str, cmd))} exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+    return p
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    base = tmp_path_factory.mktemp("install")
+    sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", base / "dist", ROOT, cwd=base)
+    wheel = next((base / "dist").glob("icl_bench-*.whl"))
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(base / "venv")
+    py = base / "venv" / "bin" / "python"
+    sh(sys.executable, "-m", "pip", "--python", py, "install", "--no-deps", "--no-index", wheel, cwd=base) \
+        if _pip_has_python_flag() else sh(py, "-m", "pip", "install", "--no-deps", "--no-index", wheel, cwd=base)
+    work = base / "elsewhere"  # an unrelated folder: no source tree, no benchmarks/, no results/
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{base / 'venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    return py, work, env
+
+
+def _pip_has_python_flag() -> bool:  # pip >= 22.3 can install into another environment
+    out = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True, text=True).stdout.split()
+    major, minor = (int(v) for v in out[1].split(".")[:2])
+    return (major, minor) >= (22, 3)
+
+
+def test_the_package_comes_from_the_wheel(installed):
+    py, work, env = installed
+    where = sh(py, "-c", "import icl_bench, baselines; print(icl_bench.__file__); print(baselines.__file__)", cwd=work, env=env)
+    assert all("venv" in line and "site-packages" in line for line in where.stdout.split()), where.stdout
+
+
+def test_every_command_runs_from_an_unrelated_folder(installed):
+    py, work, env = installed
+    cli = [py, "-m", "icl_bench"]
+    run = sh(*cli, "run", "--solver", "ols", "--solver", "trained-l1", "--out", "run", "--no-progress", cwd=work, env=env)
+    table = json.loads((work / "run" / "metadata.json").read_text())
+    assert table["config"]["grid"]["N"] == [10, 30, 100, 300]  # the packaged default matrix
+    assert table["status_counts"].get("error", 0) == 0 and "ok" in table["status_counts"], run.stdout
+    sh(*cli, "train", "--config", "train", "--run", "trained-l1-R10", "--steps", "3", "--out", "models", "--no-progress",
+       cwd=work, env=env)
+    assert (work / "models" / "trained-l1-R10.safetensors").is_file()
+    ana = sh(*cli, "analyze", "trained-l1-R100", "--n-prompts", "64", "--out", "a.json", cwd=work, env=env)
+    assert json.loads((work / "a.json").read_text())["R"] == 100.0 and "similarity" in ana.stdout
+    sh(*cli, "publish", "run", "--out", "pub", cwd=work, env=env)
+    assert (work / "pub" / "index.html").is_file() and (work / "pub" / "headline.md").is_file()
+    listed = sh(*cli, "list", cwd=work, env=env).stdout
+    assert "ols  [plugin baselines.ols:OLS" in listed and "trained-l1  [built-in" in listed
