@@ -1,6 +1,6 @@
 """The output folder of a run and its cell store: one SQLite database (WAL mode) instead of one
 file per cell, written so that a crash at any instant loses at most the cells in flight and never
-leaves a row that reads as something it is not (docs/scale-out.md, "Store").
+leaves a row that reads as something it is not (docs/scale-out.md, "The cell store").
 
     out/.icl-bench.lock   held (flock) by the one process writing this folder; the kernel
                           releases it when that process ends, however it ends (kill -9 included)
@@ -55,8 +55,9 @@ FINAL_FILES = ("results.parquet", "results.csv", "metadata.json")
 
 
 def _checksum(key: str, values: list) -> int:
-    """CRC-32 of the key and the row's values (NaN written as NaN: SQLite stores it as NULL)."""
-    return zlib.crc32(json.dumps([key, values], allow_nan=True, separators=(",", ":")).encode())
+    """CRC-32 of the key and the row's values: their repr (exact for floats; NaN, which SQLite
+    stores as NULL, is read back as NaN before the check)."""
+    return zlib.crc32(repr((key, values)).encode())
 
 
 class CellStore:
@@ -144,11 +145,14 @@ class CellStore:
 
 
 def _plain(v):
-    """A value SQLite stores exactly: Python int / float / str (numpy scalars converted)."""
+    """A value SQLite stores exactly: Python int / float / str (numpy / torch scalars converted;
+    NaN is stored as NULL and read back as NaN)."""
+    if type(v) in (float, int, str):
+        return v
+    if isinstance(v, bool):
+        return int(v)  # SQLite reads it back as an int
     if hasattr(v, "item") and not isinstance(v, (str, bytes)):
-        v = v.item()
-    if isinstance(v, float) and math.isnan(v):
-        return math.nan  # stored as NULL, read back as NaN
+        return v.item()
     return v
 
 
