@@ -274,3 +274,24 @@ def test_resume_after_the_data_file_changed_recomputes(tmp_path):
     table = run_matrix(parse_config(raw), out, resume=True, progress=False)
     assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == 0
     pd.testing.assert_frame_equal(_stable(table), _stable(run_matrix(parse_config(raw), progress=False)))
+
+
+def test_store_gives_back_exactly_what_was_put(tmp_path):
+    import math
+
+    import numpy as np
+    import torch
+
+    cols = ("x", "nan", "inf", "n", "flag", "np", "t", "status")
+    row = {"x": 0.1 + 0.2, "nan": math.nan, "inf": -math.inf, "n": 2**62, "flag": True,
+           "np": np.float32(1.5), "t": torch.tensor(7), "status": "ok"}
+    with store.CellStore(tmp_path / "o", cols, resume=False) as db:
+        db.put("k1", row)
+        db.put("k2", {**row, "status": "banana"})  # stored, but never read back as a finished cell
+    with store.CellStore(tmp_path / "o", cols, resume=True) as db:
+        got = db.load()
+    assert list(got) == ["k1"]
+    r = got["k1"]
+    assert r["x"] == 0.1 + 0.2 and math.isnan(r["nan"]) and r["inf"] == -math.inf and r["n"] == 2**62
+    assert r["flag"] == 1 and r["np"] == 1.5 and r["t"] == 7 and r["status"] == "ok"
+    assert [type(r[c]) for c in ("x", "n", "np", "t")] == [float, int, float, int]
