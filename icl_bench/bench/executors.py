@@ -95,8 +95,10 @@ class DaskExecutor:
             import torch
 
             resources = {"GPU": 1} if torch.cuda.is_available() else None
-            # the scheduler runs in this process and reads allowed-failures when it is created
-            with dask.config.set({"distributed.scheduler.allowed-failures": cfg.retries}):
+            # the scheduler runs in this process and reads allowed-failures when it is created; the
+            # workers' stack sampler (10 ms) only feeds the dashboard, which this cluster does not serve
+            with dask.config.set({"distributed.scheduler.allowed-failures": cfg.retries,
+                                  "distributed.worker.profile.enabled": False}):
                 self.cluster = LocalCluster(n_workers=cfg.n_workers, threads_per_worker=1, processes=True,
                                             host="127.0.0.1", dashboard_address=None, resources=resources,
                                             silence_logs=logging.ERROR)
