@@ -143,7 +143,10 @@ def bench_speedup(tmp: Path, repeats: int) -> dict:
         local.append(t), loads.append(("local", la)), in_flight["local"].append(table.elapsed_s.sum() / t)
         _, t, la = timed(lambda: run_matrix(cfg, progress=False, executor=Executor(kind="dask", n_workers=2)))
         dask_cold.append(t), loads.append(("dask incl. cluster start", la))
-    lc = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None)
+    import dask
+
+    with dask.config.set({"distributed.worker.profile.enabled": False}):  # as bench/executors.py starts one
+        lc = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None)
     client = Client(lc)
     client.run(lambda: __import__("icl_bench.bench.runner"))
     run_matrix(warm, progress=False, executor=Executor(kind="dask", scheduler=lc.scheduler_address))  # both workers
