@@ -106,13 +106,22 @@ def cmd_run(args) -> int:
         raise ConfigError("--x/--y: only with --data FILE")
     if args.resume and not args.out:
         raise ConfigError("--resume: needs --out DIR, the folder of the run to continue")
+    flags = {"kind": args.executor, "scheduler": args.scheduler, "n_workers": args.workers,
+             "exclusive_timing": True if args.exclusive_timing else None}
+    if any(v is not None for v in flags.values()):  # flags override the config's [executor] table
+        given = raw.get("executor", {}) if isinstance(raw.get("executor"), dict) else {}
+        if args.scheduler and args.executor is None:
+            flags["kind"] = "dask"  # --scheduler alone means: run on that cluster
+        raw["executor"] = {**given, **{k: v for k, v in flags.items() if v is not None}}
     try:
         cfg = parse_config(raw, base_dir=path.parent)
     except ConfigError as exc:  # name the flag the user typed, not the config key it set
         msg = str(exc)
-        if args.data is not None:
-            for key, flag in (("data.path:", "--data:"), ("data.x:", "--x:"), ("data.y:", "--y:")):
-                msg = flag + msg[len(key):] if msg.startswith(key) else msg
+        named = [("data.path:", "--data:", args.data), ("data.x:", "--x:", args.data), ("data.y:", "--y:", args.data),
+                 ("executor.kind:", "--executor:", args.executor), ("executor.scheduler:", "--scheduler:", args.scheduler),
+                 ("executor.n_workers:", "--workers:", args.workers)]
+        for key, flag, given in named:
+            msg = flag + msg[len(key):] if (given is not None and msg.startswith(key)) else msg
         raise ConfigError(msg) from None
     out = Path(args.out) if args.out else Path("results/runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
     if cfg.data is not None:
@@ -273,6 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--y", help="CSV column of y (with --data)")
     run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     run.add_argument("--cache", help="folder of finished cells shared across runs: reuse a cell by its key, add new ones")
+    run.add_argument("--executor", help="where cells run: local (default, this process) or dask (docs/scale-out.md)")
+    run.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler to use, e.g. tcp://host:8786 "
+                     "(implies --executor dask; without it, dask starts a LocalCluster)")
+    run.add_argument("--workers", type=int, metavar="N", help="worker processes of the dask LocalCluster (default 2)")
+    run.add_argument("--exclusive-timing", action="store_true",
+                     help="time at most one cell per machine at a time (others compute meanwhile)")
     run.set_defaults(func=cmd_run)
     for name in ("publish", "report"):  # `report` is an alias
         pub = sub.add_parser(name, help="aggregate run folders into tables, plots and index.html"

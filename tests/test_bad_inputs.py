@@ -23,7 +23,7 @@ import tomli_w
 import torch
 from safetensors.torch import save_file
 
-from icl_bench.bench import store as rundir
+from icl_bench.bench import store
 from icl_bench.solvers.checkpoint import load_checkpoint, save_checkpoint
 from icl_bench.cli import main
 from icl_bench.bench.config import parse_config
@@ -146,6 +146,15 @@ CASES = [
     Case("toml-prompt-key", toml(lambda r: _set(r, {"mean": 1.0}, "prompts", "x")), "prompts.x.mean: unknown key; accepted: dist, loc, scale"),
     Case("toml-timing-repeats", toml(lambda r: _set(r, 0, "timing", "repeats")), "timing.repeats: must be >= 1"),
     Case("toml-timing-seconds", toml(lambda r: _set(r, 0.0, "timing", "max_seconds")), "timing.max_seconds: must be finite and > 0"),
+    Case("toml-executor-kind", toml(lambda r: _set(r, "ray", "executor", "kind")),
+         "executor.kind: unknown value 'ray'; accepted: local, dask"),
+    Case("toml-executor-key", toml(lambda r: _set(r, 2, "executor", "workers")),
+         "executor.workers: unknown key; accepted: kind, scheduler, n_workers, exclusive_timing, retries"),
+    Case("toml-executor-scheduler-local", toml(lambda r: _set(r, "tcp://h:8786", "executor", "scheduler")),
+         'executor.scheduler: only with kind = "dask"'),
+    Case("toml-executor-exclusive", toml(lambda r: _set(r, "yes", "executor", "exclusive_timing")),
+         "executor.exclusive_timing: expected true or false"),
+    Case("cli-executor", lambda tmp: ["run", "--executor", "slurm"], "--executor: unknown value 'slurm'; accepted: local, dask"),
     Case("toml-data-not-table", toml(lambda r: _set(r, "data.csv", "data")), "data: must be a table (got str)"),
     Case("toml-data-missing-file", toml(lambda r: _set(r, {"path": "no/such.csv", "x": "x", "y": "y"}, "data")), "data.path: no such file"),
     Case("toml-data-missing-key", toml(lambda r: _set(r, {"path": "matplotlib:msft.csv", "x": "Open"}, "data")), "data.y: required text value"),
@@ -340,7 +349,7 @@ def test_out_that_is_a_file_or_under_a_file_or_locked(tmp_path, capsys, finished
     busy = tmp_path / "busy"
     shutil.copytree(finished_run, busy)
     before = _snapshot(busy)
-    lock = rundir.prepare(busy, resume=True)  # another run holds it
+    lock = store.prepare(busy, resume=True, config_json=None)  # another run holds it
     try:
         assert main([*config, "--out", str(busy), "--resume"]) == 2
     finally:

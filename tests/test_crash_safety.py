@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -13,12 +14,12 @@ import pandas as pd
 import pytest
 import tomli_w
 
-from icl_bench.bench import store as rundir
-from icl_bench.bench.config import parse_config
-from icl_bench.errors import ConfigError
+from icl_bench.bench import store
 from icl_bench.bench.cells import expand_cells
+from icl_bench.bench.config import parse_config
 from icl_bench.bench.runner import run_matrix
-from icl_bench.bench.schema import TIMING_COLUMNS
+from icl_bench.bench.schema import RESULT_COLUMNS, TIMING_COLUMNS
+from icl_bench.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout under test
 
@@ -33,9 +34,19 @@ def _stable(table: pd.DataFrame) -> pd.DataFrame:
     return table.drop(columns=list(TIMING_COLUMNS)).reset_index(drop=True)
 
 
-def _files(folder: Path) -> dict[str, tuple[int, int]]:
-    """name -> (inode, mtime_ns) of the finished cell files."""
-    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.glob("*.json")}
+def _stored(out: Path) -> dict[str, tuple]:
+    """key -> every stored value (timing included) of the finished cells in out/cells.sqlite,
+    read through a read-only connection (safe while a writer runs: WAL mode)."""
+    path = out / "cells.sqlite"
+    if not path.exists():
+        return {}
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return {r[0]: r[1:] for r in db.execute("SELECT * FROM cells")}
+    except sqlite3.OperationalError:  # the writer has not created the table yet
+        return {}
+    finally:
+        db.close()
 
 
 # slow enough to be caught mid-way (scipy-lstsq loops over prompts in Python), fast overall
@@ -50,97 +61,126 @@ def test_sigkill_mid_run_then_resume_recomputes_only_unfinished_cells(tmp_path):
     total = len(expand_cells(parse_config(SLOW)))
     proc = _cli("run", "--config", str(cfg_path), "--out", str(out), "--no-progress")
     deadline = time.monotonic() + 120
-    while len(list((out / "cells").glob("*.json"))) < 2:  # some cells finished ...
+    while len(_stored(out)) < 2:  # some cells finished ...
         assert proc.poll() is None, f"run ended before it could be killed: {proc.communicate()}"
         assert time.monotonic() < deadline, "no cell finished in 120 s"
         time.sleep(0.005)
     proc.kill()  # SIGKILL: no cleanup, no finally blocks
     proc.communicate()
     assert proc.returncode == -9
-    done = _files(out / "cells")
-    assert 2 <= len(done) < total  # ... but not all
+    done = _stored(out)
+    assert 2 <= len(done) < total  # ... but not all: kill -9 lost only the cell in flight
     assert not (out / "results.parquet").exists() and not (out / "metadata.json").exists()
 
     resumed = _cli("run", "--config", str(cfg_path), "--out", str(out), "--no-progress", "--resume")
     stdout, stderr = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, stderr
-    after = _files(out / "cells")
-    assert len(after) == total and not list((out / "cells").glob(".*.tmp"))
-    assert {k: after[k] for k in done} == done  # finished cells were neither recomputed nor rewritten
+    after = _stored(out)
+    assert len(after) == total and not list(out.glob(".*.tmp"))
+    assert {k: after[k] for k in done} == done  # finished cells were not recomputed (same timing, same values)
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["n_cells_reused"] == len(done) and meta["n_cells"] == total
     reference = run_matrix(parse_config(SLOW), progress=False)  # uninterrupted, in memory
     pd.testing.assert_frame_equal(_stable(pd.read_parquet(out / "results.parquet")), _stable(reference))
 
 
-KILL_AT_THIRD_RENAME = """
+KILL_AFTER_THIRD_CELL = """
 import os, signal, sys
-real, calls = os.replace, []
-def replace(src, dst):
-    calls.append(dst)
-    if len(calls) == 3:  # the third cell's temp file is written and fsynced, not yet renamed
+from icl_bench.bench import store
+real, calls = store.CellStore.put, []
+def put(self, key, row):
+    real(self, key, row)
+    calls.append(key)
+    if len(calls) == 3:  # three cells committed; the WAL is never checkpointed
         os.kill(os.getpid(), signal.SIGKILL)
-    real(src, dst)
-os.replace = replace
+store.CellStore.put = put
 from icl_bench.cli import main
 sys.exit(main(sys.argv[1:]))
 """
+
+
+def _killed_after_three_cells(tmp_path) -> Path:
+    cfg_path, out = tmp_path / "small.toml", tmp_path / "run"
+    cfg_path.write_text(tomli_w.dumps(SMALL))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-c", KILL_AFTER_THIRD_CELL, "run", "--config", str(cfg_path),
+                        "--out", str(out), "--no-progress"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert p.returncode == -9, p.stderr
+    assert (out / "cells.sqlite-wal").stat().st_size > 0  # the rows live in the WAL only
+    return out
+
 
 SMALL = {"seed": 1, "n_prompts": 40, "batch_size": 40, "timing": {"repeats": 1},
          "grid": {"N": [3, 6], "noise": [0.0, 0.5], "R": [10.0], "dtype": ["float32"]},
          "solvers": {"ols": {}, "scipy-lstsq": {}}}
 
 
-def test_kill_between_temp_write_and_rename(tmp_path):
-    cfg_path, out = tmp_path / "small.toml", tmp_path / "run"
-    cfg_path.write_text(tomli_w.dumps(SMALL))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-c", KILL_AT_THIRD_RENAME, "run", "--config", str(cfg_path),
-                        "--out", str(out), "--no-progress"], cwd=ROOT, env=env, capture_output=True, text=True)
-    assert p.returncode == -9, p.stderr
-    stale = list((out / "cells").glob(".*.tmp"))
-    assert len(stale) == 1 and json.loads(stale[0].read_text())["status"] == "ok"  # complete, but never renamed
-    done = _files(out / "cells")
-    assert len(done) == 1  # renames: config.json, the first cell, then the kill before the second
+@pytest.mark.parametrize("tear", ["cut-last-commit", "half-frame-appended"])
+def test_torn_write_is_never_merged(tmp_path, tear):
+    out = _killed_after_three_cells(tmp_path)
+    wal = out / "cells.sqlite-wal"
+    size = wal.stat().st_size
+    if tear == "cut-last-commit":  # a kill / power cut in the middle of the third commit
+        with open(wal, "r+b") as f:
+            f.truncate(size - 100)
+        expect = 2
+    else:  # a fourth transaction cut short: a frame header and half a page, no commit frame
+        with open(wal, "ab") as f:
+            f.write(open(wal, "rb").read()[32:32 + 24 + 2000])
+        expect = 3
+    done = _stored(out)
+    assert len(done) == expect  # SQLite replays the WAL only up to the last intact commit frame
+    from icl_bench.report.aggregate import load_run
+
+    with pytest.raises(ConfigError, match="an unfinished run: complete it with `icl-bench run --resume"):
+        load_run(out)
     (out / ".my-own-notes.tmp").write_text("not ours")  # a user's file: left alone
     (out / ".results.csv.123-abcd.tmp").write_text("half a ta")  # a table write cut short
     table = run_matrix(parse_config(SMALL), out, resume=True, progress=False)
-    assert not list((out / "cells").glob(".*.tmp"))  # the orphan is cleaned up, not merged
     assert [p.name for p in out.glob(".*.tmp")] == [".my-own-notes.tmp"]
-    assert {k: v for k, v in _files(out / "cells").items() if k in done} == done
-    assert len(_files(out / "cells")) == len(table) == 8
+    assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == expect
+    assert {k: v for k, v in _stored(out).items() if k in done} == done
+    assert len(_stored(out)) == len(table) == 8
     pd.testing.assert_frame_equal(_stable(table), _stable(run_matrix(parse_config(SMALL), progress=False)))
 
 
-CORRUPTIONS = {
-    "empty": b"",
-    "truncated": None,  # the first 40 bytes of the real file
-    "not-json": b"\x00\x00\x00garbage",
-    "not-utf8": b'{"status": "\xff\xfe"}',
-    "json-list": b"[1, 2, 3]",
-    "missing-column": None,  # the real row without mse_vs_ols
-    "bad-status": None,  # the real row with status "banana"
-    "another-cell": None,  # a valid row of a different cell under this cell's name
+def _set(key: str, col: str, value) -> str:
+    return f'UPDATE cells SET "{col}" = {value} WHERE key = \'{key}\''
+
+
+CORRUPTIONS = {  # SQL that damages the stored row of `victim` behind the store's back
+    "value-changed": lambda victim, other: _set(victim, "mse_vs_ols", 0.25),
+    "value-lost": lambda victim, other: _set(victim, "mse_vs_truth", "NULL"),
+    "status-unknown": lambda victim, other: _set(victim, "status", "'banana'"),
+    "crc-changed": lambda victim, other: _set(victim, "crc", "crc + 1"),
+    "another-cell": lambda victim, other: (  # a valid row of a different cell under this cell's key
+        f"INSERT OR REPLACE INTO cells SELECT '{victim}', {', '.join(f'{chr(34)}{c}{chr(34)}' for c in RESULT_COLUMNS)}, "
+        f"crc FROM cells WHERE key = '{other}'"),
 }
 
 
 @pytest.mark.parametrize("kind", list(CORRUPTIONS))
-def test_corrupt_cell_file_is_recomputed_never_merged(tmp_path, kind):
+def test_corrupt_stored_row_is_recomputed_never_merged(tmp_path, kind):
     out = tmp_path / "run"
     first = run_matrix(parse_config(SMALL), out, progress=False)
-    cells = sorted((out / "cells").glob("*.json"))
-    victim, other = cells[0], cells[1]
-    row = json.loads(victim.read_text())
-    data = {"truncated": victim.read_bytes()[:40], "another-cell": other.read_bytes(),
-            "missing-column": json.dumps({k: v for k, v in row.items() if k != "mse_vs_ols"}).encode(),
-            "bad-status": json.dumps({**row, "status": "banana"}).encode()}.get(kind, CORRUPTIONS[kind])
-    victim.write_bytes(data)
-    others = {k: v for k, v in _files(out / "cells").items() if k != victim.name}
+    keys = sorted(_stored(out))
+    victim, other = keys[0], keys[1]
+    with sqlite3.connect(out / "cells.sqlite") as db:
+        db.execute(CORRUPTIONS[kind](victim, other))
+    db.close()
+    others = {k: v for k, v in _stored(out).items() if k != victim}
     again = run_matrix(parse_config(SMALL), out, resume=True, progress=False)
-    assert json.loads(victim.read_text())["_key"] == victim.stem  # rewritten with its own row
-    assert {k: v for k, v in _files(out / "cells").items() if k != victim.name} == others
+    assert {k: v for k, v in _stored(out).items() if k != victim} == others
     assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == len(first) - 1
     pd.testing.assert_frame_equal(_stable(first), _stable(again))
+
+
+def test_a_store_that_is_not_a_database_is_refused(tmp_path):
+    out = tmp_path / "run"
+    run_matrix(parse_config(SMALL), out, progress=False)
+    (out / "cells.sqlite").write_bytes(b"\x00garbage" * 100)
+    with pytest.raises(ConfigError, match=r"--out: cannot use .*cells.sqlite as a cell store"):
+        run_matrix(parse_config(SMALL), out, resume=True, progress=False)
 
 
 def test_resume_with_another_config_is_refused_and_changes_nothing(tmp_path):
@@ -164,48 +204,59 @@ def test_resume_into_a_folder_that_is_not_a_run_is_refused(tmp_path):
 def test_crash_while_writing_the_tables_leaves_no_finished_mark(tmp_path, monkeypatch):
     out = tmp_path / "run"
     run_matrix(parse_config(SMALL), out, progress=False)
-    real = rundir.write_atomic
+    real = store.write_atomic
 
     def dies_at_csv(path, data):
         if path.name == "results.csv":
             raise KeyboardInterrupt  # stands in for a crash between the two table writes
         real(path, data)
 
-    monkeypatch.setattr(rundir, "write_atomic", dies_at_csv)
+    monkeypatch.setattr(store, "write_atomic", dies_at_csv)
     with pytest.raises(KeyboardInterrupt):
         run_matrix(parse_config(SMALL), out, resume=True, progress=False)
     assert not (out / "metadata.json").exists()  # the rewritten parquet is not vouched for by old metadata
-    monkeypatch.setattr(rundir, "write_atomic", real)
+    monkeypatch.setattr(store, "write_atomic", real)
     table = run_matrix(parse_config(SMALL), out, resume=True, progress=False)
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["n_cells_reused"] == 8 and len(pd.read_csv(out / "results.csv")) == len(table) == 8
 
 
-def test_every_write_is_renamed_into_place_and_the_folder_fsynced(tmp_path, monkeypatch):
-    synced, renamed = [], []
+def test_every_write_is_renamed_into_place_and_every_cell_committed_durably(tmp_path, monkeypatch):
     from icl_bench import files
 
-    real_fsync_dir, real_replace = files.fsync_dir, os.replace
+    synced, renamed, commits = [], [], []
+    real_fsync_dir, real_replace, real_put = files.fsync_dir, os.replace, store.CellStore.put
     monkeypatch.setattr(files, "fsync_dir", lambda p: (synced.append(Path(p).name), real_fsync_dir(p)))
+    monkeypatch.setattr(store, "fsync_dir", lambda p: (synced.append(Path(p).name), real_fsync_dir(p)))
     monkeypatch.setattr(files.os, "replace", lambda a, b: (renamed.append(Path(b).name), real_replace(a, b)))
+
+    def put(self, key, row):  # each put is its own committed transaction in the WAL
+        assert self._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert self._db.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+        real_put(self, key, row)
+        assert not self._db.in_transaction
+        commits.append(key)
+
+    monkeypatch.setattr(store.CellStore, "put", put)
     out = tmp_path / "run"
     run_matrix(parse_config(SMALL), out, progress=False)
-    assert len(renamed) == 1 + 8 + 3 and renamed[0] == "config.json" and renamed[-1] == "metadata.json"
-    assert synced.count("cells") == 8 and synced.count("run") >= 3
-    assert sorted(p.name for p in out.iterdir()) == [".icl-bench.lock", "cells", "config.json", "metadata.json",
-                                                      "results.csv", "results.parquet"]
+    assert len(commits) == len(set(commits)) == 8
+    assert renamed == ["config.json", "results.parquet", "results.csv", "metadata.json"]
+    assert synced.count("run") >= 4
+    assert sorted(p.name for p in out.iterdir()) == [".icl-bench.lock", "cells.sqlite", "config.json", "metadata.json",
+                                                      "results.csv", "results.parquet"]  # WAL checkpointed on close
 
 
 def test_a_second_writer_is_refused_while_the_first_holds_the_folder(tmp_path):
     out = tmp_path / "run"
     run_matrix(parse_config(SMALL), out, progress=False)
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    lock = rundir.prepare(out, resume=True)  # stands in for a run in progress
+    holder = store.CellStore(out, RESULT_COLUMNS, resume=True)  # stands in for a run in progress
     try:
         with pytest.raises(ConfigError, match="--out: .* is in use by another icl-bench run"):
             run_matrix(parse_config(SMALL), out, resume=True, progress=False)
     finally:
-        lock.close()
+        holder.close()
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     run_matrix(parse_config(SMALL), out, resume=True, progress=False)  # released: fine again
 
@@ -220,3 +271,24 @@ def test_resume_after_the_data_file_changed_recomputes(tmp_path):
     table = run_matrix(parse_config(raw), out, resume=True, progress=False)
     assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == 0
     pd.testing.assert_frame_equal(_stable(table), _stable(run_matrix(parse_config(raw), progress=False)))
+
+
+def test_store_gives_back_exactly_what_was_put(tmp_path):
+    import math
+
+    import numpy as np
+    import torch
+
+    cols = ("x", "nan", "inf", "n", "flag", "np", "t", "status")
+    row = {"x": 0.1 + 0.2, "nan": math.nan, "inf": -math.inf, "n": 2**62, "flag": True,
+           "np": np.float32(1.5), "t": torch.tensor(7), "status": "ok"}
+    with store.CellStore(tmp_path / "o", cols, resume=False) as db:
+        db.put("k1", row)
+        db.put("k2", {**row, "status": "banana"})  # stored, but never read back as a finished cell
+    with store.CellStore(tmp_path / "o", cols, resume=True) as db:
+        got = db.load()
+    assert list(got) == ["k1"]
+    r = got["k1"]
+    assert r["x"] == 0.1 + 0.2 and math.isnan(r["nan"]) and r["inf"] == -math.inf and r["n"] == 2**62
+    assert r["flag"] == 1 and r["np"] == 1.5 and r["t"] == 7 and r["status"] == "ok"
+    assert [type(r[c]) for c in ("x", "n", "np", "t")] == [float, int, float, int]

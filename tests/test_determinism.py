@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 from icl_bench import PromptSpec, sample_prompts
 from icl_bench.bench.config import parse_config
 from icl_bench.bench.cells import cell_prompts, expand_cells, prompt_seed
-from icl_bench.bench.schema import TIMING_COLUMNS
+from icl_bench.bench.schema import RESULT_COLUMNS, TIMING_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 TIME_KEYS = ("started_at", "finished_at")  # metadata.json's wall-clock fields
@@ -60,12 +61,10 @@ def test_same_seed_same_files_in_two_processes(two_runs):
     assert _csv_without_timing(a / "results.csv") == _csv_without_timing(b / "results.csv")
     ma, mb = (json.loads((d / "metadata.json").read_text()) for d in (a, b))
     assert {k: v for k, v in ma.items() if k not in TIME_KEYS} == {k: v for k, v in mb.items() if k not in TIME_KEYS}
-    cells_a, cells_b = sorted((a / "cells").glob("*.json")), sorted((b / "cells").glob("*.json"))
-    assert [p.name for p in cells_a] == [p.name for p in cells_b] and len(cells_a) == len(ta)
-    for pa, pb in zip(cells_a, cells_b):
-        ra, rb = json.loads(pa.read_text()), json.loads(pb.read_text())
-        strip = lambda r: json.dumps({k: v for k, v in r.items() if k not in TIMING_COLUMNS}, sort_keys=True)  # noqa: E731
-        assert strip(ra) == strip(rb), pa.name
+    stable = [c for c in RESULT_COLUMNS if c not in TIMING_COLUMNS]
+    sql = f"SELECT key, {', '.join(stable)} FROM cells ORDER BY key"
+    rows_a, rows_b = (sqlite3.connect(d / "cells.sqlite").execute(sql).fetchall() for d in (a, b))
+    assert len(rows_a) == len(ta) and rows_a == rows_b  # the stored rows too, value for value
 
 
 def test_different_seeds_give_different_prompts():

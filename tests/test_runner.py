@@ -1,5 +1,6 @@
 import json
 import math
+import sqlite3
 
 import pandas as pd
 import pytest
@@ -117,13 +118,18 @@ def test_resume_skips_finished_cells_and_refuses_non_empty_out(tmp_path, tiny_ra
     first = run_matrix(cfg, out, progress=False)
     with pytest.raises(Exception, match="--out: .* is not empty; pass --resume"):
         run_matrix(cfg, out, progress=False)
-    cells = sorted((out / "cells").glob("*.json"))
-    cells[0].unlink()  # lost
-    cells[1].write_text(cells[1].read_text()[:40])  # truncated
-    before = {p.name: p.stat().st_mtime_ns for p in cells[2:]}
+    with sqlite3.connect(out / "cells.sqlite") as db:
+        keys = [k for (k,) in db.execute("SELECT key FROM cells ORDER BY key")]
+        db.execute("DELETE FROM cells WHERE key = ?", (keys[0],))  # lost
+        db.execute("UPDATE cells SET mse_vs_ols = 0.5 WHERE key = ?", (keys[1],))  # altered: fails its CRC
+        before = {k: s for k, s in db.execute("SELECT key, started_at FROM cells") if k in keys[2:]}
+    db.close()
     again = run_matrix(cfg, out, resume=True, progress=False)
-    assert {p.name: p.stat().st_mtime_ns for p in cells[2:]} == before  # untouched
-    assert json.loads(cells[1].read_text())["status"] == "ok"  # recomputed
+    with sqlite3.connect(out / "cells.sqlite") as db:
+        after = dict(db.execute("SELECT key, started_at FROM cells"))
+    db.close()
+    assert {k: after[k] for k in before} == before and len(after) == len(first)  # untouched
+    assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == len(first) - 2
     pd.testing.assert_frame_equal(_stable(first), _stable(again))
 
 

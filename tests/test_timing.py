@@ -113,7 +113,7 @@ def test_run_matrix_uses_timing_threads_and_restores_them(tiny_raw, monkeypatch)
 
     seen = []
     real = runner.run_cell
-    monkeypatch.setattr(runner, "run_cell", lambda cell: (seen.append(torch.get_num_threads()), real(cell))[1])
+    monkeypatch.setattr(runner, "run_cell", lambda cell, **kw: (seen.append(torch.get_num_threads()), real(cell, **kw))[1])
     before = torch.get_num_threads()
     tiny_raw["timing"]["threads"] = 1
     run_matrix(parse_config(tiny_raw), progress=False)

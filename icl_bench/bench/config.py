@@ -14,6 +14,8 @@ that names the key and the accepted values, before anything is written to disk.
     [data]                   # optional CSV prompt source: path, x, y (columns)
     [timing]                 # repeats (median reported), max_seconds (stop repeating after),
                              # threads (torch threads for the run; 0 = torch's default)
+    [executor]               # where cells run (docs/scale-out.md): kind = "local" | "dask",
+                             # scheduler, n_workers, exclusive_timing, retries
 """
 from __future__ import annotations
 
@@ -25,12 +27,13 @@ from pydantic import BeforeValidator, Field, ValidationInfo, create_model, field
 
 from icl_bench.bench.axes import AXES
 from icl_bench.config_base import (FLOAT_MAX, MAX_SEED, MAX_THREADS, ConfigModel, axis_list, choice, flag, integer,
-                                   number, problem, read_toml, validate)
+                                   number, problem, read_toml, text, validate)
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.data import DataSource, check_source
 from icl_bench.prompts.generator import DISTRIBUTIONS, MAX_VALUES, Dist
 
 MAX_PROMPTS = 2**24  # n_prompts and batch_size: torch.quantile (abs_err_* metrics) takes <= 2**24 values
+EXECUTORS = ("local", "dask")
 
 Grid = create_model(  # one field per axis of bench/axes.py, in that order
     "Grid", __base__=ConfigModel,
@@ -65,6 +68,23 @@ class Timing(ConfigModel):
     repeats: Annotated[int, BeforeValidator(integer(1))] = 3  # timed passes; the median is reported
     max_seconds: Annotated[float, BeforeValidator(number(gt=0))] = 1.0  # stop repeating after this much timing
     threads: Annotated[int, BeforeValidator(integer(0, MAX_THREADS))] = 0  # torch threads (0: torch's default)
+
+
+class Executor(ConfigModel):
+    """The [executor] table: where the cells run (bench/executors.py, docs/scale-out.md). Not part
+    of the run's identity: --resume may continue a run on another executor, with the same table."""
+
+    kind: Annotated[str, BeforeValidator(choice(EXECUTORS))] = "local"  # local: this process; dask: a cluster
+    scheduler: Annotated[str, BeforeValidator(text)] = ""  # dask: tcp://host:8786 of a running cluster; "": a LocalCluster
+    n_workers: Annotated[int, BeforeValidator(integer(1, MAX_THREADS))] = 2  # LocalCluster: processes, one thread each
+    exclusive_timing: Annotated[bool, BeforeValidator(flag)] = False  # one timed cell per machine at a time
+    retries: Annotated[int, BeforeValidator(integer(0, 100))] = 2  # LocalCluster: re-runs after a worker died
+
+    @model_validator(mode="after")
+    def _scheduler_needs_dask(self) -> "Executor":
+        if self.scheduler and self.kind != "dask":
+            raise problem('only with kind = "dask"', key="scheduler")
+        return self
 
 
 def _solver_grid(name: str, params: Any) -> list[dict]:
@@ -106,6 +126,7 @@ class MatrixConfig(ConfigModel):
     solvers: dict[str, Any] = Field(default_factory=dict)  # name -> expanded parameter sets (list of dicts)
     data: Optional[DataSource] = None
     timing: Timing = Field(default_factory=Timing)
+    executor: Executor = Field(default_factory=Executor)
 
     @model_validator(mode="before")
     @classmethod

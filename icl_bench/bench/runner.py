@@ -2,17 +2,18 @@
 it completes.
 
 `run_cell` is a pure function of its `Cell` (prompt generation included; a small cache shares one
-prompt batch between the solvers of a grid point), so cells can be farmed out to any executor.
+prompt batch between the solvers of a grid point), so cells run on any executor
+(bench/executors.py: in this process, or as tasks on a Dask cluster); the driver alone stores each
+finished row as it arrives (docs/scale-out.md).
 
-On disk, in the output folder:
+On disk, in the output folder (bench/store.py):
     config.json        the run's config, written first (--resume refuses another config)
-    cells/<key>.json   one finished row per cell, written atomically (temp file + rename)
+    cells.sqlite       one finished row per cell (SQLite, WAL mode, one transaction per cell)
     results.parquet    the tidy table (one row per cell, the columns of bench/schema.py)
     results.csv        the same table as CSV
-    metadata.json      config, seed, package versions, device, git commit, start / end time
-`resume=True` reuses every valid cell file and recomputes the rest; a truncated or corrupt cell
-file, or one written for another config, is recomputed, never merged. How the folder survives a
-crash (atomic writes, fsync, lock, metadata.json written last) is in icl_bench/store.py.
+    metadata.json      config, seed, package versions, device, git commit, executor, start / end time
+`resume=True` reuses every valid stored cell and recomputes the rest; a stored row that fails its
+checksum is recomputed, never merged.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -30,18 +32,18 @@ import torch
 from tqdm import tqdm
 
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
-from icl_bench.bench import schema, store
-from icl_bench.bench.axes import AXIS_NAMES
+from icl_bench.bench import hostload, schema, store
 from icl_bench.bench.cells import Cell, cell_prompts, expand_cells, same_matrix
-from icl_bench.bench.config import MatrixConfig
+from icl_bench.bench.config import Executor, MatrixConfig
+from icl_bench.bench.executors import make_executor, worker_name
 from icl_bench.bench.metrics import prediction_metrics
-from icl_bench.bench.schema import COLUMNS, METRIC_COLUMNS
+from icl_bench.bench.schema import CELL_COLUMNS, COLUMNS, METRIC_COLUMNS, RESULT_COLUMNS
 from icl_bench.bench.timing import sync, time_passes
 from icl_bench.files import dumps
-from icl_bench.errors import ConfigError
 from icl_bench.solvers.base import SkipCell
 from icl_bench.solvers.multivariate import check_regressors
 from icl_bench.solvers.registry import SolverLoadError, get_solver
+
 
 NO_ANSWER = "no finite prediction"  # the start of the message of a cell whose solver never answered
 
@@ -95,12 +97,16 @@ def _check_untouched(batch, pristine) -> None:
         raise RuntimeError(f"predict modified the prompt batch in place ({', '.join(changed)})")
 
 
-def run_cell(cell: Cell) -> dict:
-    """Run one cell and return its result row (never raises for a solver's failure)."""
+def run_cell(cell: Cell, timing_slot=None) -> dict:
+    """Run one cell and return its result row (never raises for a solver's failure).
+
+    `timing_slot`: optional context-manager factory wrapped around the timed section; the dict it
+    yields is merged into the row (bench/hostload.py: timing_slot gives `concurrency`).
+    """
     row = {c: math.nan for c in COLUMNS}
-    row.update({k: getattr(cell, k) for k in ("solver", "solver_params", *AXIS_NAMES, "seed", "n_prompts",
-                                               "batch_size", "prompts")})
-    row.update(status="ok", message="", n_nonfinite=-1, started_at=datetime.now(timezone.utc).isoformat())
+    row.update({k: getattr(cell, k) for k in CELL_COLUMNS})
+    row.update(status="ok", message="", n_nonfinite=-1, started_at=datetime.now(timezone.utc).isoformat(),
+               executor="local", worker="local")
     t0 = time.perf_counter()
     try:
         if cell.device.startswith("cuda") and not torch.cuda.is_available():
@@ -111,7 +117,9 @@ def run_cell(cell: Cell) -> dict:
         batch = replace(pristine, **{k: v.clone() for k, v in pristine.tensors().items()})  # the cache stays intact
         check_regressors(solver, batch)  # d > 1 and no multivariate path: skipped, with the reason
         solver.check_batch(batch)
-        pred, seconds = _timed_predictions(solver, batch, cell)
+        with (timing_slot or _no_slot)() as extra:
+            pred, seconds = _timed_predictions(solver, batch, cell)
+        row.update(extra)
         _check_untouched(batch, pristine)
         row.update(prediction_metrics(pred, batch))
         row["message"] = no_answer_message(pred, batch)
@@ -133,6 +141,29 @@ def run_cell(cell: Cell) -> dict:
 
 
 @contextmanager
+def _no_slot():
+    yield {}
+
+
+def failed_row(cell: Cell, status: str, message: str) -> dict:
+    """The row of a cell the executor could not run (a worker died under it, no GPU worker...)."""
+    row = {c: math.nan for c in COLUMNS}
+    row.update({k: getattr(cell, k) for k in CELL_COLUMNS})
+    row.update(status=status, message=message, n_nonfinite=-1, started_at=datetime.now(timezone.utc).isoformat(),
+               executor="dask", worker="")
+    return row
+
+
+def run_cell_task(cell: Cell, *, threads: int = 0, exclusive: bool = False, executor: str = "local") -> dict:
+    """run_cell as an executor task: marks this process busy on its machine, records the cells
+    running there while it was timed (bench/hostload.py), and where it ran."""
+    with torch_threads(threads), hostload.busy():
+        row = run_cell(cell, timing_slot=lambda: hostload.timing_slot(exclusive))
+    row.update(executor=executor, worker=worker_name())
+    return row
+
+
+@contextmanager
 def torch_threads(n: int):
     """torch.set_num_threads(n) inside the block (n = 0: unchanged); the old count is restored."""
     before = torch.get_num_threads()
@@ -145,69 +176,84 @@ def torch_threads(n: int):
 
 
 def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: bool = False,
-               progress: bool = True, cache: str | Path | None = None) -> pd.DataFrame:
+               progress: bool = True, executor: Executor | None = None,
+               cache: str | Path | None = None) -> pd.DataFrame:
     """Run every cell of `config` and return the tidy result table (one row per cell).
 
     Args:
-        config: a validated MatrixConfig (see config.load_config / parse_config).
+        config: a validated MatrixConfig (see bench/config.py: load_config / parse_config).
         out: output folder; None keeps everything in memory (nothing written).
         resume: reuse the finished cells found in `out` (otherwise `out` must not hold a run);
             `out` must hold a run of the same matrix (grid lists may be reordered).
-        progress: show a progress bar (cells done / total and the current cell).
-        cache: a folder of finished rows by cell key, shared across run folders: a cell found
-            there is reused (timings included), every computed cell is added. None: no cache.
+        progress: show a progress bar (cells done / total and the last finished cell).
+        executor: where the cells run; None: config.executor (default: in this process).
+        cache: a folder holding a cell cache shared across run folders (bench/store.py: CellCache):
+            a cell found there is reused (timings included), every computed cell is added.
     Returns:
-        pandas.DataFrame with COLUMNS; failing cells have status "error", impossible ones "skipped".
+        pandas.DataFrame with COLUMNS, in the matrix order whatever the executor; failing cells
+        have status "error", impossible ones "skipped".
     Raises:
         ConfigError: `out` is a file or not writable, already holds a run and resume is False,
-            or is being written by another icl-bench process.
+            or is being written by another icl-bench process; the Dask scheduler cannot be
+            reached or dask is not installed. Nothing is written to `out` then.
     """
     cells = expand_cells(config)
-    lock = cell_dir = None
-    if out is not None:
-        out = Path(out)
-        config_json = dumps(config.to_dict(), sort_keys=True)
-        lock = store.prepare(out, resume=resume, config_json=config_json, same=same_matrix)
-        cell_dir = out / "cells"
-    if cache is not None:
-        cache = Path(cache)
-        try:
-            cache.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"--cache: cannot create {cache} ({exc.strerror or type(exc).__name__})") from None
+    ex_cfg = executor or config.executor
+    ex = make_executor(ex_cfg)  # before `out` is touched: an unreachable scheduler writes nothing
+    cells_db = cache_db = None
     try:
+        if out is not None:
+            out = Path(out)
+            identity = {k: v for k, v in config.to_dict().items() if k != "executor"}  # any executor resumes
+            config_json = dumps(identity, sort_keys=True)
+            cells_db = store.CellStore(out, RESULT_COLUMNS, resume=resume, config_json=config_json, same=same_matrix)
+        if cache is not None:
+            cache_db = store.CellCache(cache, RESULT_COLUMNS)
         with torch_threads(config.timing.threads):  # timing.threads = 0: torch's default
             started = datetime.now(timezone.utc).isoformat()
-            rows, reused = [], 0
-            bar = tqdm(cells, total=len(cells), unit="cell", disable=not progress, dynamic_ncols=True)
-            for cell in bar:
-                bar.set_postfix_str(cell.describe(), refresh=False)
-                path = cell_dir / f"{cell.key}.json" if cell_dir else None
-                row = store.load_cell(path, cell.key) if (path and resume) else None
-                cached = cache / f"{cell.key}.json" if cache is not None else None
-                if row is None and cached is not None:  # the shared cell cache (same key = same inputs)
-                    row = store.load_cell(cached, cell.key)
-                    if row is not None and path:
-                        store.save_cell(path, cell.key, row)
+            stored = cells_db.load() if (cells_db is not None and resume) else {}
+            keys = [cell.key for cell in cells]
+            rows = {}
+            cached = cache_db.get([k for k in keys if k not in stored]) if cache_db is not None else {}
+            for key, cell in zip(keys, cells):
+                if key in stored or key in cached:
+                    rows[key] = {**{k: getattr(cell, k) for k in CELL_COLUMNS}, **stored.get(key, cached.get(key, {}))}
+                    if key in cached and cells_db is not None:
+                        cells_db.put(key, rows[key])
+            reused = len(rows)
+            todo = list({k: c for k, c in zip(keys, cells) if k not in rows}.values())  # each key once
+            key_of = {id(c): k for k, c in zip(keys, cells)}  # Cell.key hashes the cell: compute it once
+            if ex.kind == "local":
+                work = partial(run_cell_task, exclusive=ex_cfg.exclusive_timing)
+            else:
+                work = partial(run_cell_task, threads=config.timing.threads, exclusive=ex_cfg.exclusive_timing,
+                               executor="dask")
+            bar = tqdm(total=len(cells), initial=reused, unit="cell", disable=not progress, dynamic_ncols=True)
+            for cell, row, failure in ex.results(todo, work):
                 if row is None:
-                    row = run_cell(cell)
-                    if path:
-                        store.save_cell(path, cell.key, row)
-                    if cached is not None:
-                        store.save_cell(cached, cell.key, row)
-                else:
-                    reused += 1
-                rows.append({c: row[c] for c in COLUMNS})
-            table = schema.table(rows)
-            if out is not None:
+                    row = failed_row(cell, *failure)
+                key = key_of[id(cell)]
+                if cells_db is not None:
+                    cells_db.put(key, row)
+                if cache_db is not None:
+                    cache_db.put(key, row)
+                rows[key] = row
+                bar.set_postfix_str(cell.describe(), refresh=False)
+                bar.update()
+            bar.close()
+            table = schema.table([rows[key] for key in keys])
+            if cells_db is not None:
                 meta = store.run_metadata(config, started=started, table=table)
                 meta["n_cells_reused"] = reused  # cells taken from an earlier run (--resume) or the cell cache
+                meta["executor"] = ex.describe()
                 if config.data is not None:
                     from icl_bench.prompts.data import data_summary
 
                     meta["data_rows_dropped"] = data_summary(config.data)[1]
-                store.write_results(out, table, meta)
+                cells_db.write_results(table, meta)
     finally:
-        if lock is not None:
-            lock.close()
+        ex.close()
+        for db in (cells_db, cache_db):
+            if db is not None:
+                db.close()
     return table

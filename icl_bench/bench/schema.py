@@ -26,10 +26,15 @@ SCHEMA: tuple[tuple[str, str], ...] = (
     ("prompts", "object"),  # canonical JSON of the prompt source (distributions or CSV file)
     ("started_at", "object"), ("elapsed_s", "float64"),
     ("mse_vs_ols_se", "float64"), ("mse_vs_truth_se", "float64"),  # standard errors over the prompts
+    ("executor", "object"), ("worker", "object"),  # where the cell ran: local / dask, the worker's address
+    ("concurrency", "float64"),  # cells running on that machine while it was timed (NaN: not timed)
 )
 COLUMNS: list[str] = [c for c, _ in SCHEMA]
 DTYPES: dict[str, str] = dict(SCHEMA)
-TIMING_COLUMNS = ("prompts_per_s", "started_at", "elapsed_s")  # vary from run to run
+TIMING_COLUMNS = ("prompts_per_s", "started_at", "elapsed_s", "executor", "worker", "concurrency")  # vary run to run
+CELL_COLUMNS = ("solver", "solver_params", *(a.name for a in AXES), "seed", "n_prompts", "batch_size",
+                "prompts")  # copied from the Cell; the store (bench/store.py) keeps only the others
+RESULT_COLUMNS = tuple(c for c in COLUMNS if c not in CELL_COLUMNS)
 METRIC_COLUMNS = ("mse_vs_ols", "mse_vs_truth", "mse_vs_target", "abs_err_median", "abs_err_p99",
                   "prompts_per_s", "weight_sparsity", "weight_l1", "mse_vs_ols_se", "mse_vs_truth_se")
 STATUSES = ("ok", "error", "skipped")

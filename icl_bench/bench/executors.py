@@ -1,0 +1,180 @@
+"""Executors: where the cells of a run are computed (docs/scale-out.md).
+
+    local  in this process, one cell after the other, in the matrix order (the default; needs
+           nothing beyond the core packages)
+    dask   one task per cell on a Dask cluster: the cluster at `scheduler` (tcp://host:8786), or a
+           distributed.LocalCluster started for the run (`n_workers` processes, one thread each,
+           on the loopback interface). Needs the optional extra `pip install "icl-bench[dask]"`.
+
+Either way the executor only *computes*: `results(cells, work)` yields (cell, row, failure) as
+each cell finishes, and the caller (the runner, in the driver process) stores every row as it
+arrives, so crash safety and --resume do not depend on the executor. A task carries the Cell
+(a few hundred bytes); the worker draws the prompts from the cell's seed and loads the solver
+(and its checkpoint) itself, so prompts and models are never shipped.
+
+Faults: a worker that dies mid-cell has its cell re-run by Dask on another worker, at most
+`retries` times (Dask's `distributed.scheduler.allowed-failures`); after that the cell comes back
+as a failure ("error", "KilledWorker: ...") and the run goes on. cuda cells are sent only to
+workers that declare a `GPU` resource; with none in the cluster they come back "skipped".
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import uuid
+from typing import Callable, Iterable, Iterator
+
+from icl_bench.bench.config import Executor
+from icl_bench.errors import ConfigError
+
+Failure = tuple[str, str]  # (status, message) of a cell the executor could not get a row for
+DASK_MISSING = 'executor.kind: "dask" needs the optional packages dask and distributed (pip install "icl-bench[dask]")'
+CONNECT_TIMEOUT = "10s"  # to reach a running scheduler
+WORKER_WAIT_S = 60.0  # for the first worker of a running scheduler (batch jobs start late)
+NO_GPU = ("no Dask worker of this cluster declares a GPU resource (start GPU workers with "
+          "`dask worker SCHEDULER --nthreads 1 --resources GPU=1`)")
+
+
+def worker_name() -> str:
+    """The Dask worker running the caller (its address), or "local" outside a Dask worker."""
+    distributed = sys.modules.get("distributed")
+    if distributed is not None:
+        try:
+            return distributed.get_worker().address
+        except ValueError:  # not inside a worker task
+            pass
+    return "local"
+
+
+class LocalExecutor:
+    """Runs each cell in this process, in order."""
+
+    kind = "local"
+
+    def describe(self) -> dict:
+        return {"kind": "local"}
+
+    def results(self, cells: Iterable, work: Callable[[object], dict]) -> Iterator[tuple[object, dict | None, Failure | None]]:
+        for cell in cells:
+            yield cell, work(cell), None
+
+    def close(self) -> None:
+        pass
+
+
+class DaskExecutor:
+    """One task per cell on a Dask cluster (see the module docstring).
+
+    Raises:
+        ConfigError: dask / distributed are not installed, or the scheduler cannot be reached.
+    """
+
+    kind = "dask"
+
+    def __init__(self, cfg: Executor):
+        try:
+            import dask
+            from distributed import Client, LocalCluster
+        except ImportError:
+            raise ConfigError(DASK_MISSING) from None
+        self.cfg, self.cluster = cfg, None
+        if cfg.scheduler:
+            try:
+                self.client = Client(cfg.scheduler, timeout=CONNECT_TIMEOUT)
+            except (OSError, TimeoutError, ValueError) as exc:
+                raise ConfigError(f"executor.scheduler: cannot connect to {cfg.scheduler!r} "
+                                  f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+            try:
+                self.client.wait_for_workers(1, timeout=WORKER_WAIT_S)
+            except TimeoutError:
+                self.client.close()
+                raise ConfigError(f"executor.scheduler: the cluster at {cfg.scheduler!r} has no worker after "
+                                  f"{WORKER_WAIT_S:g} s; start some (dask worker {cfg.scheduler} --nthreads 1)") from None
+        else:
+            import torch
+
+            resources = {"GPU": 1} if torch.cuda.is_available() else None
+            # the scheduler runs in this process and reads allowed-failures when it is created; the
+            # workers' stack sampler (10 ms) only feeds the dashboard, which this cluster does not serve
+            with dask.config.set({"distributed.scheduler.allowed-failures": cfg.retries,
+                                  "distributed.worker.profile.enabled": False}):
+                self.cluster = LocalCluster(n_workers=cfg.n_workers, threads_per_worker=1, processes=True,
+                                            host="127.0.0.1", dashboard_address=None, resources=resources,
+                                            silence_logs=logging.ERROR)
+            self.client = Client(self.cluster)
+
+    def workers(self) -> dict:
+        """address -> {host, nthreads, resources} of the cluster's workers now."""
+        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        return {a: {"host": w.get("host"), "nthreads": w.get("nthreads"), "resources": w.get("resources", {})}
+                for a, w in info.items()}
+
+    def describe(self) -> dict:
+        return {"kind": "dask", "scheduler": self.client.scheduler.address,
+                "local_cluster": self.cluster is not None, "retries": self.cfg.retries,
+                "exclusive_timing": self.cfg.exclusive_timing, "workers": self.workers()}
+
+    def results(self, cells: Iterable, work: Callable[[object], dict]) -> Iterator[tuple[object, dict | None, Failure | None]]:
+        from distributed import as_completed
+
+        workers = self.workers()
+        gpu = any(w["resources"].get("GPU") for w in workers.values())  # GPU workers at the start of the run
+        pending, done = {}, as_completed()
+        todo = iter(cells)
+        window, refreshed = _window(workers), time.monotonic()  # tasks in flight: 2 per worker thread
+
+        def submit() -> bool:
+            for cell in todo:
+                if cell.device.startswith("cuda") and not gpu:
+                    skipped.append(cell)
+                    continue
+                fut = self.client.submit(work, cell, key=f"icl-cell-{cell.key}-{uuid.uuid4().hex[:8]}", pure=False,
+                                         resources={"GPU": 1} if cell.device.startswith("cuda") else None)
+                pending[fut] = cell
+                done.add(fut)
+                return True
+            return False
+
+        skipped: list = []
+        try:
+            while len(pending) < window and submit():
+                pass
+            yield from ((c, None, ("skipped", NO_GPU)) for c in _drain(skipped))
+            for fut in done:
+                cell = pending.pop(fut)
+                if fut.status == "finished":
+                    row, failure = fut.result(), None
+                else:  # a worker died `retries` + 1 times under it, or the task could not run at all
+                    exc = fut.exception()
+                    row, failure = None, ("error", " ".join(f"{type(exc).__name__}: {exc}".split()))
+                fut.release()
+                if time.monotonic() - refreshed > 1.0:  # workers come and go (batch jobs, restarts)
+                    window, refreshed = _window(self.workers()), time.monotonic()
+                while len(pending) < window and submit():
+                    pass
+                yield cell, row, failure
+                yield from ((c, None, ("skipped", NO_GPU)) for c in _drain(skipped))
+        finally:
+            if pending:  # interrupted: nothing more is computed for this run
+                self.client.cancel(list(pending))
+
+    def close(self) -> None:
+        self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+
+def _window(workers: dict) -> int:
+    return max(4, 2 * sum(w["nthreads"] or 1 for w in workers.values()))
+
+
+def _drain(items: list) -> list:
+    out = items[:]
+    items.clear()
+    return out
+
+
+def make_executor(cfg: Executor):
+    """The executor `cfg` names (a LocalExecutor or a connected DaskExecutor)."""
+    return DaskExecutor(cfg) if cfg.kind == "dask" else LocalExecutor()

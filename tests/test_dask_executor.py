@@ -1,0 +1,203 @@
+"""The dask executor on a LocalCluster (loopback, 2 worker processes): the same table as the local
+executor in every non-timing column; a worker killed mid-run still gives every cell; a killed
+driver leaves a folder that --resume completes; a cell that kills every worker becomes an error row."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import dask
+import pandas as pd
+import pytest
+import tomli_w
+from distributed import Client, LocalCluster, WorkerPlugin
+
+from icl_bench.bench.cells import expand_cells
+from icl_bench.bench.config import Executor, parse_config
+from icl_bench.bench.runner import run_matrix
+from icl_bench.bench.schema import TIMING_COLUMNS
+
+ROOT = Path(__file__).resolve().parents[1]
+RETRIES = 1  # worker deaths a cell survives before it becomes an error row (allowed-failures)
+
+MIXED = {"seed": 5, "n_prompts": 40, "batch_size": 16, "timing": {"repeats": 1},
+         "grid": {"N": [3, 9], "noise": [0.0, 0.3], "R": [10.0], "dtype": ["float32", "float64"],
+                  "device": ["cpu", "cuda"]},
+         "solvers": {"ols": {}, "scipy-lstsq": {}, "gd": {"steps": [1, 8]}, "ln-closed-form": {}, "trained-lsa": {}}}
+# slow enough to kill something mid-cell (scipy-lstsq loops over prompts in Python), ~0.15 s a cell
+SLOW = {"seed": 3, "n_prompts": 1000, "batch_size": 250, "timing": {"repeats": 1},
+        "grid": {"N": list(range(4, 16)), "noise": [0.1], "R": [100.0], "dtype": ["float64"]},
+        "solvers": {"scipy-lstsq": {}}}
+
+
+class RegisterSuicide(WorkerPlugin):
+    """Registers the solver `test-suicide` on every worker, restarted ones included."""
+
+    def setup(self, worker):
+        from icl_bench import Solver, register_solver
+
+        class Suicide(Solver):
+            """Kills its own process inside predict (stands in for a segfault / the OOM killer)."""
+
+            params = {}
+
+            def predict(self, batch):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        try:
+            register_solver("test-suicide")(Suicide)
+        except ValueError:  # this worker has it already
+            pass
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """(client, scheduler address) of a 2-process LocalCluster on 127.0.0.1, icl_bench imported."""
+    with dask.config.set({"distributed.scheduler.allowed-failures": RETRIES}):
+        lc = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                          dashboard_address=None, silence_logs=logging.CRITICAL)
+    client = Client(lc)
+    client.run(lambda: __import__("icl_bench.bench.runner"))  # torch & co. imported once, before any timing
+    client.register_plugin(RegisterSuicide())
+    assert set(client.run(lambda: __import__("icl_bench").__file__).values()) == {
+        str(ROOT / "icl_bench" / "__init__.py")}  # the workers run the code under test
+    yield client, lc.scheduler_address
+    client.close()
+    lc.close()
+
+
+@pytest.fixture(scope="module")
+def slow_reference() -> pd.DataFrame:
+    """SLOW run uninterrupted, in this process."""
+    return run_matrix(parse_config(SLOW), progress=False)
+
+
+def _on(address: str, **kw) -> Executor:
+    return Executor(kind="dask", scheduler=address, **kw)
+
+
+def _stable(table: pd.DataFrame) -> pd.DataFrame:
+    return table.drop(columns=list(TIMING_COLUMNS)).reset_index(drop=True)
+
+
+def _n_stored(out: Path) -> int:
+    try:
+        db = sqlite3.connect(f"file:{out / 'cells.sqlite'}?mode=ro", uri=True)
+        try:
+            return db.execute("SELECT count(*) FROM cells").fetchone()[0]
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return 0
+
+
+def test_dask_table_equals_local_table_bit_for_bit(cluster, tmp_path):
+    client, address = cluster
+    cfg = parse_config(MIXED)
+    local = run_matrix(cfg, tmp_path / "local", progress=False)
+    table = run_matrix(cfg, tmp_path / "dask", progress=False, executor=_on(address, exclusive_timing=True))
+    assert (local.status == "ok").sum() > 0 and set(local.status) == set(table.status)
+    cuda = table.device == "cuda"  # skipped on both, for another reason: no GPU worker / no CUDA here
+    assert table[cuda].message.str.contains("no Dask worker of this cluster declares a GPU resource").all()
+    table.loc[cuda, "message"] = local.loc[cuda, "message"]
+    pd.testing.assert_frame_equal(_stable(table), _stable(local), check_exact=True)
+    a, b = (pd.read_csv(tmp_path / d / "results.csv", dtype=str, keep_default_na=False) for d in ("local", "dask"))
+    a, b = (t[t.device == "cpu"].drop(columns=list(TIMING_COLUMNS)) for t in (a, b))
+    assert len(a) == len(b) > 0 and a.equals(b)  # the CSV text too
+    ran = table[table.status == "ok"]
+    assert set(ran.executor) == {"dask"} and set(ran.worker) <= set(client.scheduler_info()["workers"])
+    assert (ran.concurrency >= 1).all() and (local[local.status == "ok"].worker == "local").all()
+    assert (table[cuda].status == "skipped").all()
+
+
+def test_killing_a_worker_mid_run_still_gives_every_cell(cluster, slow_reference, tmp_path):
+    client, address = cluster
+    client.wait_for_workers(2)
+    out, killed = tmp_path / "run", []
+
+    def kill_a_busy_worker():
+        deadline = time.monotonic() + 120
+        while _n_stored(out) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        while time.monotonic() < deadline:  # a worker that is inside a cell right now
+            busy = client.run(lambda dask_worker: (os.getpid(), len(dask_worker.state.executing)))
+            pids = [pid for pid, n in busy.values() if n]
+            if pids:
+                os.kill(pids[0], signal.SIGKILL)
+                killed.append(pids[0])
+                return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_a_busy_worker)
+    killer.start()
+    table = run_matrix(parse_config(SLOW), out, progress=False, executor=_on(address))
+    killer.join()
+    assert killed, "no worker was caught inside a cell"
+    assert len(table) == len(expand_cells(parse_config(SLOW))) and (table.status == "ok").all()
+    pd.testing.assert_frame_equal(_stable(table), _stable(slow_reference))
+
+
+def test_killing_the_driver_then_resume_gives_the_uninterrupted_table(cluster, slow_reference, tmp_path):
+    client, address = cluster
+    client.wait_for_workers(2)
+    cfg_path, out = tmp_path / "slow.toml", tmp_path / "run"
+    cfg_path.write_text(tomli_w.dumps(SLOW))
+    total = len(expand_cells(parse_config(SLOW)))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "icl_bench", "run", "--config", str(cfg_path), "--out", str(out),
+                             "--no-progress", "--scheduler", address], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while _n_stored(out) < 2:
+        assert proc.poll() is None, f"run ended before it could be killed: {proc.communicate()}"
+        assert time.monotonic() < deadline, "no cell finished in 180 s"
+        time.sleep(0.005)
+    proc.kill()  # SIGKILL: the driver dies, the cluster lives on
+    proc.communicate()
+    done = _n_stored(out)
+    assert 2 <= done < total and not (out / "metadata.json").exists()
+    table = run_matrix(parse_config(SLOW), out, resume=True, progress=False, executor=_on(address))
+    assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == done
+    pd.testing.assert_frame_equal(_stable(pd.read_parquet(out / "results.parquet")), _stable(table))
+    pd.testing.assert_frame_equal(_stable(table), _stable(slow_reference))
+
+
+def test_a_cell_that_kills_every_worker_becomes_an_error_row(cluster, tmp_path):
+    client, address = cluster
+    client.wait_for_workers(2)
+    raw = {"n_prompts": 8, "batch_size": 8, "timing": {"repeats": 1}, "grid": {"N": [4]},
+           "solvers": {"ols": {}}}
+    cfg = parse_config(raw)
+    cfg.solvers["test-suicide"] = [{}]  # registered on the workers only (RegisterSuicide)
+    table = run_matrix(cfg, tmp_path / "run", progress=False, executor=_on(address))
+    bad = table[table.solver == "test-suicide"].iloc[0]
+    assert bad.status == "error" and bad.message.startswith("KilledWorker")
+    assert (table[table.solver == "ols"].status == "ok").all()
+    stored = pd.read_parquet(tmp_path / "run" / "results.parquet")
+    assert list(stored.status) == list(table.status)
+
+
+def test_bad_executor_flags_exit_2_and_write_nothing(tmp_path, monkeypatch, capsys):
+    from icl_bench.bench import executors
+    from icl_bench.cli import main
+
+    monkeypatch.setattr(executors, "CONNECT_TIMEOUT", "1s")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('n_prompts = 8\nbatch_size = 8\n[grid]\nN = [4]\n[solvers.ols]\n')
+    cases = [(["--executor", "banana"], "--executor: unknown value 'banana'; accepted: local, dask"),
+             (["--workers", "0", "--executor", "dask"], "--workers: must be >= 1"),
+             (["--scheduler", "tcp://127.0.0.1:1"], "executor.scheduler: cannot connect to 'tcp://127.0.0.1:1'")]
+    for flags, expected in cases:
+        out = tmp_path / "o"
+        assert main(["run", "--config", str(cfg), "--out", str(out), "--no-progress", *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("icl-bench: error: ") and expected in err and err.count("\n") == 1, err
+        assert not out.exists()
