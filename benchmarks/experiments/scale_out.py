@@ -2,10 +2,10 @@
 the speed-up of a 2-worker Dask LocalCluster over the local executor, every ratio measured in one
 run of this script, with the machine's load average recorded beside each number.
 
-    python benchmarks/scale_out.py                  # full: 100 000 cells; writes results/scale_out.{md,json}
-    python benchmarks/scale_out.py --cells 2000 --out /tmp/so   # a quick look
+    python -m benchmarks.experiments.scale_out          # full: 100 000 cells; writes results/scale_out.{md,json}
+    python -m benchmarks.experiments.scale_out --cells 2000 --out /tmp/so   # a quick look
 
-Goals (the scale-out issue): <= 1 ms of runner overhead per cell with a trivial solver, local;
+Goals (docs/scale-out.md): <= 1 ms of runner overhead per cell with a trivial solver, local;
 <= 1 KB of store per cell; >= 1.6x speed-up of 2 Dask workers over local on a CPU-bound matrix.
 """
 from __future__ import annotations
@@ -21,18 +21,17 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-import torch  # noqa: E402
+import torch
 
-from icl_bench import Param, Solver, register_solver  # noqa: E402
-from icl_bench import files  # noqa: E402
-from icl_bench.bench import store as cellstore  # noqa: E402
-from icl_bench.bench.cells import expand_cells  # noqa: E402
-from icl_bench.bench.config import Executor, parse_config  # noqa: E402
-from icl_bench.bench import runner  # noqa: E402
-from icl_bench.bench.runner import run_cell, run_matrix  # noqa: E402
+from icl_bench import Param, Solver, register_solver
+from icl_bench import files
+from icl_bench.bench import store as cellstore
+from icl_bench.bench.cells import expand_cells
+from icl_bench.bench.config import Executor, parse_config
+from icl_bench.bench import runner
+from icl_bench.bench.runner import run_cell, run_matrix
 
 
 @register_solver("bench-trivial")
