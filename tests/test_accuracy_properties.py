@@ -23,7 +23,6 @@ import os
 from fractions import Fraction
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st

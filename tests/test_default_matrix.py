@@ -1,5 +1,4 @@
 """The default matrix (the packaged icl_bench/configs/default.toml) is valid and every solver in it runs."""
-from pathlib import Path
 
 from icl_bench import resources
 from icl_bench.bench.config import parse_config

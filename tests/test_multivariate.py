@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from baselines.gd import gd_predict
 from icl_bench.solvers.gd_lsa import build_gd_construction
 from icl_bench.solvers.gd_mv import build_gd_lsa_mv, gd_predict_mv, gd_trajectory_mv, hessian_eigenvalues_mv
-from icl_bench.prompts.ols import ols_predict
 from icl_bench.prompts.ols_mv import ols_fit_mv, ols_predict_mv
 from icl_bench.prompts.generator import PromptSpec, sample_prompts
 from icl_bench.prompts.multivariate import equicorrelation_condition, make_batch_mv, make_tokens_mv, sample_prompts_mv

@@ -240,7 +240,6 @@ def _legend(fig):
 
 
 def test_line_plots_have_labelled_axes_and_one_line_per_solver(figs):
-    from icl_bench.report import plots
 
     fig = figs["mse_vs_n"]  # plots.mse_vs_n(summary, setting) at the representative setting
     assert [ax.get_title() for ax in fig.axes] == ["noise σ = 0", "noise σ = 0.1"]

@@ -4,8 +4,6 @@ reported, dirty data is announced, `train` refuses to overwrite, Ctrl-C says how
 from __future__ import annotations
 
 import json
-import math
-import shutil
 
 import numpy as np
 import pandas as pd
@@ -14,7 +12,7 @@ import tomli_w
 import torch
 
 import icl_bench.cli as cli
-from icl_bench import Param, Solver, register_solver
+from icl_bench import Solver, register_solver
 from icl_bench.cli import main
 from icl_bench.solvers.registry import REGISTRY
 

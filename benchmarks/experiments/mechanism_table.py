@@ -16,7 +16,6 @@ import re
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from icl_bench.analysis.fingerprint import GD_STEPS, classify, default_prompts, profile, transforms
 from icl_bench.analysis.lnfunc import ln_functional

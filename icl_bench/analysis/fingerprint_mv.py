@@ -14,7 +14,7 @@ Maps (MAPS; each applied to the same prompts): coordinate scalings diag(s) with 
 one coordinate (anisotropic: changes the conditioning), a uniform scaling x 3, a rotation
 (a fixed random orthogonal A, seed 0), a shear (A = I + 2 e_1 e_2^T), and shifts t = +-5 (1, ..., 1).
 Score of a map: relative MSE vs OLS on the mapped prompts, mean (pred - ols)^2 / var(ols) over the
-well-posed prompts (NaN / inf predictions: DIVERGED).
+well-posed prompts (NaN / inf predictions: DIVERGED of analysis/fingerprint.py, whose thresholds and rule this module reuses).
 
 Verdict (thresholds checked on known solvers by tests/test_fingerprint_mv.py):
     closed-form-like  every score, the identity's included, <= CLOSED_FORM_TOL;
@@ -24,22 +24,18 @@ Verdict (thresholds checked on known solvers by tests/test_fingerprint_mv.py):
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from icl_bench.solvers.gd_mv import gd_trajectory_mv
+from icl_bench.analysis.fingerprint import CLOSED_FORM_TOL, GD_STEPS, classify, relative_mse
 from icl_bench.prompts.generator import PromptBatch
 from icl_bench.prompts.multivariate import make_batch_mv, n_regressors
+from icl_bench.solvers.gd_lsa import DEFAULT_LR
+from icl_bench.solvers.gd_mv import gd_trajectory_mv
 
-CLOSED_FORM_TOL = 0.05
-GD_TOL = 0.5
-GD_STEPS = (1, 2, 4, 8, 16, 32, 64, 128)
-GD_LR = 0.4  # the gd / gd-lsa default step size (docs/gd-lsa.md)
-DIVERGED = 1e6
-FLOOR = 1e-8
+GD_LR = DEFAULT_LR  # the gd / gd-lsa default step size (docs/gd-lsa.md)
 
 
 @dataclass(frozen=True)
@@ -79,18 +75,6 @@ MAPS = (AffineMap("identity"), AffineMap("x1*0.1", "scale1", 0.1), AffineMap("x1
         AffineMap("x-5", shift=-5.0), AffineMap("x+5", shift=5.0))
 
 
-def relative_mse(pred: torch.Tensor, batch: PromptBatch) -> float:
-    """mean (pred - ols)^2 / var(ols) over well-posed prompts (float64); DIVERGED if any of their
-    predictions is not finite or the score exceeds DIVERGED."""
-    ols = batch.ols_prediction
-    ok = torch.isfinite(ols)
-    p = pred.detach().double().to(ols.device)[ok]
-    if not bool(torch.isfinite(p).all()):
-        return DIVERGED
-    score = float(((p - ols[ok]) ** 2).mean() / ols[ok].var())
-    return min(score, DIVERGED) if math.isfinite(score) else DIVERGED
-
-
 def scores(predict: Callable[[PromptBatch], torch.Tensor], batch: PromptBatch, mapped=None) -> dict[str, float]:
     """Map name -> relative MSE of `predict` (a function PromptBatch -> (B,)) on the mapped prompts
     (`mapped`: the mapped batches in MAPS order, if already made)."""
@@ -106,11 +90,6 @@ def gd_profiles(mapped) -> dict[int, dict[str, float]]:
         for K in GD_STEPS:
             out[K][m.name] = relative_mse(traj[K], mb)
     return out
-
-
-def _profile_distance(a: dict, b: dict) -> float:
-    lg = lambda v: math.log10(max(v, FLOOR))  # noqa: E731
-    return sum(abs(lg(a[k]) - lg(b[k])) for k in a) / len(a)
 
 
 def fingerprint_mv(predict: Callable[[PromptBatch], torch.Tensor], batch: PromptBatch) -> dict:
@@ -131,7 +110,6 @@ def fingerprint_mv(predict: Callable[[PromptBatch], torch.Tensor], batch: Prompt
     s = scores(predict, batch, mapped)
     if max(s.values()) <= CLOSED_FORM_TOL:
         return {"scores": s, "verdict": "closed-form-like", "gd_steps": None, "gd_distance": None}
-    best = min((_profile_distance(s, prof), K) for K, prof in gd_profiles(mapped).items())
-    verdict = "GD-like" if best[0] <= GD_TOL else "neither"
-    return {"scores": s, "verdict": verdict, "gd_steps": best[1] if verdict == "GD-like" else None,
-            "gd_distance": best[0]}
+    fp = classify(s, gd_profiles(mapped))  # the one-dimensional fingerprint's rule and thresholds
+    return {"scores": s, "verdict": fp.verdict, "gd_steps": fp.gd_steps if fp.verdict == "GD-like" else None,
+            "gd_distance": fp.gd_distance}

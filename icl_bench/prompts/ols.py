@@ -229,7 +229,6 @@ def centred_scales(x: torch.Tensor, y: torch.Tensor):
     """Per prompt, scale-safe: (x_bar, y_bar, s_x, s_y), each (B,) in x's dtype, s the population
     standard deviations sqrt(Sxx / N), sqrt(Syy / N) computed without underflow or overflow
     (s_x = 0 for constant x; NaN where the prompt holds a NaN / inf). For standardizing prompts."""
-    N = x.shape[1]
     kx, ky, xb, yb, _, _, _ = _moments(x, y)
     x_bar, y_bar = ldexp(xb, kx), ldexp(yb, ky)
     sx = ((x * pow2(-kx, x.dtype)[:, None] - xb[:, None]) ** 2).mean(dim=1).sqrt()  # (B,) scaled

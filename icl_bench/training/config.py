@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, model_validator
 
 from icl_bench.config_base import (FLOAT_MAX, MAX_SEED, MAX_THREADS, ConfigModel, axis_list, choice, file_stem, flag,
-                                   integer, number, problem, read_toml, text, validate)
+                                   integer, number, problem, read_toml, validate)
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.generator import MAX_VALUES
 from icl_bench.solvers.transformer import KEY_SETS, READOUTS, TransformerConfig
