@@ -131,16 +131,18 @@ def integer(lo: int, hi: int | None = None) -> Callable[[Any], int]:
     return check
 
 
-def number(*, gt: float | None = None, ge: float | None = None, lt: float | None = None) -> Callable[[Any], float]:
-    """A finite float with optional bounds gt (>), ge (>=), lt (<); ints are accepted."""
+def number(*, gt: float | None = None, ge: float | None = None, lt: float | None = None,
+           le: float | None = None) -> Callable[[Any], float]:
+    """A finite float with optional bounds gt (>), ge (>=), lt (<), le (<=); ints are accepted."""
     bounds = " and ".join(b for b in (gt is not None and f"> {gt:g}", ge is not None and f">= {ge:g}",
-                                      lt is not None and f"< {lt:g}") if b)
+                                      lt is not None and f"< {lt:g}", le is not None and f"<= {le:g}") if b)
 
     def check(v: Any) -> float:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise problem(f"expected a number, got {v!r}")
         v = float(v)
-        ok = math.isfinite(v) and (gt is None or v > gt) and (ge is None or v >= ge) and (lt is None or v < lt)
+        ok = math.isfinite(v) and (gt is None or v > gt) and (ge is None or v >= ge) and (lt is None or v < lt) \
+            and (le is None or v <= le)
         if not ok:
             raise problem(f"must be finite{' and ' + bounds if bounds else ''} (got {v})")
         return v

@@ -2,12 +2,12 @@
 import pytest
 import torch
 
-from icl_bench.training.augment import affine_augment, exact_zero_fraction, prox_l1, ramp_factor
+from icl_bench.training.augment import ProxL1, affine_augment, exact_zero_fraction, prox_l1, prox_params, ramp_factor
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.ols import ols_predict
 from icl_bench.prompts.generator import PromptSpec, sample_prompts
 from icl_bench.training.config import TrainConfig
-from icl_bench.training.train import train
+from icl_bench.training.train import init_model, train
 
 
 def test_augmentation_keeps_ols_and_changes_x():
@@ -42,7 +42,41 @@ def test_strong_prox_zeroes_weights_and_off_zeroes_none():
 
 
 @pytest.mark.parametrize("bad", [{"aug_scale": 0.5}, {"aug_shift": -1.0}, {"aug_ramp": 1.0}, {"l1_prox": -0.1},
-                                 {"l1_start": 1.0}, {"aug_scale": True}, {"l1_prox": float("nan")}])
+                                 {"l1_start": 1.0}, {"aug_scale": True}, {"l1_prox": float("nan")}, {"l1_stop": 0.0},
+                                 {"l1_stop": 1.5}, {"l1_stop": 0.5, "l1_start": 0.5}])
 def test_bad_fields(bad):
     with pytest.raises(ConfigError, match=f"train.{next(iter(bad))}"):
         TrainConfig.from_dict(bad)
+    if "l1_stop" in bad and "l1_start" in bad:
+        with pytest.raises(ConfigError, match="above l1_start"):
+            TrainConfig.from_dict(bad)
+
+
+def test_masked_fine_tuning_keeps_the_zeros_of_the_stop_and_frees_the_rest():
+    """ProxL1 with l1_stop: soft thresholding up to step l1_stop * steps, then the zeros of that
+    step are re-zeroed after every step while the other weights move without shrinking."""
+    cfg = TrainConfig(R=10.0, N=[12], steps=10, l1_prox=0.5, l1_start=0.2, l1_stop=0.6, progress=False)
+    model = init_model(cfg)
+    prox, params = ProxL1(model, cfg), prox_params(model)
+    g = torch.Generator().manual_seed(0)
+    nudge = lambda: [p.data.add_(0.05 * torch.randn(p.shape, generator=g)) for p in params]  # noqa: E731  an "Adam step"
+    for step in (1, 2):  # before l1_start: nothing
+        before = [p.detach().clone() for p in params]
+        prox(step, lr=0.1)
+        assert all(torch.equal(a, p) for a, p in zip(before, params))
+    for step in (3, 4, 5, 6):  # thresholding by lr * l1_prox = 0.05
+        nudge()
+        before = [p.detach().clone() for p in params]
+        prox(step, lr=0.1)
+        for a, p in zip(before, params):
+            torch.testing.assert_close(p.detach(), torch.sign(a) * torch.clamp(a.abs() - 0.05, min=0.0))
+    zeros = [p.detach() == 0 for p in params]
+    assert sum(int(z.sum()) for z in zeros) > 0
+    for step in (7, 8, 9, 10):  # masked fine-tuning: the zeros of the stop stay, the rest is free
+        nudge()
+        before = [p.detach().clone() for p in params]
+        prox(step, lr=0.1)
+        for a, p, z in zip(before, params, zeros):
+            assert torch.equal(p.detach()[z], torch.zeros_like(p.detach()[z]))
+            assert torch.equal(p.detach()[~z], a[~z])  # not shrunk
+    assert prox.masks is not None and all(torch.equal(m, z) for m, z in zip(prox.masks, zeros))

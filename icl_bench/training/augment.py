@@ -26,6 +26,12 @@ a weight whose gradient keeps one sign moves by ~lr_t per step and survives whil
 a weight with a noisy gradient shrinks to 0. It acts on the parameters Adam sees: for the
 preconditioned R column of the embedding (icl_bench.training.train.precondition) that is the stored
 column, whose zeros are the real column's zeros. It starts at step `l1_start * steps`.
+
+Masked fine-tuning (`l1_stop` < 1). After step `l1_stop * steps` the thresholding stops and the
+weights that are exactly zero then are held at zero (re-zeroed after every Adam step), while the
+others train without a penalty: the prune-then-fine-tune schedule of Han et al. 2015, "Learning
+both Weights and Connections for Efficient Neural Networks", sec. 3. The exact-zero fraction is
+fixed at its value at the stop, and the shrinkage l1 put on the surviving weights is undone.
 """
 from __future__ import annotations
 
@@ -94,8 +100,28 @@ def training_tokens(cfg, tokens: torch.Tensor, step: int) -> torch.Tensor:
     return affine_augment(tokens, scale=cfg.aug_scale, shift=cfg.aug_shift, r=r, seed=cfg.seed * 1_000_000 + step + 500_000_000)
 
 
-def prox_step(model, cfg, step: int, lr: float) -> None:
-    """The proximal l1 step after optimiser step `step` (1-based) at learning rate lr: threshold
-    lr * cfg.l1_prox once step > cfg.l1_start * cfg.steps; nothing when cfg.l1_prox = 0."""
-    if cfg.l1_prox > 0 and step > cfg.l1_start * cfg.steps:
-        prox_l1(prox_params(model), lr * cfg.l1_prox)
+class ProxL1:
+    """The proximal l1 schedule of one training run (cfg a TrainConfig): call it after optimiser
+    step `step` (1-based) at learning rate lr. Nothing when cfg.l1_prox = 0 or before
+    cfg.l1_start * steps; soft threshold lr * cfg.l1_prox up to cfg.l1_stop * steps; after that the
+    zero pattern at the stop is kept (masked fine-tuning, see the module docstring)."""
+
+    def __init__(self, model, cfg):
+        self.cfg = cfg
+        self.params = prox_params(model)
+        self.masks: list[torch.Tensor] | None = None  # (shape of each param) bool, True = held at 0
+
+    @torch.no_grad()
+    def __call__(self, step: int, lr: float) -> None:
+        cfg = self.cfg
+        if cfg.l1_prox <= 0 or step <= cfg.l1_start * cfg.steps:
+            return
+        if step <= cfg.l1_stop * cfg.steps:
+            prox_l1(self.params, lr * cfg.l1_prox)
+            if step + 1 > cfg.l1_stop * cfg.steps:  # the last thresholding step: its zeros are kept
+                self.masks = [p == 0 for p in self.params]
+            return
+        if self.masks is None:  # no step fell in (l1_start, l1_stop] * steps: keep today's zeros
+            self.masks = [p == 0 for p in self.params]
+        for p, mask in zip(self.params, self.masks):
+            p.masked_fill_(mask, 0.0)

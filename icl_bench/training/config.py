@@ -66,6 +66,7 @@ class TrainConfig(ConfigModel):
     aug_ramp: Annotated[float, BeforeValidator(number(ge=0, lt=1))] = 0.0  # fraction of steps to reach the full range
     l1_prox: NonNeg = 0.0  # proximal l1: soft threshold lr_t * l1_prox after each step (0: off)
     l1_start: Annotated[float, BeforeValidator(number(ge=0, lt=1))] = 0.0  # fraction of steps before it starts
+    l1_stop: Annotated[float, BeforeValidator(number(gt=0, le=1))] = 1.0  # after this fraction: no shrinking, zeros kept
     # --- evaluation / stopping ---
     eval_every: Int1 = 250  # steps between evaluations on the held-out prompts
     eval_prompts: Int1 = 4096  # held-out prompts (fixed, per training N)
@@ -77,6 +78,8 @@ class TrainConfig(ConfigModel):
     def _consistent(self) -> "TrainConfig":
         if self.readout == "flatten" and len(self.N) != 1:
             raise problem("needs exactly one N with readout = 'flatten' (it fixes the context length)", key="N")
+        if self.l1_stop <= self.l1_start:
+            raise problem(f"must be above l1_start = {self.l1_start:g} (a fraction of steps in (l1_start, 1])", key="l1_stop")
         if self.R > FLOAT_MAX[self.dtype]:
             raise problem(f"R={self.R:g} overflows {self.dtype} (max {FLOAT_MAX[self.dtype]:.3g})", key="R")
         for key in ("batch_size", "eval_prompts"):  # one batch of prompts must fit in memory

@@ -35,7 +35,7 @@ from icl_bench.prompts.generator import PromptSpec, resolve_dtype, sample_prompt
 from icl_bench.solvers.checkpoint import save_checkpoint
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
 from icl_bench.solvers.transformer import Transformer
-from icl_bench.training.augment import prox_step, training_tokens
+from icl_bench.training.augment import ProxL1, training_tokens
 from icl_bench.training.config import TrainConfig
 
 EVAL_SEED_OFFSET = 1_000_003  # held-out prompts use seed + this, never a training step's seed
@@ -154,6 +154,7 @@ def train(cfg: TrainConfig, model: Transformer | None = None) -> tuple[Transform
     pick_n = random.Random(cfg.seed)  # which N each step trains on
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg, s))
+    prox = ProxL1(model, cfg)  # proximal l1 and the masked fine-tuning after it (no-op when l1_prox = 0)
     history: list[dict] = []
     start = time.perf_counter()
 
@@ -178,7 +179,7 @@ def train(cfg: TrainConfig, model: Transformer | None = None) -> tuple[Transform
         if cfg.clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         opt.step()
-        prox_step(model, cfg, step, opt.param_groups[0]["lr"])  # proximal l1 (no-op when l1_prox = 0)
+        prox(step, opt.param_groups[0]["lr"])
         sched.step()
         if step % cfg.eval_every == 0 or step == cfg.steps:
             row = record(step, loss.item(), mse.item())
