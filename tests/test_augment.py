@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from icl_bench.training.augment import ProxL1, affine_augment, exact_zero_fraction, prox_l1, prox_params, ramp_factor
+from icl_bench.training.augment import ProxL1, affine_augment, training_batch, y_augment, exact_zero_fraction, prox_l1, prox_params, ramp_factor
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.ols import ols_predict
 from icl_bench.prompts.generator import PromptSpec, sample_prompts
@@ -26,6 +26,26 @@ def test_ramp():
     assert ramp_factor(200, 300, 1 / 3) == 1 and ramp_factor(1, 300, 0.0) == 1
 
 
+def test_y_augmentation_maps_the_ols_target_with_y():
+    b = sample_prompts(PromptSpec(N=20, R=100.0, noise=0.1), 64, seed=0, dtype="float64")
+    tok, target = y_augment(b.tokens, b.ols_prediction, scale=10.0, shift=5.0, r=1.0, seed=3)
+    x, y, u = tok[:, :-1, 0], tok[:, :-1, 1], tok[:, -1, 0]
+    torch.testing.assert_close(ols_predict(x, y, u), target, rtol=1e-8, atol=1e-8)
+    assert torch.equal(tok[:, -1], b.tokens[:, -1]) and torch.equal(tok[..., [0, 2]], b.tokens[..., [0, 2]])
+    c = (tok[:, 1, 1] - tok[:, 0, 1]) / (b.tokens[:, 1, 1] - b.tokens[:, 0, 1])  # per-prompt y scale
+    assert c.min() >= 0.1 - 1e-9 and c.max() <= 10 + 1e-9 and c.max() / c.min() > 10
+    assert (target - b.ols_prediction).abs().max() > 1.0
+
+
+def test_training_batch_leaves_x_draws_alone_and_is_off_by_default():
+    b = sample_prompts(PromptSpec(N=10, R=100.0, noise=0.1), 32, seed=1, dtype="float32")
+    base = dict(R=100.0, N=[10], steps=30, aug_scale=10.0, aug_shift=5.0, aug_ramp=0.3, progress=False)
+    tok_x, tgt_x = training_batch(TrainConfig(**base), b.tokens, b.ols_prediction, step=5)
+    tok_xy, tgt_xy = training_batch(TrainConfig(**base, aug_y_scale=10.0, aug_y_shift=5.0), b.tokens, b.ols_prediction, step=5)
+    assert tgt_x is b.ols_prediction and torch.equal(tok_xy[..., 0], tok_x[..., 0])
+    assert not torch.equal(tok_xy[..., 1], tok_x[..., 1]) and not torch.equal(tgt_xy, tgt_x)
+
+
 def test_prox_soft_threshold():
     w = torch.tensor([-0.3, -0.05, 0.0, 0.04, 0.5])
     prox_l1([w], 0.1)
@@ -42,7 +62,7 @@ def test_strong_prox_zeroes_weights_and_off_zeroes_none():
 
 
 @pytest.mark.parametrize("bad", [{"aug_scale": 0.5}, {"aug_shift": -1.0}, {"aug_ramp": 1.0}, {"l1_prox": -0.1},
-                                 {"l1_start": 1.0}, {"aug_scale": True}, {"l1_prox": float("nan")}, {"l1_stop": 0.0},
+                                 {"l1_start": 1.0}, {"aug_scale": True}, {"l1_prox": float("nan")}, {"l1_stop": 0.0}, {"aug_y_scale": 0.9}, {"aug_y_shift": -1.0},
                                  {"l1_stop": 1.5}, {"l1_stop": 0.5, "l1_start": 0.5}])
 def test_bad_fields(bad):
     with pytest.raises(ConfigError, match=f"train.{next(iter(bad))}"):

@@ -1,4 +1,4 @@
-"""Training-time random affine augmentation of x and the proximal l1 step (docs/mechanism.md).
+"""Training-time random affine augmentation of x (and y) and the proximal l1 step (docs/mechanism.md).
 
 Affine augmentation. Each training prompt gets its own map of the inputs
 
@@ -10,6 +10,11 @@ the same number and the training target does not change. A solver that divides b
 statistics (the LayerNorm closed form, docs/design.md §5) is invariant; one that relies
 on the scale and the centre of x being those of N(0, 1) is not. The issue that motivated it
 measured that without it the trained models fit OLS without the LayerNorm division (docs/mechanism.md).
+
+y maps (`aug_y_scale` = C, `aug_y_shift` = D): context y -> c y + d, c = exp(U[r ln(1/C), r ln C]),
+d ~ U[-r D, r D], and the target -> c target + d (least squares follows this map too). With them
+the model is trained to be invariant to every map of the behavioural fingerprint
+(icl_bench/analysis/fingerprint.py), not only the x maps.
 
 Ramp: r = min(1, step / (aug_ramp * steps)) (r = 1 throughout when aug_ramp = 0), so the range
 grows from the identity to the full range over the first `aug_ramp` fraction of the run.
@@ -91,13 +96,49 @@ def exact_zero_fraction(model) -> float:
     return float(sum(int((m.detach() == 0).sum()) for m in mats)) / total
 
 
+def y_augment(tokens: torch.Tensor, target: torch.Tensor, *, scale: float, shift: float, r: float,
+              seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Context y -> c y + d per prompt, and the target with it (least squares maps its prediction
+    the same way: ols(x, c y + d, u) = c ols(x, y, u) + d). The query row's y slot stays 0.
+
+    Args:
+        tokens: (B, N+1, 3) as in `affine_augment`; target: (B,) the training target (the OLS
+            prediction, or the query's y: both map as y does).
+        scale: C >= 1, c = exp(U[-r ln C, r ln C]); shift: D >= 0, d ~ U[-r D, r D]; r: ramp factor.
+        seed: seeds the per-prompt draws (CPU float64 generator).
+    Returns:
+        (tokens (B, N+1, 3), target (B,)), new tensors; the inputs are not modified.
+    """
+    B = tokens.shape[0]
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    u1, u2 = torch.rand(2, B, generator=gen, dtype=torch.float64)  # (B,), (B,)
+    c = torch.exp(r * math.log(scale) * (2 * u1 - 1)).to(tokens)  # (B,)
+    d = (r * shift * (2 * u2 - 1)).to(tokens)  # (B,)
+    out = tokens.clone()
+    out[:, :-1, 1] = c[:, None] * tokens[:, :-1, 1] + d[:, None]
+    return out, c.to(target) * target + d.to(target)
+
+
 def training_tokens(cfg, tokens: torch.Tensor, step: int) -> torch.Tensor:
-    """The tokens a training step feeds the model: `tokens` (B, N+1, 3) augmented as cfg says
-    (a TrainConfig; seed cfg.seed * 1e6 + step + 5e8, apart from the prompt seeds), or as they are."""
+    """The tokens a training step feeds the model before any y map: `tokens` (B, N+1, 3) with
+    x and u augmented as cfg says (a TrainConfig; seed cfg.seed * 1e6 + step + 5e8, apart from
+    the prompt seeds), or as they are."""
     if cfg.aug_scale <= 1 and cfg.aug_shift <= 0:
         return tokens
     r = ramp_factor(step, cfg.steps, cfg.aug_ramp)
     return affine_augment(tokens, scale=cfg.aug_scale, shift=cfg.aug_shift, r=r, seed=cfg.seed * 1_000_000 + step + 500_000_000)
+
+
+def training_batch(cfg, tokens: torch.Tensor, target: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens (B, N+1, 3), target (B,)) of a training step: x maps by `training_tokens`, then the
+    y map when cfg.aug_y_scale > 1 or cfg.aug_y_shift > 0 (its own seed stream, cfg.seed * 1e6 +
+    step + 7e8, so the x draws are those of a run without it), with the same ramp."""
+    tokens = training_tokens(cfg, tokens, step)
+    if cfg.aug_y_scale <= 1 and cfg.aug_y_shift <= 0:
+        return tokens, target
+    r = ramp_factor(step, cfg.steps, cfg.aug_ramp)
+    return y_augment(tokens, target, scale=cfg.aug_y_scale, shift=cfg.aug_y_shift, r=r,
+                     seed=cfg.seed * 1_000_000 + step + 700_000_000)
 
 
 class ProxL1:

@@ -63,6 +63,8 @@ class TrainConfig(ConfigModel):
     # --- affine augmentation and proximal l1 (icl_bench/training/augment.py, docs/mechanism.md) ---
     aug_scale: Annotated[float, BeforeValidator(number(ge=1))] = 1.0  # x, u -> s x + t, s = exp(U[-ln S, ln S]) (1: off)
     aug_shift: NonNeg = 0.0  # t ~ U[-T, T] (0: off); y and the OLS target unchanged
+    aug_y_scale: Annotated[float, BeforeValidator(number(ge=1))] = 1.0  # y -> c y + d, c = exp(U[-ln C, ln C]) (1: off)
+    aug_y_shift: NonNeg = 0.0  # d ~ U[-D, D] (0: off); the OLS target maps with y
     aug_ramp: Annotated[float, BeforeValidator(number(ge=0, lt=1))] = 0.0  # fraction of steps to reach the full range
     l1_prox: NonNeg = 0.0  # proximal l1: soft threshold lr_t * l1_prox after each step (0: off)
     l1_start: Annotated[float, BeforeValidator(number(ge=0, lt=1))] = 0.0  # fraction of steps before it starts

@@ -35,7 +35,7 @@ from icl_bench.prompts.generator import PromptSpec, resolve_dtype, sample_prompt
 from icl_bench.solvers.checkpoint import save_checkpoint
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
 from icl_bench.solvers.transformer import Transformer
-from icl_bench.training.augment import ProxL1, training_tokens
+from icl_bench.training.augment import ProxL1, training_batch
 from icl_bench.training.config import TrainConfig
 
 EVAL_SEED_OFFSET = 1_000_003  # held-out prompts use seed + this, never a training step's seed
@@ -171,7 +171,8 @@ def train(cfg: TrainConfig, model: Transformer | None = None) -> tuple[Transform
     for step in bar:
         batch = sample_prompts(specs[pick_n.choice(cfg.N)], cfg.batch_size, seed=cfg.seed * 1_000_000 + step, dtype=dtype)
         target = batch.ols_prediction.to(dtype) if cfg.target == "ols" else batch.y_query  # (B,)
-        pred = model(training_tokens(cfg, batch.tokens, step))  # (B,): x, u -> s x + t if augmenting
+        tokens, target = training_batch(cfg, batch.tokens, target, step)  # x, u -> s x + t; y -> c y + d
+        pred = model(tokens)  # (B,)
         mse = ((pred - target) ** 2).mean()
         loss = mse + cfg.l1 * sum(p.abs().sum() for p in penalised(model)) if cfg.l1 > 0 else mse
         opt.zero_grad(set_to_none=True)
