@@ -190,3 +190,19 @@ def test_dirty_csv_through_the_runner_every_solver(dirty_csv):
         assert math.isnan(r.mse_vs_truth) and (r.n_nonfinite == r.n_prompts or math.isfinite(r.mse_vs_ols))
     csv = pd.read_csv(dirty_csv)
     assert csv.x.isna().sum() + np.isinf(csv.x).sum() + csv.y.isna().sum() + np.isinf(csv.y).sum() == 5
+
+
+def test_r_lost_is_max_abs_over_the_tokens():
+    """r_lost (two passes, amax and -amin) equals the |tokens| maximum rule it implements, NaN,
+    +-inf and huge values of either sign included, in both dtypes."""
+    from icl_bench.solvers.base import r_lost
+
+    for dtype in (torch.float32, torch.float64):
+        g = torch.Generator().manual_seed(0)
+        t = torch.randn(8, 6, 3, generator=g).to(dtype)
+        t[..., 2] = 100.0
+        big = 100.0 / torch.finfo(dtype).eps
+        t[1, 2, 0], t[2, 3, 1], t[3, 5, 0] = -2 * big, 2 * big, -0.5 * big  # lost, lost, kept
+        t[4, 0, 0], t[5, 1, 1], t[6, 2, 0] = float("nan"), float("-inf"), float("inf")
+        expected = t.reshape(8, -1).abs().amax(dim=1) * torch.finfo(dtype).eps >= 100.0
+        assert r_lost(t, 100.0).tolist() == expected.tolist() == [False, True, True, False, False, True, True, False]

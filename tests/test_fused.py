@@ -194,3 +194,19 @@ def test_solvers_use_the_fused_path(monkeypatch):
         monkeypatch.setattr(fused, "ENABLED", True)
         assert torch.allclose(fast, slow, rtol=1e-10, atol=1e-12, equal_nan=True), name
     assert calls
+
+
+@needs_numba
+def test_unrolled_fold_rounds_as_the_loop_fold(monkeypatch):
+    """The per-prompt fold P = sum_k W_O^k S_k^T W_Q^k is unrolled for small shapes; the loop form
+    (large shapes) sums in the same order, so the two give bit-identical outputs in float32."""
+    m = random_model(d_model=5, n_heads=3, n_layers=2, dtype=torch.float32)
+    t = tokens(B=7, N=40).float()
+    assert "x_0_0_0 =" in fused.source(3, 5, 3, True)  # 3 * 5^3 multiply-adds: unrolled
+    with torch.no_grad():
+        unrolled = fused.fused_forward(m, t)
+        monkeypatch.setattr(fused, "UNROLL_FOLD", 0)
+        monkeypatch.setattr(fused, "_KERNELS", {})
+        looped = fused.fused_forward(m, t)
+    assert "x_0_0_0 =" not in fused.source(3, 5, 3, True)  # the loop form was the one compiled
+    assert torch.equal(unrolled, looped)

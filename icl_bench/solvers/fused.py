@@ -154,9 +154,19 @@ def source(din: int, d: int, H: int, ln: bool) -> str:
     return "\n".join(L) + "\n"
 
 
+UNROLL_FOLD = 2048  # unroll the per-prompt fold when H * d^3 multiply-adds are at most this
+
+
 def _fold(d: int, H: int) -> list[str]:
-    """P_l = sum_k W_O^k S_k^T W_Q^k as small loops (compile time stays short for any shape):
-    X_k[f, a] = sum_e S_k[e, f] W_Q^k[e, a], then P[g, a] = sum_k sum_f W_O^k[g, f] X_k[f, a]."""
+    """P_l = sum_k W_O^k S_k^T W_Q^k: X_k[f, a] = sum_e S_k[e, f] W_Q^k[e, a], then
+    P[g, a] = sum_k sum_f W_O^k[g, f] X_k[f, a], each sum in that order. Unrolled into scalar
+    expressions for small shapes (it is a fixed cost per prompt and layer), small loops otherwise
+    (compile time stays short for any shape); the two forms round identically."""
+    if H * d ** 3 <= UNROLL_FOLD:
+        lines = [f"x_{k}_{f}_{a} = " + " + ".join(f"Sm[{k}, {e}, {f}] * WQ[l, {k}, {e}, {a}]" for e in range(d))
+                 for k in range(H) for f in range(d) for a in range(d)]
+        return lines + [f"Pm[l, {g}, {a}] = " + " + ".join(f"WO[l, {k}, {g}, {f}] * x_{k}_{f}_{a}" for k in range(H) for f in range(d))
+                        for g in range(d) for a in range(d)]
     return [f"for k in range({H}):",
             f"    for f in range({d}):",
             f"        for a in range({d}):",
