@@ -86,7 +86,9 @@ def write_table(out: Path, n_prompts: int = 4096) -> pd.DataFrame:
     df.to_csv(out / "seeds.csv", index=False)
     cols = ["recipe", "seed", "rel_mse", "ln0.slope", "ln1.slope", "ln1.r2", "ln0.freeze", "ln1.freeze", "effective_R",
             "state", "fp.x+5", "fp.x*10", "fp.max_x", "fp.max_y", "fp.verdict", "similarity", "exact_zero", "success"]
-    summary = df.groupby("recipe").agg(seeds=("seed", "count"), successes=("success", "sum"),
+    summary = df.groupby("recipe").agg(R=("R", "first"), readout=("readout", "first"), seeds=("seed", "count"),
+                                       successes=("success", "sum"),
+                                       closed_form_like=("fp.verdict", lambda v: int((v == "closed-form-like").sum())),
                                        median_rel_mse=("rel_mse", "median"), median_exact_zero=("exact_zero", "median"),
                                        median_similarity=("similarity", "median")).reset_index()
     text = ["# Mechanism seed table", "",

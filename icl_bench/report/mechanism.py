@@ -12,8 +12,9 @@ the prompt generator, E[(a + b u)^2] = E[a^2] + 2 E[a] E[b] E[u] + E[b^2] E[u^2]
 the run's `prompts` column (normal: loc^2 + scale^2; uniform U[loc, loc + scale]:
 loc^2 + loc·scale + scale^2 / 3); the x transforms do not change it. NaN for CSV prompts.
 
-Verdict, when `icl_bench.analysis.fingerprint.verdict` is not importable (thresholds from the
-mechanism study: success meant +5 shift ≤ 0.01 and x×10 ≤ 0.05):
+Verdict from the stored rows (thresholds of the mechanism study's success criterion, +5 shift
+≤ 0.01 and x×10 ≤ 0.05, docs/mechanism.md; the full behavioural fingerprint of
+icl_bench.analysis.fingerprint, which re-runs a solver on y maps as well, is `icl-bench analyze`'s):
     closed-form-like  every x_shift with |T| ≤ 5 has relative error ≤ SHIFT_TOL and every x_scale
                       with 0.1 ≤ S ≤ 10 has ≤ SCALE_TOL (invariant, like OLS);
     GD-like           not invariant, and its errors are within GD_BAND decades of the `gd`
@@ -138,17 +139,6 @@ def section(table: pd.DataFrame) -> dict:
     if rows.empty or (rows["ood"] == "none").all():
         return {"status": "The runs have an 'ood' column but no ok out-of-distribution rows.",
                 "table": pd.DataFrame(), "source": ""}
-    try:
-        from icl_bench.analysis.fingerprint import verdict as external  # the mechanism study's thresholds
-    except ImportError:
-        external = None
     tab = verdicts(rows)
-    source = "thresholds of icl_bench/report/mechanism.py (icl_bench.analysis.fingerprint is not available)"
-    if external is not None:
-        try:
-            tab["verdict"] = [external(rows[rows["series"] == s]) for s in tab["series"]]
-            tab["why"] = ""
-            source = "icl_bench.analysis.fingerprint.verdict"
-        except Exception as exc:  # a changed signature must not break the report
-            source += f"; fingerprint.verdict failed ({type(exc).__name__}: {exc})"
+    source = "thresholds of icl_bench/report/mechanism.py on the stored x-shift / x-scale rows"
     return {"status": f"{rows['ood'].nunique()} OOD values, {tab.shape[0]} series.", "table": tab, "source": source}
