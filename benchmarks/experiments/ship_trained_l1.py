@@ -1,7 +1,7 @@
 """Ship a mechanism-learning checkpoint of the seed experiment as `trained-l1` at every R of the
 matrix, and keep the earlier trained-l1 checkpoints as `trained-l1-noaug` (docs/mechanism.md):
 
-    python -m benchmarks.experiments.ship_trained_l1 --from results/mechanism/models/ramp12k-prox0.3-ft-s0
+    python -m benchmarks.experiments.ship_trained_l1 --from results/mechanism/models/ramp12k-prox0.2-ft-s0
 
 R = 10 / 100 / 1000 from one R = 100 run: with `precondition_R` the optimiser stores the
 embedding's R column as W' = W R / precondition_R, its initial value is init / precondition_R
