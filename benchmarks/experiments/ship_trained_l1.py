@@ -1,7 +1,7 @@
 """Ship a mechanism-learning checkpoint of the seed experiment as `trained-l1` at every R of the
 matrix, and keep the earlier trained-l1 checkpoints as `trained-l1-noaug` (docs/mechanism.md):
 
-    python -m benchmarks.experiments.ship_trained_l1 --from results/mechanism/models/ramp12k-prox-s3
+    python -m benchmarks.experiments.ship_trained_l1 --from results/mechanism/models/ramp12k-prox0.2-ft-s0
 
 R = 10 / 100 / 1000 from one R = 100 run: with `precondition_R` the optimiser stores the
 embedding's R column as W' = W R / precondition_R, its initial value is init / precondition_R
@@ -40,7 +40,12 @@ class Bare:
 
 
 def keep_old(models_dir: Path) -> None:
-    """trained-l1-R*.{json,safetensors} -> trained-l1-noaug-R*, solver "trained-l1-noaug"."""
+    """trained-l1-R*.{json,safetensors} -> trained-l1-noaug-R*, solver "trained-l1-noaug"; nothing
+    when trained-l1-noaug checkpoints exist already (the earlier models were kept by an earlier
+    shipping, and the trained-l1 being replaced came from the seed experiment, which keeps it)."""
+    if any(models_dir.glob("trained-l1-noaug-R*.json")):
+        print("trained-l1-noaug-R*: kept already; the current trained-l1 is replaced")
+        return
     for js in sorted(models_dir.glob("trained-l1-R*.json")):
         meta = json.loads(js.read_text())
         stem = js.with_suffix("")
