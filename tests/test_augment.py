@@ -63,13 +63,30 @@ def test_strong_prox_zeroes_weights_and_off_zeroes_none():
 
 @pytest.mark.parametrize("bad", [{"aug_scale": 0.5}, {"aug_shift": -1.0}, {"aug_ramp": 1.0}, {"l1_prox": -0.1},
                                  {"l1_start": 1.0}, {"aug_scale": True}, {"l1_prox": float("nan")}, {"l1_stop": 0.0}, {"aug_y_scale": 0.9}, {"aug_y_shift": -1.0},
+                                 {"aug_y_scale": 1e300}, {"aug_shift": 1e39}, {"aug_scale": 2e6}, {"l1_stop": 0.8},
+                                 {"l1_stop": 0.55, "l1_prox": 0.2, "l1_start": 0.5, "steps": 5},
                                  {"l1_stop": 1.5}, {"l1_stop": 0.5, "l1_start": 0.5}])
 def test_bad_fields(bad):
     with pytest.raises(ConfigError, match=f"train.{next(iter(bad))}"):
         TrainConfig.from_dict(bad)
-    if "l1_stop" in bad and "l1_start" in bad:
+    if bad == {"l1_stop": 0.5, "l1_start": 0.5}:
         with pytest.raises(ConfigError, match="above l1_start"):
             TrainConfig.from_dict(bad)
+    if bad == {"l1_stop": 0.8}:  # without proximal l1 there is nothing to stop
+        with pytest.raises(ConfigError, match="needs l1_prox > 0"):
+            TrainConfig.from_dict(bad)
+    if "steps" in bad:  # (2.5, 2.75] holds no step
+        with pytest.raises(ConfigError, match="holds no step"):
+            TrainConfig.from_dict(bad)
+
+
+def test_a_window_without_a_step_warns_under_a_steps_override():
+    """`icl-bench train --steps K` copies a validated config with another step budget; when the
+    l1 window then holds no step, training says so instead of silently skipping l1."""
+    cfg = TrainConfig(R=10.0, N=[8], steps=40, batch_size=16, eval_every=40, eval_prompts=32, l1_prox=0.2,
+                      l1_start=0.5, l1_stop=0.8, progress=False).model_copy(update={"steps": 1, "eval_every": 1})
+    with pytest.warns(UserWarning, match="proximal l1 never acts"):
+        train(cfg)
 
 
 def test_masked_fine_tuning_keeps_the_zeros_of_the_stop_and_frees_the_rest():

@@ -13,7 +13,19 @@ import pandas as pd
 
 def main() -> None:
     run = Path(sys.argv[1] if len(sys.argv) > 1 else "results/ood")
-    d = pd.read_csv(run / "results.csv")
+    csv = run / "results.csv"
+    if not csv.is_file():
+        sys.exit(f"ood_table: no {csv} (run `icl-bench run --config ood --out {run}` first)")
+    try:
+        d = pd.read_csv(csv)
+    except pd.errors.EmptyDataError:
+        d = pd.DataFrame()
+    need = {"solver", "solver_params", "ood", "mse_vs_ols", "N", "R", "noise", "dtype", "n_prompts"}
+    if d.empty or not need <= set(d.columns):
+        sys.exit(f"ood_table: {csv} has no rows or lacks the columns {sorted(need - set(d.columns))} of an OOD run")
+    mixed = [c for c in ("N", "R", "noise", "dtype", "d") if c in d and d[c].nunique() > 1]
+    if mixed:
+        sys.exit(f"ood_table: {csv} mixes several values of {mixed}; the table is for one setting")
     params = d["solver_params"].fillna("{}")
     series = d["solver"] + params.where(params != "{}", "")
     t = d.assign(solver=series).pivot_table(index="solver", columns="ood", values="mse_vs_ols")

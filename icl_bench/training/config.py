@@ -7,6 +7,7 @@ the recipe: docs/training.md. Bad values raise ConfigError("train.<field>: ...")
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,6 +23,7 @@ SCHEDULES = ("onecycle", "cosine", "constant")
 TARGETS = ("ols", "noisy")
 TRAINED_SOLVERS = ("", "trained-l1", "trained-nol1", "trained-lsa", "trained-l1-noaug")  # what a checkpoint may serve ("" = none)
 
+AUG_MAX = 1e6  # largest augmentation scale / shift: (1e6 x)^2 stays far inside float32 for x ~ N(0, 1)
 MAX_WIDTH = 256  # d_model, n_layers, n_heads: far beyond the 4 / 2 / 2 of the paper, far below an out-of-memory
 Int1 = Annotated[int, BeforeValidator(integer(1))]
 Width = Annotated[int, BeforeValidator(integer(1, MAX_WIDTH))]
@@ -61,10 +63,10 @@ class TrainConfig(ConfigModel):
     clip: NonNeg = 1.0  # gradient-norm clip (0: off)
     l1: NonNeg = 0.0  # lambda of the l1 penalty on the weight matrices
     # --- affine augmentation and proximal l1 (icl_bench/training/augment.py, docs/mechanism.md) ---
-    aug_scale: Annotated[float, BeforeValidator(number(ge=1))] = 1.0  # x, u -> s x + t, s = exp(U[-ln S, ln S]) (1: off)
-    aug_shift: NonNeg = 0.0  # t ~ U[-T, T] (0: off); y and the OLS target unchanged
-    aug_y_scale: Annotated[float, BeforeValidator(number(ge=1))] = 1.0  # y -> c y + d, c = exp(U[-ln C, ln C]) (1: off)
-    aug_y_shift: NonNeg = 0.0  # d ~ U[-D, D] (0: off); the OLS target maps with y
+    aug_scale: Annotated[float, BeforeValidator(number(ge=1, le=AUG_MAX))] = 1.0  # x, u -> s x + t, s = exp(U[-ln S, ln S]) (1: off)
+    aug_shift: Annotated[float, BeforeValidator(number(ge=0, le=AUG_MAX))] = 0.0  # t ~ U[-T, T] (0: off); y and the OLS target unchanged
+    aug_y_scale: Annotated[float, BeforeValidator(number(ge=1, le=AUG_MAX))] = 1.0  # y -> c y + d, c = exp(U[-ln C, ln C]) (1: off)
+    aug_y_shift: Annotated[float, BeforeValidator(number(ge=0, le=AUG_MAX))] = 0.0  # d ~ U[-D, D] (0: off); the OLS target maps with y
     aug_ramp: Annotated[float, BeforeValidator(number(ge=0, lt=1))] = 0.0  # fraction of steps to reach the full range
     l1_prox: NonNeg = 0.0  # proximal l1: soft threshold lr_t * l1_prox after each step (0: off)
     l1_start: Annotated[float, BeforeValidator(number(ge=0, lt=1))] = 0.0  # fraction of steps before it starts
@@ -82,6 +84,11 @@ class TrainConfig(ConfigModel):
             raise problem("needs exactly one N with readout = 'flatten' (it fixes the context length)", key="N")
         if self.l1_stop <= self.l1_start:
             raise problem(f"must be above l1_start = {self.l1_start:g} (a fraction of steps in (l1_start, 1])", key="l1_stop")
+        if self.l1_stop < 1 and self.l1_prox <= 0:
+            raise problem("needs l1_prox > 0 (it ends proximal l1; 1 = never)", key="l1_stop")
+        if self.l1_prox > 0 and not prox_window(self):
+            raise problem(f"(l1_start, l1_stop] x steps = ({self.l1_start * self.steps:g}, {self.l1_stop * self.steps:g}] "
+                          "holds no step: widen it or raise steps", key="l1_stop")
         if self.R > FLOAT_MAX[self.dtype]:
             raise problem(f"R={self.R:g} overflows {self.dtype} (max {FLOAT_MAX[self.dtype]:.3g})", key="R")
         for key in ("batch_size", "eval_prompts"):  # one batch of prompts must fit in memory
@@ -106,6 +113,12 @@ class TrainConfig(ConfigModel):
     def from_toml(cls, path: str | Path, section: str | None = None) -> "TrainConfig":
         """Read `[defaults]` merged with `[runs.<section>]` (or a flat file when section is None)."""
         return cls.from_dict(load_runs(path, [section] if section else None)[0])
+
+
+def prox_window(cfg: "TrainConfig") -> bool:
+    """Whether some optimiser step t (1-based) lies in (l1_start, l1_stop] * steps, where proximal
+    l1 thresholds (icl_bench/training/augment.py, ProxL1)."""
+    return math.floor(cfg.l1_stop * cfg.steps) > math.floor(cfg.l1_start * cfg.steps)
 
 
 def load_runs(path: str | Path, names: list[str] | None = None) -> list[dict]:

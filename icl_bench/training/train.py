@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import random
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -36,7 +37,7 @@ from icl_bench.solvers.checkpoint import save_checkpoint
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
 from icl_bench.solvers.transformer import Transformer
 from icl_bench.training.augment import ProxL1, training_batch
-from icl_bench.training.config import TrainConfig
+from icl_bench.training.config import TrainConfig, prox_window
 
 EVAL_SEED_OFFSET = 1_000_003  # held-out prompts use seed + this, never a training step's seed
 
@@ -154,6 +155,9 @@ def train(cfg: TrainConfig, model: Transformer | None = None) -> tuple[Transform
     pick_n = random.Random(cfg.seed)  # which N each step trains on
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg, s))
+    if cfg.l1_prox > 0 and not prox_window(cfg):  # e.g. a config's window under a --steps override
+        warnings.warn(f"{cfg.name}: proximal l1 never acts: (l1_start, l1_stop] x steps = "
+                      f"({cfg.l1_start * cfg.steps:g}, {cfg.l1_stop * cfg.steps:g}] holds no step", stacklevel=2)
     prox = ProxL1(model, cfg)  # proximal l1 and the masked fine-tuning after it (no-op when l1_prox = 0)
     history: list[dict] = []
     start = time.perf_counter()
