@@ -60,15 +60,18 @@ def affine_augment(tokens: torch.Tensor, *, scale: float, shift: float, r: float
     Returns:
         a new (B, N+1, 3) tensor; `tokens` is not modified. With r = 0 (or S = 1 and T = 0) a copy.
     """
-    B = tokens.shape[0]
+    s, t = affine_draws(tokens.shape[0], scale=scale, shift=shift, r=r, seed=seed)  # (B,) float64 each
+    out = tokens.clone()
+    out[..., 0] = s.to(tokens)[:, None] * tokens[..., 0] + t.to(tokens)[:, None]
+    return out
+
+
+def affine_draws(B: int, *, scale: float, shift: float, r: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-prompt factor and offset of an affine map, (B,) float64 each: exp(U[-r ln scale,
+    r ln scale]) and U[-r shift, r shift], from a CPU generator seeded with `seed`."""
     gen = torch.Generator(device="cpu").manual_seed(int(seed))
     u1, u2 = torch.rand(2, B, generator=gen, dtype=torch.float64)  # (B,), (B,)
-    log_s = r * math.log(scale) * (2 * u1 - 1)
-    s = torch.exp(log_s).to(tokens)  # (B,)
-    t = (r * shift * (2 * u2 - 1)).to(tokens)  # (B,)
-    out = tokens.clone()
-    out[..., 0] = s[:, None] * tokens[..., 0] + t[:, None]
-    return out
+    return torch.exp(r * math.log(scale) * (2 * u1 - 1)), r * shift * (2 * u2 - 1)
 
 
 @torch.no_grad()
@@ -109,11 +112,7 @@ def y_augment(tokens: torch.Tensor, target: torch.Tensor, *, scale: float, shift
     Returns:
         (tokens (B, N+1, 3), target (B,)), new tensors; the inputs are not modified.
     """
-    B = tokens.shape[0]
-    gen = torch.Generator(device="cpu").manual_seed(int(seed))
-    u1, u2 = torch.rand(2, B, generator=gen, dtype=torch.float64)  # (B,), (B,)
-    c = torch.exp(r * math.log(scale) * (2 * u1 - 1)).to(tokens)  # (B,)
-    d = (r * shift * (2 * u2 - 1)).to(tokens)  # (B,)
+    c, d = (v.to(tokens) for v in affine_draws(tokens.shape[0], scale=scale, shift=shift, r=r, seed=seed))  # (B,)
     out = tokens.clone()
     out[:, :-1, 1] = c[:, None] * tokens[:, :-1, 1] + d[:, None]
     return out, c.to(target) * target + d.to(target)
