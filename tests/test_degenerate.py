@@ -19,6 +19,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from icl_bench import PromptSpec, SkipCell, make_batch, sample_prompts
 from icl_bench.bench.config import parse_config
@@ -206,3 +208,29 @@ def test_r_lost_is_max_abs_over_the_tokens():
         t[4, 0, 0], t[5, 1, 1], t[6, 2, 0] = float("nan"), float("-inf"), float("inf")
         expected = t.reshape(8, -1).abs().amax(dim=1) * torch.finfo(dtype).eps >= 100.0
         assert r_lost(t, 100.0).tolist() == expected.tolist() == [False, True, True, False, False, True, True, False]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.sampled_from([torch.float32, torch.float64]), st.integers(1, 6),
+       st.lists(st.sampled_from(["normal", "nan", "inf", "-inf", "big", "-big", "edge", "const"]), min_size=3, max_size=3),
+       st.integers(0, 2**31 - 1))
+def test_ill_posed_or_r_lost_is_the_two_tests(dtype, N, kinds, seed):
+    """ill_posed_or_r_lost (one min and max of x and y) answers ill_posed | r_lost(tokens) on
+    prompts with NaN, +-inf, values whose R is lost in rounding, values at the edge, constant x."""
+    from icl_bench.prompts.generator import make_tokens
+    from icl_bench.prompts.ols import ill_posed
+    from icl_bench.solvers.base import ill_posed_or_r_lost, r_lost
+
+    R = 100.0
+    big = R / torch.finfo(dtype).eps
+    special = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "big": 2 * big, "-big": -2 * big,
+               "edge": big * (1 - torch.finfo(dtype).eps)}
+    g = torch.Generator().manual_seed(seed)
+    x, y, u = torch.randn(4, N, generator=g).to(dtype), torch.randn(4, N, generator=g).to(dtype), torch.randn(4).to(dtype)
+    for row, (t, kind) in enumerate(zip((x, y, u), kinds)):
+        if kind == "const":
+            x[row] = 1.5
+        elif kind != "normal":
+            t.view(-1)[seed % t.numel()] = special[kind]
+    expected = ill_posed(x, y, u) | r_lost(make_tokens(x, y, u, R), R)
+    assert ill_posed_or_r_lost(x, y, u, R).tolist() == expected.tolist()

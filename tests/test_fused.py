@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from icl_bench import PromptSpec, sample_prompts
-from icl_bench.solvers import fused
+from icl_bench.solvers import fused, fused_source
 from icl_bench.solvers.gd_lsa import build_gd_construction
 from icl_bench.solvers.ln_closed_form import build_construction
 from icl_bench.solvers.transformer import Transformer, TransformerConfig
@@ -66,7 +66,7 @@ def longdouble_forward(m: Transformer, t: torch.Tensor) -> np.ndarray:
 @pytest.mark.parametrize("keys", ["masked", "query-in-context"])
 @pytest.mark.parametrize("layernorm", [True, False])
 @pytest.mark.parametrize("readout", ["query", "flatten"])
-@pytest.mark.parametrize("N", [2, 13, 40])
+@pytest.mark.parametrize("N", [2, 13, 16, 31, 40])  # around the blocks of LANES = 16 tokens
 def test_fused_equals_eager_in_float64(keys, layernorm, readout, N):
     m = random_model(keys, layernorm, readout, N=N)
     t = tokens(N=N)
@@ -202,11 +202,77 @@ def test_unrolled_fold_rounds_as_the_loop_fold(monkeypatch):
     (large shapes) sums in the same order, so the two give bit-identical outputs in float32."""
     m = random_model(d_model=5, n_heads=3, n_layers=2, dtype=torch.float32)
     t = tokens(B=7, N=40).float()
-    assert "x_0_0_0 =" in fused.source(3, 5, 3, True)  # 3 * 5^3 multiply-adds: unrolled
+    assert "x_0_0_0 =" in fused_source.source(3, 5, 3, True)  # 3 * 5^3 multiply-adds: unrolled
     with torch.no_grad():
         unrolled = fused.fused_forward(m, t)
-        monkeypatch.setattr(fused, "UNROLL_FOLD", 0)
+        monkeypatch.setattr(fused_source, "UNROLL_FOLD", 0)
         monkeypatch.setattr(fused, "_KERNELS", {})
         looped = fused.fused_forward(m, t)
-    assert "x_0_0_0 =" not in fused.source(3, 5, 3, True)  # the loop form was the one compiled
+    assert "x_0_0_0 =" not in fused_source.source(3, 5, 3, True)  # the loop form was the one compiled
     assert torch.equal(unrolled, looped)
+
+
+def sparse_model(zeros=0.6, seed=0, **kw):
+    """random_model with a share of its matrix weights set to exactly 0 (whole key, value and
+    readout rows among them), so every layer has its own zero pattern."""
+    m = random_model(seed=seed, **kw)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "ln." not in name:
+                p.mul_((torch.rand(p.shape, generator=g) >= zeros).to(p.dtype))
+        m.blocks[0].attn.W_K[0, 1].zero_()  # a key row, a value row and a readout slot unused
+        m.blocks[-1].attn.W_V[-1, 2].zero_()
+        m.readout.weight[..., 3] = 0.0
+    return m
+
+
+@needs_numba
+@pytest.mark.parametrize("keys", ["masked", "query-in-context"])
+@pytest.mark.parametrize("layernorm", [True, False])
+@pytest.mark.parametrize("readout", ["query", "flatten"])
+def test_sparse_kernel_equals_eager_and_the_dense_kernel(keys, layernorm, readout, monkeypatch):
+    """A model with >= SPARSE_MIN zero weights runs a kernel without its zero products: it agrees
+    with the eager forward, and bit for bit with the dense kernel (dropping an exact 0 changes
+    no rounding; every sum is in program order)."""
+    N = 37
+    m = sparse_model(keys=keys, layernorm=layernorm, readout=readout, N=N)
+    t = tokens(B=6, N=N)
+    arrays, pattern, zeros = fused._weights(m, torch.float64)
+    assert pattern.sparse and zeros >= fused.SPARSE_MIN
+    dense_products = fused_source.products_per_token(fused_source.dense(3, 4, 2, 3))
+    assert fused_source.products_per_token(pattern) < 0.7 * dense_products
+    with torch.no_grad():
+        fast, eager = fused.fused_forward(m, t), m.forward_eager(t)
+        monkeypatch.setattr(fused, "SPARSE_MIN", 2.0)  # no model is sparse enough: the dense kernel
+        dense = fused.fused_forward(m, t)
+    assert eager.abs().max() > 1e-3
+    assert torch.allclose(fast, eager, rtol=1e-12, atol=1e-12)
+    assert torch.equal(fast, dense)
+
+
+@needs_numba
+@pytest.mark.parametrize("build", ["ln-closed-form", "gd-lsa", "sparse"])
+def test_sparse_kernel_gives_nan_where_the_zero_products_would(build):
+    """A left-out 0 * inf would have made the answer NaN: a prompt with a non-finite token (a key
+    or the query) or a key-value sum that overflows is NaN, as in the eager forward; the other
+    prompts keep their values."""
+    m = {"ln-closed-form": lambda: build_construction(100.0), "gd-lsa": lambda: build_gd_construction(8, 0.4, 100.0),
+         "sparse": lambda: sparse_model()}[build]()
+    assert fused._weights(m, torch.float64)[2] >= fused.SPARSE_MIN
+    t = tokens(B=6, N=20)
+    t[1, 3, 0], t[2, 5, 1], t[3, -1, 0] = float("inf"), float("nan"), float("-inf")
+    t[4, :20, :2] = 1e300  # finite tokens whose products overflow
+    with torch.no_grad():
+        out, eager = fused.fused_forward(m, t), m.forward_eager(t)
+    assert torch.isnan(out[1:5]).all() and torch.isnan(eager[1:5]).all()
+    assert torch.allclose(out[[0, 5]], eager[[0, 5]], rtol=1e-12, atol=1e-12)
+
+
+@needs_numba
+def test_constructions_get_sparse_kernels():
+    for m in (build_construction(100.0), build_gd_construction(8, 0.4, 100.0)):
+        _, pattern, zeros = fused._weights(m, torch.float64)
+        assert zeros >= 0.85 and pattern.sparse
+    _, pattern, zeros = fused._weights(random_model(), torch.float64)
+    assert zeros == 0 and not pattern.sparse

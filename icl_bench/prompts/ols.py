@@ -79,10 +79,10 @@ def ill_posed(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor) -> torch.
     section "The criterion". Args: x, y (B, N); x_query (B,); any float dtype and device.
     """
     xlo, xhi, ylo, yhi = x.amin(dim=1), x.amax(dim=1), y.amin(dim=1), y.amax(dim=1)  # (B,); NaN propagates
-    return _ill_posed_context(xlo, xhi, ylo, yhi) | ~torch.isfinite(x_query)
+    return ill_posed_context(xlo, xhi, ylo, yhi) | ~torch.isfinite(x_query)
 
 
-def _ill_posed_context(xlo, xhi, ylo, yhi) -> torch.Tensor:
+def ill_posed_context(xlo, xhi, ylo, yhi) -> torch.Tensor:
     """`ill_posed` from the per-prompt ranges of x and y (B,) each (the query aside)."""
     finite = torch.isfinite(xlo) & torch.isfinite(xhi) & torch.isfinite(ylo) & torch.isfinite(yhi)
     return ~finite | (xlo == xhi)
@@ -96,7 +96,7 @@ def _ranges(x: torch.Tensor, y: torch.Tensor):
     s = torch.stack([pow2(-kx, x.dtype), pow2(-ky, x.dtype)], dim=1)  # (n, 2)
     n0 = min(x.shape[1], SHIFT_SAMPLES)
     c = torch.stack([(x[:, :n0] * s[:, :1]).mean(dim=1), (y[:, :n0] * s[:, 1:]).mean(dim=1)], dim=1)  # (n, 2)
-    return _ill_posed_context(xlo, xhi, ylo, yhi), kx, ky, s, c
+    return ill_posed_context(xlo, xhi, ylo, yhi), kx, ky, s, c
 
 
 def _scaled_sums(x: torch.Tensor, y: torch.Tensor):

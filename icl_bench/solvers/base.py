@@ -24,10 +24,10 @@ import torch
 
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.generator import PromptBatch
-from icl_bench.prompts.ols import ill_posed
+from icl_bench.prompts.ols import ill_posed, ill_posed_context
 
 
-def nan_if_ill_posed(pred: torch.Tensor, batch: PromptBatch) -> torch.Tensor:
+def nan_if_ill_posed(pred: torch.Tensor, batch: PromptBatch, r_lost: bool = False) -> torch.Tensor:
     """`pred` (B,) with NaN at every prompt that has no unique least-squares answer, and in
     place of +-inf (an overflow is no answer either).
 
@@ -36,12 +36,15 @@ def nan_if_ill_posed(pred: torch.Tensor, batch: PromptBatch) -> torch.Tensor:
     (docs/accuracy.md); a prompt whose float64 OLS reference overflows is treated alike. No finite
     answer to them is right, so a solver reports NaN there (and the runner counts it in
     `n_nonfinite`) instead of whatever finite number its arithmetic happens to produce.
-    Returns a new tensor; `pred` is untouched.
+    With r_lost=True (d = 1 only) the prompts of `r_lost(batch.tokens, batch.R)` are NaN too, from
+    the same pass over x and y (`ill_posed_or_r_lost`). Returns a new tensor; `pred` is untouched.
     """
     if batch.d > 1:  # d regressors: the reference's conditioning rule (icl_bench/prompts/ols_mv.py)
         bad = ~torch.isfinite(batch.ols_prediction)  # (B,)
     else:
-        bad = ill_posed(batch.x, batch.y, batch.x_query) | ~torch.isfinite(batch.ols_prediction)  # (B,)
+        test = ill_posed_or_r_lost(batch.x, batch.y, batch.x_query, batch.R) if r_lost else \
+            ill_posed(batch.x, batch.y, batch.x_query)
+        bad = test | ~torch.isfinite(batch.ols_prediction)  # (B,)
     ok = ~bad.to(pred.device) & ~torch.isinf(pred)  # (B,)
     return pred.masked_fill(~ok, float("nan"))
 
@@ -57,6 +60,18 @@ def r_lost(tokens: torch.Tensor, R: float) -> torch.Tensor:
     # never trips the test, so the answer is that of the x and y slots alone (NaN stays NaN: False)
     flat = tokens.reshape(tokens.shape[0], -1)  # (B, 3(N+1))
     return torch.maximum(flat.amax(dim=1), -flat.amin(dim=1)) * torch.finfo(tokens.dtype).eps >= R
+
+
+def ill_posed_or_r_lost(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor, R: float) -> torch.Tensor:
+    """(B,) bool: `ill_posed(x, y, u) | r_lost(make_tokens(x, y, u, R), R)`, from one minimum and one
+    maximum per prompt of x and of y (four passes over the context where the two calls take
+    eight, over tokens three values wide). The same answer: a token's largest |value| is that of
+    x, y or u, since R * eps < R never trips the test and the query's y slot is 0.
+    Args: x, y (B, N); u (B,); R > 0 the embedding constant."""
+    xlo, xhi, ylo, yhi = x.amin(dim=1), x.amax(dim=1), y.amin(dim=1), y.amax(dim=1)  # (B,); NaN propagates
+    big = torch.maximum(torch.maximum(xhi, -xlo), torch.maximum(yhi, -ylo))  # (B,) max |x|, |y|
+    lost = torch.maximum(big, u.abs()) * torch.finfo(x.dtype).eps >= R  # NaN: False (ill-posed anyway)
+    return ill_posed_context(xlo, xhi, ylo, yhi) | ~torch.isfinite(u) | lost
 
 
 class SkipCell(Exception):

@@ -1,29 +1,23 @@
 """Fused token-level forward of the shared transformer (numba, CPU): one kernel per prompt.
 
-The computation is the eager forward's (icl_bench/solvers/transformer.py, docs/design.md §4), token by
-token, so the float rounding stays of the same kind:
+The kernel's source is generated for the model's (d_in, d_model, heads, LayerNorm) and the zero
+pattern of its weights (icl_bench/solvers/fused_source.py: the computation, unrolled, and why
+leaving out zero products changes no rounding); this module compiles it, caches it, and runs it
+from torch. It is the eager forward's (icl_bench/solvers/transformer.py, docs/design.md §4)
+per-token computation in the same order. Only the key-value pass, a reduction over tokens, may
+reassociate (numba fastmath "reassoc": summed in vector lanes, as a batched matmul sums;
+"contract": fused multiply-adds, as in a matmul); the embedding, the attention map and LayerNorm
+of each token run in program order without fast-math, so the centring and division of
+docs/design.md §5 round as in the eager path. NaN and inf propagate (no nnan / ninf), and a
+division by zero gives inf, not an error.
 
-    embedding:  h_0(i) = W_E token_i, every token (the stream is kept channels-first, (d, T))
-    layer l = 0 .. L-1:
-        (l > 0) block l-1 on every token: a = P_{l-1} h; LayerNorm: c = a - mean(a),
-                h <- (h + bias) + (c * gain) / sqrt(mean(c^2) + eps)   (no LN: h <- h + a)
-        one pass over the key tokens j (M = N, or N+1 with keys "query-in-context"):
-                k = W_K^k h_j, v = W_V^k h_j per head k;  acc_k += k v^T
-        S_k = acc_k / M;  P_l = sum_k W_O^k S_k^T W_Q^k   (the layer's (d x d) map, per prompt)
-    block L-1 on the query token (every token for readout "flatten"); readout w . h
-
-The per-token code is generated for the model's (d_in, d_model, heads) with every small loop
-unrolled, so the 2 * heads * d^2 accumulators are scalars and the loops over tokens vectorise.
-Only the key-value pass, a reduction over tokens, may reassociate (numba fastmath "reassoc":
-summed in vector lanes, as a batched matmul sums; "contract": fused multiply-adds, as in a
-matmul); the embedding, the attention map and LayerNorm of each token run in program order
-without fast-math, so the centring and division of docs/design.md §5 round as in the eager
-path. NaN and inf propagate (no nnan / ninf), and a division by zero gives inf, not an error.
-
-Prompts are split over min(num_threads(), B // MIN_PROMPTS_PER_THREAD) threads (the kernel
-releases the GIL; num_threads() is THREADS, else torch.get_num_threads()). `fused_forward` returns None where it does not apply (numba missing or
-disabled, non-CPU or non-float tensors, gradients wanted); `Transformer.forward` then runs its
-eager path. Speed and accuracy, measured: docs/throughput.md.
+A model with at least SPARSE_MIN of its matrix weights exactly zero (the constructions, l1-trained
+models) gets a kernel specialised to its zero pattern; other models share the dense kernel of
+their shape. Prompts are split over min(num_threads(), B // MIN_PROMPTS_PER_THREAD) threads (the
+kernel releases the GIL; num_threads() is THREADS, else torch.get_num_threads()). `fused_forward`
+returns None where it does not apply (numba missing or disabled, non-CPU or non-float tensors,
+gradients wanted); `Transformer.forward` then runs its eager path. Speed and accuracy, measured:
+docs/throughput.md.
 """
 from __future__ import annotations
 
@@ -38,10 +32,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from icl_bench.solvers import fused_source
+from icl_bench.solvers.fused_source import LANES, Pattern, pattern_of, zero_fraction
+
 ENABLED = True  # False: every forward takes the eager path (comparisons, debugging)
-FASTMATH = {"reassoc", "contract"}  # for the key-value reduction only; never nnan / ninf
-PAD = 64  # key slots are zero-padded to a multiple of this (the vector loops' step: no scalar remainder)
-PAD_SMALL = 16  # ... or of this when there are fewer than PAD keys (one vector; less padding at tiny N)
+FASTMATH = {"reassoc"}  # for the finiteness checks only (sums of zeros); never nnan / ninf
+SPARSE_MIN = 0.25  # share of exactly-zero matrix weights from which a model gets its own sparse kernel
 MIN_PROMPTS_PER_THREAD = 16  # fewer prompts per thread than this: fewer threads
 THREADS: int | None = None  # threads of the fused kernels; None: torch.get_num_threads()
 calls = 0  # fused forwards run so far in this process (the benchmarks tell transformer solvers by it)
@@ -65,124 +61,6 @@ def available() -> bool:
     return numba is not False
 
 
-# ---- code generation: the per-token computation with every small loop unrolled ----------------
-
-def _ind(lines: list[str], n: int) -> list[str]:
-    return [" " * (4 * n) + s for s in lines]
-
-
-def _block(d: int, ln: bool) -> list[str]:
-    """h <- block(h): a = P h, then LayerNorm (gain g*, bias bb*) and the skip connection,
-    in the order of Block.forward_channels."""
-    lines = [f"a{r} = " + " + ".join(f"p_{r}_{c} * h{c}" for c in range(d)) for r in range(d)]
-    if not ln:
-        return lines + [f"h{r} = h{r} + a{r}" for r in range(d)]
-    lines.append("mu = (" + " + ".join(f"a{r}" for r in range(d)) + ") / fd")
-    lines += [f"c{r} = a{r} - mu" for r in range(d)]
-    lines.append("var = (" + " + ".join(f"c{r} * c{r}" for r in range(d)) + ") / fd")
-    lines.append("inv = one / np.sqrt(var + eps)")
-    return lines + [f"h{r} = (h{r} + bb{r}) + (c{r} * g{r}) * inv" for r in range(d)]
-
-
-def source(din: int, d: int, H: int, ln: bool) -> str:
-    """Python source of the functions for one (d_in, d_model, heads, layernorm):
-
-    embed(tok, b, We, scr, T, q): token i of prompt b -> h = W_E token in slot i (the query to slot q)
-    block(scr, n, Pm, gain, bias, l, eps): slots 0 <= i < n of scr (a view) through block l
-    keys(scr, Mp, Wkv, l, M, Sm): Sm[k] = (1/M) sum_{i < Mp} k_i v_i^T, layer l's heads
-    kernel(tok, We, Wkv, WQ, WO, gain, bias, rw, eps, M, N, L, flatten, out, b0, b1): the whole
-        forward of prompts b0 <= b < b1 into out[b]; tok is (B, T * d_in), token i of prompt b
-        at tok[b, d_in*i : d_in*(i+1)] (2-D, so the compiler sees the unit stride).
-    scr (d * (Mp + 1),) is the stream, token-major (slot i = scr[d*i : d*(i+1)], a 1-D array, so the
-    compiler sees constant offsets and updates it in place in vector registers): key slots [0, M),
-    zero slots up to Mp (a multiple of PAD, so the key pass runs whole vectors; zero keys and values
-    add exactly 0), and the query in slot Mp when it is not a key (keys "masked").
-    """
-    L = ["def embed(tok, b, We, scr, T, q):"]
-    L += _ind([f"we_{c}_{j} = We[{c}, {j}]" for c in range(d) for j in range(din)], 1)
-    L += ["    for i in range(T - 1):"]
-    L += _ind([f"t{j} = tok[b, {din} * i + {j}]" for j in range(din)], 2)
-    L += _ind([f"scr[{d} * i + {c}] = " + " + ".join(f"we_{c}_{j} * t{j}" for j in range(din)) for c in range(d)], 2)
-    L += _ind([f"t{j} = tok[b, {din} * (T - 1) + {j}]" for j in range(din)], 1)
-    L += _ind([f"scr[{d} * q + {c}] = " + " + ".join(f"we_{c}_{j} * t{j}" for j in range(din)) for c in range(d)], 1)
-    L += ["", "", "def block(scr, n, Pm, gain, bias, l, eps_in):",
-          "    F = Pm.dtype.type",
-          f"    one = F(1.0); fd = F({d}); eps = F(eps_in)"]
-    L += _ind([f"p_{r}_{c} = Pm[l, {r}, {c}]" for r in range(d) for c in range(d)], 1)
-    if ln:
-        L += _ind([f"g{r} = gain[l, {r}]" for r in range(d)] + [f"bb{r} = bias[l, {r}]" for r in range(d)], 1)
-    L += ["    for i in range(n):  # from 0: the compiler knows i >= 0 (no negative-index wrap)"]
-    L += _ind([f"h{c} = scr[{d} * i + {c}]" for c in range(d)] + _block(d, ln) + [f"scr[{d} * i + {c}] = h{c}" for c in range(d)], 2)
-    L += ["", "", "def keys(scr, Mp, Wkv, l, M, Sm):", "    F = Sm.dtype.type", "    fm = F(M)"]
-    L += _ind([f"wk_{k}_{e}_{c} = Wkv[l, {k * d + e}, {c}]" for k in range(H) for e in range(d) for c in range(d)], 1)
-    L += _ind([f"wv_{k}_{e}_{c} = Wkv[l, {H * d + k * d + e}, {c}]" for k in range(H) for e in range(d) for c in range(d)], 1)
-    L += _ind([f"s_{k}_{e}_{f} = F(0.0)" for k in range(H) for e in range(d) for f in range(d)], 1)
-    for k in range(H):  # one pass per head: its d^2 accumulators stay in vector registers
-        kv = [f"h{c} = scr[{d} * i + {c}]" for c in range(d)]
-        for e in range(d):
-            kv.append(f"k{k}_{e} = " + " + ".join(f"wk_{k}_{e}_{c} * h{c}" for c in range(d)))
-            kv.append(f"v{k}_{e} = " + " + ".join(f"wv_{k}_{e}_{c} * h{c}" for c in range(d)))
-        kv += [f"s_{k}_{e}_{f} += k{k}_{e} * v{k}_{f}" for e in range(d) for f in range(d)]
-        L += ["    for i in range(Mp):"] + _ind(kv, 2)
-    L += _ind([f"Sm[{k}, {e}, {f}] = s_{k}_{e}_{f} / fm" for k in range(H) for e in range(d) for f in range(d)], 1)
-    L += ["", "", "def kernel(tok, We, Wkv, WQ, WO, gain, bias, rw, eps, M, N, nL, flatten, out, b0, b1):",
-          "    F = out.dtype.type",
-          "    T = N + 1",
-          f"    Mp = -(-M // {PAD}) * {PAD} if M >= {PAD} else -(-M // {PAD_SMALL}) * {PAD_SMALL}",
-          "    q = T - 1 if M == T else Mp  # the query token's column",
-          f"    scr = np.zeros({d} * (Mp + 1), dtype=out.dtype)",
-          f"    Pm = np.empty((nL, {d}, {d}), dtype=out.dtype)",
-          f"    Sm = np.empty(({H}, {d}, {d}), dtype=out.dtype)",
-          f"    Xm = np.empty(({H}, {d}, {d}), dtype=out.dtype)",
-          "    for b in range(b0, b1):",
-          "        embed(tok, b, We, scr, T, q)",
-          "        for l in range(nL):",
-          "            if l > 0:  # every key slot, pads included (whole vectors), then the pads back to 0",
-          "                block(scr, Mp, Pm, gain, bias, l - 1, eps)",
-          f"                scr[{d} * M:{d} * Mp] = F(0.0)",
-          "                if M < T:",
-          f"                    block(scr[{d} * q:], 1, Pm, gain, bias, l - 1, eps)",
-          "            keys(scr, Mp, Wkv, l, M, Sm)",
-          "            # P_l = sum_k W_O^k S_k^T W_Q^k:  X_k[f, a] = sum_e S_k[e, f] W_Q^k[e, a]"] + _ind(_fold(d, H), 3) + [
-          f"        block(scr[{d} * q:], 1, Pm, gain, bias, nL - 1, eps)",
-          "        y = " + " + ".join(f"rw[N if flatten else 0, {c}] * scr[{d} * q + {c}]" for c in range(d)),
-          "        if flatten:",
-          "            block(scr, N, Pm, gain, bias, nL - 1, eps)",
-          "            for i in range(N):",
-          "                y += " + " + ".join(f"rw[i, {c}] * scr[{d} * i + {c}]" for c in range(d)),
-          "        out[b] = y"]
-    return "\n".join(L) + "\n"
-
-
-UNROLL_FOLD = 2048  # unroll the per-prompt fold when H * d^3 multiply-adds are at most this
-
-
-def _fold(d: int, H: int) -> list[str]:
-    """P_l = sum_k W_O^k S_k^T W_Q^k: X_k[f, a] = sum_e S_k[e, f] W_Q^k[e, a], then
-    P[g, a] = sum_k sum_f W_O^k[g, f] X_k[f, a], each sum in that order. Unrolled into scalar
-    expressions for small shapes (it is a fixed cost per prompt and layer), small loops otherwise
-    (compile time stays short for any shape); the two forms round identically."""
-    if H * d ** 3 <= UNROLL_FOLD:
-        lines = [f"x_{k}_{f}_{a} = " + " + ".join(f"Sm[{k}, {e}, {f}] * WQ[l, {k}, {e}, {a}]" for e in range(d))
-                 for k in range(H) for f in range(d) for a in range(d)]
-        return lines + [f"Pm[l, {g}, {a}] = " + " + ".join(f"WO[l, {k}, {g}, {f}] * x_{k}_{f}_{a}" for k in range(H) for f in range(d))
-                        for g in range(d) for a in range(d)]
-    return [f"for k in range({H}):",
-            f"    for f in range({d}):",
-            f"        for a in range({d}):",
-            "            x = F(0.0)",
-            f"            for e in range({d}):",
-            "                x += Sm[k, e, f] * WQ[l, k, e, a]",
-            "            Xm[k, f, a] = x",
-            f"for g in range({d}):",
-            f"    for a in range({d}):",
-            "        x = F(0.0)",
-            f"        for k in range({H}):",
-            f"            for f in range({d}):",
-            "                x += WO[l, k, g, f] * Xm[k, f, a]",
-            "        Pm[l, g, a] = x"]
-
-
 def _cache_dir() -> Path:
     """Where generated kernel sources live, so numba can cache their machine code on disk:
     $ICL_BENCH_KERNEL_DIR, else $XDG_CACHE_HOME/icl_bench/kernels, else ~/.cache/icl_bench/kernels."""
@@ -192,18 +70,20 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "icl_bench" / "kernels"
 
 
-def _kernel(din: int, d: int, H: int, ln: bool):
-    """The compiled kernel for one shape (numba specialises it per dtype on first call). Its
-    source is written to a file (rewritten only when it changed) and imported, so numba's
-    on-disk cache skips the compilation next time; with no writable folder it compiles in memory."""
+def _kernel(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None):
+    """The compiled kernel for one shape and zero pattern (None: dense; numba specialises it per
+    dtype on first call). Its source is written to a file (rewritten only when it changed) and
+    imported, so numba's on-disk cache skips the compilation next time; with no writable folder
+    it compiles in memory."""
     if not available():
         raise RuntimeError("icl_bench.fused: numba is not installed (or the fused path is disabled)")
-    key = (din, d, H, ln)
+    key = (din, d, H, ln, pattern)
     with _LOCK:
         if key in _KERNELS:
             return _KERNELS[key]
-        text = (f"# generated by icl_bench.solvers.fused.source{key}; keys(): fastmath {sorted(FASTMATH)}, PAD {PAD}/{PAD_SMALL}\n"
-                "import numpy as np\n\n\n" + source(din, d, H, ln))
+        text = (f"# generated by icl_bench.solvers.fused_source.source{key[:4]}, "
+                f"{'dense' if pattern is None else 'sparse'}; nonfinite, zsum: fastmath {sorted(FASTMATH)}; "
+                f"LANES {LANES}\nimport numpy as np\n\n\n" + fused_source.source(din, d, H, ln, pattern))
         name = "icl_bench_kernel_" + hashlib.sha256(text.encode()).hexdigest()[:16]
         ns: dict = {"np": np}
         try:
@@ -223,18 +103,19 @@ def _kernel(din: int, d: int, H: int, ln: bool):
             exec(compile(text, f"<{name}>", "exec"), ns)  # noqa: S102 - our generated source
             cache = False
         jit = lambda fast: numba.njit(fastmath=fast, error_model="numpy", nogil=True, cache=cache)  # noqa: E731
-        for fname in ("embed", "block", "kernel"):  # per-token arithmetic as written: no fast-math
-            ns[fname] = jit(False)(ns[fname])
-        ns["keys"] = jit(FASTMATH)(ns["keys"])  # the reduction over tokens: in vector lanes
+        for fname in fused_source.functions(text):  # helpers first: the kernel calls them
+            fast = fname in ("nonfinite", "zsum")  # sums of zeros (or NaN): in vector lanes
+            ns[fname] = jit(FASTMATH if fast else False)(ns[fname])  # all arithmetic as written
         _KERNELS[key] = ns["kernel"]
         return _KERNELS[key]
 
 
 # ---- the torch side ---------------------------------------------------------------------------
 
-def _weights(model, dtype: torch.dtype) -> tuple:
-    """The model's weights as contiguous numpy arrays for the kernel, cached on the model while
-    no parameter changes (keyed by each parameter's storage and version counter)."""
+def _weights(model, dtype: torch.dtype) -> tuple[tuple, Pattern, float]:
+    """The model's weights as contiguous numpy arrays for the kernel, their zero pattern (after the
+    cast to `dtype`) and its zero_fraction, cached on the model while no parameter changes (keyed
+    by each parameter's storage and version counter)."""
     params = list(model.parameters())
     key = (dtype, tuple((p.data_ptr(), p._version) for p in params))
     cached = getattr(model, "_fused_weights", None)
@@ -257,11 +138,13 @@ def _weights(model, dtype: torch.dtype) -> tuple:
             gain = bias = torch.zeros(len(blocks), d, dtype=dtype)
         rw = model.readout.weight.reshape(-1, d)  # (T or 1, d): row t = the weights of token t
         arrays = tuple(cast(t) for t in (model.embed.weight, Wkv, WQ, WO, gain, bias, rw))
+    pattern = pattern_of(*arrays)
+    out = (arrays, pattern, zero_fraction(pattern))
     try:
-        model._fused_weights = (key, arrays)
+        model._fused_weights = (key, out)
     except AttributeError:  # pragma: no cover - a module that refuses attributes: no cache
         pass
-    return arrays
+    return out
 
 
 def applies(model, tokens: torch.Tensor) -> bool:
@@ -300,8 +183,8 @@ def fused_forward(model, tokens: torch.Tensor) -> torch.Tensor | None:
     out = torch.empty(B, dtype=tokens.dtype)
     if B == 0:
         return out
-    arrays = _weights(model, tokens.dtype)
-    kern = _kernel(din, cfg.d_model, cfg.n_heads, cfg.layernorm)
+    arrays, pattern, zeros = _weights(model, tokens.dtype)
+    kern = _kernel(din, cfg.d_model, cfg.n_heads, cfg.layernorm, pattern if zeros >= SPARSE_MIN else None)
     threads = max(1, min(num_threads(), B // MIN_PROMPTS_PER_THREAD))
     tok = tokens.detach().contiguous().reshape(B, T * din).numpy()  # 2-D: unit stride known
     args = (tok, *arrays, float(cfg.ln_eps), M, N, cfg.n_layers, cfg.readout == "flatten", out.numpy())

@@ -24,7 +24,7 @@ import torch
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.generator import PromptBatch, make_tokens
 from icl_bench.prompts.ols import centred_scales, ill_posed
-from icl_bench.solvers.base import Param, Solver, r_lost
+from icl_bench.solvers.base import Param, Solver, ill_posed_or_r_lost, r_lost
 from icl_bench.solvers.ln_closed_form_mv import build_ln_construction_mv
 from icl_bench.solvers.multivariate import ln_closed_form_mv, ln_inputs_mv
 from icl_bench.solvers.registry import register_solver
@@ -287,7 +287,10 @@ class LNClosedForm(Solver):
         out = self.model(batch.R, batch.dtype, batch.device)(tokens)  # (B,)
         if shift is not None:
             out = shift + scale * out
-        bad = degenerate(batch.x, batch.y, batch.x_query) | r_lost(tokens, batch.R)  # (B,)
+        if shift is None:  # the batch's own tokens: one pass over x and y answers both tests
+            bad = ill_posed_or_r_lost(batch.x, batch.y, batch.x_query, batch.R)  # (B,)
+        else:
+            bad = degenerate(batch.x, batch.y, batch.x_query) | r_lost(tokens, batch.R)  # (B,)
         return torch.where(bad, torch.full_like(out, float("nan")), out)
 
     def weights(self, R: float | None = None) -> dict[str, torch.Tensor]:

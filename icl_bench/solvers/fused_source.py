@@ -1,0 +1,409 @@
+"""Source of the fused forward's numba kernels (icl_bench/solvers/fused.py compiles and runs them).
+
+The per-token computation is the eager forward's (icl_bench/solvers/transformer.py,
+docs/design.md §4), written out for one model shape with every small loop unrolled:
+
+    embedding:  h_0(i) = W_E token_i, every token (token-major scratch: slot i = scr[d*i : d*(i+1)])
+    layer l = 0 .. L-1:
+        (l > 0) block l-1 on every token: a = P_{l-1} h; LayerNorm: c = a - mean(a),
+                h <- (h + bias) + (c * gain) / sqrt(mean(c^2) + eps)   (no LN: h <- h + a)
+        one pass over the key tokens j (M = N, or N+1 with keys "query-in-context"), per group
+                of heads: k = W_K^k h_j, v = W_V^k h_j;  acc_k += k v^T
+        S_k = acc_k / M;  P_l = sum_k W_O^k S_k^T W_Q^k   (the layer's (d x d) map, per prompt)
+    block L-1 on the query token (every token for readout "flatten"); readout w . h
+
+**Sparsity.** `source` takes a `Pattern`: which weights are exactly zero. A product with a zero
+weight is left out of the generated sums, and so is every term that is zero by structure (a key
+row or value row whose weights are all zero, the entries of S_k and P_l they feed). For finite
+values this changes no rounding: a + 0 = a exactly, and the remaining terms are summed in the
+same order (only signs of zero may differ). The constructions (ln-closed-form: 256 of 288 weights
+zero; gd-lsa: 940 of 1040) then do a few multiply-adds per token and layer instead of ~100.
+What the left-out products would still have done is turn an inf or NaN into NaN (0 * inf): a
+sparse kernel therefore returns NaN for a prompt with a non-finite token or a non-finite
+key-value sum S_k, as the dense products do. `dense(...)` is the pattern with no zeros, and
+generates the same code as a model without zero weights.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+import numpy as np
+
+UNROLL_FOLD = 2048  # unroll the per-prompt fold when H * d^3 multiply-adds are at most this
+ACC_PER_PASS = 16  # accumulators of one key-value pass: heads are grouped into passes up to this
+LANES = 16  # the scratch is blocked: LANES tokens per block, each slot's LANES values contiguous
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """Which weights are not exactly zero (nested tuples of bools, hashable: it keys the kernel).
+
+    Shapes: we (d, d_in); wk, wv, wq, wo (L, H, d, d) as W[k][out][in]; gain, bias (L, d);
+    rw (d,): readout column c is used by some row. `sparse`: some weight is zero, so the kernel
+    checks finiteness itself (see the module docstring); False generates the plain dense code.
+    """
+
+    we: tuple
+    wk: tuple
+    wv: tuple
+    wq: tuple
+    wo: tuple
+    gain: tuple
+    bias: tuple
+    rw: tuple
+    sparse: bool
+
+    @property
+    def layers(self) -> int:
+        return len(self.wk)
+
+
+def _bools(a: np.ndarray) -> tuple:
+    return tuple(_bools(r) for r in a) if a.ndim > 1 else tuple(bool(v) for v in a)
+
+
+def dense(din: int, d: int, H: int, L: int = 1) -> Pattern:
+    """The pattern with every weight non-zero (the layers all alike)."""
+    t = lambda *s: _bools(np.ones(s, dtype=bool))  # noqa: E731
+    w = t(L, H, d, d)
+    return Pattern(t(d, din), w, w, w, w, t(L, d), t(L, d), t(d), False)
+
+
+def pattern_of(We, Wkv, WQ, WO, gain, bias, rw) -> Pattern:
+    """The zero pattern of the kernel's weight arrays (icl_bench.solvers.fused._weights):
+    We (d, d_in), Wkv (L, 2Hd, d) = [W_K heads; W_V heads], WQ, WO (L, H, d, d), gain, bias (L, d),
+    rw (rows, d). A NaN weight counts as non-zero."""
+    L, H, d = WQ.shape[0], WQ.shape[1], WQ.shape[2]
+    nz = lambda a: _bools(np.asarray(a) != 0)  # noqa: E731
+    kv = np.asarray(Wkv).reshape(L, 2, H, d, d)
+    p = Pattern(nz(We), nz(kv[:, 0]), nz(kv[:, 1]), nz(WQ), nz(WO), nz(gain), nz(bias),
+                _bools((np.asarray(rw) != 0).any(axis=0)), True)
+    return p if zero_fraction(p) > 0 else dense(We.shape[1], d, H, L)
+
+
+def zero_fraction(p: Pattern) -> float:
+    """Share of the matrix weights (W_E, W_K, W_V, W_Q, W_O) that are exactly zero."""
+    flags = np.concatenate([np.ravel(np.array(a, dtype=bool)) for a in (p.we, p.wk, p.wv, p.wq, p.wo)])
+    return float(1.0 - flags.mean())
+
+
+# ---- structure derived from a pattern: what is zero whatever the prompt ----------------------
+
+def _layer(p: Pattern, l: int) -> dict:
+    """Layer l's structural non-zeros: key rows, value rows, accumulators, S_k, X_k, P."""
+    d, H = len(p.wq[l][0]), len(p.wq[l])
+    kin = [[tuple(c for c in range(d) if p.wk[l][k][e][c]) for e in range(d)] for k in range(H)]
+    vin = [[tuple(c for c in range(d) if p.wv[l][k][f][c]) for f in range(d)] for k in range(H)]
+    s = [[[bool(kin[k][e]) and bool(vin[k][f]) for f in range(d)] for e in range(d)] for k in range(H)]
+    x = [[[any(s[k][e][f] and p.wq[l][k][e][a] for e in range(d)) for a in range(d)] for f in range(d)]
+         for k in range(H)]
+    P = [[any(p.wo[l][k][g][f] and x[k][f][a] for k in range(H) for f in range(d)) for a in range(d)]
+         for g in range(d)]
+    return {"kin": kin, "vin": vin, "s": s, "x": x, "P": P}
+
+
+def _sum(terms: list[str], zero: str = "zero") -> str:
+    """Left-to-right sum of the terms (program order), or the zero when there are none."""
+    return " + ".join(terms) if terms else zero
+
+
+def _ind(lines: list[str], n: int) -> list[str]:
+    return [" " * (4 * n) + s for s in lines]
+
+
+def products_per_token(p: Pattern) -> int:
+    """Multiplications per context token the kernel of `p` does (embedding; per layer the
+    key-value products, and the block before it): a measure of what the zero pattern saves."""
+    n = sum(map(sum, p.we))
+    for l in range(p.layers):
+        x = _layer(p, l)
+        k = _Keys(x, len(p.we), len(p.wq[l]))
+        n += sum(len(k.kin[h][e]) for h in range(k.H) for e in {e for e, _ in k.acc[h]})
+        n += sum(len(k.vin[h][f]) for h in range(k.H) for f in {f for _, f in k.acc[h]})
+        n += len(k.slot) + (sum(map(sum, _layer(p, l - 1)["P"])) if l else 0)
+    return n
+
+
+# ---- per-token code: the body of a loop over one block's LANES tokens (o, j), or of token i ----
+
+def _at(d: int, c: int, blocked: bool, i: str = "i") -> str:
+    """Address of slot c of a token in the blocked scratch: in a loop over blocks (variables o, j)
+    or of the one token i (scalar code)."""
+    return f"o + {c * LANES} + j" if blocked else f"({i} // {LANES}) * {LANES * d} + {i} % {LANES} + {c * LANES}"
+
+
+def _loops(bodies: list[list[str]], d: int, k0: str, k1: str) -> list[str]:
+    """One loop nest over blocks k0 <= blk < k1 and their LANES tokens j per body."""
+    out = []
+    for body in bodies:
+        out += [f"for blk in range({k0}, {k1}):", f"    o = blk * {LANES * d}", f"    for j in range({LANES}):"]
+        out += _ind(body, 2)
+    return out
+
+
+class _Embed:
+    """h_0 = W_E token: token i of prompt b into slot dst."""
+
+    def __init__(self, p: Pattern, din: int, d: int):
+        self.rows = [[j for j in range(din) if p.we[c][j]] for c in range(d)]
+        self.din, self.d = din, d
+
+    def head(self) -> list[str]:
+        return ["zero = scr.dtype.type(0.0)"] + [f"we_{c}_{j} = We[{c}, {j}]" for c in range(self.d) for j in self.rows[c]]
+
+    def body(self, blocked: bool, dst: str = "i") -> list[str]:
+        src = f"{self.din} * (blk * {LANES} + j)" if blocked else f"{self.din} * i"
+        out = [f"t{j} = tok[b, {src} + {j}]" for j in sorted({j for r in self.rows for j in r})]
+        return out + [f"scr[{_at(self.d, c, blocked, dst)}] = " + _sum([f"we_{c}_{j} * t{j}" for j in self.rows[c]])
+                      for c in range(self.d)]
+
+
+class _Block:
+    """h <- block(h) of one layer pattern: a = P h, then LayerNorm and the skip connection, in the
+    order of Block.forward_channels; structurally zero terms left out. Weights of layer `lb`."""
+
+    def __init__(self, P: list, gain: tuple, bias: tuple, d: int, ln: bool):
+        self.P, self.gain, self.bias, self.d, self.ln = P, gain, bias, d, ln
+        self.rows = [r for r in range(d) if any(P[r])]
+
+    def head(self) -> list[str]:
+        d, P = self.d, self.P
+        out = ["F = Pm.dtype.type", f"zero = F(0.0); one = F(1.0); fd = F({d}); eps = F(eps_in)"]
+        out += [f"p_{r}_{c} = Pm[lb, {r}, {c}]" for r in range(d) for c in range(d) if P[r][c]]
+        if self.ln:
+            out += [f"g{r} = gain[lb, {r}]" for r in range(d) if self.gain[r]]
+            out += [f"bb{r} = bias[lb, {r}]" for r in range(d) if self.bias[r]]
+        return out
+
+    def body(self, blocked: bool) -> list[str]:
+        d, rows, gain, bias = self.d, self.rows, self.gain, self.bias
+        at = lambda c: _at(d, c, blocked)  # noqa: E731
+        out = [f"h{c} = scr[{at(c)}]" for c in range(d)]
+        out += [f"a{r} = " + _sum([f"p_{r}_{c} * h{c}" for c in range(d) if self.P[r][c]]) for r in rows]
+        if self.ln:
+            out.append("mu = (" + _sum([f"a{r}" for r in rows]) + ") / fd")
+            out += [f"c{r} = a{r} - mu" if r in rows else f"c{r} = -mu" for r in range(d)]
+            out.append("var = (" + " + ".join(f"c{r} * c{r}" for r in range(d)) + ") / fd")
+            out.append("inv = one / np.sqrt(var + eps)")
+            new = {r: (f"(h{r} + bb{r})" if bias[r] else f"h{r}") + (f" + (c{r} * g{r}) * inv" if gain[r] else "")
+                   for r in range(d) if bias[r] or gain[r]}
+        else:
+            new = {r: f"h{r} + a{r}" for r in rows}
+        return out + [f"scr[{at(r)}] = {e}" for r, e in new.items()]
+
+
+class _Keys:
+    """One layer pattern's key-value sums: per token k = W_K^k h, v = W_V^k h, and for every
+    structural (k, e, f) acc[n * LANES + j] += k_e v_f, LANES partial sums per accumulator (lane j
+    sums tokens j, j + LANES, ... in order; `sums` adds the lanes in order). Heads are grouped
+    into passes of at most ACC_PER_PASS accumulators (one pass per head when dense)."""
+
+    def __init__(self, s: dict, d: int, H: int):
+        self.kin, self.vin, self.S, self.d, self.H = s["kin"], s["vin"], s["s"], d, H
+        self.acc = [[(e, f) for e in range(d) for f in range(d) if self.S[k][e][f]] for k in range(H)]
+        self.slot = {(k, e, f): n for n, (k, e, f) in enumerate((k, e, f) for k in range(H) for e, f in self.acc[k])}
+        passes, cur = [], []
+        for k in (k for k in range(H) if self.acc[k]):
+            if cur and sum(len(self.acc[j]) for j in cur) + len(self.acc[k]) > ACC_PER_PASS:
+                passes.append(cur)
+                cur = []
+            cur.append(k)
+        self.passes = passes + ([cur] if cur else [])
+
+    def head(self) -> list[str]:
+        d, H, S = self.d, self.H, self.S
+        out = [f"wk_{k}_{e}_{c} = Wkv[l, {k * d + e}, {c}]" for k in range(H) for e in range(d)
+               for c in self.kin[k][e] if any(S[k][e])]
+        return out + [f"wv_{k}_{f}_{c} = Wkv[l, {H * d + k * d + f}, {c}]" for k in range(H) for f in range(d)
+                      for c in self.vin[k][f] if any(S[k][e][f] for e in range(d))]
+
+    def bodies(self) -> list[list[str]]:
+        """One blocked-loop body per pass."""
+        out = []
+        for heads in self.passes:
+            es = {k: sorted({e for e, _ in self.acc[k]}) for k in heads}
+            fs = {k: sorted({f for _, f in self.acc[k]}) for k in heads}
+            cols = sorted({c for k in heads for e in es[k] for c in self.kin[k][e]}
+                          | {c for k in heads for f in fs[k] for c in self.vin[k][f]})
+            body = [f"h{c} = scr[{_at(self.d, c, True)}]" for c in cols]
+            for k in heads:
+                body += [f"k{k}_{e} = " + " + ".join(f"wk_{k}_{e}_{c} * h{c}" for c in self.kin[k][e]) for e in es[k]]
+                body += [f"v{k}_{f} = " + " + ".join(f"wv_{k}_{f}_{c} * h{c}" for c in self.vin[k][f]) for f in fs[k]]
+            out.append(body + [f"acc[{self.slot[k, e, f] * LANES} + j] += k{k}_{e} * v{k}_{f}"
+                               for k in heads for e, f in self.acc[k]])
+        return out
+
+    def sums(self, name: str) -> list[str]:
+        """def name(acc, Sm, M): Sm[k, e, f] = (sum of the lanes, in order) / M; 0 where structural."""
+        L = [f"def {name}(acc, Sm, M):", "    F = Sm.dtype.type", "    fm = F(M)"]
+        for k, e, f in product(range(self.H), range(self.d), range(self.d)):
+            if (k, e, f) in self.slot:
+                n = self.slot[k, e, f] * LANES
+                L += ["    s = F(0.0)", f"    for j in range({LANES}):", f"        s += acc[{n} + j]", f"    Sm[{k}, {e}, {f}] = s / fm"]
+            else:
+                L.append(f"    Sm[{k}, {e}, {f}] = F(0.0)")
+        return L
+
+
+def _function(name: str, args: str, head: list[str], body: list[str]) -> list[str]:
+    return ["", "", f"def {name}({args}):"] + _ind(head + body or ["pass  # nothing to do: every weight of it is 0"], 1)
+
+
+def _fold(name: str, s: dict, wq: tuple, wo: tuple, d: int, H: int) -> list[str]:
+    """P_l = sum_k W_O^k S_k^T W_Q^k: X_k[f, a] = sum_e S_k[e, f] W_Q^k[e, a], then
+    P[g, a] = sum_k sum_f W_O^k[g, f] X_k[f, a], each sum in that order. Unrolled into scalar
+    expressions for small shapes (a fixed cost per prompt and layer), small loops otherwise
+    (compile time stays short for any shape; zero terms are then multiplied, not left out); the
+    two forms round identically."""
+    L = [f"def {name}(Sm, WQ, WO, Pm, Xm, l):", "    F = Pm.dtype.type", "    zero = F(0.0)"]
+    if H * d ** 3 <= UNROLL_FOLD:
+        S, X = s["s"], s["x"]
+        L += _ind([f"x_{k}_{f}_{a} = " + " + ".join(f"Sm[{k}, {e}, {f}] * WQ[l, {k}, {e}, {a}]" for e in range(d)
+                                                   if S[k][e][f] and wq[k][e][a])
+                   for k in range(H) for f in range(d) for a in range(d) if X[k][f][a]], 1)
+        return L + _ind([f"Pm[l, {g}, {a}] = " + _sum([f"WO[l, {k}, {g}, {f}] * x_{k}_{f}_{a}" for k in range(H)
+                                                       for f in range(d) if wo[k][g][f] and X[k][f][a]])
+                         for g in range(d) for a in range(d)], 1)
+    return L + _ind([f"for k in range({H}):",
+                     f"    for f in range({d}):",
+                     f"        for a in range({d}):",
+                     "            x = F(0.0)",
+                     f"            for e in range({d}):",
+                     "                x += Sm[k, e, f] * WQ[l, k, e, a]",
+                     "            Xm[k, f, a] = x",
+                     f"for g in range({d}):",
+                     f"    for a in range({d}):",
+                     "        x = F(0.0)",
+                     f"        for k in range({H}):",
+                     f"            for f in range({d}):",
+                     "                x += WO[l, k, g, f] * Xm[k, f, a]",
+                     "        Pm[l, g, a] = x"], 1)
+
+
+def _ids(items: list) -> tuple[list[int], list]:
+    """Per layer the index of its item among the distinct ones (layers alike share one function)."""
+    distinct: list = []
+    for it in items:
+        if it not in distinct:
+            distinct.append(it)
+    return [distinct.index(it) for it in items], distinct
+
+
+def _dispatch(table: str, ids: list[int], call: str, index: str) -> list[str]:
+    """Call `call.format(j)` for the function of layer `index`: direct when all layers share it."""
+    if len(set(ids)) == 1:
+        return [call.format(ids[0])]
+    out = []
+    for j in sorted(set(ids)):
+        out += [f"{'if' if not out else 'elif'} {table}[{index}] == {j}:", "    " + call.format(j)]
+    return out
+
+
+def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -> str:
+    """Python source of the kernel for one (d_in, d_model, heads, LayerNorm) and zero pattern
+    (None: dense, any number of layers; else the pattern's layers):
+
+    kernel(tok, We, Wkv, WQ, WO, gain, bias, rw, eps, M, N, L, flatten, out, b0, b1): the whole
+        forward of prompts b0 <= b < b1 into out[b]; tok is (B, T * d_in), token i of prompt b
+        at tok[b, d_in*i : d_in*(i+1)] (2-D, so the compiler sees the unit stride).
+
+    The scratch scr (d * (Mp + LANES),) holds the stream blocked: token i's slot c at
+    (i // LANES) * LANES * d + c * LANES + i % LANES, so a loop over a block's LANES tokens reads
+    and writes every slot with unit stride (whole vectors: no gathers, scatters or shuffles).
+    Key slots [0, M), zero slots up to Mp (whole blocks; zero keys and values add exactly 0), and
+    the query in slot Mp when it is not a key (keys "masked"). Each layer is one pass over the
+    blocks made only of keys, the previous layer's block and this layer's key-value products
+    fused (ekeys: the embedding and layer 0's products), then the block holding pads, one token
+    at a time for the rest. Helpers, one per distinct layer pattern: keys_j (products over whole
+    blocks), sums_j (lanes -> S), fold_j (S -> P), block_j / block_j1 (whole blocks / one token),
+    bkeys_n (pair n of consecutive layers: block of layer l - 1 then keys of layer l); for sparse patterns nonfinite and zsum (0 for finite values,
+    NaN otherwise).
+    """
+    p = pattern or dense(din, d, H)
+    layers = [_layer(p, l) for l in range(p.layers)]
+    kid, kd = _ids([(x["kin"], x["vin"], x["s"]) for x in layers])
+    fid, fdist = _ids([(x["s"], x["x"], p.wq[l], p.wo[l]) for l, x in enumerate(layers)])
+    bid, bdist = _ids([(x["P"], p.gain[l], p.bias[l]) for l, x in enumerate(layers)])
+    pid, pairs = _ids([(bid[l - 1], kid[l]) for l in range(1, p.layers)] or [(0, 0)])
+    keys = [_Keys({"kin": kin, "vin": vin, "s": s}, d, H) for kin, vin, s in kd]
+    blocks = [_Block(P, g, bb, d, ln) for P, g, bb in bdist]
+    emb = _Embed(p, din, d)
+    fused = lambda first, k: [first + (k.bodies()[:1] or [[]])[0]] + k.bodies()[1:]  # noqa: E731
+    L = _function("ekeys", "tok, b, We, scr, k1, Wkv, l, acc", emb.head() + keys[kid[0]].head(),
+                  _loops(fused(emb.body(True), keys[kid[0]]), d, "0", "k1"))
+    L += _function("embed1", "tok, b, We, scr, i, dst", emb.head(), emb.body(False, "dst"))
+    blk_args = "Pm, gain, bias, lb, eps_in"
+    for j, k in enumerate(keys):
+        L += _function(f"keys_{j}", "scr, k0, k1, Wkv, l, acc", k.head(), _loops(k.bodies(), d, "k0", "k1"))
+        L += ["", ""] + k.sums(f"sums_{j}")
+    for j, (s, x, wq, wo) in enumerate(fdist):
+        L += ["", ""] + _fold(f"fold_{j}", {"s": s, "x": x}, wq, wo, d, H)
+    for j, blk in enumerate(blocks):
+        L += _function(f"block_{j}", f"scr, k0, k1, {blk_args}", blk.head(), _loops([blk.body(True)], d, "k0", "k1"))
+        L += _function(f"block_{j}1", f"scr, i, {blk_args}", blk.head(), blk.body(False))
+    for n, (a, b) in enumerate(pairs):
+        L += _function(f"bkeys_{n}", f"scr, k0, k1, {blk_args}, Wkv, l, acc", blocks[a].head() + keys[b].head(),
+                       _loops(fused(blocks[a].body(True), keys[b]), d, "k0", "k1"))
+    if p.sparse:
+        L += ["", "", "def nonfinite(a, b):  # 0 when row b of a is finite, else NaN (0 * inf, 0 * NaN)",
+              "    z = a.dtype.type(0.0)", "    for i in range(a.shape[1]):", "        z += a[b, i] * a.dtype.type(0.0)",
+              "    return z", "", "", "def zsum(a):  # 0 when every entry of a is finite, else NaN",
+              "    z = a.dtype.type(0.0)", "    for v in a.ravel():", "        z += v * a.dtype.type(0.0)", "    return z"]
+    L += ["", "", f"KL = {tuple(kid)}", f"FL = {tuple(fid)}", f"BL = {tuple(bid)}", f"PL = {tuple([-1] + pid)}"]
+    rw = [c for c in range(d) if p.rw[c]]
+    last = "nL - 1" if pattern is None else str(p.layers - 1)
+    at = lambda c, i: _at(d, c, False, i)  # noqa: E731
+    chk = lambda line: [line] if p.sparse else []  # noqa: E731
+    prev = "Pm, gain, bias, l - 1, eps"
+    L += ["", "", "def kernel(tok, We, Wkv, WQ, WO, gain, bias, rw, eps, M, N, nL, flatten, out, b0, b1):",
+          "    F = out.dtype.type",
+          "    T = N + 1",
+          f"    Mp = -(-M // {LANES}) * {LANES}",
+          f"    nb = Mp // {LANES}  # blocks holding key slots",
+          f"    nk = M // {LANES}  # blocks holding only keys",
+          "    q = T - 1 if M == T else Mp  # the query token's slot",
+          f"    scr = np.zeros({d} * (Mp + {LANES}), dtype=out.dtype)",
+          f"    Pm = np.empty((nL, {d}, {d}), dtype=out.dtype)",
+          f"    Sm = np.empty(({H}, {d}, {d}), dtype=out.dtype)",
+          f"    Xm = np.empty(({H}, {d}, {d}), dtype=out.dtype)",
+          f"    acc = np.empty({H * d * d * LANES}, dtype=out.dtype)",
+          "    for b in range(b0, b1):"]
+    body = chk("chk = nonfinite(tok, b)")
+    body += ["acc[:] = F(0.0)",
+             "ekeys(tok, b, We, scr, nk, Wkv, 0, acc)  # layer 0 over the blocks of keys, embedding fused",
+             f"for i in range(nk * {LANES}, T - 1):",
+             "    embed1(tok, b, We, scr, i, i)",
+             f"if q >= nk * {LANES}:  # the query, unless it was a key of a whole block",
+             "    embed1(tok, b, We, scr, T - 1, q)",
+             f"keys_{kid[0]}(scr, nk, nb, Wkv, 0, acc)",
+             f"sums_{kid[0]}(acc, Sm, M)"] + chk("chk += zsum(Sm)") + [
+             f"fold_{fid[0]}(Sm, WQ, WO, Pm, Xm, 0)",
+             "for l in range(1, nL):",
+             "    acc[:] = F(0.0)"]
+    body += _ind(_dispatch("PL", pid, "bkeys_{}(scr, 0, nk, " + prev + ", Wkv, l, acc)", "l"), 1)
+    body += _ind(_dispatch("BL", bid, "block_{}(scr, nk, nb, " + prev + ")", "l - 1"), 1)
+    body += _ind([f"for i in range(M, Mp):  # the pads back to 0"] + [f"    scr[{at(c, 'i')}] = F(0.0)" for c in range(d)], 1)
+    body += _ind(_dispatch("KL", kid, "keys_{}(scr, nk, nb, Wkv, l, acc)", "l") + ["if M < T:"], 1)
+    body += _ind(_dispatch("BL", bid, "block_{}1(scr, q, " + prev + ")", "l - 1"), 2)
+    body += _ind(_dispatch("KL", kid, "sums_{}(acc, Sm, M)", "l") + chk("chk += zsum(Sm)")
+                 + _dispatch("FL", fid, "fold_{}(Sm, WQ, WO, Pm, Xm, l)", "l"), 1)
+    fin = "Pm, gain, bias, nL - 1, eps)"
+    body += _dispatch("BL", bid, "block_{}1(scr, q, " + fin, last)
+    body += ["y = " + _sum([f"rw[N if flatten else 0, {c}] * scr[{at(c, 'q')}]" for c in rw], "F(0.0)"),
+             "if flatten:  # every context token through the last block (whole blocks, then one by one)"]
+    body += _ind(_dispatch("BL", bid, f"block_{{}}(scr, 0, N // {LANES}, " + fin, last), 1)
+    body += _ind([f"for i in range(N // {LANES} * {LANES}, N):"], 1)
+    body += _ind(_dispatch("BL", bid, "block_{}1(scr, i, " + fin, last), 2)
+    body += _ind(["for i in range(N):", "    y += " + _sum([f"rw[i, {c}] * scr[{at(c, 'i')}]" for c in rw], "F(0.0)")], 1)
+    body += ["if chk != F(0.0):  # a non-finite token or key-value sum: NaN, as 0 * inf gives", "    y = F(np.nan)"] if p.sparse else []
+    L += _ind(body + ["out[b] = y"], 2)
+    return "\n".join(L) + "\n"
+
+
+def functions(text: str) -> list[str]:
+    """Names of the generated functions in `text` (def lines), for compiling each."""
+    return [line[4:line.index("(")] for line in text.splitlines() if line.startswith("def ")]
+
+
+__all__ = ["LANES", "UNROLL_FOLD", "ACC_PER_PASS", "Pattern", "dense", "pattern_of", "zero_fraction",
+           "source", "functions"]
