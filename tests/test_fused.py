@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from icl_bench import PromptSpec, sample_prompts
-from icl_bench.solvers import fused, fused_source
+from icl_bench.solvers import fused, fused_pattern, fused_source
 from icl_bench.solvers.gd_lsa import build_gd_construction
 from icl_bench.solvers.ln_closed_form import build_construction
 from icl_bench.solvers.transformer import Transformer, TransformerConfig
@@ -238,10 +238,10 @@ def test_sparse_kernel_equals_eager_and_the_dense_kernel(keys, layernorm, readou
     N = 37
     m = sparse_model(keys=keys, layernorm=layernorm, readout=readout, N=N)
     t = tokens(B=6, N=N)
-    arrays, pattern, zeros = fused._weights(m, torch.float64)
+    _, pattern, zeros = fused._weights(m, torch.float64)
     assert pattern.sparse and zeros >= fused.SPARSE_MIN
-    dense_products = fused_source.products_per_token(fused_source.dense(3, 4, 2, 3))
-    assert fused_source.products_per_token(pattern) < 0.7 * dense_products
+    dense_products = fused_pattern.products_per_token(fused_pattern.dense(3, 4, 2, 3))
+    assert fused_pattern.products_per_token(pattern) < 0.7 * dense_products
     with torch.no_grad():
         fast, eager = fused.fused_forward(m, t), m.forward_eager(t)
         monkeypatch.setattr(fused, "SPARSE_MIN", 2.0)  # no model is sparse enough: the dense kernel

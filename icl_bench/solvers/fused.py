@@ -33,7 +33,8 @@ import numpy as np
 import torch
 
 from icl_bench.solvers import fused_source
-from icl_bench.solvers.fused_source import LANES, Pattern, pattern_of, zero_fraction
+from icl_bench.solvers.fused_pattern import Pattern, pattern_of, zero_fraction
+from icl_bench.solvers.fused_source import LANES
 
 ENABLED = True  # False: every forward takes the eager path (comparisons, debugging)
 FASTMATH = {"reassoc"}  # for the finiteness checks only (sums of zeros); never nnan / ninf

@@ -3,103 +3,42 @@
 The per-token computation is the eager forward's (icl_bench/solvers/transformer.py,
 docs/design.md §4), written out for one model shape with every small loop unrolled:
 
-    embedding:  h_0(i) = W_E token_i, every token (token-major scratch: slot i = scr[d*i : d*(i+1)])
+    embedding:  h_0(i) = W_E token_i
     layer l = 0 .. L-1:
         (l > 0) block l-1 on every token: a = P_{l-1} h; LayerNorm: c = a - mean(a),
                 h <- (h + bias) + (c * gain) / sqrt(mean(c^2) + eps)   (no LN: h <- h + a)
-        one pass over the key tokens j (M = N, or N+1 with keys "query-in-context"), per group
-                of heads: k = W_K^k h_j, v = W_V^k h_j;  acc_k += k v^T
+        over the key tokens (M = N, or N+1 with keys "query-in-context"), per group of heads:
+                k = W_K^k h_j, v = W_V^k h_j;  acc_k += k v^T
         S_k = acc_k / M;  P_l = sum_k W_O^k S_k^T W_Q^k   (the layer's (d x d) map, per prompt)
     block L-1 on the query token (every token for readout "flatten"); readout w . h
 
-**Sparsity.** `source` takes a `Pattern`: which weights are exactly zero. A product with a zero
-weight is left out of the generated sums, and so is every term that is zero by structure (a key
-row or value row whose weights are all zero, the entries of S_k and P_l they feed). For finite
-values this changes no rounding: a + 0 = a exactly, and the remaining terms are summed in the
-same order (only signs of zero may differ). The constructions (ln-closed-form: 256 of 288 weights
-zero; gd-lsa: 940 of 1040) then do a few multiply-adds per token and layer instead of ~100.
-What the left-out products would still have done is turn an inf or NaN into NaN (0 * inf): a
-sparse kernel therefore returns NaN for a prompt with a non-finite token or a non-finite
-key-value sum S_k, as the dense products do. `dense(...)` is the pattern with no zeros, and
-generates the same code as a model without zero weights.
+**Layout and order.** The stream of one prompt lives in a blocked scratch: LANES = 16 tokens per
+block, each slot's 16 values contiguous, so the loops over a block read and write whole vectors
+(no gathers, scatters or shuffles). A layer's block and the next layer's key-value products run
+in one pass (the embedding and layer 0's likewise). Each key-value sum is kept as 16 lane sums
+(lane j adds tokens j, j + 16, ... in order) and the lanes are added in order at the end: a fixed
+order, the same on every machine, compiled without fast-math like every other sum here.
+
+**Sparsity.** `source` takes a `Pattern` (icl_bench/solvers/fused_pattern.py): which weights are
+exactly zero. A product with a zero weight is left out of the generated sums, and so is every
+term that is zero by structure (a key or value row whose weights are all zero, the entries of
+S_k and P_l they feed). For finite values this changes no rounding: a + 0 = a exactly, and the
+remaining terms are summed in the same order (only signs of zero may differ), so the sparse and
+dense kernels agree bit for bit (tests/test_fused.py). The constructions then do 26
+(ln-closed-form) and 113 (gd-lsa, 16 layers) multiplications per token instead of 220 and 1020.
+What a left-out product would still have done is turn an inf or NaN into NaN (0 * inf): a sparse
+kernel therefore returns NaN for a prompt with a non-finite token or a non-finite key-value sum,
+as the dense products do.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from itertools import product
-import numpy as np
+
+from icl_bench.solvers.fused_pattern import Pattern, dense, layer_structure
 
 UNROLL_FOLD = 2048  # unroll the per-prompt fold when H * d^3 multiply-adds are at most this
 ACC_PER_PASS = 16  # accumulators of one key-value pass: heads are grouped into passes up to this
 LANES = 16  # the scratch is blocked: LANES tokens per block, each slot's LANES values contiguous
-
-
-@dataclass(frozen=True)
-class Pattern:
-    """Which weights are not exactly zero (nested tuples of bools, hashable: it keys the kernel).
-
-    Shapes: we (d, d_in); wk, wv, wq, wo (L, H, d, d) as W[k][out][in]; gain, bias (L, d);
-    rw (d,): readout column c is used by some row. `sparse`: some weight is zero, so the kernel
-    checks finiteness itself (see the module docstring); False generates the plain dense code.
-    """
-
-    we: tuple
-    wk: tuple
-    wv: tuple
-    wq: tuple
-    wo: tuple
-    gain: tuple
-    bias: tuple
-    rw: tuple
-    sparse: bool
-
-    @property
-    def layers(self) -> int:
-        return len(self.wk)
-
-
-def _bools(a: np.ndarray) -> tuple:
-    return tuple(_bools(r) for r in a) if a.ndim > 1 else tuple(bool(v) for v in a)
-
-
-def dense(din: int, d: int, H: int, L: int = 1) -> Pattern:
-    """The pattern with every weight non-zero (the layers all alike)."""
-    t = lambda *s: _bools(np.ones(s, dtype=bool))  # noqa: E731
-    w = t(L, H, d, d)
-    return Pattern(t(d, din), w, w, w, w, t(L, d), t(L, d), t(d), False)
-
-
-def pattern_of(We, Wkv, WQ, WO, gain, bias, rw) -> Pattern:
-    """The zero pattern of the kernel's weight arrays (icl_bench.solvers.fused._weights):
-    We (d, d_in), Wkv (L, 2Hd, d) = [W_K heads; W_V heads], WQ, WO (L, H, d, d), gain, bias (L, d),
-    rw (rows, d). A NaN weight counts as non-zero."""
-    L, H, d = WQ.shape[0], WQ.shape[1], WQ.shape[2]
-    nz = lambda a: _bools(np.asarray(a) != 0)  # noqa: E731
-    kv = np.asarray(Wkv).reshape(L, 2, H, d, d)
-    p = Pattern(nz(We), nz(kv[:, 0]), nz(kv[:, 1]), nz(WQ), nz(WO), nz(gain), nz(bias),
-                _bools((np.asarray(rw) != 0).any(axis=0)), True)
-    return p if zero_fraction(p) > 0 else dense(We.shape[1], d, H, L)
-
-
-def zero_fraction(p: Pattern) -> float:
-    """Share of the matrix weights (W_E, W_K, W_V, W_Q, W_O) that are exactly zero."""
-    flags = np.concatenate([np.ravel(np.array(a, dtype=bool)) for a in (p.we, p.wk, p.wv, p.wq, p.wo)])
-    return float(1.0 - flags.mean())
-
-
-# ---- structure derived from a pattern: what is zero whatever the prompt ----------------------
-
-def _layer(p: Pattern, l: int) -> dict:
-    """Layer l's structural non-zeros: key rows, value rows, accumulators, S_k, X_k, P."""
-    d, H = len(p.wq[l][0]), len(p.wq[l])
-    kin = [[tuple(c for c in range(d) if p.wk[l][k][e][c]) for e in range(d)] for k in range(H)]
-    vin = [[tuple(c for c in range(d) if p.wv[l][k][f][c]) for f in range(d)] for k in range(H)]
-    s = [[[bool(kin[k][e]) and bool(vin[k][f]) for f in range(d)] for e in range(d)] for k in range(H)]
-    x = [[[any(s[k][e][f] and p.wq[l][k][e][a] for e in range(d)) for a in range(d)] for f in range(d)]
-         for k in range(H)]
-    P = [[any(p.wo[l][k][g][f] and x[k][f][a] for k in range(H) for f in range(d)) for a in range(d)]
-         for g in range(d)]
-    return {"kin": kin, "vin": vin, "s": s, "x": x, "P": P}
 
 
 def _sum(terms: list[str], zero: str = "zero") -> str:
@@ -109,19 +48,6 @@ def _sum(terms: list[str], zero: str = "zero") -> str:
 
 def _ind(lines: list[str], n: int) -> list[str]:
     return [" " * (4 * n) + s for s in lines]
-
-
-def products_per_token(p: Pattern) -> int:
-    """Multiplications per context token the kernel of `p` does (embedding; per layer the
-    key-value products, and the block before it): a measure of what the zero pattern saves."""
-    n = sum(map(sum, p.we))
-    for l in range(p.layers):
-        x = _layer(p, l)
-        k = _Keys(x, len(p.we), len(p.wq[l]))
-        n += sum(len(k.kin[h][e]) for h in range(k.H) for e in {e for e, _ in k.acc[h]})
-        n += sum(len(k.vin[h][f]) for h in range(k.H) for f in {f for _, f in k.acc[h]})
-        n += len(k.slot) + (sum(map(sum, _layer(p, l - 1)["P"])) if l else 0)
-    return n
 
 
 # ---- per-token code: the body of a loop over one block's LANES tokens (o, j), or of token i ----
@@ -177,7 +103,7 @@ class _Block:
 
     def body(self, blocked: bool) -> list[str]:
         d, rows, gain, bias = self.d, self.rows, self.gain, self.bias
-        at = lambda c: _at(d, c, blocked)  # noqa: E731
+        at = lambda c: _at(d, c, blocked)
         out = [f"h{c} = scr[{at(c)}]" for c in range(d)]
         out += [f"a{r} = " + _sum([f"p_{r}_{c} * h{c}" for c in range(d) if self.P[r][c]]) for r in rows]
         if self.ln:
@@ -320,7 +246,7 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
     NaN otherwise).
     """
     p = pattern or dense(din, d, H)
-    layers = [_layer(p, l) for l in range(p.layers)]
+    layers = [layer_structure(p, l) for l in range(p.layers)]
     kid, kd = _ids([(x["kin"], x["vin"], x["s"]) for x in layers])
     fid, fdist = _ids([(x["s"], x["x"], p.wq[l], p.wo[l]) for l, x in enumerate(layers)])
     bid, bdist = _ids([(x["P"], p.gain[l], p.bias[l]) for l, x in enumerate(layers)])
@@ -328,7 +254,7 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
     keys = [_Keys({"kin": kin, "vin": vin, "s": s}, d, H) for kin, vin, s in kd]
     blocks = [_Block(P, g, bb, d, ln) for P, g, bb in bdist]
     emb = _Embed(p, din, d)
-    fused = lambda first, k: [first + (k.bodies()[:1] or [[]])[0]] + k.bodies()[1:]  # noqa: E731
+    fused = lambda first, k: [first + (k.bodies()[:1] or [[]])[0]] + k.bodies()[1:]
     L = _function("ekeys", "tok, b, We, scr, k1, Wkv, l, acc", emb.head() + keys[kid[0]].head(),
                   _loops(fused(emb.body(True), keys[kid[0]]), d, "0", "k1"))
     L += _function("embed1", "tok, b, We, scr, i, dst", emb.head(), emb.body(False, "dst"))
@@ -352,8 +278,8 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
     L += ["", "", f"KL = {tuple(kid)}", f"FL = {tuple(fid)}", f"BL = {tuple(bid)}", f"PL = {tuple([-1] + pid)}"]
     rw = [c for c in range(d) if p.rw[c]]
     last = "nL - 1" if pattern is None else str(p.layers - 1)
-    at = lambda c, i: _at(d, c, False, i)  # noqa: E731
-    chk = lambda line: [line] if p.sparse else []  # noqa: E731
+    at = lambda c, i: _at(d, c, False, i)
+    chk = lambda line: [line] if p.sparse else []
     prev = "Pm, gain, bias, l - 1, eps"
     L += ["", "", "def kernel(tok, We, Wkv, WQ, WO, gain, bias, rw, eps, M, N, nL, flatten, out, b0, b1):",
           "    F = out.dtype.type",
@@ -382,7 +308,7 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
              "    acc[:] = F(0.0)"]
     body += _ind(_dispatch("PL", pid, "bkeys_{}(scr, 0, nk, " + prev + ", Wkv, l, acc)", "l"), 1)
     body += _ind(_dispatch("BL", bid, "block_{}(scr, nk, nb, " + prev + ")", "l - 1"), 1)
-    body += _ind([f"for i in range(M, Mp):  # the pads back to 0"] + [f"    scr[{at(c, 'i')}] = F(0.0)" for c in range(d)], 1)
+    body += _ind(["for i in range(M, Mp):  # the pads back to 0"] + [f"    scr[{at(c, 'i')}] = F(0.0)" for c in range(d)], 1)
     body += _ind(_dispatch("KL", kid, "keys_{}(scr, nk, nb, Wkv, l, acc)", "l") + ["if M < T:"], 1)
     body += _ind(_dispatch("BL", bid, "block_{}1(scr, q, " + prev + ")", "l - 1"), 2)
     body += _ind(_dispatch("KL", kid, "sums_{}(acc, Sm, M)", "l") + chk("chk += zsum(Sm)")
@@ -405,5 +331,4 @@ def functions(text: str) -> list[str]:
     return [line[4:line.index("(")] for line in text.splitlines() if line.startswith("def ")]
 
 
-__all__ = ["LANES", "UNROLL_FOLD", "ACC_PER_PASS", "Pattern", "dense", "pattern_of", "zero_fraction",
-           "source", "functions"]
+__all__ = ["ACC_PER_PASS", "LANES", "UNROLL_FOLD", "Pattern", "functions", "source"]
