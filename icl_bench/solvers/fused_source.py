@@ -77,9 +77,12 @@ class _Embed:
     def head(self) -> list[str]:
         return ["zero = scr.dtype.type(0.0)"] + [f"we_{c}_{j} = We[{c}, {j}]" for c in range(self.d) for j in self.rows[c]]
 
-    def body(self, blocked: bool, dst: str = "i") -> list[str]:
+    def body(self, blocked: bool, dst: str = "i", masked: bool = False) -> list[str]:
+        """masked: lanes of key slot M or beyond (pads) read 0 instead of a token, so their
+        slots are W_E 0 = 0 exactly."""
         src = f"{self.din} * (blk * {LANES} + j)" if blocked else f"{self.din} * i"
-        out = [f"t{j} = tok[b, {src} + {j}]" for j in sorted({j for r in self.rows for j in r})]
+        when = f" if blk * {LANES} + j < M else zero" if masked else ""
+        out = [f"t{j} = tok[b, {src} + {j}]{when}" for j in sorted({j for r in self.rows for j in r})]
         return out + [f"scr[{_at(self.d, c, blocked, dst)}] = " + _sum([f"we_{c}_{j} * t{j}" for j in self.rows[c]])
                       for c in range(self.d)]
 
@@ -101,8 +104,11 @@ class _Block:
             out += [f"bb{r} = bias[lb, {r}]" for r in range(d) if self.bias[r]]
         return out
 
-    def body(self, blocked: bool) -> list[str]:
+    def body(self, blocked: bool, masked: bool = False) -> list[str]:
+        """masked: lanes of key slot M or beyond (pads) are stored as 0, so they add nothing to
+        the next key-value sums."""
         d, rows, gain, bias = self.d, self.rows, self.gain, self.bias
+        when = f" if blk * {LANES} + j < M else zero" if masked else ""
         at = lambda c: _at(d, c, blocked)
         out = [f"h{c} = scr[{at(c)}]" for c in range(d)]
         out += [f"a{r} = " + _sum([f"p_{r}_{c} * h{c}" for c in range(d) if self.P[r][c]]) for r in rows]
@@ -115,7 +121,7 @@ class _Block:
                    for r in range(d) if bias[r] or gain[r]}
         else:
             new = {r: f"h{r} + a{r}" for r in rows}
-        return out + [f"scr[{at(r)}] = {e}" for r, e in new.items()]
+        return out + [f"scr[{at(r)}] = {e}{when}" if not when else f"scr[{at(r)}] = ({e}){when}" for r, e in new.items()]
 
 
 class _Keys:
@@ -160,12 +166,14 @@ class _Keys:
         return out
 
     def sums(self, name: str) -> list[str]:
-        """def name(acc, Sm, M): Sm[k, e, f] = (sum of the lanes, in order) / M; 0 where structural."""
+        """def name(acc, Sm, M): Sm[k, e, f] = (sum of the lanes, in order) / M, 0 where zero by
+        structure; the lanes are reset to 0 for the next layer."""
         L = [f"def {name}(acc, Sm, M):", "    F = Sm.dtype.type", "    fm = F(M)"]
         for k, e, f in product(range(self.H), range(self.d), range(self.d)):
             if (k, e, f) in self.slot:
                 n = self.slot[k, e, f] * LANES
-                L += ["    s = F(0.0)", f"    for j in range({LANES}):", f"        s += acc[{n} + j]", f"    Sm[{k}, {e}, {f}] = s / fm"]
+                L += ["    s = F(0.0)", f"    for j in range({LANES}):", f"        s += acc[{n} + j]",
+                      f"        acc[{n} + j] = F(0.0)", f"    Sm[{k}, {e}, {f}] = s / fm"]
             else:
                 L.append(f"    Sm[{k}, {e}, {f}] = F(0.0)")
         return L
@@ -254,22 +262,24 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
     keys = [_Keys({"kin": kin, "vin": vin, "s": s}, d, H) for kin, vin, s in kd]
     blocks = [_Block(P, g, bb, d, ln) for P, g, bb in bdist]
     emb = _Embed(p, din, d)
-    fused = lambda first, k: [first + (k.bodies()[:1] or [[]])[0]] + k.bodies()[1:]
-    L = _function("ekeys", "tok, b, We, scr, k1, Wkv, l, acc", emb.head() + keys[kid[0]].head(),
-                  _loops(fused(emb.body(True), keys[kid[0]]), d, "0", "k1"))
-    L += _function("embed1", "tok, b, We, scr, i, dst", emb.head(), emb.body(False, "dst"))
+    fused = lambda first, k: [first + (k.bodies()[:1] or [[]])[0]] + k.bodies()[1:]  # noqa: E731
     blk_args = "Pm, gain, bias, lb, eps_in"
+    L = []
+    for m in ("", "_m"):  # whole blocks of keys; the block holding pads (masked lanes)
+        L += _function(f"ekeys{m}", "tok, b, We, scr, k0, k1, Wkv, l, acc, M", emb.head() + keys[kid[0]].head(),
+                       _loops(fused(emb.body(True, masked=bool(m)), keys[kid[0]]), d, "k0", "k1"))
+        for n, (a, b) in enumerate(pairs):
+            L += _function(f"bkeys_{n}{m}", f"scr, k0, k1, {blk_args}, Wkv, l, acc, M",
+                           blocks[a].head() + keys[b].head(),
+                           _loops(fused(blocks[a].body(True, masked=bool(m)), keys[b]), d, "k0", "k1"))
+    L += _function("embed1", "tok, b, We, scr, i, dst", emb.head(), emb.body(False, "dst"))
     for j, k in enumerate(keys):
-        L += _function(f"keys_{j}", "scr, k0, k1, Wkv, l, acc", k.head(), _loops(k.bodies(), d, "k0", "k1"))
         L += ["", ""] + k.sums(f"sums_{j}")
     for j, (s, x, wq, wo) in enumerate(fdist):
         L += ["", ""] + _fold(f"fold_{j}", {"s": s, "x": x}, wq, wo, d, H)
     for j, blk in enumerate(blocks):
         L += _function(f"block_{j}", f"scr, k0, k1, {blk_args}", blk.head(), _loops([blk.body(True)], d, "k0", "k1"))
         L += _function(f"block_{j}1", f"scr, i, {blk_args}", blk.head(), blk.body(False))
-    for n, (a, b) in enumerate(pairs):
-        L += _function(f"bkeys_{n}", f"scr, k0, k1, {blk_args}, Wkv, l, acc", blocks[a].head() + keys[b].head(),
-                       _loops(fused(blocks[a].body(True), keys[b]), d, "k0", "k1"))
     if p.sparse:
         L += ["", "", "def nonfinite(a, b):  # 0 when row b of a is finite, else NaN (0 * inf, 0 * NaN)",
               "    z = a.dtype.type(0.0)", "    for i in range(a.shape[1]):", "        z += a[b, i] * a.dtype.type(0.0)",
@@ -292,25 +302,20 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
           f"    Pm = np.empty((nL, {d}, {d}), dtype=out.dtype)",
           f"    Sm = np.empty(({H}, {d}, {d}), dtype=out.dtype)",
           f"    Xm = np.empty(({H}, {d}, {d}), dtype=out.dtype)",
-          f"    acc = np.empty({H * d * d * LANES}, dtype=out.dtype)",
+          f"    acc = np.zeros({H * d * d * LANES}, dtype=out.dtype)  # the lane sums (sums_j resets them)",
           "    for b in range(b0, b1):"]
     body = chk("chk = nonfinite(tok, b)")
-    body += ["acc[:] = F(0.0)",
-             "ekeys(tok, b, We, scr, nk, Wkv, 0, acc)  # layer 0 over the blocks of keys, embedding fused",
-             f"for i in range(nk * {LANES}, T - 1):",
-             "    embed1(tok, b, We, scr, i, i)",
-             f"if q >= nk * {LANES}:  # the query, unless it was a key of a whole block",
+    body += ["ekeys(tok, b, We, scr, 0, nk, Wkv, 0, acc, M)  # layer 0: embedding and key-value products",
+             "ekeys_m(tok, b, We, scr, nk, nb, Wkv, 0, acc, M)",
+             "if M < T:  # the query, when it is not a key",
              "    embed1(tok, b, We, scr, T - 1, q)",
-             f"keys_{kid[0]}(scr, nk, nb, Wkv, 0, acc)",
              f"sums_{kid[0]}(acc, Sm, M)"] + chk("chk += zsum(Sm)") + [
              f"fold_{fid[0]}(Sm, WQ, WO, Pm, Xm, 0)",
-             "for l in range(1, nL):",
-             "    acc[:] = F(0.0)"]
-    body += _ind(_dispatch("PL", pid, "bkeys_{}(scr, 0, nk, " + prev + ", Wkv, l, acc)", "l"), 1)
-    body += _ind(_dispatch("BL", bid, "block_{}(scr, nk, nb, " + prev + ")", "l - 1"), 1)
-    body += _ind(["for i in range(M, Mp):  # the pads back to 0"] + [f"    scr[{at(c, 'i')}] = F(0.0)" for c in range(d)], 1)
-    body += _ind(_dispatch("KL", kid, "keys_{}(scr, nk, nb, Wkv, l, acc)", "l") + ["if M < T:"], 1)
-    body += _ind(_dispatch("BL", bid, "block_{}1(scr, q, " + prev + ")", "l - 1"), 2)
+             "for l in range(1, nL):  # block of layer l - 1 and key-value products of layer l, one pass"]
+    for m in ("", "_m"):
+        rng = "0, nk" if not m else "nk, nb"
+        body += _ind(_dispatch("PL", pid, "bkeys_{}" + m + f"(scr, {rng}, " + prev + ", Wkv, l, acc, M)", "l"), 1)
+    body += _ind(["if M < T:"], 1) + _ind(_dispatch("BL", bid, "block_{}1(scr, q, " + prev + ")", "l - 1"), 2)
     body += _ind(_dispatch("KL", kid, "sums_{}(acc, Sm, M)", "l") + chk("chk += zsum(Sm)")
                  + _dispatch("FL", fid, "fold_{}(Sm, WQ, WO, Pm, Xm, l)", "l"), 1)
     fin = "Pm, gain, bias, nL - 1, eps)"
