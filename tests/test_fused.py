@@ -276,3 +276,26 @@ def test_constructions_get_sparse_kernels():
         assert zeros >= 0.85 and pattern.sparse
     _, pattern, zeros = fused._weights(random_model(), torch.float64)
     assert zeros == 0 and not pattern.sparse
+
+
+@needs_numba
+def test_ln_closed_form_screens_split_over_the_threads(monkeypatch):
+    """ln-closed-form runs its ill-posedness / r_lost screens inside the kernel's threads, each on
+    its own prompts: two threads give exactly the one-thread answer, NaN where the screens say."""
+    from icl_bench import make_batch
+    from icl_bench.solvers.registry import get_solver
+
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(96, 25, generator=g, dtype=torch.float64), torch.randn(96, 25, generator=g, dtype=torch.float64)
+    x[5] = 2.0  # all x equal: ill-posed
+    y[70, 3] = float("nan")
+    x[40, 0] = 1e30  # R = 100 lost beside it in float64
+    batch = make_batch(x, y, torch.randn(96, generator=g, dtype=torch.float64), R=100.0)
+    solver = get_solver("ln-closed-form")
+    monkeypatch.setattr(fused, "MIN_PROMPTS_PER_THREAD", 1)
+    monkeypatch.setattr(fused, "THREADS", 1)
+    one = solver.predict(batch)
+    monkeypatch.setattr(fused, "THREADS", 2)
+    two = solver.predict(batch)
+    assert torch.isnan(one).nonzero().flatten().tolist() == [5, 40, 70]
+    torch.testing.assert_close(one, two, rtol=0, atol=0, equal_nan=True)

@@ -163,13 +163,16 @@ def applies(model, tokens: torch.Tensor) -> bool:
     return True
 
 
-def fused_forward(model, tokens: torch.Tensor) -> torch.Tensor | None:
+def fused_forward(model, tokens: torch.Tensor, after=None) -> torch.Tensor | None:
     """The model's output (B,) through the fused kernel, or None where it does not apply
     (see `applies`; the caller then runs the eager forward).
 
     Args:
         model: an icl_bench.solvers.transformer.Transformer (any config).
         tokens: (B, N+1, d_in) float32 / float64 CPU tensor in the model's dtype.
+        after: optional callable after(b0, b1), run by each thread on the prompts b0 <= b < b1
+            it has just computed (a solver's per-prompt screens, so they are split over the
+            threads too); not run when the result is None.
     Returns:
         (B,) tensor in the tokens' dtype (or None).
     """
@@ -189,11 +192,16 @@ def fused_forward(model, tokens: torch.Tensor) -> torch.Tensor | None:
     threads = max(1, min(num_threads(), B // MIN_PROMPTS_PER_THREAD))
     tok = tokens.detach().contiguous().reshape(B, T * din).numpy()  # 2-D: unit stride known
     args = (tok, *arrays, float(cfg.ln_eps), M, N, cfg.n_layers, cfg.readout == "flatten", out.numpy())
+    def share(b0: int, b1: int) -> None:
+        kern(*args, b0, b1)
+        if after is not None:
+            after(b0, b1)
+
     if threads == 1:
-        kern(*args, 0, B)
+        share(0, B)
         return out
     edges = [t * B // threads for t in range(threads + 1)]
-    list(pool(threads).map(lambda t: kern(*args, edges[t], edges[t + 1]), range(threads)))
+    list(pool(threads).map(lambda t: share(edges[t], edges[t + 1]), range(threads)))
     return out
 
 

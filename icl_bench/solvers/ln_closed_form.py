@@ -25,6 +25,7 @@ from icl_bench.errors import ConfigError
 from icl_bench.prompts.generator import PromptBatch, make_tokens
 from icl_bench.prompts.ols import centred_scales, ill_posed
 from icl_bench.solvers.base import Param, Solver, ill_posed_or_r_lost, r_lost
+from icl_bench.solvers.fused import fused_forward
 from icl_bench.solvers.ln_closed_form_mv import build_ln_construction_mv
 from icl_bench.solvers.multivariate import ln_closed_form_mv, ln_inputs_mv
 from icl_bench.solvers.registry import register_solver
@@ -284,13 +285,22 @@ class LNClosedForm(Solver):
             return ln_closed_form_mv(batch, self.model(batch.R, batch.dtype, batch.device, batch.d),
                                      self.values["standardize"])
         tokens, shift, scale = self._inputs(batch)  # (B, N+1, 3)
-        out = self.model(batch.R, batch.dtype, batch.device)(tokens)  # (B,)
+        x, y, u, R = batch.x, batch.y, batch.x_query, batch.R
+        bad = torch.empty(batch.B, dtype=torch.bool, device=batch.device)  # (B,)
+
+        def screen(b0: int, b1: int) -> None:  # prompts with no answer, or whose R is lost
+            if shift is None:  # the batch's own tokens: one pass over x and y answers both tests
+                bad[b0:b1] = ill_posed_or_r_lost(x[b0:b1], y[b0:b1], u[b0:b1], R)
+            else:
+                bad[b0:b1] = degenerate(x[b0:b1], y[b0:b1], u[b0:b1]) | r_lost(tokens[b0:b1], R)
+
+        model = self.model(R, batch.dtype, batch.device)
+        out = fused_forward(model, tokens, after=screen)  # the screens split over its threads
+        if out is None:  # CUDA, numba missing: the module's eager forward
+            out = model(tokens)  # (B,)
+            screen(0, batch.B)
         if shift is not None:
             out = shift + scale * out
-        if shift is None:  # the batch's own tokens: one pass over x and y answers both tests
-            bad = ill_posed_or_r_lost(batch.x, batch.y, batch.x_query, batch.R)  # (B,)
-        else:
-            bad = degenerate(batch.x, batch.y, batch.x_query) | r_lost(tokens, batch.R)  # (B,)
         return torch.where(bad, torch.full_like(out, float("nan")), out)
 
     def weights(self, R: float | None = None) -> dict[str, torch.Tensor]:
