@@ -28,7 +28,9 @@ dense kernels agree bit for bit (tests/test_fused.py). The constructions then do
 (ln-closed-form) and 113 (gd-lsa, 16 layers) multiplications per token instead of 220 and 1020.
 What a left-out product would still have done is turn an inf or NaN into NaN (0 * inf): a sparse
 kernel therefore returns NaN for a prompt with a non-finite token or a non-finite key-value sum,
-as the dense products do.
+as the dense products do. (One case is not caught: a value that overflows inside a token's
+stream, |h| near the dtype's maximum, in a slot that no later non-zero weight reads; there the
+eager path's 0 * inf gives NaN and the sparse kernel a finite answer.)
 """
 from __future__ import annotations
 
