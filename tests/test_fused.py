@@ -299,3 +299,17 @@ def test_ln_closed_form_screens_split_over_the_threads(monkeypatch):
     two = solver.predict(batch)
     assert torch.isnan(one).nonzero().flatten().tolist() == [5, 40, 70]
     torch.testing.assert_close(one, two, rtol=0, atol=0, equal_nan=True)
+
+
+@needs_numba
+def test_models_differing_only_in_depth_share_one_kernel(monkeypatch):
+    """gd-lsa's layers are alike: 2 and 5 steps run one compiled kernel (a uniform pattern,
+    layers looped at run time) and each still equals its eager forward."""
+    monkeypatch.setattr(fused, "_KERNELS", {})
+    t = tokens(B=5, N=21)
+    for steps in (2, 5):
+        m = build_gd_construction(steps, 0.4, 100.0)
+        with torch.no_grad():
+            assert torch.allclose(fused.fused_forward(m, t), m.forward_eager(t), rtol=1e-12, atol=1e-12)
+    assert len(fused._KERNELS) == 1
+    assert next(iter(fused._KERNELS))[4].uniform

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from icl_bench.solvers import fused_source
-from icl_bench.solvers.fused_pattern import Pattern, pattern_of, zero_fraction
+from icl_bench.solvers.fused_pattern import Pattern, kernel_key, pattern_of, zero_fraction
 from icl_bench.solvers.fused_source import LANES
 
 ENABLED = True  # False: every forward takes the eager path (comparisons, debugging)
@@ -188,7 +188,7 @@ def fused_forward(model, tokens: torch.Tensor, after=None) -> torch.Tensor | Non
     if B == 0:
         return out
     arrays, pattern, zeros = _weights(model, tokens.dtype)
-    kern = _kernel(din, cfg.d_model, cfg.n_heads, cfg.layernorm, pattern if zeros >= SPARSE_MIN else None)
+    kern = _kernel(din, cfg.d_model, cfg.n_heads, cfg.layernorm, kernel_key(pattern) if zeros >= SPARSE_MIN else None)
     threads = max(1, min(num_threads(), B // MIN_PROMPTS_PER_THREAD))
     tok = tokens.detach().contiguous().reshape(B, T * din).numpy()  # 2-D: unit stride known
     args = (tok, *arrays, float(cfg.ln_eps), M, N, cfg.n_layers, cfg.readout == "flatten", out.numpy())

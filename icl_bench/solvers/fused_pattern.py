@@ -8,6 +8,7 @@ leaves those products out of the generated code; icl_bench/solvers/fused.py pick
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -30,10 +31,22 @@ class Pattern:
     bias: tuple
     rw: tuple
     sparse: bool
+    uniform: bool = False  # one layer standing for any number of alike layers (see `kernel_key`)
 
     @property
     def layers(self) -> int:
         return len(self.wk)
+
+
+@lru_cache(maxsize=256)
+def kernel_key(p: Pattern) -> Pattern:
+    """The pattern a kernel is generated for: when every layer has the same zero pattern, one
+    layer marked `uniform`, so models that differ only in depth (gd-lsa with 1, 4 or 16 steps)
+    share one compiled kernel, which loops over the layers at run time."""
+    layer = lambda l: (p.wk[l], p.wv[l], p.wq[l], p.wo[l], p.gain[l], p.bias[l])  # noqa: E731
+    if p.uniform or any(layer(l) != layer(0) for l in range(1, p.layers)):
+        return p
+    return Pattern(p.we, p.wk[:1], p.wv[:1], p.wq[:1], p.wo[:1], p.gain[:1], p.bias[:1], p.rw, p.sparse, True)
 
 
 def _bools(a: np.ndarray) -> tuple:

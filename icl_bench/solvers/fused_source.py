@@ -237,7 +237,8 @@ def _dispatch(table: str, ids: list[int], call: str, index: str) -> list[str]:
 
 def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -> str:
     """Python source of the kernel for one (d_in, d_model, heads, LayerNorm) and zero pattern
-    (None: dense, any number of layers; else the pattern's layers):
+    (None: dense, any number of layers; a `uniform` pattern: any number of layers alike; else
+    the pattern's layers):
 
     kernel(tok, We, Wkv, WQ, WO, gain, bias, rw, eps, M, N, L, flatten, out, b0, b1): the whole
         forward of prompts b0 <= b < b1 into out[b]; tok is (B, T * d_in), token i of prompt b
@@ -289,7 +290,7 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
               "    z = a.dtype.type(0.0)", "    for v in a.ravel():", "        z += v * a.dtype.type(0.0)", "    return z"]
     L += ["", "", f"KL = {tuple(kid)}", f"FL = {tuple(fid)}", f"BL = {tuple(bid)}", f"PL = {tuple([-1] + pid)}"]
     rw = [c for c in range(d) if p.rw[c]]
-    last = "nL - 1" if pattern is None else str(p.layers - 1)
+    last = "nL - 1" if pattern is None or pattern.uniform else str(p.layers - 1)
     at = lambda c, i: _at(d, c, False, i)
     chk = lambda line: [line] if p.sparse else []
     prev = "Pm, gain, bias, l - 1, eps"
