@@ -40,6 +40,7 @@ from icl_bench.solvers.fused_pattern import Pattern, dense, layer_structure
 
 UNROLL_FOLD = 2048  # unroll the per-prompt fold when H * d^3 multiply-adds are at most this
 ACC_PER_PASS = 16  # accumulators of one key-value pass: heads are grouped into passes up to this
+SPLIT_MAX = 32  # up to this many key-value products (H d^2), whole blocks get their own unmasked loops
 LANES = 16  # the scratch is blocked: LANES tokens per block, each slot's LANES values contiguous
 
 
@@ -268,7 +269,8 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
     fused = lambda first, k: [first + (k.bodies()[:1] or [[]])[0]] + k.bodies()[1:]  # noqa: E731
     blk_args = "Pm, gain, bias, lb, eps_in"
     L = []
-    for m in ("", "_m"):  # whole blocks of keys; the block holding pads (masked lanes)
+    split = H * d * d <= SPLIT_MAX  # unmasked loops for the whole blocks, masked for the last one
+    for m in ("", "_m") if split else ("_m",):  # (else masked loops throughout: half the code)
         L += _function(f"ekeys{m}", "tok, b, We, scr, k0, k1, Wkv, l, acc, M", emb.head() + keys[kid[0]].head(),
                        _loops(fused(emb.body(True, masked=bool(m)), keys[kid[0]]), d, "k0", "k1"))
         for n, (a, b) in enumerate(pairs):
@@ -308,15 +310,15 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
           f"    acc = np.zeros({H * d * d * LANES}, dtype=out.dtype)  # the lane sums (sums_j resets them)",
           "    for b in range(b0, b1):"]
     body = chk("chk = nonfinite(tok, b)")
-    body += ["ekeys(tok, b, We, scr, 0, nk, Wkv, 0, acc, M)  # layer 0: embedding and key-value products",
-             "ekeys_m(tok, b, We, scr, nk, nb, Wkv, 0, acc, M)",
+    e = ["ekeys(tok, b, We, scr, 0, nk, Wkv, 0, acc, M)", "ekeys_m(tok, b, We, scr, nk, nb, Wkv, 0, acc, M)"]
+    body += (e if split else ["ekeys_m(tok, b, We, scr, 0, nb, Wkv, 0, acc, M)"]) + [  # layer 0
              "if M < T:  # the query, when it is not a key",
              "    embed1(tok, b, We, scr, T - 1, q)",
              f"sums_{kid[0]}(acc, Sm, M)"] + chk("chk += zsum(Sm)") + [
              f"fold_{fid[0]}(Sm, WQ, WO, Pm, Xm, 0)",
              "for l in range(1, nL):  # block of layer l - 1 and key-value products of layer l, one pass"]
-    for m in ("", "_m"):
-        rng = "0, nk" if not m else "nk, nb"
+    for m in ("", "_m") if split else ("_m",):
+        rng = "0, nk" if not m else ("nk, nb" if split else "0, nb")
         body += _ind(_dispatch("PL", pid, "bkeys_{}" + m + f"(scr, {rng}, " + prev + ", Wkv, l, acc, M)", "l"), 1)
     body += _ind(["if M < T:"], 1) + _ind(_dispatch("BL", bid, "block_{}1(scr, q, " + prev + ")", "l - 1"), 2)
     body += _ind(_dispatch("KL", kid, "sums_{}(acc, Sm, M)", "l") + chk("chk += zsum(Sm)")
