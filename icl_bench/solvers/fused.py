@@ -1,15 +1,14 @@
 """Fused token-level forward of the shared transformer (numba, CPU): one kernel per prompt.
 
 The kernel's source is generated for the model's (d_in, d_model, heads, LayerNorm) and the zero
-pattern of its weights (icl_bench/solvers/fused_source.py: the computation, unrolled, and why
-leaving out zero products changes no rounding); this module compiles it, caches it, and runs it
-from torch. It is the eager forward's (icl_bench/solvers/transformer.py, docs/design.md §4)
-per-token computation in the same order. Only the key-value pass, a reduction over tokens, may
-reassociate (numba fastmath "reassoc": summed in vector lanes, as a batched matmul sums;
-"contract": fused multiply-adds, as in a matmul); the embedding, the attention map and LayerNorm
-of each token run in program order without fast-math, so the centring and division of
-docs/design.md §5 round as in the eager path. NaN and inf propagate (no nnan / ninf), and a
-division by zero gives inf, not an error.
+pattern of its weights (icl_bench/solvers/fused_source.py: the computation, unrolled, the blocked
+scratch, and why leaving out zero products changes no rounding); this module compiles it, caches
+it, and runs it from torch. It is the eager forward's (icl_bench/solvers/transformer.py,
+docs/design.md §4) per-token computation in the same order, compiled without fast-math: every
+sum runs in the order the code writes it (the key-value sums as 16 lane sums added in order), so
+the centring and division of docs/design.md §5 round as in the eager path. Only the finiteness
+checks of sparse kernels (sums of zeros) may reassociate. NaN and inf propagate, and a division
+by zero gives inf, not an error.
 
 A model with at least SPARSE_MIN of its matrix weights exactly zero (the constructions, l1-trained
 models) gets a kernel specialised to its zero pattern; other models share the dense kernel of

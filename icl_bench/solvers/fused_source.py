@@ -250,12 +250,13 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
     and writes every slot with unit stride (whole vectors: no gathers, scatters or shuffles).
     Key slots [0, M), zero slots up to Mp (whole blocks; zero keys and values add exactly 0), and
     the query in slot Mp when it is not a key (keys "masked"). Each layer is one pass over the
-    blocks made only of keys, the previous layer's block and this layer's key-value products
-    fused (ekeys: the embedding and layer 0's products), then the block holding pads, one token
-    at a time for the rest. Helpers, one per distinct layer pattern: keys_j (products over whole
-    blocks), sums_j (lanes -> S), fold_j (S -> P), block_j / block_j1 (whole blocks / one token),
-    bkeys_n (pair n of consecutive layers: block of layer l - 1 then keys of layer l); for sparse patterns nonfinite and zsum (0 for finite values,
-    NaN otherwise).
+    key blocks: the previous layer's block fused with this layer's key-value products (ekeys: the
+    embedding and layer 0's products); the block holding pads runs with a lane mask (pads read and
+    store 0), in loops of its own when H d^2 <= SPLIT_MAX, else the masked loops serve every
+    block. Helpers, one per distinct layer pattern: sums_j (lanes -> S), fold_j (S -> P),
+    block_j / block_j1 (whole blocks / one token), bkeys_n[_m] (pair n of consecutive layers:
+    block of layer l - 1 then keys of layer l), embed1 (one token); for sparse patterns
+    nonfinite and zsum (0 for finite values, NaN otherwise).
     """
     p = pattern or dense(din, d, H)
     layers = [layer_structure(p, l) for l in range(p.layers)]
@@ -266,17 +267,22 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
     keys = [_Keys({"kin": kin, "vin": vin, "s": s}, d, H) for kin, vin, s in kd]
     blocks = [_Block(P, g, bb, d, ln) for P, g, bb in bdist]
     emb = _Embed(p, din, d)
-    fused = lambda first, k: [first + (k.bodies()[:1] or [[]])[0]] + k.bodies()[1:]  # noqa: E731
+    bodies = [k.bodies() for k in keys]  # per key pattern, one loop body per pass
+
+    def fused(first: list[str], j: int) -> list[list[str]]:  # `first` run in the first pass's loop
+        return [first + (bodies[j][:1] or [[]])[0]] + bodies[j][1:]
+
     blk_args = "Pm, gain, bias, lb, eps_in"
     L = []
     split = H * d * d <= SPLIT_MAX  # unmasked loops for the whole blocks, masked for the last one
-    for m in ("", "_m") if split else ("_m",):  # (else masked loops throughout: half the code)
+    variants = ("", "_m") if split else ("_m",)  # (else masked loops throughout: half the code)
+    for m in variants:
         L += _function(f"ekeys{m}", "tok, b, We, scr, k0, k1, Wkv, l, acc, M", emb.head() + keys[kid[0]].head(),
-                       _loops(fused(emb.body(True, masked=bool(m)), keys[kid[0]]), d, "k0", "k1"))
+                       _loops(fused(emb.body(True, masked=bool(m)), kid[0]), d, "k0", "k1"))
         for n, (a, b) in enumerate(pairs):
             L += _function(f"bkeys_{n}{m}", f"scr, k0, k1, {blk_args}, Wkv, l, acc, M",
                            blocks[a].head() + keys[b].head(),
-                           _loops(fused(blocks[a].body(True, masked=bool(m)), keys[b]), d, "k0", "k1"))
+                           _loops(fused(blocks[a].body(True, masked=bool(m)), b), d, "k0", "k1"))
     L += _function("embed1", "tok, b, We, scr, i, dst", emb.head(), emb.body(False, "dst"))
     for j, k in enumerate(keys):
         L += ["", ""] + k.sums(f"sums_{j}")
@@ -310,16 +316,15 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
           f"    acc = np.zeros({H * d * d * LANES}, dtype=out.dtype)  # the lane sums (sums_j resets them)",
           "    for b in range(b0, b1):"]
     body = chk("chk = nonfinite(tok, b)")
-    e = ["ekeys(tok, b, We, scr, 0, nk, Wkv, 0, acc, M)", "ekeys_m(tok, b, We, scr, nk, nb, Wkv, 0, acc, M)"]
-    body += (e if split else ["ekeys_m(tok, b, We, scr, 0, nb, Wkv, 0, acc, M)"]) + [  # layer 0
+    ranges = {"": "0, nk", "_m": "nk, nb" if split else "0, nb"}  # blocks of each variant
+    body += [f"ekeys{m}(tok, b, We, scr, {ranges[m]}, Wkv, 0, acc, M)" for m in variants] + [  # layer 0
              "if M < T:  # the query, when it is not a key",
              "    embed1(tok, b, We, scr, T - 1, q)",
              f"sums_{kid[0]}(acc, Sm, M)"] + chk("chk += zsum(Sm)") + [
              f"fold_{fid[0]}(Sm, WQ, WO, Pm, Xm, 0)",
              "for l in range(1, nL):  # block of layer l - 1 and key-value products of layer l, one pass"]
-    for m in ("", "_m") if split else ("_m",):
-        rng = "0, nk" if not m else ("nk, nb" if split else "0, nb")
-        body += _ind(_dispatch("PL", pid, "bkeys_{}" + m + f"(scr, {rng}, " + prev + ", Wkv, l, acc, M)", "l"), 1)
+    for m in variants:
+        body += _ind(_dispatch("PL", pid, "bkeys_{}" + m + f"(scr, {ranges[m]}, " + prev + ", Wkv, l, acc, M)", "l"), 1)
     body += _ind(["if M < T:"], 1) + _ind(_dispatch("BL", bid, "block_{}1(scr, q, " + prev + ")", "l - 1"), 2)
     body += _ind(_dispatch("KL", kid, "sums_{}(acc, Sm, M)", "l") + chk("chk += zsum(Sm)")
                  + _dispatch("FL", fid, "fold_{}(Sm, WQ, WO, Pm, Xm, l)", "l"), 1)
