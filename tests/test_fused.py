@@ -313,3 +313,27 @@ def test_models_differing_only_in_depth_share_one_kernel(monkeypatch):
             assert torch.allclose(fused.fused_forward(m, t), m.forward_eager(t), rtol=1e-12, atol=1e-12)
     assert len(fused._KERNELS) == 1
     assert next(iter(fused._KERNELS))[4].uniform
+
+
+@needs_numba
+def test_kernel_compiles_in_memory_where_numba_cannot_cache(monkeypatch):
+    """A read-only kernel folder that already holds the source, with no writable numba cache,
+    makes numba.njit(cache=True) raise RuntimeError: the kernel then compiles in memory."""
+    real = fused.numba
+
+    class NoCache:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        @staticmethod
+        def njit(*args, cache=False, **kw):
+            if cache:
+                raise RuntimeError("cannot cache function: no locator available")
+            return real.njit(*args, **kw)
+
+    m = random_model(n_layers=1, n_heads=1)
+    t = tokens(B=4, N=9)
+    monkeypatch.setattr(fused, "numba", NoCache())
+    monkeypatch.setattr(fused, "_KERNELS", {})
+    with torch.no_grad():
+        assert torch.allclose(fused.fused_forward(m, t), m.forward_eager(t), rtol=1e-12, atol=1e-12)

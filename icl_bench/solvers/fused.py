@@ -102,12 +102,24 @@ def _kernel(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None):
         except OSError:
             exec(compile(text, f"<{name}>", "exec"), ns)  # noqa: S102 - our generated source
             cache = False
-        jit = lambda fast: numba.njit(fastmath=fast, error_model="numpy", nogil=True, cache=cache)  # noqa: E731
         for fname in fused_source.functions(text):  # helpers first: the kernel calls them
             fast = fname in ("nonfinite", "zsum")  # sums of zeros (or NaN): in vector lanes
-            ns[fname] = jit(FASTMATH if fast else False)(ns[fname])  # all arithmetic as written
+            ns[fname] = _jit(ns[fname], FASTMATH if fast else False, cache)  # all arithmetic as written
         _KERNELS[key] = ns["kernel"]
         return _KERNELS[key]
+
+
+def _jit(fn, fastmath, cache: bool):
+    """numba.njit(fn), with numba's on-disk cache when `cache`; where numba refuses to cache
+    (RuntimeError: no writable cache folder for the module, e.g. a read-only kernel folder
+    and a read-only home), compiled in memory instead."""
+    opts = {"fastmath": fastmath, "error_model": "numpy", "nogil": True}
+    if cache:
+        try:
+            return numba.njit(cache=True, **opts)(fn)
+        except RuntimeError:
+            pass
+    return numba.njit(**opts)(fn)
 
 
 # ---- the torch side ---------------------------------------------------------------------------
