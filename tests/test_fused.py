@@ -1,5 +1,7 @@
 """The fused CPU forward (icl_bench/solvers/fused.py) against the eager torch forward and a long-double
 reference: every config, float64 agreement, float32 error-vs-R shape, fallbacks, threads."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -267,6 +269,31 @@ def test_sparse_kernel_gives_nan_where_the_zero_products_would(build):
         out, eager = fused.fused_forward(m, t), m.forward_eager(t)
     assert torch.isnan(out[1:5]).all() and torch.isnan(eager[1:5]).all()
     assert torch.allclose(out[[0, 5]], eager[[0, 5]], rtol=1e-12, atol=1e-12)
+
+
+@needs_numba
+def test_zero_ln_gain_with_ln_eps_zero_keeps_the_eager_nan():
+    """With ln_eps = 0 a token whose attention output has zero variance (an all-zero prompt) has
+    1/std = inf, and a LayerNorm gain of exactly 0 makes the eager forward's 0 * inf NaN. Leaving
+    that product out (a sparse kernel) would answer finitely: such a model runs the dense kernel,
+    so the NaN stays; the other prompts keep their values."""
+    m = sparse_model(n_layers=2)
+    with torch.no_grad():
+        m.blocks[0].ln.weight.zero_()
+    for blk in m.blocks:
+        blk.ln.eps = 0.0
+    m.cfg = dataclasses.replace(m.cfg, ln_eps=0.0)
+    _, pattern, zeros = fused._weights(m, torch.float64)
+    assert zeros >= fused.SPARSE_MIN and not fused.sparse_applies(m.cfg, pattern, zeros)
+    assert fused.sparse_applies(dataclasses.replace(m.cfg, ln_eps=1e-5), pattern, zeros)
+    t = tokens(B=4, N=20)
+    t[2] = 0.0
+    with torch.no_grad():
+        out, eager = fused.fused_forward(m, t), m.forward_eager(t)
+    assert torch.isnan(eager[2]) and torch.isnan(out[2])
+    keep = [0, 1, 3]
+    assert torch.isfinite(eager[keep]).all()
+    assert torch.allclose(out[keep], eager[keep], rtol=1e-12, atol=1e-12)
 
 
 @needs_numba

@@ -84,3 +84,19 @@ def test_probe_and_flatten_readout():
         assert rel_err(m(t), m.forward_quadratic(t)) <= 1e-12
     with pytest.raises(ValueError, match="N"):
         m(tokens(N=5))
+
+
+@pytest.mark.parametrize("readout", ["query", "flatten"])
+def test_empty_batch_gives_an_empty_answer(readout):
+    """B = 0 prompts: every forward returns (0,) in the model's dtype (the eager path used to
+    concatenate an empty list of chunks and raise)."""
+    m = random_model("masked", True, readout=readout, N=7)
+    t = tokens(B=0)
+    for out in (m.forward_eager(t), m(t), m.forward_quadratic(t)):
+        assert out.shape == (0,) and out.dtype == torch.float64
+
+
+@pytest.mark.parametrize("eps", [-1e-5, float("nan"), float("inf")])
+def test_ln_eps_must_be_finite_and_not_negative(eps):
+    with pytest.raises(ValueError, match="ln_eps: must be finite and >= 0"):
+        TransformerConfig(ln_eps=eps)

@@ -159,6 +159,18 @@ def _weights(model, dtype: torch.dtype) -> tuple[tuple, Pattern, float]:
     return out
 
 
+def sparse_applies(cfg, pattern: Pattern, zeros: float) -> bool:
+    """Whether a model gets the kernel of its zero pattern: at least SPARSE_MIN of its matrix
+    weights are zero, and leaving out its zero products cannot hide a NaN that the eager forward
+    gives for a finite prompt. The one such case: with ln_eps = 0, a token whose attention
+    output has zero variance gets 1/std = inf, and a LayerNorm gain of exactly 0 turns that
+    into 0 * inf = NaN in the eager (and dense) forward, while the sparse kernel leaves the
+    product out. Such a model runs the dense kernel."""
+    if zeros < SPARSE_MIN:
+        return False
+    return not (cfg.layernorm and cfg.ln_eps == 0 and not all(all(g) for g in pattern.gain))
+
+
 def applies(model, tokens: torch.Tensor) -> bool:
     """Whether `fused_forward` runs for these tokens: numba present and enabled, CPU float32 /
     float64 tokens in the model's dtype, and no gradient wanted."""
@@ -199,7 +211,7 @@ def fused_forward(model, tokens: torch.Tensor, after=None) -> torch.Tensor | Non
     if B == 0:
         return out
     arrays, pattern, zeros = _weights(model, tokens.dtype)
-    kern = _kernel(din, cfg.d_model, cfg.n_heads, cfg.layernorm, kernel_key(pattern) if zeros >= SPARSE_MIN else None)
+    kern = _kernel(din, cfg.d_model, cfg.n_heads, cfg.layernorm, kernel_key(pattern) if sparse_applies(cfg, pattern, zeros) else None)
     threads = max(1, min(num_threads(), B // MIN_PROMPTS_PER_THREAD))
     tok = tokens.detach().contiguous().reshape(B, T * din).numpy()  # 2-D: unit stride known
     args = (tok, *arrays, float(cfg.ln_eps), M, N, cfg.n_layers, cfg.readout == "flatten", out.numpy())

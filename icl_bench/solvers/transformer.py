@@ -25,6 +25,7 @@ the O(N^2) score-matrix reference.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -62,6 +63,8 @@ class TransformerConfig:
         for k in ("d_in", "d_model", "n_layers", "n_heads"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k}: must be >= 1 (got {getattr(self, k)})")
+        if not (math.isfinite(self.ln_eps) and self.ln_eps >= 0):
+            raise ValueError(f"ln_eps: must be finite and >= 0 (got {self.ln_eps!r})")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -233,6 +236,8 @@ class Transformer(nn.Module):
         B, T = tokens.shape[:2]
         step = max(1, self.CHUNK_TOKENS // T) if tokens.device.type == "cpu" else B
         outs = [self._forward_channels(tokens[i:i + step], maps) for i in range(0, B, step)]
+        if not outs:  # B = 0: the empty batch goes through once, so shape, dtype and device are right
+            return self._forward_channels(tokens, maps)
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def _forward_channels(self, tokens: torch.Tensor, maps: list[tuple]) -> torch.Tensor:
