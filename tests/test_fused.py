@@ -200,17 +200,20 @@ def test_solvers_use_the_fused_path(monkeypatch):
 
 @needs_numba
 def test_unrolled_fold_rounds_as_the_loop_fold(monkeypatch):
-    """The per-prompt fold P = sum_k W_O^k S_k^T W_Q^k is unrolled for small shapes; the loop form
-    (large shapes) sums in the same order, so the two give bit-identical outputs in float32."""
-    m = random_model(d_model=4, n_heads=2, n_layers=2, dtype=torch.float32)
-    t = tokens(B=7, N=40).float()
-    assert "x_0_0_0 =" in fused_source.source(3, 4, 2, True)  # 2 * 4^3 multiply-adds: unrolled
+    """The per-prompt fold P = sum_k W_O^k S_k^T W_Q^k is unrolled (zero terms left out) when that
+    is short, as for sparse patterns; the loop form (dense shapes) sums in the same order, so the
+    two give bit-identical outputs."""
+    m = sparse_model()
+    t = tokens(B=7, N=40)
+    pattern = fused_pattern.kernel_key(fused._weights(m, torch.float64)[1])
+    assert "x_0_0_0 =" in fused_source.source(3, 4, 2, True, pattern)  # short: unrolled
+    assert "x_0_0_0 =" not in fused_source.source(3, 4, 2, True)  # dense: 256 multiplications, loops
     with torch.no_grad():
         unrolled = fused.fused_forward(m, t)
         monkeypatch.setattr(fused_source, "UNROLL_FOLD", 0)
         monkeypatch.setattr(fused, "_KERNELS", {})
         looped = fused.fused_forward(m, t)
-    assert "x_0_0_0 =" not in fused_source.source(3, 4, 2, True)  # the loop form was the one compiled
+    assert "x_0_0_0 =" not in fused_source.source(3, 4, 2, True, pattern)  # the loop form was the one compiled
     assert torch.equal(unrolled, looped)
 
 
@@ -225,7 +228,7 @@ def sparse_model(zeros=0.6, seed=0, **kw):
                 p.mul_((torch.rand(p.shape, generator=g) >= zeros).to(p.dtype))
         m.blocks[0].attn.W_K[0, 1].zero_()  # a key row, a value row and a readout slot unused
         m.blocks[-1].attn.W_V[-1, 2].zero_()
-        m.readout.weight[..., 3] = 0.0
+        m.readout.weight.view(-1, m.cfg.d_model)[:, 3] = 0.0  # slot 3 of every token (flatten: every row)
     return m
 
 
@@ -294,6 +297,34 @@ def test_zero_ln_gain_with_ln_eps_zero_keeps_the_eager_nan():
     keep = [0, 1, 3]
     assert torch.isfinite(eager[keep]).all()
     assert torch.allclose(out[keep], eager[keep], rtol=1e-12, atol=1e-12)
+
+
+@needs_numba
+def test_kernels_too_large_to_compile_fall_back(monkeypatch):
+    """A kernel whose generated source writes more than MAX_PRODUCTS multiplications is not
+    built (its compile time would run to minutes): a sparse model then runs the dense kernel of
+    its shape, and where that is too large as well, the eager forward."""
+    m = sparse_model()
+    t = tokens(B=5, N=21)
+    _, pattern, _ = fused._weights(m, torch.float64)
+    sparse = fused_source.products(fused_source.source(3, 4, 2, True, fused_pattern.kernel_key(pattern)))
+    dense = fused_source.products(fused_source.source(3, 4, 2, True))
+    assert dense < sparse  # three layers, three zero patterns: more code than the dense kernel
+    built = []
+    real = fused._kernel
+    monkeypatch.setattr(fused, "_kernel", lambda *a: built.append((a[4:] or (None,))[0]) or real(*a))
+    monkeypatch.setattr(fused, "_KERNELS", {})
+    with torch.no_grad():
+        eager = m.forward_eager(t)
+        monkeypatch.setattr(fused, "MAX_PRODUCTS", dense)
+        assert torch.allclose(fused.fused_forward(m, t), eager, rtol=1e-12, atol=1e-12)
+        assert built[0] is not None and built[1:] == [None]  # the sparse kernel refused, then the dense one
+        assert fused._KERNELS[(3, 4, 2, True, built[0])] is None
+        monkeypatch.setattr(fused, "MAX_PRODUCTS", dense - 1)
+        monkeypatch.setattr(fused, "_KERNELS", {})
+        calls = fused.calls
+        assert fused.fused_forward(m, t) is None and fused.calls == calls
+        assert torch.equal(m(t), eager)  # the eager forward answers
 
 
 @needs_numba

@@ -38,7 +38,7 @@ from itertools import product
 
 from icl_bench.solvers.fused_pattern import Pattern, dense, layer_structure
 
-UNROLL_FOLD = 2048  # unroll the per-prompt fold when H * d^3 multiply-adds are at most this
+UNROLL_FOLD = 128  # unroll the per-prompt fold when that writes at most this many multiplications
 ACC_PER_PASS = 16  # accumulators of one key-value pass: heads are grouped into passes up to this
 SPLIT_MAX = 32  # up to this many key-value products (H d^2), whole blocks get their own unmasked loops
 LANES = 16  # the scratch is blocked: LANES tokens per block, each slot's LANES values contiguous
@@ -189,18 +189,21 @@ def _function(name: str, args: str, head: list[str], body: list[str]) -> list[st
 def _fold(name: str, s: dict, wq: tuple, wo: tuple, d: int, H: int) -> list[str]:
     """P_l = sum_k W_O^k S_k^T W_Q^k: X_k[f, a] = sum_e S_k[e, f] W_Q^k[e, a], then
     P[g, a] = sum_k sum_f W_O^k[g, f] X_k[f, a], each sum in that order. Unrolled into scalar
-    expressions for small shapes (a fixed cost per prompt and layer), small loops otherwise
-    (compile time stays short for any shape; zero terms are then multiplied, not left out); the
-    two forms round identically."""
+    expressions, structurally zero terms left out, when that writes at most UNROLL_FOLD
+    multiplications (a sparse pattern's fold: a fixed cost per prompt and layer); small loops
+    otherwise (zero terms are then multiplied): a long unrolled fold costs more compile time
+    than it saves (a dense d_model 4 / 2-head kernel compiled in 28 s with it, 14 s without).
+    The two forms round identically."""
     L = [f"def {name}(Sm, WQ, WO, Pm, Xm, l):", "    F = Pm.dtype.type", "    zero = F(0.0)"]
-    if H * d ** 3 <= UNROLL_FOLD:
-        S, X = s["s"], s["x"]
-        L += _ind([f"x_{k}_{f}_{a} = " + " + ".join(f"Sm[{k}, {e}, {f}] * WQ[l, {k}, {e}, {a}]" for e in range(d)
-                                                   if S[k][e][f] and wq[k][e][a])
-                   for k in range(H) for f in range(d) for a in range(d) if X[k][f][a]], 1)
-        return L + _ind([f"Pm[l, {g}, {a}] = " + _sum([f"WO[l, {k}, {g}, {f}] * x_{k}_{f}_{a}" for k in range(H)
-                                                       for f in range(d) if wo[k][g][f] and X[k][f][a]])
-                         for g in range(d) for a in range(d)], 1)
+    S, X = s["s"], s["x"]
+    unrolled = [f"x_{k}_{f}_{a} = " + " + ".join(f"Sm[{k}, {e}, {f}] * WQ[l, {k}, {e}, {a}]" for e in range(d)
+                                                 if S[k][e][f] and wq[k][e][a])
+                for k in range(H) for f in range(d) for a in range(d) if X[k][f][a]]
+    unrolled += [f"Pm[l, {g}, {a}] = " + _sum([f"WO[l, {k}, {g}, {f}] * x_{k}_{f}_{a}" for k in range(H)
+                                               for f in range(d) if wo[k][g][f] and X[k][f][a]])
+                 for g in range(d) for a in range(d)]
+    if products("\n".join(unrolled)) <= UNROLL_FOLD:
+        return L + _ind(unrolled, 1)
     return L + _ind([f"for k in range({H}):",
                      f"    for f in range({d}):",
                      f"        for a in range({d}):",
@@ -341,9 +344,15 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
     return "\n".join(L) + "\n"
 
 
+def products(text: str) -> int:
+    """Multiplications written in a generated source: its size, which sets how long numba takes
+    to compile it (icl_bench.solvers.fused.MAX_PRODUCTS bounds it)."""
+    return text.count(" * ")
+
+
 def functions(text: str) -> list[str]:
     """Names of the generated functions in `text` (def lines), for compiling each."""
     return [line[4:line.index("(")] for line in text.splitlines() if line.startswith("def ")]
 
 
-__all__ = ["ACC_PER_PASS", "LANES", "UNROLL_FOLD", "Pattern", "functions", "source"]
+__all__ = ["ACC_PER_PASS", "LANES", "UNROLL_FOLD", "Pattern", "functions", "products", "source"]
