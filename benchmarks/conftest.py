@@ -91,6 +91,24 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _cpu_arch() -> str:
+    """The CPU as the kernels' compiler sees it (LLVM's host name, e.g. znver3) and its widest
+    vector instructions: the fused kernels' speed depends on both (docs/throughput.md)."""
+    try:
+        import llvmlite.binding as llvm
+
+        name = llvm.get_host_cpu_name()
+    except Exception:  # noqa: BLE001 - llvmlite missing or unusable: say so, do not fail the run
+        name = "?"
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    widest = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "?"
+    return f"{name}, {widest}"
+
+
 def machine_description(config) -> dict:
     import numpy
     import scipy
@@ -98,6 +116,7 @@ def machine_description(config) -> dict:
     cuda = torch.cuda.is_available()
     return {
         "cpu_model": _cpu_model(),
+        "cpu_arch": _cpu_arch(),
         "logical_cpus": os.cpu_count(),
         "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "python": platform.python_version(),

@@ -214,7 +214,8 @@ def machine(run: dict) -> str:
     gpu = m.get("cuda_device") or m.get("cuda_note", "unknown")
     return "\n".join([
         f"- run: {m.get('started_at', run.get('datetime'))} → {m.get('finished_at', '?')}, git {m.get('git_commit', '?')[:12]}",
-        f"- CPU: {m.get('cpu_model', '?')}, {m.get('usable_cpus', '?')} usable of {m.get('logical_cpus', '?')} logical CPUs; "
+        f"- CPU: {m.get('cpu_model', '?')}" + (f" ({m['cpu_arch']})" if m.get("cpu_arch") else "")
+        + f", {m.get('usable_cpus', '?')} usable of {m.get('logical_cpus', '?')} logical CPUs; "
         f"load average (1/5/15 min) {', '.join(f'{x:.2f}' for x in la0)} at the start, {', '.join(f'{x:.2f}' for x in la1)} at the end",
         f"- Python {m.get('python', '?')}, torch {m.get('torch', '?')} ({m.get('torch_threads', '?')} thread(s)), "
         f"numpy {m.get('numpy', '?')}, scipy {m.get('scipy', '?')}; pytest-benchmark {run.get('version', '?')}",
