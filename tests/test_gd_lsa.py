@@ -169,3 +169,18 @@ def test_gd_and_gd_lsa_share_their_defaults():
 
     assert (gd.DEFAULT_STEPS, gd.DEFAULT_LR, gd.MAX_STEPS) == (gd_lsa.DEFAULT_STEPS, gd_lsa.DEFAULT_LR, gd_lsa.MAX_STEPS)
     assert GD().values == {"steps": gd.DEFAULT_STEPS, "lr": gd.DEFAULT_LR, "variant": "masked"}
+
+
+@pytest.mark.parametrize("d_model", [3, 4, 6])
+def test_construction_width_leaves_extra_slots_empty(batches, d_model):
+    """build_gd_construction(d_model=...) (build_gd_lsa_mv with one regressor): wider residual
+    streams keep every slot beyond s2 at zero and give the same predictions; a stream narrower
+    than the three slots it writes is a one-line ConfigError."""
+    batch = batches[10]
+    ref = build_gd_construction(4, 0.4, batch.R)
+    m = build_gd_construction(4, 0.4, batch.R, d_model=d_model)
+    assert m.cfg.d_model == d_model and not m.embed.weight[3:].any() and not m.readout.weight[:, 2:].any()
+    with torch.no_grad():
+        torch.testing.assert_close(m(batch.tokens), ref(batch.tokens), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ConfigError, match=r"^d_model: must be an integer >= 3 \(got 2\)$"):
+        build_gd_construction(4, 0.4, batch.R, d_model=2)

@@ -36,17 +36,15 @@ the same two key sets (baselines/gd.py), and the two agree to ~1e-15 in float64 
 """
 from __future__ import annotations
 
-import math
 from functools import partial
 
 import torch
 
-from icl_bench.errors import ConfigError
 from icl_bench.prompts.generator import PromptBatch, resolve_dtype
 from icl_bench.solvers.registry import register_solver
 from icl_bench.solvers.base import Param, Solver, nan_if_ill_posed
 from icl_bench.solvers.gd_mv import build_gd_lsa_mv
-from icl_bench.solvers.transformer import KEY_SETS, Transformer, TransformerConfig
+from icl_bench.solvers.transformer import KEY_SETS, Transformer
 
 DEFAULT_STEPS = 16  # K: MSE vs OLS ~ 1e-4 at N = 30 with the default lr (results/gd_lr_sweep.md)
 MAX_STEPS = 4096  # K above this would build a 4096-layer model: refused as a config error
@@ -71,38 +69,7 @@ def build_gd_construction(steps: int, lr: float, R: float, variant: str = "maske
     Raises:
         ConfigError: any argument out of range (message names the field and accepted values).
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ConfigError(f"steps: must be an integer >= 1 (got {steps!r})")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
-        raise ConfigError(f"lr: must be a finite number > 0 (got {lr!r})")
-    if isinstance(R, bool) or not isinstance(R, (int, float)) or not math.isfinite(R) or R <= 0:
-        raise ConfigError(f"R: must be a finite number > 0 (got {R!r})")
-    if variant not in KEY_SETS:
-        raise ConfigError(f"variant: unknown value {variant!r}; accepted: {', '.join(KEY_SETS)}")
-    if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 3:
-        raise ConfigError(f"d_model: must be an integer >= 3 (got {d_model!r})")
-    try:
-        dt = resolve_dtype(dtype)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    cfg = TransformerConfig(d_in=3, d_model=d_model, n_layers=steps, n_heads=1, layernorm=False,
-                            keys=variant, readout="query")
-    model = Transformer(cfg).to(device=device, dtype=dt)  # cast first: weights set in dt exactly
-    with torch.no_grad():
-        model.embed.weight.zero_()  # (d_model, 3)
-        model.embed.weight[0, 0] = 1.0  # x -> s0
-        model.embed.weight[1, 1] = 1.0  # y -> s1 (t_0 = y - w_0 . phi = y)
-        model.embed.weight[2, 2] = 1.0 / R  # R -> s2 = 1, the constant feature
-        for block in model.blocks:
-            attn = block.attn  # W_* are (1, d_model, d_model), zero-initialised
-            for W in (attn.W_Q, attn.W_K):  # q_i = k_i = phi_i = (x_i, 0, 1, 0)
-                W[0, 0, 0] = 1.0
-                W[0, 2, 2] = 1.0
-            attn.W_V[0, 1, 1] = 1.0  # v_j = t_j e_1
-            attn.W_O[0, 1, 1] = -lr  # t_i -= lr * mean_j (phi_i . phi_j) t_j
-        model.readout.weight.zero_()  # (1, d_model)
-        model.readout.weight[0, 1] = -1.0  # y_hat = -t_query
-    return model.eval().requires_grad_(False)
+    return build_gd_lsa_mv(steps, lr, R, 1, variant, dtype=dtype, device=device, d_model=d_model)
 
 
 @register_solver("gd-lsa")

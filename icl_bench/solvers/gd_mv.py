@@ -98,15 +98,16 @@ def _check(steps, lr, variant, min_steps: int = 1) -> None:
 
 
 def build_gd_lsa_mv(steps: int, lr: float, R: float, d: int, variant: str = "masked", *,
-                    dtype="float64", device="cpu") -> Transformer:
+                    dtype="float64", device="cpu", d_model: int | None = None) -> Transformer:
     """The K-layer, one-head, LayerNorm-free LSA transformer running K GD steps with d regressors.
 
     Args:
         steps: K >= 1 layers.  lr: eta > 0.  R: the tokens' constant (finite, > 0), mapped to 1.
         d: regressors >= 1.  variant: key set (KEY_SETS).  dtype, device: of the parameters.
+        d_model: residual width, at least d + 2 (slots beyond d + 1 stay 0); None: d + 3.
     Returns:
         Transformer (eval, no grad): forward(tokens (B, N+1, d+2)) -> (B,) = theta_K . (1, u).
-        For d = 1 its weights equal icl_bench.gd_lsa.build_gd_construction's.
+        For d = 1 this is icl_bench.solvers.gd_lsa.build_gd_construction.
     Raises:
         ConfigError: any argument out of range.
     """
@@ -115,21 +116,24 @@ def build_gd_lsa_mv(steps: int, lr: float, R: float, d: int, variant: str = "mas
         raise ConfigError(f"R: must be a finite number > 0 (got {R!r})")
     if isinstance(d, bool) or not isinstance(d, int) or d < 1:
         raise ConfigError(f"d: must be an integer >= 1 (got {d!r})")
+    d_model = d + 3 if d_model is None else d_model
+    if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < d + 2:
+        raise ConfigError(f"d_model: must be an integer >= {d + 2} (got {d_model!r})")
     try:
         dt = resolve_dtype(dtype)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    cfg = TransformerConfig(d_in=d + 2, d_model=d + 3, n_layers=steps, n_heads=1, layernorm=False,
+    cfg = TransformerConfig(d_in=d + 2, d_model=d_model, n_layers=steps, n_heads=1, layernorm=False,
                             keys=variant, readout="query")
     model = Transformer(cfg).to(device=device, dtype=dt)  # cast first: weights set in dt exactly
     with torch.no_grad():
-        model.embed.weight.zero_()  # (d+3, d+2)
+        model.embed.weight.zero_()  # (d_model, d+2)
         for k in range(d):
             model.embed.weight[k, k] = 1.0
         model.embed.weight[d, d] = 1.0
         model.embed.weight[d + 1, d + 1] = 1.0 / R
         for block in model.blocks:
-            attn = block.attn  # (1, d+3, d+3) each, zero-initialised
+            attn = block.attn  # (1, d_model, d_model) each, zero-initialised
             for W in (attn.W_Q, attn.W_K):
                 for k in range(d):
                     W[0, k, k] = 1.0
