@@ -5,27 +5,8 @@ import pytest
 import torch
 
 from icl_bench.solvers.ln_closed_form import build_construction
-from icl_bench.solvers.transformer import Transformer, TransformerConfig
-
-
-def random_model(keys="masked", layernorm=True, readout="query", N=None, dtype=torch.float64, seed=0):
-    torch.manual_seed(seed)
-    cfg = TransformerConfig(d_model=4, n_layers=3, n_heads=2, layernorm=layernorm, keys=keys, readout=readout, N=N)
-    m = Transformer(cfg).to(dtype)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            p.copy_(torch.randn_like(p) * 0.5 / p.shape[-1] ** 0.5)
-            if name.endswith("ln.weight"):
-                p.add_(1.0)
-    return m
-
-
-def tokens(B=9, N=13, dtype=torch.float64, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    t = torch.randn(B, N + 1, 3, generator=g, dtype=torch.float64).to(dtype)
-    t[:, -1, 1] = 0.0
-    t[:, :, 2] = 1.5
-    return t
+from icl_bench.solvers.transformer import Transformer
+from tests.transformer_models import random_model, tokens
 
 
 def reference(m, t):

@@ -10,34 +10,10 @@ from icl_bench import PromptSpec, sample_prompts
 from icl_bench.solvers import fused, fused_pattern, fused_source
 from icl_bench.solvers.gd_lsa import build_gd_construction
 from icl_bench.solvers.ln_closed_form import build_construction
-from icl_bench.solvers.transformer import Transformer, TransformerConfig
+from icl_bench.solvers.transformer import Transformer
+from tests.transformer_models import random_model, tokens
 
 needs_numba = pytest.mark.skipif(not fused.available(), reason="numba is not installed: no fused path to test")
-
-
-def random_model(keys="masked", layernorm=True, readout="query", N=None, n_layers=3, n_heads=2, d_model=4,
-                 dtype=torch.float64, seed=0):
-    """Random weights of modest scale, LN gains ~1 and biases ~0.1 (so LN's bias path is used)."""
-    torch.manual_seed(seed)
-    cfg = TransformerConfig(d_model=d_model, n_layers=n_layers, n_heads=n_heads, layernorm=layernorm, keys=keys,
-                            readout=readout, N=N)
-    m = Transformer(cfg).to(dtype).eval()
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            p.copy_(torch.randn_like(p) * 0.5 / p.shape[-1] ** 0.5)
-            if name.endswith("ln.weight"):
-                p.add_(1.0)
-            if name.endswith("ln.bias"):
-                p.add_(0.1)
-    return m
-
-
-def tokens(B=9, N=13, dtype=torch.float64, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    t = torch.randn(B, N + 1, 3, generator=g, dtype=torch.float64).to(dtype)
-    t[:, -1, 1] = 0.0
-    t[:, :, 2] = 1.5
-    return t
 
 
 def longdouble_forward(m: Transformer, t: torch.Tensor) -> np.ndarray:

@@ -2,21 +2,9 @@
 import pytest
 import torch
 
-from icl_bench.solvers.transformer import Transformer, TransformerConfig
-
-
-def random_model(keys, layernorm, readout="query", N=None, seed=0, scale=0.5):
-    """A float64 model with random weights of a modest scale (entries ~ N(0, scale^2/d)), so the
-    activations stay O(1) through the layers and a 1e-12 comparison is meaningful."""
-    torch.manual_seed(seed)
-    cfg = TransformerConfig(d_model=4, n_layers=3, n_heads=2, layernorm=layernorm, keys=keys, readout=readout, N=N)
-    m = Transformer(cfg).double()
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            p.copy_(torch.randn_like(p) * scale / p.shape[-1] ** 0.5)
-            if name.endswith("ln.weight"):  # LayerNorm gain ~ 1 +- noise
-                p.add_(1.0)
-    return m
+from icl_bench.solvers.transformer import TransformerConfig
+from tests.transformer_models import random_model
+from tests.transformer_models import tokens as shared_tokens
 
 
 def naive_attention(attn, h):
@@ -34,11 +22,7 @@ def naive_attention(attn, h):
 
 
 def tokens(B=3, N=7, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    t = torch.randn(B, N + 1, 3, generator=g, dtype=torch.float64)
-    t[:, -1, 1] = 0.0
-    t[:, :, 2] = 1.5
-    return t
+    return shared_tokens(B=B, N=N, seed=seed)
 
 
 def rel_err(a, b):
