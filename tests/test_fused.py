@@ -251,28 +251,45 @@ def test_sparse_kernel_gives_nan_where_the_zero_products_would(build):
 
 
 @needs_numba
-def test_zero_ln_gain_with_ln_eps_zero_keeps_the_eager_nan():
-    """With ln_eps = 0 a token whose attention output has zero variance (an all-zero prompt) has
-    1/std = inf, and a LayerNorm gain of exactly 0 makes the eager forward's 0 * inf NaN. Leaving
-    that product out (a sparse kernel) would answer finitely: such a model runs the dense kernel,
-    so the NaN stays; the other prompts keep their values."""
-    m = sparse_model(n_layers=2)
+@pytest.mark.parametrize("dtype, eps", [(torch.float64, 0.0), (torch.float32, 1e-50)])
+def test_zero_ln_gain_with_ln_eps_zero_keeps_the_eager_nan(dtype, eps):
+    """With ln_eps = 0 in the model's dtype (1e-50 is 0 in float32) a token whose attention output
+    has zero variance (an all-zero prompt) has 1/std = inf, and a LayerNorm gain of exactly 0
+    makes the eager forward's 0 * inf NaN. Leaving that product out (a sparse kernel) would
+    answer finitely: such a model runs the dense kernel, so the NaN stays; the other prompts keep
+    their values."""
+    m = sparse_model(n_layers=2).to(dtype)
     with torch.no_grad():
         m.blocks[0].ln.weight.zero_()
     for blk in m.blocks:
-        blk.ln.eps = 0.0
-    m.cfg = dataclasses.replace(m.cfg, ln_eps=0.0)
-    _, pattern, zeros = fused._weights(m, torch.float64)
-    assert zeros >= fused.SPARSE_MIN and not fused.sparse_applies(m.cfg, pattern, zeros)
-    assert fused.sparse_applies(dataclasses.replace(m.cfg, ln_eps=1e-5), pattern, zeros)
-    t = tokens(B=4, N=20)
+        blk.ln.eps = eps
+    m.cfg = dataclasses.replace(m.cfg, ln_eps=eps)
+    _, pattern, zeros = fused._weights(m, dtype)
+    assert zeros >= fused.SPARSE_MIN and not fused.sparse_applies(m.cfg, pattern, zeros, dtype)
+    assert fused.sparse_applies(dataclasses.replace(m.cfg, ln_eps=1e-5), pattern, zeros, dtype)
+    t = tokens(B=4, N=20, dtype=dtype)
     t[2] = 0.0
     with torch.no_grad():
         out, eager = fused.fused_forward(m, t), m.forward_eager(t)
     assert torch.isnan(eager[2]) and torch.isnan(out[2])
     keep = [0, 1, 3]
     assert torch.isfinite(eager[keep]).all()
-    assert torch.allclose(out[keep], eager[keep], rtol=1e-12, atol=1e-12)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    assert torch.allclose(out[keep], eager[keep], rtol=tol, atol=tol)
+
+
+@needs_numba
+def test_flatten_model_refuses_prompts_of_another_n_and_empty_batches_run_no_kernel():
+    """A "flatten" readout has one row of weights per token: prompts of another N are a one-line
+    ValueError from the fused path too (its kernel would read past the rows); B = 0 returns (0,)
+    without running, or counting, a kernel."""
+    m = random_model(readout="flatten", N=13)
+    with torch.no_grad(), pytest.raises(ValueError, match="^N: this model's flatten readout needs N=13, got prompts with N=40$"):
+        fused.fused_forward(m, tokens(B=3, N=40))
+    calls = fused.calls
+    with torch.no_grad():
+        assert fused.fused_forward(m, tokens(B=0, N=13)).shape == (0,)
+    assert fused.calls == calls
 
 
 @needs_numba

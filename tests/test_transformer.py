@@ -80,7 +80,8 @@ def test_empty_batch_gives_an_empty_answer(readout):
         assert out.shape == (0,) and out.dtype == torch.float64
 
 
-@pytest.mark.parametrize("eps", [-1e-5, float("nan"), float("inf")])
-def test_ln_eps_must_be_finite_and_not_negative(eps):
-    with pytest.raises(ValueError, match="ln_eps: must be finite and >= 0"):
+@pytest.mark.parametrize("eps", [-1e-5, float("nan"), float("inf"), 10 ** 400, True, "1e-5", None,
+                                 torch.tensor(1e-5)])
+def test_ln_eps_must_be_a_finite_number_not_negative(eps):
+    with pytest.raises(ValueError, match=r"^ln_eps: must be a finite number >= 0 \(got .*\)$"):
         TransformerConfig(ln_eps=eps)

@@ -14,7 +14,7 @@ A model with at least SPARSE_MIN of its matrix weights exactly zero (the constru
 models) gets a kernel specialised to its zero pattern; other models share the dense kernel of
 their shape. A kernel whose generated source is larger than MAX_PRODUCTS multiplications is not
 compiled (minutes of compile time): its model runs the dense kernel instead, or the eager
-forward when that is too large as well (d_model 5 with 3 heads and beyond). Prompts are split over min(num_threads(), B // MIN_PROMPTS_PER_THREAD) threads (the
+forward when that is too large as well (d_model 6 with 4 heads, 7 with 3, 8 with 2, and beyond). Prompts are split over min(num_threads(), B // MIN_PROMPTS_PER_THREAD) threads (the
 kernel releases the GIL; num_threads() is THREADS, else torch.get_num_threads()). `fused_forward`
 returns None where it does not apply (numba missing or disabled, non-CPU or non-float tensors,
 gradients wanted); `Transformer.forward` then runs its eager path. Speed and accuracy, measured:
@@ -169,16 +169,18 @@ def _weights(model, dtype: torch.dtype) -> tuple[tuple, Pattern, float]:
     return out
 
 
-def sparse_applies(cfg, pattern: Pattern, zeros: float) -> bool:
+def sparse_applies(cfg, pattern: Pattern, zeros: float, dtype: torch.dtype = torch.float64) -> bool:
     """Whether a model gets the kernel of its zero pattern: at least SPARSE_MIN of its matrix
     weights are zero, and leaving out its zero products cannot hide a NaN that the eager forward
-    gives for a finite prompt. The one such case: with ln_eps = 0, a token whose attention
-    output has zero variance gets 1/std = inf, and a LayerNorm gain of exactly 0 turns that
-    into 0 * inf = NaN in the eager (and dense) forward, while the sparse kernel leaves the
-    product out. Such a model runs the dense kernel."""
+    gives for a finite prompt. The one such case: with ln_eps = 0 in `dtype` (a float32 model
+    rounds an eps below ~7e-46 to 0), a token whose attention output has zero variance gets
+    1/std = inf, and a LayerNorm gain of exactly 0 turns that into 0 * inf = NaN in the eager
+    (and dense) forward, while the sparse kernel leaves the product out. Such a model runs the
+    dense kernel."""
     if zeros < SPARSE_MIN:
         return False
-    return not (cfg.layernorm and cfg.ln_eps == 0 and not all(all(g) for g in pattern.gain))
+    eps_is_zero = torch.tensor(cfg.ln_eps, dtype=dtype).item() == 0
+    return not (cfg.layernorm and eps_is_zero and not all(all(g) for g in pattern.gain))
 
 
 def applies(model, tokens: torch.Tensor) -> bool:
@@ -208,6 +210,8 @@ def fused_forward(model, tokens: torch.Tensor, after=None) -> torch.Tensor | Non
             threads too); not run when the result is None.
     Returns:
         (B,) tensor in the tokens' dtype (or None).
+    Raises:
+        ValueError: a "flatten" readout model given prompts of another N than its own.
     """
     global calls
     if not applies(model, tokens):
@@ -216,13 +220,14 @@ def fused_forward(model, tokens: torch.Tensor, after=None) -> torch.Tensor | Non
     B, T, din = tokens.shape
     N = T - 1
     M = N if cfg.keys == "masked" else T
+    if cfg.readout == "flatten" and T != cfg.N + 1:  # the kernel would read past the readout's rows
+        raise ValueError(f"N: this model's flatten readout needs N={cfg.N}, got prompts with N={N}")
     out = torch.empty(B, dtype=tokens.dtype)
-    if B == 0:
-        calls += 1
+    if B == 0:  # nothing to compute (not counted in `calls`: no kernel ran)
         return out
     arrays, pattern, zeros = _weights(model, tokens.dtype)
     kern = None
-    if sparse_applies(cfg, pattern, zeros):
+    if sparse_applies(cfg, pattern, zeros, tokens.dtype):
         kern = _kernel(din, cfg.d_model, cfg.n_heads, cfg.layernorm, kernel_key(pattern))
     if kern is None:  # not sparse enough, or its zero pattern's kernel too large: the dense kernel
         kern = _kernel(din, cfg.d_model, cfg.n_heads, cfg.layernorm)

@@ -63,8 +63,14 @@ class TransformerConfig:
         for k in ("d_in", "d_model", "n_layers", "n_heads"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k}: must be >= 1 (got {getattr(self, k)})")
-        if not (math.isfinite(self.ln_eps) and self.ln_eps >= 0):
-            raise ValueError(f"ln_eps: must be finite and >= 0 (got {self.ln_eps!r})")
+        eps = self.ln_eps
+        ok = isinstance(eps, (int, float)) and not isinstance(eps, bool)
+        try:
+            ok = ok and math.isfinite(float(eps)) and eps >= 0
+        except OverflowError:  # an int beyond float range
+            ok = False
+        if not ok:
+            raise ValueError(f"ln_eps: must be a finite number >= 0 (got {eps!r})")
 
     def to_dict(self) -> dict:
         return asdict(self)
