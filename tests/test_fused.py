@@ -56,8 +56,11 @@ def test_fused_equals_eager_in_float64(keys, layernorm, readout, N):
 
 
 @needs_numba
-@pytest.mark.parametrize("d_model,n_heads,n_layers,layernorm", [(5, 1, 2, True), (3, 3, 2, True), (2, 1, 1, False)])
+@pytest.mark.parametrize("d_model,n_heads,n_layers,layernorm", [(5, 1, 2, True), (3, 4, 2, True), (2, 1, 1, False)])
 def test_other_shapes(d_model, n_heads, n_layers, layernorm):
+    """Other shapes than the shipped d_model 4 / 2 heads, among them one above SPLIT_MAX (d_model 3
+    with 4 heads: 36 key-value products, masked loops only) and a single key (N = 1)."""
+    assert 3 * 3 * 4 > fused_source.SPLIT_MAX
     m = random_model(d_model=d_model, n_heads=n_heads, n_layers=n_layers, layernorm=layernorm)
     t = tokens(B=5, N=1 if n_layers == 1 else 33)  # N = 1: a single key
     with torch.no_grad():
