@@ -100,3 +100,24 @@ def test_shipped_trained_l1_divides_in_layer_2_and_noaug_does_not():
     r_new, r_old = ln_functional(new, 100.0, n_prompts=1024), ln_functional(old, 100.0, n_prompts=1024)
     assert r_new["state"] == "layer-2 division" and r_new["ln1.slope"] > 0.95 and r_new["ln1.freeze"] > 0.03, r_new
     assert r_old["state"] != "layer-2 division" and r_old["ln1.slope"] < 0.6, r_old
+
+
+def test_checkpoint_lookup_is_kept_until_the_folder_changes(tmp_path, monkeypatch):
+    """find_checkpoints reads and parses the folder's JSON files once and keeps the answer while
+    their names, sizes and modification times stay; an added, removed or rewritten checkpoint is
+    seen on the next call."""
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig())
+    save_checkpoint(model, tmp_path / "a", {"solver": "trained-nol1", "R": 10.0, "N": [10]})
+    reads = []
+    real = type(tmp_path).read_text
+    monkeypatch.setattr(type(tmp_path), "read_text", lambda self, *a, **k: reads.append(self.name) or real(self, *a, **k))
+    first = find_checkpoints(tmp_path, "trained-nol1")
+    assert [p.name for p, _ in first] == ["a.json"] and reads == ["a.json"]
+    assert find_checkpoints(tmp_path, "trained-nol1") == first and reads == ["a.json"]  # kept
+    save_checkpoint(model, tmp_path / "b", {"solver": "trained-nol1", "R": 100.0, "N": [10]})
+    assert [m["R"] for _, m in find_checkpoints(tmp_path, "trained-nol1")] == [10.0, 100.0]  # added
+    (tmp_path / "a.json").unlink()
+    assert [m["R"] for _, m in find_checkpoints(tmp_path, "trained-nol1")] == [100.0]  # removed
+    save_checkpoint(model, tmp_path / "b", {"solver": "trained-nol1", "R": 1000.0, "N": [10]})
+    assert [m["R"] for _, m in find_checkpoints(tmp_path, "trained-nol1")] == [1000.0]  # rewritten

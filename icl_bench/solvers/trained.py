@@ -31,20 +31,36 @@ from icl_bench.solvers.transformer import Transformer
 
 
 
+_FOUND: dict[tuple[str, str], tuple[tuple, list]] = {}  # (folder, solver) -> (listing signature, result)
+
+
 def find_checkpoints(models_dir: str | Path, solver: str) -> list[tuple[Path, dict]]:
     """(json path, meta) of every checkpoint in `models_dir` made for `solver`, sorted by name.
 
-    Unreadable JSON files are ignored here (load_checkpoint reports them if one is chosen).
+    Unreadable JSON files are ignored here (load_checkpoint reports them if one is chosen). The
+    result is kept while the folder's JSON files keep their names, sizes and modification times
+    (a stat per file instead of reading and parsing every file on each predict call).
     """
+    paths = sorted(Path(models_dir).glob("*.json"))
+    try:
+        signature = tuple((p.name, st.st_size, st.st_mtime_ns) for p in paths for st in (p.stat(),))
+    except OSError:  # a file vanished between glob and stat: read afresh, keep nothing
+        signature = None
+    key = (str(Path(models_dir).resolve()), solver)
+    cached = _FOUND.get(key)
+    if signature is not None and cached is not None and cached[0] == signature:
+        return list(cached[1])
     out = []
-    for path in sorted(Path(models_dir).glob("*.json")):
+    for path in paths:
         try:
             meta = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
         if isinstance(meta, dict) and meta.get("solver") == solver:
             out.append((path, meta))
-    return out
+    if signature is not None:
+        _FOUND[key] = (signature, out)
+    return list(out)
 
 
 def checkpoint_fits(meta: dict, R: float, N: int) -> bool:
