@@ -14,7 +14,8 @@ A model with at least SPARSE_MIN of its matrix weights exactly zero (the constru
 models) gets a kernel specialised to its zero pattern; other models share the dense kernel of
 their shape. A kernel whose generated source is larger than MAX_PRODUCTS multiplications is not
 compiled (minutes of compile time): its model runs the dense kernel instead, or the eager
-forward when that is too large as well (d_model 6 with 4 heads, 7 with 3, 8 with 2, and beyond). Prompts are split over min(num_threads(), B // MIN_PROMPTS_PER_THREAD) threads (the
+forward when that is too large as well (d_model 6 with 4 heads, 7 with 3, 8 with 2, and
+beyond). Prompts are split over min(num_threads(), B // MIN_PROMPTS_PER_THREAD) threads (the
 kernel releases the GIL; num_threads() is THREADS, else torch.get_num_threads()). `fused_forward`
 returns None where it does not apply (numba missing or disabled, non-CPU or non-float tensors,
 gradients wanted); `Transformer.forward` then runs its eager path. Speed and accuracy, measured:

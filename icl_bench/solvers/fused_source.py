@@ -18,9 +18,9 @@ block, each slot's 16 values contiguous, so the loops over a block read and writ
 in one pass (the embedding and layer 0's likewise) when that loop stays short (FUSE_MAX
 products: the sparse constructions); longer ones, as in a dense model, run the block in a loop
 of its own, which measured 13-16 % faster there (fewer values live at once: AVX2 has 16 vector
-registers). Each key-value sum is kept as 16 lane sums
-(lane j adds tokens j, j + 16, ... in order) and the lanes are added in order at the end: a fixed
-order, the same on every machine, compiled without fast-math like every other sum here.
+registers). Each key-value sum is kept as 16 lane sums (lane j adds tokens j, j + 16, ... in
+order) and the lanes are added in order at the end: a fixed order, the same on every machine,
+compiled without fast-math like every other sum here.
 
 **Sparsity.** `source` takes a `Pattern` (icl_bench/solvers/fused_pattern.py): which weights are
 exactly zero. A product with a zero weight is left out of the generated sums, and so is every
@@ -258,9 +258,9 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
     Key slots [0, M), zero slots up to Mp (whole blocks; zero keys and values add exactly 0), and
     the query in slot Mp when it is not a key (keys "masked"). Each layer is one pass over the
     key blocks: the previous layer's block fused with this layer's key-value products (ekeys: the
-    embedding and layer 0's products; in loops of their own above FUSE_MAX); the block holding pads runs with a lane mask (pads read and
-    store 0), in loops of its own when H d^2 <= SPLIT_MAX, else the masked loops serve every
-    block. Helpers, one per distinct layer pattern: sums_j (lanes -> S), fold_j (S -> P),
+    embedding and layer 0's products; in loops of their own above FUSE_MAX); the block holding
+    pads runs with a lane mask (pads read and store 0), in loops of its own when
+    H d^2 <= SPLIT_MAX, else the masked loops serve every block. Helpers, one per distinct layer pattern: sums_j (lanes -> S), fold_j (S -> P),
     block_j / block_j1 (whole blocks / one token), bkeys_n[_m] (pair n of consecutive layers:
     block of layer l - 1 then keys of layer l), embed1 (one token); for sparse patterns
     nonfinite and zsum (0 for finite values, NaN otherwise).
