@@ -72,6 +72,12 @@ class TransformerConfig:
         if not ok:
             raise ValueError(f"ln_eps: must be a finite number >= 0 (got {eps!r})")
 
+    def check_prompts(self, T: int) -> None:
+        """Raise ValueError (one line) when prompts of T = N + 1 tokens do not fit this model: a
+        "flatten" readout has one row of weights per token of its own N."""
+        if self.readout == "flatten" and T != self.N + 1:
+            raise ValueError(f"N: this model's flatten readout needs N={self.N}, got prompts with N={T - 1}")
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -210,8 +216,7 @@ class Transformer(nn.Module):
         self.readout = nn.Linear(width, 1, bias=False)
 
     def _run(self, tokens: torch.Tensor, quadratic: bool, keep: bool):
-        if self.cfg.readout == "flatten" and tokens.shape[1] != self.cfg.N + 1:
-            raise ValueError(f"N: this model's flatten readout needs N={self.cfg.N}, got prompts with N={tokens.shape[1] - 1}")
+        self.cfg.check_prompts(tokens.shape[1])
         h = self.embed(tokens)  # (B, T, d)
         trace = {"embed": h} if keep else None
         for i, block in enumerate(self.blocks):
@@ -231,8 +236,7 @@ class Transformer(nn.Module):
         "query" readout the last block computes the query token only; on the CPU the prompts go
         through in chunks of about CHUNK_TOKENS tokens so the stream stays in cache. O(B*N*d^2).
         """
-        if self.cfg.readout == "flatten" and tokens.shape[1] != self.cfg.N + 1:
-            raise ValueError(f"N: this model's flatten readout needs N={self.cfg.N}, got prompts with N={tokens.shape[1] - 1}")
+        self.cfg.check_prompts(tokens.shape[1])
         out = fused_forward(self, tokens)  # CPU, no gradient: the fused kernel (icl_bench/solvers/fused.py)
         return out if out is not None else self.forward_eager(tokens)
 
