@@ -51,6 +51,7 @@ numba = None  # the numba module, imported on first use (~0.5 s); False where it
 _KERNELS: dict[tuple, object] = {}
 _LOCK = threading.Lock()
 _POOL: ThreadPoolExecutor | None = None
+_POOL_NAME = "icl_bench-fused"  # its worker threads' name prefix
 
 
 def available() -> bool:
@@ -237,17 +238,37 @@ def fused_forward(model, tokens: torch.Tensor, after=None) -> torch.Tensor | Non
     threads = max(1, min(num_threads(), B // MIN_PROMPTS_PER_THREAD))
     tok = tokens.detach().contiguous().reshape(B, T * din).numpy()  # 2-D: unit stride known
     args = (tok, *arrays, float(cfg.ln_eps), M, N, cfg.n_layers, cfg.readout == "flatten", out.numpy())
+
     def share(b0: int, b1: int) -> None:
         kern(*args, b0, b1)
         if after is not None:
             after(b0, b1)
 
-    if threads == 1:
-        share(0, B)
-        return out
-    edges = [t * B // threads for t in range(threads + 1)]
-    list(pool(threads).map(lambda t: share(edges[t], edges[t + 1]), range(threads)))
+    split(share, B, threads)
     return out
+
+
+def split(work, B: int, threads: int) -> None:
+    """Run work(b0, b1) on `threads` contiguous shares of the prompts 0 <= b < B at once: the
+    calling thread takes the first share and the shared pool's threads - 1 workers the others
+    (a worker fewer to wake than handing every share to the pool: 1.83-1.94x one thread where
+    that gave 1.65-1.81x, docs/throughput.md). Returns when every share is done; an exception
+    of any share is raised after all have finished (none is left writing the output). Called
+    from one of the pool's own workers (a share that splits again) it runs everything on that
+    thread: its share would otherwise wait for the worker it occupies."""
+    if threads <= 1 or B <= 1 or threading.current_thread().name.startswith(_POOL_NAME):
+        work(0, B)
+        return
+    threads = min(threads, B)
+    edges = [t * B // threads for t in range(threads + 1)]  # (threads + 1,) share boundaries
+    futures = [pool(threads - 1).submit(work, edges[t], edges[t + 1]) for t in range(1, threads)]
+    try:
+        work(edges[0], edges[1])
+    finally:
+        for f in futures:
+            f.exception()  # wait for it, even when this thread's share raised
+    for f in futures:
+        f.result()  # re-raise a worker's exception
 
 
 def num_threads() -> int:
@@ -256,11 +277,11 @@ def num_threads() -> int:
 
 
 def pool(threads: int) -> ThreadPoolExecutor:
-    """A shared pool of `threads` workers (the kernel releases the GIL)."""
+    """A shared pool of `threads` workers (the kernels release the GIL); `split` uses it."""
     global _POOL
     with _LOCK:
         if _POOL is None or _POOL._max_workers != threads:
             if _POOL is not None:
                 _POOL.shutdown(wait=False)
-            _POOL = ThreadPoolExecutor(threads, thread_name_prefix="icl_bench-fused")
+            _POOL = ThreadPoolExecutor(threads, thread_name_prefix=_POOL_NAME)
         return _POOL

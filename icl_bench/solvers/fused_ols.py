@@ -89,11 +89,7 @@ def fast_ols_predict(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor) -> torch
     redo = torch.empty(B, dtype=torch.bool)
     args = (xs, ys, us, out.numpy(), redo.numpy(), min(SHIFT_SAMPLES, N), SCREEN, float(FAST_RANGE[x.dtype]))
     threads = max(1, min(fused.num_threads(), B // 256))
-    if threads == 1:
-        kernel(*args, 0, B)
-    else:
-        edges = [t * B // threads for t in range(threads + 1)]
-        list(fused.pool(threads).map(lambda t: kernel(*args, edges[t], edges[t + 1]), range(threads)))
+    fused.split(lambda b0, b1: kernel(*args, b0, b1), B, threads)
     if redo.any():
         idx = redo.nonzero().squeeze(1)
         out[idx] = ols_predict(x[idx], y[idx], u[idx])

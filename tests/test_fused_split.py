@@ -1,0 +1,68 @@
+"""fused.split, the one way the fused kernels (transformer forward, ols) spread prompts over threads:
+every prompt exactly once, the calling thread working too, exceptions after all shares finish,
+and no deadlock when a share splits again."""
+import threading
+import time
+
+import pytest
+
+from icl_bench.solvers import fused
+
+
+@pytest.mark.parametrize("B", [0, 1, 2, 7, 64, 1001])
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+def test_every_prompt_once_and_the_caller_takes_the_first_share(B, threads):
+    shares = []  # (b0, b1, thread name)
+    lock = threading.Lock()
+
+    def work(b0, b1):
+        with lock:
+            shares.append((b0, b1, threading.current_thread().name))
+
+    fused.split(work, B, threads)
+    covered = sorted(b for b0, b1, _ in shares for b in range(b0, b1))
+    assert covered == list(range(B))
+    assert len(shares) == max(1, min(threads, B))
+    first = min(shares)
+    assert first[0] == 0 and first[2] == threading.current_thread().name
+    assert all(name.startswith("icl_bench-fused") for b0, _, name in shares if b0 > 0)
+
+
+def test_a_failing_share_raises_only_after_the_others_finished():
+    finished = []
+
+    def work(b0, b1):
+        if b0 == 0:  # the calling thread's share fails at once
+            raise ValueError("share 0")
+        time.sleep(0.2)
+        finished.append(b0)
+
+    with pytest.raises(ValueError, match="share 0"):
+        fused.split(work, 10, 2)
+    assert finished == [5]  # the worker's share was done before split returned
+
+    def worker_fails(b0, b1):
+        if b0 > 0:
+            raise KeyError("worker")
+
+    with pytest.raises(KeyError, match="worker"):
+        fused.split(worker_fails, 10, 2)
+
+
+def test_a_share_that_splits_again_runs_on_its_own_thread():
+    seen = []
+
+    def inner(b0, b1):
+        seen.append((b0, b1, threading.current_thread().name))
+
+    def outer(b0, b1):
+        fused.split(inner, b1 - b0, 2)
+
+    done = threading.Thread(target=fused.split, args=(outer, 8, 2), daemon=True)
+    done.start()
+    done.join(timeout=20)
+    assert not done.is_alive(), "a nested split waited for the worker it occupies"
+    caller = done.name
+    on = {(b0, b1): name == caller for b0, b1, name in seen}  # share -> ran on the calling thread
+    assert len(seen) == 3 and on == {(0, 2): True, (2, 4): False, (0, 4): False}
+    # the caller's share split in two again; the worker's share (0, 4) ran whole, on the worker
