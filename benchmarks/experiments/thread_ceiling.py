@@ -1,0 +1,155 @@
+"""How much a second thread can give on this machine, next to what it gives the fused forward.
+
+The throughput goal asks two threads for >= 1.8x one thread (docs/throughput.md). On a shared
+virtual machine that depends on the machine as much as on the code, so this script measures the
+machine's own ceiling with two controls before it measures the fused forward:
+
+- compute: a numba loop of dependent multiply-adds on registers only (no memory traffic), the
+  same total work on one thread and split over two with `fused.split`;
+- memory: a numba sum over a 64 MiB float32 array (out of cache), one thread vs two;
+- split: the cost of `fused.split` itself with empty shares (waking the pool's worker);
+
+then ln-closed-form (float32, B = 2^20 // N prompts, one torch thread) at N = 100 and 1000: its
+fused kernel alone (`fused.fused_forward`) and the whole solver call (kernel + the ill-posed /
+R-lost screens), one thread vs two. Every pair is timed alternating call by call (ROUNDS rounds),
+so both sides see the same load; medians and minima are reported.
+
+    python -m benchmarks.experiments.thread_ceiling [--rounds 60] [--out results/thread_ceiling.md]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.conftest import _cpu_arch, _cpu_model
+from icl_bench import PromptSpec, get_solver, sample_prompts
+from icl_bench.solvers import fused
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository root
+
+
+def alternate(one, two, rounds: int) -> dict:
+    """Time one() and two() alternately, `rounds` times each after a warm-up call of both:
+    {"one": (median s, min s), "two": (...), "ratio": (median ratio, min ratio)} (ratio > 1: two is faster)."""
+    one(), two()
+    t = {"one": [], "two": []}
+    for _ in range(rounds):
+        for name, fn in (("one", one), ("two", two)):
+            t0 = time.perf_counter()
+            fn()
+            t[name].append(time.perf_counter() - t0)
+    out = {k: (statistics.median(v), min(v)) for k, v in t.items()}
+    out["ratio"] = (out["one"][0] / out["two"][0], out["one"][1] / out["two"][1])
+    return out
+
+
+def controls(rounds: int) -> dict:
+    """The machine's ceiling: compute-bound and memory-bound numba work on 1 vs 2 threads, and
+    the cost of fused.split with empty shares (seconds)."""
+    assert fused.available(), "numba is needed for the fused kernels and for these controls"
+    nb = fused.numba
+
+    @nb.njit(nogil=True)
+    def compute(b0, b1):  # 16 independent chains of multiply-adds per unit of work: registers only
+        acc = np.zeros(16, np.float32)
+        for _ in range(b0, b1):
+            for _ in range(2000):
+                for j in range(16):
+                    acc[j] = acc[j] * np.float32(0.999) + np.float32(0.001)
+        return acc.sum()
+
+    @nb.njit(nogil=True, fastmath={"reassoc"})
+    def total(a, i0, i1):
+        s = np.float32(0.0)
+        for i in range(i0, i1):
+            s += a[i]
+        return s
+
+    units = 512  # compute units of work per call (~5-10 ms on one core)
+    a = np.ones(64 * 2**20 // 4, np.float32)  # 64 MiB: far beyond the caches
+    out = {"compute": alternate(lambda: fused.split(compute, units, 1), lambda: fused.split(compute, units, 2), rounds),
+           "memory": alternate(lambda: fused.split(lambda i0, i1: total(a, i0, i1), a.size, 1),
+                               lambda: fused.split(lambda i0, i1: total(a, i0, i1), a.size, 2), rounds)}
+    noop = lambda b0, b1: None  # noqa: E731
+    costs = []
+    for _ in range(1000):
+        t0 = time.perf_counter()
+        fused.split(noop, 2, 2)
+        costs.append(time.perf_counter() - t0)
+    out["split_cost"] = (statistics.median(costs), min(costs))
+    return out
+
+
+def ln_closed_form(N: int, rounds: int) -> dict:
+    """ln-closed-form at N, float32, one torch thread: kernel alone and whole solver call, 1 vs 2 threads."""
+    B = 2**20 // N
+    solver = get_solver("ln-closed-form")
+    batch = sample_prompts(PromptSpec(N=N, noise=0.1, R=100.0), B, seed=0, dtype="float32")
+    model = solver.model(batch.R, batch.dtype, batch.device)
+    tokens, _, _ = solver._inputs(batch)  # (B, N+1, 3): the tokens its predict feeds the kernel
+
+    def with_threads(n, fn):
+        def call():
+            fused.THREADS = n
+            try:
+                fn()
+            finally:
+                fused.THREADS = None
+        return call
+
+    kernel = lambda: fused.fused_forward(model, tokens)  # noqa: E731
+    whole = lambda: solver.predict(batch.slice(0, B))  # noqa: E731 - as the throughput suite calls it
+    with torch.no_grad():
+        return {"B": B, "kernel": alternate(with_threads(1, kernel), with_threads(2, kernel), rounds),
+                "solver": alternate(with_threads(1, whole), with_threads(2, whole), rounds)}
+
+
+def report(c: dict, lcf: dict, rounds: int, started: str) -> str:
+    ms = lambda s: f"{s * 1e3:.3f}"  # noqa: E731
+    la = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    rows = [f"# Two threads against one: the machine's ceiling and the fused forward\n",
+            f"Written by `python -m benchmarks.experiments.thread_ceiling` (started {started}; load "
+            f"average at the end {la}). CPU: {_cpu_model()} ({_cpu_arch()}), {os.cpu_count()} logical CPUs; "
+            f"torch {torch.__version__} with 1 thread; {rounds} alternating rounds per pair. "
+            "Ratio = one thread's time / two threads' time (> 1: two are faster); median, and minimum over minimum.\n",
+            "| case | one thread, ms (median / min) | two threads, ms (median / min) | ratio (median) | ratio (min) |",
+            "|---|---|---|---|---|"]
+    named = [("control: compute-bound numba loop (registers only)", c["compute"]),
+             ("control: memory-bound numba sum, 64 MiB", c["memory"])]
+    for N, r in lcf.items():
+        named += [(f"ln-closed-form N = {N} (B = {r['B']}), fused kernel alone", r["kernel"]),
+                  (f"ln-closed-form N = {N} (B = {r['B']}), whole solver call", r["solver"])]
+    for name, r in named:
+        rows.append(f"| {name} | {ms(r['one'][0])} / {ms(r['one'][1])} | {ms(r['two'][0])} / {ms(r['two'][1])} "
+                    f"| {r['ratio'][0]:.2f} | {r['ratio'][1]:.2f} |")
+    rows.append(f"\n`fused.split` with two empty shares (waking the pool's worker): median "
+                f"{c['split_cost'][0] * 1e6:.1f} µs, min {c['split_cost'][1] * 1e6:.1f} µs per call.")
+    return "\n".join(rows) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=60, help="alternating rounds per pair (default 60)")
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "thread_ceiling.md", help="the Markdown report")
+    args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds: must be an integer >= 1")
+    torch.set_num_threads(1)
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    c = controls(args.rounds)
+    lcf = {N: ln_closed_form(N, args.rounds) for N in (100, 1000)}
+    text = report(c, lcf, args.rounds, started)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
