@@ -4,8 +4,8 @@ The throughput goal asks two threads for >= 1.8x one thread (docs/throughput.md)
 virtual machine that depends on the machine as much as on the code, so this script measures the
 machine's own ceiling with two controls before it measures the fused forward:
 
-- compute: a numba loop of dependent multiply-adds on registers only (no memory traffic), the
-  same total work on one thread and split over two with `fused.split`;
+- compute: a numba loop of multiply-adds on a 16-value array (it stays in the first-level cache:
+  no memory traffic), the same total work on one thread and split over two with `fused.split`;
 - memory: a numba sum over a 64 MiB float32 array (out of cache), one thread vs two;
 - split: the cost of `fused.split` itself with empty shares (waking the pool's worker);
 
@@ -24,13 +24,12 @@ import argparse
 import os
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import torch
-
-from concurrent.futures import ThreadPoolExecutor
 
 from benchmarks.conftest import _cpu_arch, _cpu_model
 from icl_bench import PromptSpec, get_solver, sample_prompts
@@ -61,7 +60,7 @@ def controls(rounds: int) -> dict:
     nb = fused.numba
 
     @nb.njit(nogil=True)
-    def compute(b0, b1):  # 16 independent chains of multiply-adds per unit of work: registers only
+    def compute(b0, b1):  # 16 independent chains of multiply-adds, 64 bytes: in L1
         acc = np.zeros(16, np.float32)
         for _ in range(b0, b1):
             for _ in range(2000):
@@ -141,7 +140,7 @@ def report(c: dict, lcf: dict, rounds: int, started: str) -> str:
             "Ratio = one thread's time / two threads' time (> 1: two are faster); median, and minimum over minimum.\n",
             "| case | one thread, ms (median / min) | two threads, ms (median / min) | ratio (median) | ratio (min) |",
             "|---|---|---|---|---|"]
-    named = [("control: compute-bound numba loop (registers only)", c["compute"]),
+    named = [("control: compute-bound numba loop (16 values, in L1)", c["compute"]),
              ("control: memory-bound numba sum, 64 MiB", c["memory"])]
     for N, r in lcf.items():
         named += [(f"ln-closed-form N = {N} (B = {r['B']}), fused kernel alone", r["kernel"]),
