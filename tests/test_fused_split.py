@@ -66,3 +66,54 @@ def test_a_share_that_splits_again_runs_on_its_own_thread():
     on = {(b0, b1): name == caller for b0, b1, name in seen}  # share -> ran on the calling thread
     assert len(seen) == 3 and on == {(0, 2): True, (2, 4): False, (0, 4): False}
     # the caller's share split in two again; the worker's share (0, 4) ran whole, on the worker
+
+
+def test_the_shares_run_at_the_same_time():
+    """Each share waits at a barrier for all the others: a split that ran its shares one after
+    another would break the barrier (timeout) instead of passing it."""
+    barrier = threading.Barrier(3, timeout=10)
+    fused.split(lambda b0, b1: barrier.wait(), 30, 3)
+    assert not barrier.broken
+
+
+def test_callers_on_several_python_threads_with_different_thread_counts(monkeypatch):
+    """Python threads that split at once with 2, 3 and 4 threads (so the shared pool grows while
+    others use it) all finish, each prompt computed once; before the pool was taken and used
+    under one lock, a call could find it shut down by another ('cannot schedule new futures')."""
+    import sys
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: the race shows within a second
+    monkeypatch.setattr(fused, "_POOL", None)
+    errors, counts = [], {}
+
+    def caller(threads):
+        try:
+            for _ in range(1000):
+                seen = []
+                fused.split(lambda b0, b1: seen.extend(range(b0, b1)), 100, threads)
+                counts[threads] = counts.get(threads, 0) + (sorted(seen) == list(range(100)))
+        except Exception as exc:  # noqa: BLE001 - collected and reported by the assertion
+            errors.append(repr(exc))
+
+    try:
+        runners = [threading.Thread(target=caller, args=(n,)) for n in (2, 3, 4)]
+        for r in runners:
+            r.start()
+        for r in runners:
+            r.join(timeout=60)
+    finally:
+        sys.setswitchinterval(old)
+    assert errors == [] and counts == {2: 1000, 3: 1000, 4: 1000}
+
+
+def test_the_pool_only_grows(monkeypatch):
+    """Alternating thread counts reuse one pool (replacing it per call cost ~0.3 ms of thread starts)."""
+    monkeypatch.setattr(fused, "_POOL", None)
+    fused.split(lambda b0, b1: None, 100, 4)
+    first = fused._POOL
+    for threads in (2, 3, 4, 2):
+        fused.split(lambda b0, b1: None, 100, threads)
+    assert fused._POOL is first and first._max_workers == 3
+    fused.split(lambda b0, b1: None, 100, 6)
+    assert fused._POOL is not first and fused._POOL._max_workers == 5

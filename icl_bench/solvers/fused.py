@@ -261,8 +261,11 @@ def split(work, B: int, threads: int) -> None:
         return
     threads = min(threads, B)
     edges = [t * B // threads for t in range(threads + 1)]  # (threads + 1,) share boundaries
-    futures = [pool(threads - 1).submit(work, edges[t], edges[t + 1]) for t in range(1, threads)]
+    futures = []
     try:
+        with _LOCK:  # no other call can replace the pool between taking it and submitting
+            executor = _pool(threads - 1)
+            futures += [executor.submit(work, edges[t], edges[t + 1]) for t in range(1, threads)]
         work(edges[0], edges[1])
     finally:
         for f in futures:
@@ -276,12 +279,13 @@ def num_threads() -> int:
     return THREADS if THREADS is not None else torch.get_num_threads()
 
 
-def pool(threads: int) -> ThreadPoolExecutor:
-    """A shared pool of `threads` workers (the kernels release the GIL); `split` uses it."""
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """The shared pool, with at least `workers` threads; call with _LOCK held. It only grows: a
+    larger request replaces it (the old pool finishes what it was given, then its threads end),
+    a smaller one uses the pool as it is (its threads start on demand and wait idle)."""
     global _POOL
-    with _LOCK:
-        if _POOL is None or _POOL._max_workers != threads:
-            if _POOL is not None:
-                _POOL.shutdown(wait=False)
-            _POOL = ThreadPoolExecutor(threads, thread_name_prefix=_POOL_NAME)
-        return _POOL
+    if _POOL is None or _POOL._max_workers < workers:
+        if _POOL is not None:
+            _POOL.shutdown(wait=False)  # submitted shares still run; no new ones go to it
+        _POOL = ThreadPoolExecutor(workers, thread_name_prefix=_POOL_NAME)
+    return _POOL
