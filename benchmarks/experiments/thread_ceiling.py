@@ -14,9 +14,10 @@ fused kernel alone (`fused.fused_forward`) and the whole solver call (kernel + t
 R-lost screens), one thread vs two; and its kernel on two threads with `fused.split` (the caller
 takes the first share) against the split it replaced (every share handed to a pool of two while
 the caller waits). Every pair is timed alternating call by call (ROUNDS rounds),
-so both sides see the same load; medians and minima are reported.
+so both sides see the same load; medians and minima are reported, for each of --runs repeats of
+the whole measurement and as the range over them.
 
-    python -m benchmarks.experiments.thread_ceiling [--rounds 60] [--out results/thread_ceiling.md]
+    python -m benchmarks.experiments.thread_ceiling [--runs 5] [--rounds 60] [--out results/thread_ceiling.md]
 """
 from __future__ import annotations
 
@@ -100,11 +101,11 @@ def ln_closed_form(N: int, rounds: int) -> dict:
 
     def with_threads(n, fn):
         def call():
-            fused.THREADS = n
+            before, fused.THREADS = fused.THREADS, n
             try:
                 fn()
             finally:
-                fused.THREADS = None
+                fused.THREADS = before
         return call
 
     kernel = lambda: fused.fused_forward(model, tokens)  # noqa: E731
@@ -130,50 +131,78 @@ def ln_closed_form(N: int, rounds: int) -> dict:
     return out
 
 
-def report(c: dict, lcf: dict, rounds: int, started: str) -> str:
+def cases(c: dict, lcf: dict) -> list[tuple[str, str, dict]]:
+    """(table, case name, timings) of one run: table "threads" (one thread vs two) or "split"
+    (the all-pool split vs fused.split, both on two threads)."""
+    out = [("threads", "control: compute-bound numba loop (16 values, in L1)", c["compute"]),
+           ("threads", "control: memory-bound numba sum, 64 MiB", c["memory"])]
+    for N, r in lcf.items():
+        out += [("threads", f"ln-closed-form N = {N} (B = {r['B']}), fused kernel alone", r["kernel"]),
+                ("threads", f"ln-closed-form N = {N} (B = {r['B']}), whole solver call", r["solver"])]
+    out += [("split", f"ln-closed-form N = {N}, kernel on two threads", r["split"]) for N, r in lcf.items()]
+    return out
+
+
+def report(runs: list[tuple[str, dict, dict]], rounds: int) -> str:
+    """The Markdown report: the summary over runs, then every run's tables. runs: (start time, controls, lcf)."""
     ms = lambda s: f"{s * 1e3:.3f}"  # noqa: E731
     la = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    rows = [f"# Two threads against one: the machine's ceiling and the fused forward\n",
-            f"Written by `python -m benchmarks.experiments.thread_ceiling` (started {started}; load "
-            f"average at the end {la}). CPU: {_cpu_model()} ({_cpu_arch()}), {os.cpu_count()} logical CPUs; "
-            f"torch {torch.__version__} with 1 thread; {rounds} alternating rounds per pair. "
-            "Ratio = one thread's time / two threads' time (> 1: two are faster); median, and minimum over minimum.\n",
-            "| case | one thread, ms (median / min) | two threads, ms (median / min) | ratio (median) | ratio (min) |",
-            "|---|---|---|---|---|"]
-    named = [("control: compute-bound numba loop (16 values, in L1)", c["compute"]),
-             ("control: memory-bound numba sum, 64 MiB", c["memory"])]
-    for N, r in lcf.items():
-        named += [(f"ln-closed-form N = {N} (B = {r['B']}), fused kernel alone", r["kernel"]),
-                  (f"ln-closed-form N = {N} (B = {r['B']}), whole solver call", r["solver"])]
-    split_rows = [(f"ln-closed-form N = {N}, kernel on two threads: all-pool split (\"one\") vs fused.split (\"two\")",
-                   r["split"]) for N, r in lcf.items()]
-    for name, r in named:
-        rows.append(f"| {name} | {ms(r['one'][0])} / {ms(r['one'][1])} | {ms(r['two'][0])} / {ms(r['two'][1])} "
-                    f"| {r['ratio'][0]:.2f} | {r['ratio'][1]:.2f} |")
-    rows += ["\nBoth columns below use two threads: \"one\" is the split fused.split replaced (every share "
-             "handed to a pool of two while the caller waits), \"two\" is fused.split (the caller takes the first share).\n",
-             "| case | all-pool split, ms (median / min) | fused.split, ms (median / min) | ratio (median) | ratio (min) |",
-             "|---|---|---|---|---|"]
-    for name, r in split_rows:
-        rows.append(f"| {name} | {ms(r['one'][0])} / {ms(r['one'][1])} | {ms(r['two'][0])} / {ms(r['two'][1])} "
-                    f"| {r['ratio'][0]:.2f} | {r['ratio'][1]:.2f} |")
-    rows.append(f"\n`fused.split` with two empty shares (waking the pool's worker): median "
-                f"{c['split_cost'][0] * 1e6:.1f} µs, min {c['split_cost'][1] * 1e6:.1f} µs per call.")
-    return "\n".join(rows) + "\n"
+    rows = ["# Two threads against one: the machine's ceiling and the fused forward\n",
+            f"Written by `python -m benchmarks.experiments.thread_ceiling --runs {len(runs)} --rounds {rounds}` "
+            f"(runs started {runs[0][0]} … {runs[-1][0]}; load average at the end {la}). CPU: {_cpu_model()} "
+            f"({_cpu_arch()}), {os.cpu_count()} logical CPUs; torch {torch.__version__} with 1 thread; {rounds} "
+            "alternating rounds per pair. Ratio = the first column's time / the second's (> 1: the second is "
+            "faster): of the medians, and of the minima.\n",
+            f"## Summary over the {len(runs)} runs\n",
+            "| table | case | median ratio, lowest – highest run | minimum ratio, lowest – highest run |",
+            "|---|---|---|---|"]
+    per_run = [cases(c, lcf) for _, c, lcf in runs]
+    for i, (table, name, _) in enumerate(per_run[0]):
+        med = [run[i][2]["ratio"][0] for run in per_run]
+        low = [run[i][2]["ratio"][1] for run in per_run]
+        rows.append(f"| {table} | {name} | {min(med):.2f} – {max(med):.2f} | {min(low):.2f} – {max(low):.2f} |")
+    costs = [c["split_cost"] for _, c, _ in runs]
+    rows.append(f"\n`fused.split` with two empty shares (waking the pool's worker), per call: medians "
+                f"{min(m for m, _ in costs) * 1e6:.1f} – {max(m for m, _ in costs) * 1e6:.1f} µs, minima "
+                f"{min(n for _, n in costs) * 1e6:.1f} – {max(n for _, n in costs) * 1e6:.1f} µs.\n")
+    for N in runs[0][2]:
+        rest = {k: [lcf[N]["solver"][k][0] - lcf[N]["kernel"][k][0] for _, _, lcf in runs] for k in ("one", "two")}
+        rows.append(f"ln-closed-form N = {N}, whole call minus kernel alone (medians; the screens and the solver's own "
+                    f"steps): {min(rest['one']) * 1e3:.2f} – {max(rest['one']) * 1e3:.2f} ms on one thread, "
+                    f"{min(rest['two']) * 1e3:.2f} – {max(rest['two']) * 1e3:.2f} ms on two.\n")
+    rows.append("Table \"threads\": one thread vs two. Table \"split\": both on two threads, the split that "
+                "fused.split replaced (every share handed to a pool of two while the caller waits) vs fused.split "
+                "(the caller takes the first share).\n")
+    heads = {"threads": ("one thread", "two threads"), "split": ("all-pool split", "fused.split")}
+    for k, ((started, c, _), run) in enumerate(zip(runs, per_run), 1):
+        rows.append(f"## Run {k} (started {started})\n")
+        for table, (h1, h2) in heads.items():
+            rows += [f"| {table}: case | {h1}, ms (median / min) | {h2}, ms (median / min) | ratio (median) | ratio (min) |",
+                     "|---|---|---|---|---|"]
+            rows += [f"| {name} | {ms(r['one'][0])} / {ms(r['one'][1])} | {ms(r['two'][0])} / {ms(r['two'][1])} "
+                     f"| {r['ratio'][0]:.2f} | {r['ratio'][1]:.2f} |" for t, name, r in run if t == table]
+            rows.append("")
+        rows.append(f"`fused.split` with two empty shares: median {c['split_cost'][0] * 1e6:.1f} µs, "
+                    f"min {c['split_cost'][1] * 1e6:.1f} µs per call.\n")
+    return "\n".join(rows)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5, help="repeats of the whole measurement (default 5)")
     ap.add_argument("--rounds", type=int, default=60, help="alternating rounds per pair (default 60)")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "thread_ceiling.md", help="the Markdown report")
     args = ap.parse_args()
-    if args.rounds < 1:
-        ap.error("--rounds: must be an integer >= 1")
+    for name in ("runs", "rounds"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name}: must be an integer >= 1")
     torch.set_num_threads(1)
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    c = controls(args.rounds)
-    lcf = {N: ln_closed_form(N, args.rounds) for N in (100, 1000)}
-    text = report(c, lcf, args.rounds, started)
+    runs = []
+    for _ in range(args.runs):
+        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        c = controls(args.rounds)
+        runs.append((started, c, {N: ln_closed_form(N, args.rounds) for N in (100, 1000)}))
+    text = report(runs, args.rounds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)
