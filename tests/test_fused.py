@@ -116,7 +116,7 @@ def test_threads_give_the_same_answer(monkeypatch):
     t = tokens(B=70, N=20)
     with torch.no_grad():
         one = fused.fused_forward(m, t)
-        monkeypatch.setattr(fused, "MIN_PROMPTS_PER_THREAD", 1)
+        monkeypatch.setattr(fused, "MIN_WORK_PER_THREAD", 1)
         old = torch.get_num_threads()
         torch.set_num_threads(2)
         try:
@@ -346,7 +346,7 @@ def test_ln_closed_form_screens_split_over_the_threads(monkeypatch):
     x[40, 0] = 1e30  # R = 100 lost beside it in float64
     batch = make_batch(x, y, torch.randn(96, generator=g, dtype=torch.float64), R=100.0)
     solver = get_solver("ln-closed-form")
-    monkeypatch.setattr(fused, "MIN_PROMPTS_PER_THREAD", 1)
+    monkeypatch.setattr(fused, "MIN_WORK_PER_THREAD", 1)
     monkeypatch.setattr(fused, "THREADS", 1)
     one = solver.predict(batch)
     monkeypatch.setattr(fused, "THREADS", 2)

@@ -117,3 +117,33 @@ def test_the_pool_only_grows(monkeypatch):
     assert fused._POOL is first and first._max_workers == 3
     fused.split(lambda b0, b1: None, 100, 6)
     assert fused._POOL is not first and fused._POOL._max_workers == 5
+
+
+def _threads_asked(monkeypatch) -> list:
+    """Record the thread count each fused.split call is given (the split itself still runs)."""
+    asked, real = [], fused.split
+    monkeypatch.setattr(fused, "split", lambda work, B, threads: (asked.append(threads), real(work, B, threads))[1])
+    return asked
+
+
+@pytest.mark.skipif(not fused.available(), reason="numba is not installed: no fused kernels")
+def test_small_batches_stay_on_one_thread_large_ones_split(monkeypatch):
+    """A share must be worth waking a thread for: the forward splits from MIN_WORK_PER_THREAD
+    tokens per thread, ols from MIN_BYTES_PER_THREAD of x and y; both answer alike either way."""
+    import torch
+
+    from icl_bench import PromptSpec, get_solver, sample_prompts
+    from icl_bench.solvers import fused_ols
+
+    monkeypatch.setattr(fused, "THREADS", 4)
+    asked = _threads_asked(monkeypatch)
+    batch = sample_prompts(PromptSpec(N=20, noise=0.1, R=100.0), 64, seed=1)  # 64 * 21 tokens
+    lcf, ols = get_solver("ln-closed-form"), get_solver("ols")
+    small = (lcf.predict(batch), ols.predict(batch))
+    assert asked == [1, 1]
+    monkeypatch.setattr(fused, "MIN_WORK_PER_THREAD", 64 * (21 + fused.PROMPT_WORK) // 3)  # room for three threads
+    monkeypatch.setattr(fused_ols, "MIN_BYTES_PER_THREAD", batch.x.nbytes)  # x and y: two threads
+    split = (lcf.predict(batch), ols.predict(batch))
+    assert asked == [1, 1, 3, 2]
+    for one, many in zip(small, split):
+        torch.testing.assert_close(one, many, rtol=0, atol=0, equal_nan=True)

@@ -100,13 +100,7 @@ def ln_closed_form(N: int, rounds: int) -> dict:
     tokens, _, _ = solver._inputs(batch)  # (B, N+1, 3): the tokens its predict feeds the kernel
 
     def with_threads(n, fn):
-        def call():
-            before, fused.THREADS = fused.THREADS, n
-            try:
-                fn()
-            finally:
-                fused.THREADS = before
-        return call
+        return lambda: _threads(n, fn)
 
     kernel = lambda: fused.fused_forward(model, tokens)  # noqa: E731
     whole = lambda: solver.predict(batch.slice(0, B))  # noqa: E731 - as the throughput suite calls it
@@ -131,6 +125,43 @@ def ln_closed_form(N: int, rounds: int) -> dict:
     return out
 
 
+def crossover(rounds: int) -> list[tuple[str, dict]]:
+    """Where a second thread starts to pay: ln-closed-form (float32) at 2^12 ... 2^18 tokens per
+    call and ols at 2^18 ... 2^22 context values, one thread vs two with the split forced
+    (fused.MIN_WORK_PER_THREAD, fused_ols.MIN_BYTES_PER_THREAD set to 1): (case, timings) rows."""
+    from icl_bench.solvers import fused_ols
+
+    rows = []
+    saved = fused.MIN_WORK_PER_THREAD, fused_ols.MIN_BYTES_PER_THREAD
+    fused.MIN_WORK_PER_THREAD = fused_ols.MIN_BYTES_PER_THREAD = 1
+    try:
+        with torch.no_grad():
+            for name, dtype, N, sizes, unit in (("ln-closed-form", "float32", 10, (12, 14, 16, 18), "tokens"),
+                                                ("ln-closed-form", "float32", 100, (12, 14, 16, 18), "tokens"),
+                                                ("ols", "float32", 100, (18, 20, 22), "values"),
+                                                ("ols", "float64", 1000, (18, 20, 22), "values")):
+                solver = get_solver(name)
+                for k in sizes:
+                    B = 2**k // (N + 1 if unit == "tokens" else N)
+                    batch = sample_prompts(PromptSpec(N=N, noise=0.1, R=100.0), B, seed=0, dtype=dtype)
+                    call = lambda n: lambda: _threads(n, lambda: solver.predict(batch.slice(0, B)))  # noqa: E731
+                    mib = (batch.x.nbytes + batch.y.nbytes) / 2**20
+                    rows.append((f"{name} {dtype} N = {N}, B = {B}: 2^{k} {unit}, x and y {mib:.1f} MiB",
+                                 alternate(call(1), call(2), rounds)))
+    finally:
+        fused.MIN_WORK_PER_THREAD, fused_ols.MIN_BYTES_PER_THREAD = saved
+    return rows
+
+
+def _threads(n: int, fn) -> None:
+    """fn() with the fused kernels on n threads (fused.THREADS), the earlier setting restored."""
+    before, fused.THREADS = fused.THREADS, n
+    try:
+        fn()
+    finally:
+        fused.THREADS = before
+
+
 def cases(c: dict, lcf: dict) -> list[tuple[str, str, dict]]:
     """(table, case name, timings) of one run: table "threads" (one thread vs two) or "split"
     (the all-pool split vs fused.split, both on two threads)."""
@@ -140,6 +171,7 @@ def cases(c: dict, lcf: dict) -> list[tuple[str, str, dict]]:
         out += [("threads", f"ln-closed-form N = {N} (B = {r['B']}), fused kernel alone", r["kernel"]),
                 ("threads", f"ln-closed-form N = {N} (B = {r['B']}), whole solver call", r["solver"])]
     out += [("split", f"ln-closed-form N = {N}, kernel on two threads", r["split"]) for N, r in lcf.items()]
+    out += [("small", name, r) for name, r in c["crossover"]]
     return out
 
 
@@ -172,8 +204,11 @@ def report(runs: list[tuple[str, dict, dict]], rounds: int) -> str:
                     f"{min(rest['two']) * 1e3:.2f} – {max(rest['two']) * 1e3:.2f} ms on two.\n")
     rows.append("Table \"threads\": one thread vs two. Table \"split\": both on two threads, the split that "
                 "fused.split replaced (every share handed to a pool of two while the caller waits) vs fused.split "
-                "(the caller takes the first share).\n")
-    heads = {"threads": ("one thread", "two threads"), "split": ("all-pool split", "fused.split")}
+                "(the caller takes the first share). Table \"small\": one thread vs two at "
+                "small to large calls, the split forced whatever the size (where the solvers' own thresholds, "
+                "fused.MIN_WORK_PER_THREAD and fused_ols.MIN_BYTES_PER_THREAD, would keep one thread).\n")
+    heads = {"threads": ("one thread", "two threads"), "split": ("all-pool split", "fused.split"),
+             "small": ("one thread", "two threads, split forced")}
     for k, ((started, c, _), run) in enumerate(zip(runs, per_run), 1):
         rows.append(f"## Run {k} (started {started})\n")
         for table, (h1, h2) in heads.items():
@@ -201,6 +236,7 @@ def main() -> None:
     for _ in range(args.runs):
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         c = controls(args.rounds)
+        c["crossover"] = crossover(args.rounds)
         runs.append((started, c, {N: ln_closed_form(N, args.rounds) for N in (100, 1000)}))
     text = report(runs, args.rounds)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ models) gets a kernel specialised to its zero pattern; other models share the de
 their shape. A kernel whose generated source is larger than MAX_PRODUCTS multiplications is not
 compiled (minutes of compile time): its model runs the dense kernel instead, or the eager
 forward when that is too large as well (d_model 6 with 4 heads, 7 with 3, 8 with 2, and
-beyond). Prompts are split over min(num_threads(), B // MIN_PROMPTS_PER_THREAD) threads (the
+beyond). Prompts are split over min(num_threads(), B (N+1+PROMPT_WORK) // MIN_WORK_PER_THREAD) threads (the
 kernel releases the GIL; num_threads() is THREADS, else torch.get_num_threads()). `fused_forward`
 returns None where it does not apply (numba missing or disabled, non-CPU or non-float tensors,
 gradients wanted); `Transformer.forward` then runs its eager path. Speed and accuracy, measured:
@@ -44,7 +44,13 @@ SPARSE_MIN = 0.25  # share of exactly-zero matrix weights from which a model get
 MAX_PRODUCTS = 1100  # larger generated kernels are not compiled: numba's compile time grows with their
 #   size (one dtype, this 2-core machine: 14 s at 596 multiplications, the d_model 4 / 2-head dense
 #   kernel; 33 s at 918, d_model 6 / 3 heads; 77 s at 1203; 104 s at 1938, d_model 8 / 4 heads)
-MIN_PROMPTS_PER_THREAD = 16  # fewer prompts per thread than this: fewer threads
+MIN_WORK_PER_THREAD = 2**17  # fewer work units (tokens) per thread than this: fewer threads. Work of a
+#   call: B (N + 1 + PROMPT_WORK); smaller shares lose to waking a thread. ln-closed-form, float32, two
+#   threads forced against one (medians, lowest - highest of five runs, results/thread_ceiling.md):
+#   N = 100 at 2^12 / 2^14 / 2^16 / 2^18 tokens: 0.43-0.62 / 0.55-0.74 / 0.91-0.95 / 1.04-1.40;
+#   N = 10: 0.62-0.82 / 0.95-1.13 / 1.11-1.55 / 1.42-1.86. This threshold splits the last two of N = 10
+#   and the last of N = 100.
+PROMPT_WORK = 128  # a prompt's fixed cost in tokens' worth (ln-closed-form: ~0.4 us per prompt, ~3 ns per token)
 THREADS: int | None = None  # threads of the fused kernels; None: torch.get_num_threads()
 calls = 0  # fused forwards run so far in this process (the benchmarks tell transformer solvers by it)
 numba = None  # the numba module, imported on first use (~0.5 s); False where it is missing
@@ -235,7 +241,7 @@ def fused_forward(model, tokens: torch.Tensor, after=None) -> torch.Tensor | Non
     if kern is None:  # the shape's dense kernel too large as well: the eager forward
         return None
     calls += 1
-    threads = max(1, min(num_threads(), B // MIN_PROMPTS_PER_THREAD))
+    threads = max(1, min(num_threads(), B * (T + PROMPT_WORK) // MIN_WORK_PER_THREAD))
     tok = tokens.detach().contiguous().reshape(B, T * din).numpy()  # 2-D: unit stride known
     args = (tok, *arrays, float(cfg.ln_eps), M, N, cfg.n_layers, cfg.readout == "flatten", out.numpy())
 

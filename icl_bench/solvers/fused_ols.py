@@ -3,8 +3,8 @@
 The arithmetic is that of the reference's one-pass path (icl_bench/prompts/ols.py: shifted sums,
 Chan, Golub & LeVeque 1983, eq. 1.7; here the shift is the mean of the first SHIFT_SAMPLES values):
 per prompt one pass over x and y, the five sums in vector lanes (the only reassociated step),
-then the moments and the prediction in program order. Prompts are split over
-`fused.num_threads()` threads. Used by the `ols` solver (baselines/ols.py).
+then the moments and the prediction in program order. Prompts are split over up to
+`fused.num_threads()` threads, one per MIN_BYTES_PER_THREAD of x and y. Used by the `ols` solver (baselines/ols.py).
 
 Which prompts are ill-posed (NaN), and every prompt near the reference's limits, is left to the
 reference: the kernel only answers a prompt whose x has clear spread (Sxx > SCREEN * sum x^2, i.e.
@@ -21,6 +21,9 @@ from icl_bench.solvers import fused
 from icl_bench.prompts.ols import FAST_RANGE, SHIFT_SAMPLES, ols_predict
 
 SCREEN = 1e-2  # the kernel answers prompts with Sxx > SCREEN * sum x^2; the reference the rest
+MIN_BYTES_PER_THREAD = 4 * 2**20  # of x and y per thread; smaller shares lose to waking a thread: two
+#   threads forced ran 0.69-0.94x one thread at 2-4 MiB of x and y in all, 1.10-1.55x at 8-64 MiB
+#   (medians, lowest - highest of five runs, results/thread_ceiling.md)
 _KERNEL: list = []  # [(sums, kernel)] once compiled
 
 
@@ -88,7 +91,7 @@ def fast_ols_predict(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor) -> torch
     out = torch.empty(B, dtype=x.dtype)
     redo = torch.empty(B, dtype=torch.bool)
     args = (xs, ys, us, out.numpy(), redo.numpy(), min(SHIFT_SAMPLES, N), SCREEN, float(FAST_RANGE[x.dtype]))
-    threads = max(1, min(fused.num_threads(), B // 256))
+    threads = max(1, min(fused.num_threads(), (xs.nbytes + ys.nbytes) // MIN_BYTES_PER_THREAD))
     fused.split(lambda b0, b1: kernel(*args, b0, b1), B, threads)
     if redo.any():
         idx = redo.nonzero().squeeze(1)
