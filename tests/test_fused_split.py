@@ -147,3 +147,20 @@ def test_small_batches_stay_on_one_thread_large_ones_split(monkeypatch):
     assert asked == [1, 1, 3, 2]
     for one, many in zip(small, split):
         torch.testing.assert_close(one, many, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.skipif(not fused.available(), reason="numba is not installed: no fused kernels")
+def test_the_default_thresholds_and_the_thread_cap(monkeypatch):
+    """At the shipped constants: ln-closed-form at N = 100 splits 2595 prompts (594 255 units of
+    work, 4 shares' worth) but not 648 (148 392); ols splits 2^20 float32 values (8 MiB less 608
+    bytes) but not 2^18; and no call gets more threads than THREADS allows."""
+    from icl_bench import PromptSpec, get_solver, sample_prompts
+
+    monkeypatch.setattr(fused, "THREADS", 2)
+    asked = _threads_asked(monkeypatch)
+    lcf, ols = get_solver("ln-closed-form"), get_solver("ols")
+    for B in (648, 2595):
+        lcf.predict(sample_prompts(PromptSpec(N=100, noise=0.1, R=100.0), B, seed=2, dtype="float32"))
+    for B in (2621, 10485):
+        ols.predict(sample_prompts(PromptSpec(N=100, noise=0.1, R=100.0), B, seed=2, dtype="float32"))
+    assert asked == [1, 2, 1, 2]

@@ -257,7 +257,7 @@ def fused_forward(model, tokens: torch.Tensor, after=None) -> torch.Tensor | Non
 def split(work, B: int, threads: int) -> None:
     """Run work(b0, b1) on `threads` contiguous shares of the prompts 0 <= b < B at once: the
     calling thread takes the first share and the shared pool's threads - 1 workers the others
-    (one wake-up fewer than handing every share to the pool, 23-56 us on the 2-vCPU machine of
+    (one wake-up fewer than handing every share to the pool, 34-82 us on the 2-vCPU machine of
     docs/throughput.md "Two threads on the Zen 3 machine"). Returns when every share is done; an exception
     of any share is raised after all have finished (none is left writing the output). Called
     from one of the pool's own workers (a share that splits again) it runs everything on that

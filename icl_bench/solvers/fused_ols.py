@@ -21,9 +21,10 @@ from icl_bench.solvers import fused
 from icl_bench.prompts.ols import FAST_RANGE, SHIFT_SAMPLES, ols_predict
 
 SCREEN = 1e-2  # the kernel answers prompts with Sxx > SCREEN * sum x^2; the reference the rest
-MIN_BYTES_PER_THREAD = 4 * 2**20  # of x and y per thread; smaller shares lose to waking a thread: two
+MIN_BYTES_PER_THREAD = 3 * 2**20  # of x and y per thread; smaller shares lose to waking a thread: two
 #   threads forced ran 0.69-0.94x one thread at 2-4 MiB of x and y in all, 1.10-1.55x at 8-64 MiB
-#   (medians, lowest - highest of five runs, results/thread_ceiling.md)
+#   (medians, lowest - highest of five runs, results/thread_ceiling.md); with 3 MiB, 2^20 float32
+#   values (8 MiB less a few bytes) split, 4 MiB do not
 _KERNEL: list = []  # [(sums, kernel)] once compiled
 
 
