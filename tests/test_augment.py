@@ -6,6 +6,7 @@ from icl_bench.training.augment import ProxL1, affine_augment, training_batch, y
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.ols import ols_predict
 from icl_bench.prompts.generator import PromptSpec, sample_prompts
+from icl_bench.solvers import fused
 from icl_bench.training.config import TrainConfig
 from icl_bench.training.train import init_model, train
 
@@ -55,8 +56,10 @@ def test_prox_soft_threshold():
 def test_strong_prox_zeroes_weights_and_off_zeroes_none():
     cfg = dict(R=10.0, N=[12], steps=200, batch_size=64, eval_every=100, eval_prompts=256, lr=1e-2, progress=False,
                aug_scale=3.0, aug_shift=1.0, aug_ramp=0.3)
+    calls = fused.calls
     dense, _ = train(TrainConfig(**cfg))
     sparse, hist = train(TrainConfig(**cfg, l1_prox=0.9, l1_start=0.5))
+    assert fused.calls == calls  # evaluation runs the eager forward: no kernel per new zero pattern
     assert exact_zero_fraction(dense) == 0.0
     assert exact_zero_fraction(sparse) > 0.3 and torch.isfinite(torch.tensor(hist[-1]["eval_mse_vs_ols"]))
 

@@ -118,11 +118,15 @@ def lr_factor(cfg: TrainConfig, step: int) -> float:
 
 @torch.no_grad()
 def evaluate(model: Transformer, held_out: list) -> dict[str, float]:
-    """Held-out MSE vs OLS (absolute and divided by var(OLS)), averaged over the training N."""
+    """Held-out MSE vs OLS (absolute and divided by var(OLS)), averaged over the training N.
+
+    Runs the eager forward, not the fused kernels (icl_bench/solvers/fused.py): with l1 or proximal
+    l1 the weights' zero pattern changes between evaluations, and each new pattern would compile a
+    kernel of its own (seconds to a minute each) for one small batch."""
     mse, rel = [], []
     for batch in held_out:
         ols = batch.ols_prediction
-        err = (model(batch.tokens).double() - ols) ** 2  # (B,) float64
+        err = (model.forward_eager(batch.tokens).double() - ols) ** 2  # (B,) float64
         ok = torch.isfinite(err)
         mse.append(float(err[ok].mean()))
         rel.append(mse[-1] / float(ols[ok].var()))
