@@ -164,3 +164,14 @@ def test_the_default_thresholds_and_the_thread_cap(monkeypatch):
     for B in (2621, 10485):
         ols.predict(sample_prompts(PromptSpec(N=100, noise=0.1, R=100.0), B, seed=2, dtype="float32"))
     assert asked == [1, 2, 1, 2]
+
+
+def test_a_kernel_compiling_elsewhere_does_not_hold_up_a_split():
+    """Compiling a kernel holds fused._LOCK for seconds; the pool has a lock of its own, so a split
+    on another Python thread goes ahead meanwhile."""
+    done = []
+    with fused._LOCK:  # as a compiling thread would
+        runner = threading.Thread(target=lambda: (fused.split(lambda b0, b1: None, 10, 2), done.append(True)))
+        runner.start()
+        runner.join(timeout=10)
+        assert done == [True]

@@ -55,7 +55,8 @@ THREADS: int | None = None  # threads of the fused kernels; None: torch.get_num_
 calls = 0  # fused forwards run so far in this process (the benchmarks tell transformer solvers by it)
 numba = None  # the numba module, imported on first use (~0.5 s); False where it is missing
 _KERNELS: dict[tuple, object] = {}
-_LOCK = threading.Lock()
+_LOCK = threading.Lock()  # kernel compilation and the _KERNELS cache
+_POOL_LOCK = threading.Lock()  # the shared pool: not _LOCK, which a compiling thread holds for seconds
 _POOL: ThreadPoolExecutor | None = None
 _POOL_NAME = "icl_bench-fused"  # its worker threads' name prefix
 
@@ -269,7 +270,7 @@ def split(work, B: int, threads: int) -> None:
     edges = [t * B // threads for t in range(threads + 1)]  # (threads + 1,) share boundaries
     futures = []
     try:
-        with _LOCK:  # no other call can replace the pool between taking it and submitting
+        with _POOL_LOCK:  # no other call can replace the pool between taking it and submitting
             executor = _pool(threads - 1)
             futures += [executor.submit(work, edges[t], edges[t + 1]) for t in range(1, threads)]
         work(edges[0], edges[1])
@@ -286,7 +287,7 @@ def num_threads() -> int:
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
-    """The shared pool, with at least `workers` threads; call with _LOCK held. It only grows: a
+    """The shared pool, with at least `workers` threads; call with _POOL_LOCK held. It only grows: a
     larger request replaces it (the old pool finishes what it was given, then its threads end),
     a smaller one uses the pool as it is (its threads start on demand and wait idle)."""
     global _POOL
