@@ -15,11 +15,11 @@ models) gets a kernel specialised to its zero pattern; other models share the de
 their shape. A kernel whose generated source is larger than MAX_PRODUCTS multiplications is not
 compiled (minutes of compile time): its model runs the dense kernel instead, or the eager
 forward when that is too large as well (d_model 6 with 4 heads, 7 with 3, 8 with 2, and
-beyond). Prompts are split over min(num_threads(), B (N+1+PROMPT_WORK) // MIN_WORK_PER_THREAD) threads (the
-kernel releases the GIL; num_threads() is THREADS, else torch.get_num_threads()). `fused_forward`
-returns None where it does not apply (numba missing or disabled, non-CPU or non-float tensors,
-gradients wanted); `Transformer.forward` then runs its eager path. Speed and accuracy, measured:
-docs/throughput.md.
+beyond). Prompts are split over min(num_threads(), B (N + 1 + PROMPT_WORK) // MIN_WORK_PER_THREAD)
+threads by `split` (the kernel releases the GIL; num_threads() is THREADS, else
+torch.get_num_threads()). `fused_forward` returns None where it does not apply (numba missing or
+disabled, non-CPU or non-float tensors, gradients wanted); `Transformer.forward` then runs its
+eager path. Speed and accuracy, measured: docs/throughput.md.
 """
 from __future__ import annotations
 
@@ -259,10 +259,10 @@ def split(work, B: int, threads: int) -> None:
     """Run work(b0, b1) on `threads` contiguous shares of the prompts 0 <= b < B at once: the
     calling thread takes the first share and the shared pool's threads - 1 workers the others
     (one wake-up fewer than handing every share to the pool, 34-82 us on the 2-vCPU machine of
-    docs/throughput.md "Two threads on the Zen 3 machine"). Returns when every share is done; an exception
-    of any share is raised after all have finished (none is left writing the output). Called
-    from one of the pool's own workers (a share that splits again) it runs everything on that
-    thread: its share would otherwise wait for the worker it occupies."""
+    docs/throughput.md "Two threads on the Zen 3 machine"). Returns when every share is done; an
+    exception of any share is raised after all have finished (none is left writing the output).
+    Called from one of the pool's own workers (a share that splits again) it runs everything on
+    that thread: its share would otherwise wait for the worker it occupies."""
     if threads <= 1 or B <= 1 or threading.current_thread().name.startswith(_POOL_NAME):
         work(0, B)
         return

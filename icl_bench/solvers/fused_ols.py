@@ -3,8 +3,9 @@
 The arithmetic is that of the reference's one-pass path (icl_bench/prompts/ols.py: shifted sums,
 Chan, Golub & LeVeque 1983, eq. 1.7; here the shift is the mean of the first SHIFT_SAMPLES values):
 per prompt one pass over x and y, the five sums in vector lanes (the only reassociated step),
-then the moments and the prediction in program order. Prompts are split over up to
-`fused.num_threads()` threads, one per MIN_BYTES_PER_THREAD of x and y. Used by the `ols` solver (baselines/ols.py).
+then the moments and the prediction in program order. Prompts are split (`fused.split`) over up
+to `fused.num_threads()` threads, one per MIN_BYTES_PER_THREAD of x and y. Used by the `ols`
+solver (baselines/ols.py).
 
 Which prompts are ill-posed (NaN), and every prompt near the reference's limits, is left to the
 reference: the kernel only answers a prompt whose x has clear spread (Sxx > SCREEN * sum x^2, i.e.

@@ -260,10 +260,11 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
     key blocks: the previous layer's block fused with this layer's key-value products (ekeys: the
     embedding and layer 0's products; in loops of their own above FUSE_MAX); the block holding
     pads runs with a lane mask (pads read and store 0), in loops of its own when
-    H d^2 <= SPLIT_MAX, else the masked loops serve every block. Helpers, one per distinct layer pattern: sums_j (lanes -> S), fold_j (S -> P),
-    block_j / block_j1 (whole blocks / one token), bkeys_n[_m] (pair n of consecutive layers:
-    block of layer l - 1 then keys of layer l), embed1 (one token); for sparse patterns
-    nonfinite and zsum (0 for finite values, NaN otherwise).
+    H d^2 <= SPLIT_MAX, else the masked loops serve every block. Helpers, one per distinct layer
+    pattern: sums_j (lanes -> S), fold_j (S -> P), block_j / block_j1 (whole blocks / one
+    token), bkeys_n[_m] (pair n of consecutive layers: block of layer l - 1 then keys of layer l),
+    embed1 (one token); for sparse patterns nonfinite and zsum (0 for finite values, NaN
+    otherwise).
     """
     p = pattern or dense(din, d, H)
     layers = [layer_structure(p, l) for l in range(p.layers)]
