@@ -166,7 +166,7 @@ def test_solvers_use_the_fused_path(monkeypatch):
     b = sample_prompts(PromptSpec(N=30, noise=0.1, R=100.0), 64, seed=0, dtype="float64")
     calls = []
     real = fused.fused_forward
-    monkeypatch.setattr("icl_bench.solvers.transformer.fused_forward", lambda m, t: calls.append(1) or real(m, t))
+    monkeypatch.setattr("icl_bench.solvers.transformer.fused_forward", lambda m, t, **kw: calls.append(1) or real(m, t, **kw))
     for name in ("ln-closed-form", "gd-lsa"):
         s = get_solver(name)
         fast = s.predict(b)
@@ -334,8 +334,9 @@ def test_constructions_get_sparse_kernels():
 
 @needs_numba
 def test_ln_closed_form_screens_split_over_the_threads(monkeypatch):
-    """ln-closed-form runs its ill-posedness / r_lost screens inside the kernel's threads, each on
-    its own prompts: two threads give exactly the one-thread answer, NaN where the screens say."""
+    """ln-closed-form's ill-posedness / r_lost screens come from the extremes each kernel thread
+    reads for its own prompts: two threads give exactly the one-thread answer, NaN where the
+    screens say."""
     from icl_bench import make_batch
     from icl_bench.solvers.registry import get_solver
 

@@ -27,7 +27,8 @@ from icl_bench.prompts.generator import PromptBatch
 from icl_bench.prompts.ols import ill_posed, ill_posed_context
 
 
-def nan_if_ill_posed(pred: torch.Tensor, batch: PromptBatch, r_lost: bool = False) -> torch.Tensor:
+def nan_if_ill_posed(pred: torch.Tensor, batch: PromptBatch, r_lost: bool = False,
+                     extremes: torch.Tensor | None = None) -> torch.Tensor:
     """`pred` (B,) with NaN at every prompt that has no unique least-squares answer, and in
     place of +-inf (an overflow is no answer either).
 
@@ -37,10 +38,16 @@ def nan_if_ill_posed(pred: torch.Tensor, batch: PromptBatch, r_lost: bool = Fals
     answer to them is right, so a solver reports NaN there (and the runner counts it in
     `n_nonfinite`) instead of whatever finite number its arithmetic happens to produce.
     With r_lost=True (d = 1 only) the prompts of `r_lost(batch.tokens, batch.R)` are NaN too, from
-    the same pass over x and y (`ill_posed_or_r_lost`). Returns a new tensor; `pred` is untouched.
+    the same pass over x and y (`ill_posed_or_r_lost`). `extremes` (d = 1; ignored for d > 1): the
+    prompts' (x_min, x_max, y_min, y_max) (B, 4) when already known (the fused kernel reads them,
+    `Transformer.forward_extremes`), so x and y are not read again. Returns a new tensor; `pred`
+    is untouched.
     """
     if batch.d > 1:  # d regressors: the reference's conditioning rule (icl_bench/prompts/ols_mv.py)
         bad = ~torch.isfinite(batch.ols_prediction)  # (B,)
+    elif extremes is not None:
+        test = screens(*extremes.unbind(1), batch.x_query, batch.R if r_lost else None)
+        bad = test | ~torch.isfinite(batch.ols_prediction)  # (B,)
     else:
         test = ill_posed_or_r_lost(batch.x, batch.y, batch.x_query, batch.R) if r_lost else \
             ill_posed(batch.x, batch.y, batch.x_query)
@@ -69,9 +76,20 @@ def ill_posed_or_r_lost(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor, R: fl
     x, y or u, since R * eps < R never trips the test and the query's y slot is 0.
     Args: x, y (B, N); u (B,); R > 0 the embedding constant."""
     xlo, xhi, ylo, yhi = x.amin(dim=1), x.amax(dim=1), y.amin(dim=1), y.amax(dim=1)  # (B,); NaN propagates
+    return screens(xlo, xhi, ylo, yhi, u, R)
+
+
+def screens(xlo: torch.Tensor, xhi: torch.Tensor, ylo: torch.Tensor, yhi: torch.Tensor, u: torch.Tensor,
+            R: float | None = None) -> torch.Tensor:
+    """(B,) bool: `ill_posed(x, y, u)`, and with R given `| r_lost(make_tokens(x, y, u, R), R)`,
+    from the per-prompt extremes of the context: xlo, xhi, ylo, yhi (B,) the least and largest x
+    and y (NaN, or +-inf, where a value is non-finite: such prompts are ill-posed), u (B,) the
+    query, R > 0 the embedding constant. The sign of a zero extreme changes no answer."""
+    bad = ill_posed_context(xlo, xhi, ylo, yhi) | ~torch.isfinite(u)  # (B,)
+    if R is None:
+        return bad
     big = torch.maximum(torch.maximum(xhi, -xlo), torch.maximum(yhi, -ylo))  # (B,) max |x|, |y|
-    lost = torch.maximum(big, u.abs()) * torch.finfo(x.dtype).eps >= R  # NaN: False (ill-posed anyway)
-    return ill_posed_context(xlo, xhi, ylo, yhi) | ~torch.isfinite(u) | lost
+    return bad | (torch.maximum(big, u.abs()) * torch.finfo(xlo.dtype).eps >= R)  # NaN: False (ill-posed anyway)
 
 
 class SkipCell(Exception):

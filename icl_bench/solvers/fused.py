@@ -207,7 +207,8 @@ def applies(model, tokens: torch.Tensor) -> bool:
     return True
 
 
-def fused_forward(model, tokens: torch.Tensor, after=None) -> torch.Tensor | None:
+def fused_forward(model, tokens: torch.Tensor, after=None,
+                  extremes: torch.Tensor | None = None) -> torch.Tensor | None:
     """The model's output (B,) through the fused kernel, or None where it does not apply
     (see `applies`; the caller then runs the eager forward).
 
@@ -217,10 +218,17 @@ def fused_forward(model, tokens: torch.Tensor, after=None) -> torch.Tensor | Non
         after: optional callable after(b0, b1), run by each thread on the prompts b0 <= b < b1
             it has just computed (a solver's per-prompt screens, so they are split over the
             threads too); not run when the result is None.
+        extremes: optional (B, 4) CPU tensor in the tokens' dtype, filled (when the result is not
+            None) with each prompt's (x_min, x_max, y_min, y_max) over its N context tokens,
+            x and y being token slots 0 and 1 (the univariate tokens of make_tokens), all four NaN
+            where one of them is inf or NaN: what `icl_bench.solvers.base.screens` needs, read
+            by the kernel's embedding pass instead of four more passes over x and y.
+            (icl_bench/solvers/fused_source.py `_screen`.)
     Returns:
         (B,) tensor in the tokens' dtype (or None).
     Raises:
-        ValueError: a "flatten" readout model given prompts of another N than its own.
+        ValueError: a "flatten" readout model given prompts of another N than its own; `extremes`
+            not a contiguous (B, 4) CPU tensor of the tokens' dtype, or tokens narrower than 2.
     """
     global calls
     if not applies(model, tokens):
@@ -244,7 +252,17 @@ def fused_forward(model, tokens: torch.Tensor, after=None) -> torch.Tensor | Non
     calls += 1
     threads = max(1, min(num_threads(), B * (T + PROMPT_WORK) // MIN_WORK_PER_THREAD))
     tok = tokens.detach().contiguous().reshape(B, T * din).numpy()  # 2-D: unit stride known
-    args = (tok, *arrays, float(cfg.ln_eps), M, N, cfg.n_layers, cfg.readout == "flatten", out.numpy())
+    if extremes is None:
+        ext = np.empty((B, 4), dtype=tok.dtype)  # (B, 4) written by the kernel, unused
+    elif din < 2:
+        raise ValueError(f"extremes: tokens of width d_in = {din} have no x and y slots (needs d_in >= 2)")
+    elif extremes.shape != (B, 4) or extremes.dtype != tokens.dtype or not extremes.is_contiguous():
+        layout = "" if extremes.is_contiguous() else " (not contiguous)"
+        raise ValueError(f"extremes: expected a contiguous ({B}, 4) {tokens.dtype} CPU tensor, got "
+                         f"{tuple(extremes.shape)} {extremes.dtype}{layout}")
+    else:
+        ext = extremes.numpy()  # raises for a non-CPU tensor
+    args = (tok, *arrays, float(cfg.ln_eps), M, N, cfg.n_layers, cfg.readout == "flatten", out.numpy(), ext)
 
     def share(b0: int, b1: int) -> None:
         kern(*args, b0, b1)

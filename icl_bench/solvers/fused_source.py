@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from itertools import product
 
+from icl_bench.solvers.fused_extremes import extremes_function, lanes_setup, screen_lines
 from icl_bench.solvers.fused_pattern import Pattern, dense, layer_structure
 
 UNROLL_FOLD = 128  # unroll the per-prompt fold when that writes at most this many multiplications
@@ -86,12 +87,16 @@ class _Embed:
 
     def body(self, blocked: bool, dst: str = "i", masked: bool = False) -> list[str]:
         """masked: lanes of key slot M or beyond (pads) read 0 instead of a token, so their
-        slots are W_E 0 = 0 exactly."""
+        slots are W_E 0 = 0 exactly. blocked: also the extremes of the context's x and y
+        (token slots 0 and 1) into the lanes `ex` (icl_bench/solvers/fused_extremes.py)."""
         src = f"{self.din} * (blk * {LANES} + j)" if blocked else f"{self.din} * i"
         when = f" if blk * {LANES} + j < M else zero" if masked else ""
-        out = [f"t{j} = tok[b, {src} + {j}]{when}" for j in sorted({j for r in self.rows for j in r})]
-        return out + [f"scr[{_at(self.d, c, blocked, dst)}] = " + _sum([f"we_{c}_{j} * t{j}" for j in self.rows[c]])
-                      for c in range(self.d)]
+        screen = blocked and self.din >= 2  # (tokens one value wide have no x and y: no extremes)
+        used = {j for r in self.rows for j in r} | ({0, 1} if screen else set())
+        out = [f"t{j} = tok[b, {src} + {j}]{when}" for j in sorted(used)]
+        out += [f"scr[{_at(self.d, c, blocked, dst)}] = " + _sum([f"we_{c}_{j} * t{j}" for j in self.rows[c]])
+                for c in range(self.d)]
+        return out + (screen_lines(masked, LANES) if screen else [])
 
 
 class _Block:
@@ -248,9 +253,11 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
     (None: dense, any number of layers; a `uniform` pattern: any number of layers alike; else
     the pattern's layers):
 
-    kernel(tok, We, Wkv, WQ, WO, gain, bias, rw, eps, M, N, L, flatten, out, b0, b1): the whole
-        forward of prompts b0 <= b < b1 into out[b]; tok is (B, T * d_in), token i of prompt b
-        at tok[b, d_in*i : d_in*(i+1)] (2-D, so the compiler sees the unit stride).
+    kernel(tok, We, Wkv, WQ, WO, gain, bias, rw, eps, M, N, L, flatten, out, ext, b0, b1): the
+        whole forward of prompts b0 <= b < b1 into out[b], and the extremes of their context's
+        x and y (token slots 0 and 1; icl_bench/solvers/fused_extremes.py) into ext[b] (B, 4) = (x_min, x_max, y_min,
+        y_max), read by the embedding loop; tok is (B, T * d_in), token i of prompt b at
+        tok[b, d_in*i : d_in*(i+1)] (2-D, so the compiler sees the unit stride).
 
     The scratch scr (d * (Mp + LANES),) holds the stream blocked: token i's slot c at
     (i // LANES) * LANES * d + c * LANES + i % LANES, so a loop over a block's LANES tokens reads
@@ -263,8 +270,8 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
     H d^2 <= SPLIT_MAX, else the masked loops serve every block. Helpers, one per distinct layer
     pattern: sums_j (lanes -> S), fold_j (S -> P), block_j / block_j1 (whole blocks / one
     token), bkeys_n[_m] (pair n of consecutive layers: block of layer l - 1 then keys of layer l),
-    embed1 (one token); for sparse patterns nonfinite and zsum (0 for finite values, NaN
-    otherwise).
+    embed1 (one token), extremes (lanes -> ext[b]); for sparse patterns nonfinite and zsum (0 for
+    finite values, NaN otherwise).
     """
     p = pattern or dense(din, d, H)
     layers = [layer_structure(p, l) for l in range(p.layers)]
@@ -288,13 +295,14 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
     split = H * d * d <= SPLIT_MAX  # unmasked loops for the whole blocks, masked for the last one
     variants = ("", "_m") if split else ("_m",)  # (else masked loops throughout: half the code)
     for m in variants:
-        L += _function(f"ekeys{m}", "tok, b, We, scr, k0, k1, Wkv, l, acc, M", emb.head() + keys[kid[0]].head(),
+        L += _function(f"ekeys{m}", "tok, b, We, scr, k0, k1, Wkv, l, acc, M, N, ex", emb.head() + keys[kid[0]].head(),
                        _loops(fused(emb.body(True, masked=bool(m)), kid[0]), d, "k0", "k1"))
         for n, (a, b) in enumerate(pairs):
             L += _function(f"bkeys_{n}{m}", f"scr, k0, k1, {blk_args}, Wkv, l, acc, M",
                            blocks[a].head() + keys[b].head(),
                            _loops(fused(blocks[a].body(True, masked=bool(m)), b), d, "k0", "k1"))
     L += _function("embed1", "tok, b, We, scr, i, dst", emb.head(), emb.body(False, "dst"))
+    L += ["", ""] + extremes_function(LANES)
     for j, k in enumerate(keys):
         L += ["", ""] + k.sums(f"sums_{j}")
     for j, (s, x, wq, wo) in enumerate(fdist):
@@ -313,22 +321,25 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
     at = lambda c, i: _at(d, c, False, i)
     chk = lambda line: [line] if p.sparse else []
     prev = "Pm, gain, bias, l - 1, eps"
-    L += ["", "", "def kernel(tok, We, Wkv, WQ, WO, gain, bias, rw, eps, M, N, nL, flatten, out, b0, b1):",
+    L += ["", "", "def kernel(tok, We, Wkv, WQ, WO, gain, bias, rw, eps, M, N, nL, flatten, out, ext, b0, b1):",
           "    F = out.dtype.type",
           "    T = N + 1",
           f"    Mp = -(-M // {LANES}) * {LANES}",
           f"    nb = Mp // {LANES}  # blocks holding key slots",
           f"    nk = M // {LANES}  # blocks holding only keys",
+          f"    ne = N // {LANES}  # blocks holding only context tokens (the query is a key when M = T)",
           "    q = T - 1 if M == T else Mp  # the query token's slot",
           f"    scr = np.zeros({d} * (Mp + {LANES}), dtype=out.dtype)",
           f"    Pm = np.empty((nL, {d}, {d}), dtype=out.dtype)",
           f"    Sm = np.empty(({H}, {d}, {d}), dtype=out.dtype)",
           f"    Xm = np.empty(({H}, {d}, {d}), dtype=out.dtype)",
-          f"    acc = np.zeros({H * d * d * LANES}, dtype=out.dtype)  # the lane sums (sums_j resets them)",
-          "    for b in range(b0, b1):"]
+          f"    acc = np.zeros({H * d * d * LANES}, dtype=out.dtype)  # the lane sums (sums_j resets them)"]
+    L += _ind(lanes_setup(LANES), 1) + ["    for b in range(b0, b1):"]
     body = chk("chk = nonfinite(tok, b)")
     ranges = {"": "0, nk", "_m": "nk, nb" if split else "0, nb"}  # blocks of each variant
-    body += [f"ekeys{m}(tok, b, We, scr, {ranges[m]}, Wkv, 0, acc, M)" for m in variants] + [  # layer 0
+    eranges = {"": "0, ne", "_m": "ne, nb" if split else "0, nb"}  # the embedding's: whole blocks of context
+    body += [f"ekeys{m}(tok, b, We, scr, {eranges[m]}, Wkv, 0, acc, M, N, ex)" for m in variants] + [  # layer 0
+             "extremes(ex, ext, b)"] + [
              "if M < T:  # the query, when it is not a key",
              "    embed1(tok, b, We, scr, T - 1, q)",
              f"sums_{kid[0]}(acc, Sm, M)"] + chk("chk += zsum(Sm)") + [

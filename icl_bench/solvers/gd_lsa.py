@@ -104,8 +104,9 @@ class GDLSA(Solver):
         and an ill-posed prompt (var(x) = 0, NaN / inf) gets NaN (see nan_if_ill_posed)."""
         self._last_R, self._last_d = batch.R, batch.d
         with torch.no_grad():
-            pred = self.model(batch.R, batch.dtype, batch.device, batch.d)(batch.tokens)  # (B,)
-        return nan_if_ill_posed(pred, batch)
+            model = self.model(batch.R, batch.dtype, batch.device, batch.d)
+            pred, extremes = model.forward_extremes(batch.tokens)  # (B,), (B, 4) or None
+        return nan_if_ill_posed(pred, batch, extremes=extremes)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The construction's weight matrices (float64) for the R of the last batch predicted

@@ -24,7 +24,7 @@ import torch
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.generator import PromptBatch, make_tokens
 from icl_bench.prompts.ols import centred_scales, ill_posed
-from icl_bench.solvers.base import Param, Solver, ill_posed_or_r_lost, r_lost
+from icl_bench.solvers.base import Param, Solver, ill_posed_or_r_lost, r_lost, screens
 from icl_bench.solvers.fused import fused_forward
 from icl_bench.solvers.ln_closed_form_mv import build_ln_construction_mv
 from icl_bench.solvers.multivariate import ln_closed_form_mv, ln_inputs_mv
@@ -286,19 +286,20 @@ class LNClosedForm(Solver):
                                      self.values["standardize"])
         tokens, shift, scale = self._inputs(batch)  # (B, N+1, 3)
         x, y, u, R = batch.x, batch.y, batch.x_query, batch.R
-        bad = torch.empty(batch.B, dtype=torch.bool, device=batch.device)  # (B,)
+        model = self.model(R, batch.dtype, batch.device)
+        if shift is None:  # the batch's own tokens: the kernel reads the extremes of x and y on its way
+            out, extremes = model.forward_extremes(tokens)  # (B,), (B, 4) or None
+            bad = screens(*extremes.unbind(1), u, R) if extremes is not None else ill_posed_or_r_lost(x, y, u, R)
+        else:
+            bad = torch.empty(batch.B, dtype=torch.bool, device=batch.device)  # (B,)
 
-        def screen(b0: int, b1: int) -> None:  # prompts with no answer, or whose R is lost
-            if shift is None:  # the batch's own tokens: one pass over x and y answers both tests
-                bad[b0:b1] = ill_posed_or_r_lost(x[b0:b1], y[b0:b1], u[b0:b1], R)
-            else:
+            def screen(b0: int, b1: int) -> None:  # prompts with no answer, or whose R is lost
                 bad[b0:b1] = degenerate(x[b0:b1], y[b0:b1], u[b0:b1]) | r_lost(tokens[b0:b1], R)
 
-        model = self.model(R, batch.dtype, batch.device)
-        out = fused_forward(model, tokens, after=screen)  # the screens split over its threads
-        if out is None:  # CUDA, numba missing: the module's eager forward
-            out = model(tokens)  # (B,)
-            screen(0, batch.B)
+            out = fused_forward(model, tokens, after=screen)  # the screens split over its threads
+            if out is None:  # CUDA, numba missing: the module's eager forward
+                out = model(tokens)  # (B,)
+                screen(0, batch.B)
         if shift is not None:
             out = shift + scale * out
         return torch.where(bad, torch.full_like(out, float("nan")), out)

@@ -127,10 +127,10 @@ class TrainedSolver(Solver):
     def predict(self, batch: PromptBatch) -> torch.Tensor:
         """(B,) predictions in batch.dtype; NaN for ill-posed prompts (all x equal, NaN / inf) and
         for prompts so large that R vanishes in rounding beside them (see icl_bench.solvers.base)."""
-        pred = self.model_for(batch)(batch.tokens)  # (B,)
+        pred, extremes = self.model_for(batch).forward_extremes(batch.tokens)  # (B,), (B, 4) or None
         if batch.d > 1:
             pred = pred.masked_fill(r_lost(batch.tokens, batch.R), float("nan"))
-        return nan_if_ill_posed(pred, batch, r_lost=batch.d == 1)
+        return nan_if_ill_posed(pred, batch, r_lost=batch.d == 1, extremes=extremes)
 
     def weights(self) -> dict[str, torch.Tensor] | None:
         """weight_matrices() of the last model used by predict/probe (None before any)."""

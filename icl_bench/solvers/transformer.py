@@ -240,6 +240,18 @@ class Transformer(nn.Module):
         out = fused_forward(self, tokens)  # CPU, no gradient: the fused kernel (icl_bench/solvers/fused.py)
         return out if out is not None else self.forward_eager(tokens)
 
+    def forward_extremes(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`forward`, and where the fused kernel ran, each prompt's (x_min, x_max, y_min, y_max)
+        (B, 4) over its context tokens' slots 0 and 1, read by the kernel on its way (see
+        fused_forward's `extremes`; what icl_bench.solvers.base.screens needs); else None."""
+        self.cfg.check_prompts(tokens.shape[1])
+        wanted = tokens.device.type == "cpu" and self.cfg.d_in >= 2  # x and y slots to read
+        ext = torch.empty(tokens.shape[0], 4, dtype=tokens.dtype) if wanted else None  # (B, 4)
+        out = fused_forward(self, tokens, extremes=ext)  # (B,)
+        if out is None:  # the fused path does not apply (CUDA, gradients, numba missing)
+            return self.forward_eager(tokens), None
+        return out, ext
+
     def forward_eager(self, tokens: torch.Tensor) -> torch.Tensor:
         """`forward` in torch ops (any device, differentiable): the channels-first fast path below."""
         maps = [block.attn.folded_map() for block in self.blocks]

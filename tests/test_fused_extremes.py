@@ -1,0 +1,159 @@
+"""The extremes the fused kernel reads on its way (fused_forward's `extremes`): each prompt's
+least and largest context x and y, and the screens built from them (icl_bench.solvers.base.screens)
+against the torch screens they replace (ill_posed, ill_posed_or_r_lost)."""
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from icl_bench import make_batch
+from icl_bench.prompts.ols import ill_posed
+from icl_bench.solvers import fused
+from icl_bench.solvers.base import ill_posed_or_r_lost, screens
+from icl_bench.solvers.ln_closed_form import build_construction
+from icl_bench.solvers.registry import get_solver
+from tests.transformer_models import random_model, tokens
+
+needs_numba = pytest.mark.skipif(not fused.available(), reason="numba is not installed: no fused path to test")
+
+
+def torch_extremes(t: torch.Tensor) -> torch.Tensor:
+    """(B, 4): x_min, x_max, y_min, y_max over the context tokens (all but the last) of t (B, N+1, 3)."""
+    x, y = t[:, :-1, 0], t[:, :-1, 1]
+    return torch.stack([x.amin(1), x.amax(1), y.amin(1), y.amax(1)], 1)
+
+
+def hostile_tokens(N: int, dtype: torch.dtype) -> torch.Tensor:
+    """(8, N+1, 3) tokens whose query and pads would change the extremes if the kernel counted
+    them: every context y > 0 (the query's y slot and the pads are 0) and a query x far outside
+    the context's; plus prompts with NaN, +-inf, all x equal, a huge value, a negative zero."""
+    t = tokens(B=8, N=N, dtype=dtype, seed=N)
+    t[:, :-1, 1] = t[:, :-1, 1].abs() + 1.0
+    t[:, -1, 0] = 1e6
+    t[1, N // 2, 0] = float("nan")
+    t[2, N - 1, 1] = float("inf")
+    t[3, 0, 0] = -float("inf")
+    t[4, :-1, 0] = 2.5  # all x equal
+    t[5, N - 1, 0] = 1e30  # R lost beside it
+    t[6, 0, 0] = -0.0
+    return t
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["dense", "sparse"])
+@pytest.mark.parametrize("keys", ["masked", "query-in-context"])
+@pytest.mark.parametrize("N", [2, 15, 16, 17, 31, 32, 47])  # around the blocks of 16 tokens; N + 1 = 16, 32, 48
+def test_kernel_extremes_equal_torch_amin_amax(dtype, kind, keys, N):
+    if kind == "dense":
+        m = random_model(keys, True, "query", n_layers=2, dtype=dtype)
+    else:
+        m = build_construction(R=1.5, variant=keys, dtype=dtype)
+    t = hostile_tokens(N, dtype)
+    ext = torch.full((8, 4), 7.0, dtype=dtype)
+    with torch.no_grad():
+        out = fused.fused_forward(m, t, extremes=ext)
+    assert out is not None
+    ref = torch_extremes(t)
+    bad = ~torch.isfinite(ref).all(1)  # (B,) a NaN or inf among the context's x and y
+    assert bad.tolist() == [False, True, True, True, False, False, False, False]
+    assert torch.isnan(ext[bad]).all()  # all four NaN: such a prompt is ill-posed
+    assert torch.equal(ext[~bad], ref[~bad])  # exact (== treats -0 and +0 alike)
+    assert (ext[~bad][:, 2] >= 1.0).all() and (ext[~bad][:, 1] != 1e6).all()  # no query, no pad among them
+
+
+@needs_numba
+def test_extremes_of_each_prompt_with_threads(monkeypatch):
+    """Each thread's share writes its own prompts' extremes (the lanes are reset between prompts)."""
+    m = build_construction(R=1.5)
+    t = hostile_tokens(40, torch.float64)
+    t = torch.cat([t, t.flip(0), t], 0)  # (24, 41, 3)
+    monkeypatch.setattr(fused, "MIN_WORK_PER_THREAD", 1)
+    got = {}
+    for threads in (1, 3):
+        monkeypatch.setattr(fused, "THREADS", threads)
+        got[threads] = torch.empty(24, 4, dtype=torch.float64)
+        with torch.no_grad():
+            fused.fused_forward(m, t, extremes=got[threads])
+    torch.testing.assert_close(got[1], got[3], rtol=0, atol=0, equal_nan=True)
+    ok = torch.isfinite(torch_extremes(t)).all(1)
+    assert torch.equal(got[3][ok], torch_extremes(t)[ok])
+
+
+@needs_numba
+def test_fused_forward_refuses_extremes_of_the_wrong_shape_or_dtype():
+    m = random_model(n_layers=1)
+    t = tokens(B=5, N=20)
+    for bad in (torch.empty(5, 3, dtype=torch.float64), torch.empty(4, 4, dtype=torch.float64),
+                torch.empty(5, 4, dtype=torch.float32), torch.empty(4, 5, dtype=torch.float64).t()):
+        with torch.no_grad(), pytest.raises(ValueError, match="extremes"):
+            fused.fused_forward(m, t, extremes=bad)
+
+
+values = st.one_of(st.floats(-3, 3, allow_subnormal=False), st.sampled_from([0.0, -0.0, 1e30, -1e30, 1e17, float("nan"), float("inf"),
+                                                     -float("inf"), 2.5]))
+
+
+@needs_numba
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(N=st.integers(2, 40), data=st.data(), dtype=st.sampled_from(["float32", "float64"]),
+       R=st.sampled_from([1.0, 100.0, 1e4]))
+def test_screens_from_the_kernel_equal_the_torch_screens(N, data, dtype, R):
+    """screens(kernel extremes) == ill_posed_or_r_lost(x, y, u, R) and, without R, == ill_posed:
+    NaN, inf, all-equal x, a value so large that R is lost, signed zeros."""
+    B = 4
+    x = torch.tensor(data.draw(st.lists(values, min_size=B * N, max_size=B * N))).reshape(B, N)
+    y = torch.tensor(data.draw(st.lists(values, min_size=B * N, max_size=B * N))).reshape(B, N)
+    if data.draw(st.booleans()):
+        x[0] = x[0, 0]  # all x equal
+    u = torch.tensor(data.draw(st.lists(values, min_size=B, max_size=B)))
+    batch = make_batch(x, y, u, R=R, dtype=dtype)
+    m = build_construction(R=R, dtype=batch.dtype)
+    ext = torch.empty(B, 4, dtype=batch.dtype)
+    with torch.no_grad():
+        assert fused.fused_forward(m, batch.tokens, extremes=ext) is not None
+    got = screens(*ext.unbind(1), batch.x_query, R)
+    assert got.tolist() == ill_posed_or_r_lost(batch.x, batch.y, batch.x_query, R).tolist()
+    assert screens(*ext.unbind(1), batch.x_query).tolist() == ill_posed(batch.x, batch.y, batch.x_query).tolist()
+
+
+@needs_numba
+@pytest.mark.parametrize("name", ["ln-closed-form", "gd-lsa", "trained-l1", "trained-nol1"])
+def test_solvers_answer_nan_at_the_same_prompts_on_both_paths(name, monkeypatch):
+    """The solvers that take the screens from the kernel give the eager path's answers, NaN at the
+    same prompts (all x equal, NaN, inf, R lost)."""
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(40, 30, generator=g, dtype=torch.float64), torch.randn(40, 30, generator=g, dtype=torch.float64)
+    x[5] = 2.0
+    y[17, 29] = float("nan")
+    x[22, 3] = float("inf")
+    x[30, 0] = 1e30  # R = 100 lost beside it in float64
+    u = torch.randn(40, generator=g, dtype=torch.float64)
+    u[35] = float("nan")
+    batch = make_batch(x, y, u, R=100.0)
+    solver = get_solver(name)
+    try:
+        solver.check_batch(batch)
+    except Exception as exc:  # noqa: BLE001 - a trained solver without a checkpoint for this cell
+        pytest.fail(f"{name}: {exc}")
+    before = fused.calls
+    fast = solver.predict(batch)
+    assert fused.calls > before  # the fused path ran
+    monkeypatch.setattr(fused, "ENABLED", False)
+    slow = solver.predict(batch)
+    assert torch.isnan(fast).nonzero().flatten().tolist() == [5, 17, 22, 30, 35]
+    torch.testing.assert_close(fast, slow, rtol=1e-9, atol=1e-9, equal_nan=True)
+
+
+@needs_numba
+def test_tokens_one_value_wide_have_no_extremes():
+    """A model reading tokens of width 1 runs without a screen (no y slot to read) and says so."""
+    from icl_bench.solvers.transformer import Transformer, TransformerConfig
+
+    m = Transformer(TransformerConfig(d_in=1, d_model=3, n_layers=1, n_heads=1)).double().eval()
+    t = torch.randn(6, 21, 1, dtype=torch.float64)
+    with torch.no_grad():
+        out, ext = m.forward_extremes(t)
+        assert ext is None and torch.allclose(out, m.forward_eager(t), rtol=1e-12, atol=1e-12)
+        with pytest.raises(ValueError, match="d_in = 1"):
+            fused.fused_forward(m, t, extremes=torch.empty(6, 4, dtype=torch.float64))
