@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from icl_bench import make_batch
 from icl_bench.prompts.ols import ill_posed
 from icl_bench.solvers import fused
-from icl_bench.solvers.base import ill_posed_or_r_lost, screens
+from icl_bench.solvers.base import ill_posed_or_r_lost, r_lost, screens
 from icl_bench.solvers.ln_closed_form import build_construction
 from icl_bench.solvers.registry import get_solver
 from tests.transformer_models import random_model, tokens
@@ -26,7 +26,8 @@ def torch_extremes(t: torch.Tensor) -> torch.Tensor:
 def hostile_tokens(N: int, dtype: torch.dtype) -> torch.Tensor:
     """(8, N+1, 3) tokens whose query and pads would change the extremes if the kernel counted
     them: every context y > 0 (the query's y slot and the pads are 0) and a query x far outside
-    the context's; plus prompts with NaN, +-inf, all x equal, a huge value, a negative zero."""
+    the context's; plus prompts with NaN, +-inf, all x equal, a huge value, a negative zero, and
+    a NaN query."""
     t = tokens(B=8, N=N, dtype=dtype, seed=N)
     t[:, :-1, 1] = t[:, :-1, 1].abs() + 1.0
     t[:, -1, 0] = 1e6
@@ -36,6 +37,7 @@ def hostile_tokens(N: int, dtype: torch.dtype) -> torch.Tensor:
     t[4, :-1, 0] = 2.5  # all x equal
     t[5, N - 1, 0] = 1e30  # R lost beside it
     t[6, 0, 0] = -0.0
+    t[7, -1, 0] = float("nan")  # a non-finite query: the context's extremes stay finite
     return t
 
 
@@ -85,13 +87,17 @@ def test_fused_forward_refuses_extremes_of_the_wrong_shape_or_dtype():
     m = random_model(n_layers=1)
     t = tokens(B=5, N=20)
     for bad in (torch.empty(5, 3, dtype=torch.float64), torch.empty(4, 4, dtype=torch.float64),
-                torch.empty(5, 4, dtype=torch.float32), torch.empty(4, 5, dtype=torch.float64).t()):
+                torch.empty(5, 4, dtype=torch.float32), torch.empty(4, 5, dtype=torch.float64).t(),
+                torch.empty(5, 4, dtype=torch.float64, device="meta")):
         with torch.no_grad(), pytest.raises(ValueError, match="extremes"):
             fused.fused_forward(m, t, extremes=bad)
+    with torch.no_grad(), pytest.raises(ValueError, match="extremes"):  # refused before an empty batch returns
+        fused.fused_forward(m, t[:0], extremes=torch.empty(1, 4, dtype=torch.float64))
 
 
-values = st.one_of(st.floats(-3, 3, allow_subnormal=False), st.sampled_from([0.0, -0.0, 1e30, -1e30, 1e17, float("nan"), float("inf"),
-                                                     -float("inf"), 2.5]))
+values = st.one_of(st.floats(-3, 3, allow_subnormal=False),
+                   st.sampled_from([0.0, -0.0, 1e30, -1e30, 1e17, 3e38, -3.3e38, 1e-310, 1e300, float("nan"),
+                                    float("inf"), -float("inf"), 2.5]))
 
 
 @needs_numba
@@ -99,38 +105,43 @@ values = st.one_of(st.floats(-3, 3, allow_subnormal=False), st.sampled_from([0.0
 @given(N=st.integers(2, 40), data=st.data(), dtype=st.sampled_from(["float32", "float64"]),
        R=st.sampled_from([1.0, 100.0, 1e4]))
 def test_screens_from_the_kernel_equal_the_torch_screens(N, data, dtype, R):
-    """screens(kernel extremes) == ill_posed_or_r_lost(x, y, u, R) and, without R, == ill_posed:
-    NaN, inf, all-equal x, a value so large that R is lost, signed zeros."""
+    """screens(kernel extremes) == ill_posed(x, y, u) | r_lost(tokens, R) (each its own pass) and
+    == ill_posed_or_r_lost; without R, == ill_posed: NaN, inf, all-equal x, a value so large that
+    R is lost, signed zeros, subnormals, values that overflow float32."""
     B = 4
-    x = torch.tensor(data.draw(st.lists(values, min_size=B * N, max_size=B * N))).reshape(B, N)
-    y = torch.tensor(data.draw(st.lists(values, min_size=B * N, max_size=B * N))).reshape(B, N)
+    f64 = torch.float64  # (the batch casts to dtype: 3e38 and 1e300 overflow float32, 1e-310 is 0 there)
+    x = torch.tensor(data.draw(st.lists(values, min_size=B * N, max_size=B * N)), dtype=f64).reshape(B, N)
+    y = torch.tensor(data.draw(st.lists(values, min_size=B * N, max_size=B * N)), dtype=f64).reshape(B, N)
     if data.draw(st.booleans()):
         x[0] = x[0, 0]  # all x equal
-    u = torch.tensor(data.draw(st.lists(values, min_size=B, max_size=B)))
+    u = torch.tensor(data.draw(st.lists(values, min_size=B, max_size=B)), dtype=f64)
     batch = make_batch(x, y, u, R=R, dtype=dtype)
     m = build_construction(R=R, dtype=batch.dtype)
     ext = torch.empty(B, 4, dtype=batch.dtype)
     with torch.no_grad():
         assert fused.fused_forward(m, batch.tokens, extremes=ext) is not None
     got = screens(*ext.unbind(1), batch.x_query, R)
+    assert got.tolist() == (ill_posed(batch.x, batch.y, batch.x_query) | r_lost(batch.tokens, R)).tolist()
     assert got.tolist() == ill_posed_or_r_lost(batch.x, batch.y, batch.x_query, R).tolist()
     assert screens(*ext.unbind(1), batch.x_query).tolist() == ill_posed(batch.x, batch.y, batch.x_query).tolist()
 
 
 @needs_numba
-@pytest.mark.parametrize("name", ["ln-closed-form", "gd-lsa", "trained-l1", "trained-nol1"])
-def test_solvers_answer_nan_at_the_same_prompts_on_both_paths(name, monkeypatch):
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name", ["ln-closed-form", "gd-lsa", "trained-l1", "trained-nol1", "trained-lsa",
+                                  "trained-l1-noaug"])
+def test_solvers_answer_nan_at_the_same_prompts_on_both_paths(name, dtype, monkeypatch):
     """The solvers that take the screens from the kernel give the eager path's answers, NaN at the
-    same prompts (all x equal, NaN, inf, R lost)."""
+    same prompts (all x equal, NaN, inf, R lost), on two threads as on one."""
     g = torch.Generator().manual_seed(5)
     x, y = torch.randn(40, 30, generator=g, dtype=torch.float64), torch.randn(40, 30, generator=g, dtype=torch.float64)
     x[5] = 2.0
     y[17, 29] = float("nan")
     x[22, 3] = float("inf")
-    x[30, 0] = 1e30  # R = 100 lost beside it in float64
+    x[30, 0] = 1e30  # R = 100 lost beside it (float64 and float32)
     u = torch.randn(40, generator=g, dtype=torch.float64)
     u[35] = float("nan")
-    batch = make_batch(x, y, u, R=100.0)
+    batch = make_batch(x, y, u, R=100.0, dtype=dtype)
     solver = get_solver(name)
     try:
         solver.check_batch(batch)
@@ -139,10 +150,14 @@ def test_solvers_answer_nan_at_the_same_prompts_on_both_paths(name, monkeypatch)
     before = fused.calls
     fast = solver.predict(batch)
     assert fused.calls > before  # the fused path ran
+    monkeypatch.setattr(fused, "MIN_WORK_PER_THREAD", 1)
+    monkeypatch.setattr(fused, "THREADS", 2)
+    torch.testing.assert_close(solver.predict(batch), fast, rtol=0, atol=0, equal_nan=True)
     monkeypatch.setattr(fused, "ENABLED", False)
     slow = solver.predict(batch)
     assert torch.isnan(fast).nonzero().flatten().tolist() == [5, 17, 22, 30, 35]
-    torch.testing.assert_close(fast, slow, rtol=1e-9, atol=1e-9, equal_nan=True)
+    tol = 1e-9 if dtype == "float64" else 1e-3
+    torch.testing.assert_close(fast, slow, rtol=tol, atol=tol, equal_nan=True)
 
 
 @needs_numba

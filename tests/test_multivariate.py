@@ -147,6 +147,24 @@ def test_make_tokens_mv_d1_equals_make_tokens_and_make_batch():
         make_batch_mv(x, x.sum(-1), torch.zeros(4, 3), R=10.0)
 
 
+def test_make_batch_mv_with_one_regressor_is_the_univariate_batch():
+    """x (B, N, 1) gives make_batch's batch (x (B, N), u (B,)); every solver then answers (B,),
+    NaN at the ill-posed prompt. (Before, a 3-D x with d = 1 reached the univariate screens, which
+    broadcast a (B, 1) query to (B, B) or raised.)"""
+    from icl_bench import make_batch
+    from icl_bench.solvers.registry import get_solver
+
+    g = torch.Generator().manual_seed(0)
+    x, y, u = (torch.randn(3, 20, 1, generator=g, dtype=torch.float64), torch.randn(3, 20, generator=g, dtype=torch.float64),
+               torch.randn(3, 1, generator=g, dtype=torch.float64))
+    x[1] = 2.0  # all x equal: ill-posed
+    mb, b = make_batch_mv(x, y, u, R=100.0), make_batch(x[..., 0], y, u[:, 0], R=100.0)
+    assert mb.d == 1 and torch.equal(mb.x, b.x) and torch.equal(mb.tokens, b.tokens)
+    for name in ("ols", "ln-closed-form", "gd-lsa"):
+        pred = get_solver(name).predict(mb)
+        assert pred.shape == (3,) and torch.isnan(pred).tolist() == [False, True, False], name
+
+
 @pytest.mark.parametrize("d", [2, 3])
 @pytest.mark.parametrize("variant", ["masked", "query-in-context"])
 def test_gd_lsa_equals_gd_for_d_regressors(d, variant):

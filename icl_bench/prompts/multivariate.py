@@ -27,7 +27,7 @@ import math
 import torch
 
 from icl_bench.prompts.ols_mv import ols_predict_mv
-from icl_bench.prompts.generator import PromptBatch, PromptSpec, resolve_dtype, sample_prompts
+from icl_bench.prompts.generator import PromptBatch, PromptSpec, make_batch, resolve_dtype, sample_prompts
 
 MAX_D = 64  # regressors; a bigger d is refused (d_model = d + 3 and d + 1 layers grow with it)
 
@@ -121,6 +121,8 @@ def make_batch_mv(x, y, x_query, *, R: float, dtype="float64", device="cpu") -> 
     """The user's own arrays with d regressors as a PromptBatch (truth fields NaN).
 
     Args: x (B, N, d); y (B, N); x_query (B, d); R > 0 finite; dtype, device as in sample_prompts.
+    With d = 1 the result is the univariate batch of `make_batch(x[..., 0], y, x_query[:, 0])`
+    (x (B, N), x_query (B,)): every solver reads d = 1 that way.
     Raises: ValueError on shapes that do not match, N < 2 or a bad R / dtype."""
     x = torch.as_tensor(x, dtype=torch.float64).cpu()
     y = torch.as_tensor(y, dtype=torch.float64).cpu()
@@ -132,5 +134,7 @@ def make_batch_mv(x, y, x_query, *, R: float, dtype="float64", device="cpu") -> 
         raise ValueError(f"N: must be >= 2 (got {x.shape[1]})")
     if not math.isfinite(R) or R <= 0:
         raise ValueError(f"R: must be finite and > 0 (got {R!r})")
+    if x.shape[2] == 1:  # one regressor: the univariate batch
+        return make_batch(x[..., 0], y, u[:, 0], R=R, dtype=dtype, device=device)
     nan = torch.full((x.shape[0],), float("nan"), dtype=torch.float64)
     return assemble_mv(x, y, u, nan, nan, torch.full_like(u, float("nan")), nan, R=R, dtype=dtype, device=device)

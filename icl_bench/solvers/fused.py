@@ -222,8 +222,8 @@ def fused_forward(model, tokens: torch.Tensor, after=None,
             None) with each prompt's (x_min, x_max, y_min, y_max) over its N context tokens,
             x and y being token slots 0 and 1 (the univariate tokens of make_tokens), all four NaN
             where one of them is inf or NaN: what `icl_bench.solvers.base.screens` needs, read
-            by the kernel's embedding pass instead of four more passes over x and y.
-            (icl_bench/solvers/fused_source.py `_screen`.)
+            by the kernel's embedding pass instead of four more passes over x and y
+            (icl_bench/solvers/fused_extremes.py).
     Returns:
         (B,) tensor in the tokens' dtype (or None).
     Raises:
@@ -238,6 +238,17 @@ def fused_forward(model, tokens: torch.Tensor, after=None,
     N = T - 1
     M = N if cfg.keys == "masked" else T
     cfg.check_prompts(T)  # a flatten readout of another N: the kernel would read past its rows
+    if extremes is None:
+        ext = np.empty((B, 4), dtype=np.float32 if tokens.dtype == torch.float32 else np.float64)  # unused
+    elif din < 2:
+        raise ValueError(f"extremes: tokens of width d_in = {din} have no x and y slots (needs d_in >= 2)")
+    elif (extremes.shape != (B, 4) or extremes.dtype != tokens.dtype or extremes.device.type != "cpu"
+          or not extremes.is_contiguous()):
+        layout = "" if extremes.is_contiguous() else ", not contiguous"
+        raise ValueError(f"extremes: expected a contiguous ({B}, 4) {tokens.dtype} CPU tensor, got "
+                         f"{tuple(extremes.shape)} {extremes.dtype} on {extremes.device.type}{layout}")
+    else:
+        ext = extremes.numpy()  # (B, 4), filled by the kernel
     out = torch.empty(B, dtype=tokens.dtype)
     if B == 0:  # nothing to compute (not counted in `calls`: no kernel ran)
         return out
@@ -252,16 +263,6 @@ def fused_forward(model, tokens: torch.Tensor, after=None,
     calls += 1
     threads = max(1, min(num_threads(), B * (T + PROMPT_WORK) // MIN_WORK_PER_THREAD))
     tok = tokens.detach().contiguous().reshape(B, T * din).numpy()  # 2-D: unit stride known
-    if extremes is None:
-        ext = np.empty((B, 4), dtype=tok.dtype)  # (B, 4) written by the kernel, unused
-    elif din < 2:
-        raise ValueError(f"extremes: tokens of width d_in = {din} have no x and y slots (needs d_in >= 2)")
-    elif extremes.shape != (B, 4) or extremes.dtype != tokens.dtype or not extremes.is_contiguous():
-        layout = "" if extremes.is_contiguous() else " (not contiguous)"
-        raise ValueError(f"extremes: expected a contiguous ({B}, 4) {tokens.dtype} CPU tensor, got "
-                         f"{tuple(extremes.shape)} {extremes.dtype}{layout}")
-    else:
-        ext = extremes.numpy()  # raises for a non-CPU tensor
     args = (tok, *arrays, float(cfg.ln_eps), M, N, cfg.n_layers, cfg.readout == "flatten", out.numpy(), ext)
 
     def share(b0: int, b1: int) -> None:

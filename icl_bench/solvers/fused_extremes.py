@@ -23,7 +23,8 @@ def screen_lines(masked: bool, lanes: int) -> list[str]:
     """Per lane j of an embedding loop: the least and largest x and y (token slots 0 and 1) of
     the context tokens into the lanes `ex`, and a finiteness sum, 0 or NaN (t - t is NaN for inf
     and NaN); `extremes` folds the lanes into the prompt's (x_min, x_max, y_min, y_max).
-    Comparisons and t - t only: exact, and no products (FUSE_MAX counts them). masked: only
+    Comparisons and t - t only: exact, no products of values (`fused_source.products`, which
+    bounds FUSE_MAX and MAX_PRODUCTS, counts only the index product of `ctx`). masked: only
     tokens i < N count (the query and the pads do not; the unmasked loops hold context tokens
     only). `e + zero` where a lane keeps its value: storing the loaded value back let LLVM turn
     the store into a masked store, several times slower on AMD; it may turn -0 into +0, which no
