@@ -255,9 +255,9 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
 
     kernel(tok, We, Wkv, WQ, WO, gain, bias, rw, eps, M, N, L, flatten, out, ext, b0, b1): the
         whole forward of prompts b0 <= b < b1 into out[b], and the extremes of their context's
-        x and y (token slots 0 and 1; icl_bench/solvers/fused_extremes.py) into ext[b] (B, 4) = (x_min, x_max, y_min,
-        y_max), read by the embedding loop; tok is (B, T * d_in), token i of prompt b at
-        tok[b, d_in*i : d_in*(i+1)] (2-D, so the compiler sees the unit stride).
+        x and y (token slots 0 and 1, read by the embedding loop; icl_bench/solvers/fused_extremes.py)
+        into ext[b] = (x_min, x_max, y_min, y_max), ext (B, 4); tok is (B, T * d_in), token i of
+        prompt b at tok[b, d_in*i : d_in*(i+1)] (2-D, so the compiler sees the unit stride).
 
     The scratch scr (d * (Mp + LANES),) holds the stream blocked: token i's slot c at
     (i // LANES) * LANES * d + c * LANES + i % LANES, so a loop over a block's LANES tokens reads
