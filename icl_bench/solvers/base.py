@@ -45,12 +45,13 @@ def nan_if_ill_posed(pred: torch.Tensor, batch: PromptBatch, r_lost: bool = Fals
     """
     if batch.d > 1:  # d regressors: the reference's conditioning rule (icl_bench/prompts/ols_mv.py)
         bad = ~torch.isfinite(batch.ols_prediction)  # (B,)
-    elif extremes is not None:
-        test = screens(*extremes.unbind(1), batch.x_query, batch.R if r_lost else None)
-        bad = test | ~torch.isfinite(batch.ols_prediction)  # (B,)
     else:
-        test = ill_posed_or_r_lost(batch.x, batch.y, batch.x_query, batch.R) if r_lost else \
-            ill_posed(batch.x, batch.y, batch.x_query)
+        if r_lost:
+            test = ill_posed_or_r_lost(batch.x, batch.y, batch.x_query, batch.R, extremes)
+        elif extremes is not None:
+            test = screens(*extremes.unbind(1), batch.x_query)
+        else:
+            test = ill_posed(batch.x, batch.y, batch.x_query)
         bad = test | ~torch.isfinite(batch.ols_prediction)  # (B,)
     ok = ~bad.to(pred.device) & ~torch.isinf(pred)  # (B,)
     return pred.masked_fill(~ok, float("nan"))
@@ -69,12 +70,17 @@ def r_lost(tokens: torch.Tensor, R: float) -> torch.Tensor:
     return torch.maximum(flat.amax(dim=1), -flat.amin(dim=1)) * torch.finfo(tokens.dtype).eps >= R
 
 
-def ill_posed_or_r_lost(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor, R: float) -> torch.Tensor:
+def ill_posed_or_r_lost(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor, R: float,
+                        extremes: torch.Tensor | None = None) -> torch.Tensor:
     """(B,) bool: `ill_posed(x, y, u) | r_lost(make_tokens(x, y, u, R), R)`, from one minimum and one
     maximum per prompt of x and of y (four passes over the context where the two calls take
     eight, over tokens three values wide). The same answer: a token's largest |value| is that of
     x, y or u, since R * eps < R never trips the test and the query's y slot is 0.
-    Args: x, y (B, N); u (B,); R > 0 the embedding constant."""
+    Args: x, y (B, N); u (B,); R > 0 the embedding constant; extremes: optional (B, 4) per-prompt
+    (x_min, x_max, y_min, y_max) already read (the fused kernel's, `Transformer.forward_extremes`):
+    then x and y are not read at all."""
+    if extremes is not None:
+        return screens(*extremes.unbind(1), u, R)
     xlo, xhi, ylo, yhi = x.amin(dim=1), x.amax(dim=1), y.amin(dim=1), y.amax(dim=1)  # (B,); NaN propagates
     return screens(xlo, xhi, ylo, yhi, u, R)
 

@@ -24,7 +24,7 @@ import torch
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.generator import PromptBatch, make_tokens
 from icl_bench.prompts.ols import centred_scales, ill_posed
-from icl_bench.solvers.base import Param, Solver, ill_posed_or_r_lost, r_lost, screens
+from icl_bench.solvers.base import Param, Solver, ill_posed_or_r_lost, r_lost
 from icl_bench.solvers.fused import fused_forward
 from icl_bench.solvers.ln_closed_form_mv import build_ln_construction_mv
 from icl_bench.solvers.multivariate import ln_closed_form_mv, ln_inputs_mv
@@ -289,7 +289,7 @@ class LNClosedForm(Solver):
         model = self.model(R, batch.dtype, batch.device)
         if shift is None:  # the batch's own tokens: the kernel reads the extremes of x and y on its way
             out, extremes = model.forward_extremes(tokens)  # (B,), (B, 4) or None
-            bad = screens(*extremes.unbind(1), u, R) if extremes is not None else ill_posed_or_r_lost(x, y, u, R)
+            bad = ill_posed_or_r_lost(x, y, u, R, extremes)  # (B,)
         else:
             bad = torch.empty(batch.B, dtype=torch.bool, device=batch.device)  # (B,)
 

@@ -236,9 +236,7 @@ class Transformer(nn.Module):
         "query" readout the last block computes the query token only; on the CPU the prompts go
         through in chunks of about CHUNK_TOKENS tokens so the stream stays in cache. O(B*N*d^2).
         """
-        self.cfg.check_prompts(tokens.shape[1])
-        out = fused_forward(self, tokens)  # CPU, no gradient: the fused kernel (icl_bench/solvers/fused.py)
-        return out if out is not None else self.forward_eager(tokens)
+        return self.forward_extremes(tokens)[0]
 
     def forward_extremes(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`forward`, and where the fused kernel ran, each prompt's (x_min, x_max, y_min, y_max)
@@ -247,7 +245,7 @@ class Transformer(nn.Module):
         self.cfg.check_prompts(tokens.shape[1])
         wanted = tokens.device.type == "cpu" and self.cfg.d_in >= 2  # x and y slots to read
         ext = torch.empty(tokens.shape[0], 4, dtype=tokens.dtype) if wanted else None  # (B, 4)
-        out = fused_forward(self, tokens, extremes=ext)  # (B,)
+        out = fused_forward(self, tokens, extremes=ext)  # (B,): CPU, no gradient, the fused kernel
         if out is None:  # the fused path does not apply (CUDA, gradients, numba missing)
             return self.forward_eager(tokens), None
         return out, ext
