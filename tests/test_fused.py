@@ -254,6 +254,29 @@ def test_sparse_kernel_gives_nan_where_the_zero_products_would(build):
 
 
 @needs_numba
+def test_sparse_kernel_gives_nan_for_an_overflowing_sum_that_feeds_only_zero_weights():
+    """A head whose W_Q is all zero: its key-value sums S are computed (its key and value rows
+    are not zero) but every fold product with them is left out. When S overflows, the eager
+    fold's 0 * inf makes the answer NaN; the sparse kernel must say so from its finiteness check
+    of S (`zsum`), as nothing downstream carries the inf."""
+    m = sparse_model()
+    with torch.no_grad():
+        attn = m.blocks[0].attn
+        attn.W_Q[1].zero_()
+        attn.W_K[1].mul_(1e200)  # k, v ~ 1e200: k v overflows float64
+        attn.W_V[1].mul_(1e200)
+    assert fused._weights(m, torch.float64)[2] >= fused.SPARSE_MIN
+    t = tokens(B=4, N=20)
+    with torch.no_grad():
+        out, eager = fused.fused_forward(m, t), m.forward_eager(t)
+        attn.W_K[1].div_(1e200)  # back to finite sums: finite answers, the check stays quiet
+        attn.W_V[1].div_(1e200)
+        out_ok, eager_ok = fused.fused_forward(m, t), m.forward_eager(t)
+    assert torch.isnan(eager).all() and torch.isnan(out).all()
+    assert torch.isfinite(out_ok).all() and torch.allclose(out_ok, eager_ok, rtol=1e-12, atol=1e-12)
+
+
+@needs_numba
 @pytest.mark.parametrize("dtype, eps", [(torch.float64, 0.0), (torch.float32, 1e-50)])
 def test_zero_ln_gain_with_ln_eps_zero_keeps_the_eager_nan(dtype, eps):
     """With ln_eps = 0 in the model's dtype (1e-50 is 0 in float32) a token whose attention output

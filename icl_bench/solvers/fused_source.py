@@ -313,8 +313,10 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
     if p.sparse:
         L += ["", "", "def nonfinite(a, b):  # 0 when row b of a is finite, else NaN (0 * inf, 0 * NaN)",
               "    z = a.dtype.type(0.0)", "    for i in range(a.shape[1]):", "        z += a[b, i] * a.dtype.type(0.0)",
-              "    return z", "", "", "def zsum(a):  # 0 when every entry of a is finite, else NaN",
-              "    z = a.dtype.type(0.0)", "    for v in a.ravel():", "        z += v * a.dtype.type(0.0)", "    return z"]
+              "    return z", "", "", "def zsum(a):  # 0 when every entry of the 3-D a is finite, else NaN",
+              "    z = a.dtype.type(0.0)", "    for i in range(a.shape[0]):  # (a.ravel() took ~35 ns a call)",
+              "        for j in range(a.shape[1]):", "            for k in range(a.shape[2]):",
+              "                z += a[i, j, k] * a.dtype.type(0.0)", "    return z"]
     L += ["", "", f"KL = {tuple(kid)}", f"FL = {tuple(fid)}", f"BL = {tuple(bid)}", f"PL = {tuple([-1] + pid)}"]
     rw = [c for c in range(d) if p.rw[c]]
     last = "nL - 1" if pattern is None or pattern.uniform else str(p.layers - 1)
