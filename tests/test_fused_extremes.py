@@ -1,6 +1,8 @@
 """The extremes the fused kernel reads on its way (fused_forward's `extremes`): each prompt's
 least and largest context x and y, and the screens built from them (icl_bench.solvers.base.screens)
 against the torch screens they replace (ill_posed, ill_posed_or_r_lost)."""
+import math
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -10,6 +12,7 @@ from icl_bench import make_batch
 from icl_bench.prompts.ols import ill_posed
 from icl_bench.solvers import fused
 from icl_bench.solvers.base import ill_posed_or_r_lost, r_lost, screens
+from icl_bench.solvers.fused_screens import apply_screens
 from icl_bench.solvers.ln_closed_form import build_construction
 from icl_bench.solvers.registry import get_solver
 from tests.transformer_models import random_model, tokens
@@ -124,6 +127,48 @@ def test_screens_from_the_kernel_equal_the_torch_screens(N, data, dtype, R):
     assert got.tolist() == (ill_posed(batch.x, batch.y, batch.x_query) | r_lost(batch.tokens, R)).tolist()
     assert got.tolist() == ill_posed_or_r_lost(batch.x, batch.y, batch.x_query, R).tolist()
     assert screens(*ext.unbind(1), batch.x_query).tolist() == ill_posed(batch.x, batch.y, batch.x_query).tolist()
+
+
+edges = [r * 2.0**k for r in (1.0, 100.0, 1e4) for k in (23, 52)]  # |value| * eps == R exactly (float32, float64)
+screen_values = st.one_of(values, st.sampled_from(edges + [math.nextafter(e, 0.0) for e in edges]
+                                                  + [-e for e in edges]))
+
+
+@needs_numba
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), dtype=st.sampled_from([torch.float32, torch.float64]),
+       R=st.sampled_from([None, 1.0, 100.0, 1e4, 1e39]), use_ols=st.booleans(), inf_is_nan=st.booleans())
+def test_numba_screens_equal_the_torch_screens(data, dtype, R, use_ols, inf_is_nan):
+    """apply_screens (one numba pass) == pred.masked_fill(screens(...) | ~isfinite(ols) |
+    isinf(pred), NaN) in torch, for any extremes (consistent or not), queries, answers and OLS
+    values: NaN, inf, signed zeros, ties, values at and just below |value| * eps = R, an R
+    beyond float32's range."""
+    B = 12
+    draw = lambda n: torch.tensor(data.draw(st.lists(screen_values, min_size=n, max_size=n)),  # noqa: E731
+                                  dtype=torch.float64)
+    ext, u, pred, ols = draw(4 * B).reshape(B, 4).to(dtype), draw(B).to(dtype), draw(B).to(dtype), draw(B)
+    if data.draw(st.booleans()):
+        ext[:4, 1] = ext[:4, 0]  # x_min == x_max: all x equal
+    got = apply_screens(pred, ext, u, R, ols if use_ols else None, inf_is_nan)
+    bad = screens(*ext.unbind(1), u, R)
+    if use_ols:
+        bad |= ~torch.isfinite(ols)
+    if inf_is_nan:
+        bad |= torch.isinf(pred)
+    want = pred.masked_fill(bad, float("nan"))
+    assert got is not None and got.dtype == dtype
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+def test_numba_screens_step_aside_where_they_do_not_apply(monkeypatch):
+    """None (the caller runs the torch screens) for mixed dtypes, a float16 answer, and with the
+    fused path disabled."""
+    e, u, p = torch.zeros(3, 4), torch.zeros(3), torch.zeros(3)
+    assert apply_screens(p, e.double(), u, 1.0) is None
+    assert apply_screens(p.half(), e.half(), u.half(), 1.0) is None
+    assert apply_screens(p, e, u, 1.0, ols=torch.zeros(3)) is None  # the OLS reference is float64
+    monkeypatch.setattr(fused, "ENABLED", False)
+    assert apply_screens(p, e, u, 1.0) is None
 
 
 @needs_numba

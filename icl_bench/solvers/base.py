@@ -25,6 +25,7 @@ import torch
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.generator import PromptBatch
 from icl_bench.prompts.ols import ill_posed, ill_posed_context
+from icl_bench.solvers.fused_screens import apply_screens
 
 
 def nan_if_ill_posed(pred: torch.Tensor, batch: PromptBatch, r_lost: bool = False,
@@ -46,6 +47,11 @@ def nan_if_ill_posed(pred: torch.Tensor, batch: PromptBatch, r_lost: bool = Fals
     if batch.d > 1:  # d regressors: the reference's conditioning rule (icl_bench/prompts/ols_mv.py)
         bad = ~torch.isfinite(batch.ols_prediction)  # (B,)
     else:
+        if extremes is not None:  # the kernel's extremes: every screen in one numba pass, where it runs
+            screened = apply_screens(pred, extremes, batch.x_query, batch.R if r_lost else None,
+                                     batch.ols_prediction, inf_is_nan=True)
+            if screened is not None:
+                return screened
         if r_lost:
             test = ill_posed_or_r_lost(batch.x, batch.y, batch.x_query, batch.R, extremes)
         elif extremes is not None:
