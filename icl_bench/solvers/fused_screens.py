@@ -6,7 +6,7 @@ prompts whose R is lost in rounding) from each prompt's (x_min, x_max, y_min, y_
 kernel read on its way (icl_bench/solvers/fused_extremes.py), plus, in `nan_if_ill_posed`, a
 non-finite OLS reference or an infinite answer. In torch that is about a dozen elementwise ops
 on (B,) tensors, each paying a fixed cost and a pass (0.4 ms per call of 10485 prompts, ~40 ns
-per prompt, against 0.04 ms here; docs/throughput.md, "The solvers around the kernel"). Same
+per prompt, against 0.09 ms here; docs/throughput.md, "The solvers around the kernel"). Same
 tests, same answers: comparisons and t - t only, in the tokens' dtype, R rounded to that dtype
 as torch rounds a Python scalar in a comparison.
 """
@@ -21,7 +21,7 @@ _KERNEL: list = []  # [kernel] once compiled
 
 
 def _compile():
-    """The numba loop, compiled in memory once per process (well under a second per dtype),
+    """The numba loop, compiled in memory once per process (about a second per dtype),
     never cached on disk: a run writes no files besides its own."""
     if _KERNEL:
         return _KERNEL[0]
@@ -65,7 +65,15 @@ def apply_screens(pred: torch.Tensor, extremes: torch.Tensor, u: torch.Tensor, R
     Returns:
         A new (B,) tensor in pred's dtype: NaN exactly where `base.screens(*extremes.unbind(1), u,
         R)`, `~isfinite(ols)` or (inf_is_nan) `isinf(pred)` is True, pred elsewhere.
+    Raises:
+        ValueError: shapes that do not fit pred (B,): extremes not (B, 4), u or ols not (B,).
     """
+    B = pred.shape[0] if pred.ndim == 1 else -1
+    for name, t, shape in (("pred", pred, (B,)), ("extremes", extremes, (B, 4)), ("u", u, (B,)),
+                           ("ols", ols, (B,))):
+        if t is not None and tuple(t.shape) != shape:
+            want = "1-D" if name == "pred" else str(shape).replace(",)", ")")
+            raise ValueError(f"apply_screens: {name} must be {want}, got shape {tuple(t.shape)}")
     dtype = pred.dtype
     if not fused.available() or dtype not in (torch.float32, torch.float64):
         return None
