@@ -175,8 +175,8 @@ def test_numba_screens_step_aside_where_they_do_not_apply(monkeypatch):
     ((torch.zeros(3, 1), torch.zeros(3, 4), torch.zeros(3)), "pred must be 1-D"),
     ((torch.zeros(3), torch.zeros(2, 4), torch.zeros(3)), r"extremes must be \(3, 4\), got shape \(2, 4\)"),
     ((torch.zeros(3), torch.zeros(3, 3), torch.zeros(3)), r"extremes must be \(3, 4\)"),
-    ((torch.zeros(3), torch.zeros(3, 4), torch.zeros(4)), r"u must be \(3\)"),
-    ((torch.zeros(3), torch.zeros(3, 4), torch.zeros(3), 1.0, torch.zeros(5, dtype=torch.float64)), r"ols must be \(3\)"),
+    ((torch.zeros(3), torch.zeros(3, 4), torch.zeros(4)), r"u must be \(3,\), got shape \(4,\)"),
+    ((torch.zeros(3), torch.zeros(3, 4), torch.zeros(3), 1.0, torch.zeros(5, dtype=torch.float64)), r"ols must be \(3,\)"),
 ])
 def test_numba_screens_refuse_shapes_that_do_not_fit(args, match):
     """The loop reads B rows of each input without bounds checks: mismatched shapes are refused."""

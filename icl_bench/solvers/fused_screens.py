@@ -72,7 +72,7 @@ def apply_screens(pred: torch.Tensor, extremes: torch.Tensor, u: torch.Tensor, R
     for name, t, shape in (("pred", pred, (B,)), ("extremes", extremes, (B, 4)), ("u", u, (B,)),
                            ("ols", ols, (B,))):
         if t is not None and tuple(t.shape) != shape:
-            want = "1-D" if name == "pred" else str(shape).replace(",)", ")")
+            want = "1-D" if name == "pred" else str(shape)
             raise ValueError(f"apply_screens: {name} must be {want}, got shape {tuple(t.shape)}")
     dtype = pred.dtype
     if not fused.available() or dtype not in (torch.float32, torch.float64):
