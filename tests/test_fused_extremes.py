@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from icl_bench import make_batch
 from icl_bench.prompts.ols import ill_posed
 from icl_bench.solvers import fused
-from icl_bench.solvers.base import ill_posed_or_r_lost, r_lost, screens
+from icl_bench.solvers.base import ill_posed_or_r_lost, r_lost, screen_answers, screens
 from icl_bench.solvers.fused_screens import apply_screens
 from icl_bench.solvers.ln_closed_form import build_construction
 from icl_bench.solvers.registry import get_solver
@@ -169,6 +169,24 @@ def test_numba_screens_step_aside_where_they_do_not_apply(monkeypatch):
     assert apply_screens(p, e, u, 1.0, ols=torch.zeros(3)) is None  # the OLS reference is float64
     monkeypatch.setattr(fused, "ENABLED", False)
     assert apply_screens(p, e, u, 1.0) is None
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_screen_answers_are_the_same_in_torch_and_numba(dtype, monkeypatch):
+    """base.screen_answers gives the same answers on the torch path (apply_screens steps aside)."""
+    g = torch.Generator().manual_seed(3)
+    ext, u, pred = torch.randn(40, 4, generator=g, dtype=dtype), torch.randn(40, generator=g, dtype=dtype), \
+        torch.randn(40, generator=g, dtype=dtype)
+    ext[1, 0], ext[2, 3], ext[3, 1], u[4], pred[5] = float("nan"), float("inf"), ext[3, 0], float("nan"), float("inf")
+    ext[6, 1] = 1e30  # R = 100 lost beside it
+    ols = torch.randn(40, generator=g, dtype=torch.float64)
+    ols[7] = float("inf")
+    fast = screen_answers(pred, ext, u, 100.0, ols, inf_is_nan=True)
+    monkeypatch.setattr(fused, "ENABLED", False)  # apply_screens -> None: the torch screens
+    slow = screen_answers(pred, ext, u, 100.0, ols, inf_is_nan=True)
+    assert torch.isnan(fast).nonzero().flatten().tolist() == [1, 2, 3, 4, 5, 6, 7]
+    torch.testing.assert_close(fast, slow, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("args, match", [

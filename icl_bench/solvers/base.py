@@ -46,18 +46,12 @@ def nan_if_ill_posed(pred: torch.Tensor, batch: PromptBatch, r_lost: bool = Fals
     """
     if batch.d > 1:  # d regressors: the reference's conditioning rule (icl_bench/prompts/ols_mv.py)
         bad = ~torch.isfinite(batch.ols_prediction)  # (B,)
+    elif extremes is not None:  # the kernel's extremes: x and y are not read again
+        return screen_answers(pred, extremes, batch.x_query, batch.R if r_lost else None,
+                              batch.ols_prediction, inf_is_nan=True)
     else:
-        if extremes is not None:  # the kernel's extremes: every screen in one numba pass, where it runs
-            screened = apply_screens(pred, extremes, batch.x_query, batch.R if r_lost else None,
-                                     batch.ols_prediction, inf_is_nan=True)
-            if screened is not None:
-                return screened
-        if r_lost:
-            test = ill_posed_or_r_lost(batch.x, batch.y, batch.x_query, batch.R, extremes)
-        elif extremes is not None:
-            test = screens(*extremes.unbind(1), batch.x_query)
-        else:
-            test = ill_posed(batch.x, batch.y, batch.x_query)
+        test = ill_posed_or_r_lost(batch.x, batch.y, batch.x_query, batch.R) if r_lost else \
+            ill_posed(batch.x, batch.y, batch.x_query)
         bad = test | ~torch.isfinite(batch.ols_prediction)  # (B,)
     ok = ~bad.to(pred.device) & ~torch.isinf(pred)  # (B,)
     return pred.masked_fill(~ok, float("nan"))
@@ -76,17 +70,12 @@ def r_lost(tokens: torch.Tensor, R: float) -> torch.Tensor:
     return torch.maximum(flat.amax(dim=1), -flat.amin(dim=1)) * torch.finfo(tokens.dtype).eps >= R
 
 
-def ill_posed_or_r_lost(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor, R: float,
-                        extremes: torch.Tensor | None = None) -> torch.Tensor:
+def ill_posed_or_r_lost(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor, R: float) -> torch.Tensor:
     """(B,) bool: `ill_posed(x, y, u) | r_lost(make_tokens(x, y, u, R), R)`, from one minimum and one
     maximum per prompt of x and of y (four passes over the context where the two calls take
     eight, over tokens three values wide). The same answer: a token's largest |value| is that of
     x, y or u, since R * eps < R never trips the test and the query's y slot is 0.
-    Args: x, y (B, N); u (B,); R > 0 the embedding constant; extremes: optional (B, 4) per-prompt
-    (x_min, x_max, y_min, y_max) already read (the fused kernel's, `Transformer.forward_extremes`):
-    then x and y are not read at all."""
-    if extremes is not None:
-        return screens(*extremes.unbind(1), u, R)
+    Args: x, y (B, N); u (B,); R > 0 the embedding constant."""
     xlo, xhi, ylo, yhi = x.amin(dim=1), x.amax(dim=1), y.amin(dim=1), y.amax(dim=1)  # (B,); NaN propagates
     return screens(xlo, xhi, ylo, yhi, u, R)
 
@@ -102,6 +91,24 @@ def screens(xlo: torch.Tensor, xhi: torch.Tensor, ylo: torch.Tensor, yhi: torch.
         return bad
     big = torch.maximum(torch.maximum(xhi, -xlo), torch.maximum(yhi, -ylo))  # (B,) max |x|, |y|
     return bad | (torch.maximum(big, u.abs()) * torch.finfo(xlo.dtype).eps >= R)  # NaN: False (ill-posed anyway)
+
+
+def screen_answers(pred: torch.Tensor, extremes: torch.Tensor, u: torch.Tensor, R: float | None = None,
+                   ols: torch.Tensor | None = None, inf_is_nan: bool = False) -> torch.Tensor:
+    """`pred` (B,) with NaN where `screens(*extremes.unbind(1), u, R)` is True, where `ols` (B,)
+    is not finite and (inf_is_nan) where pred is +-inf: in one numba loop where it runs
+    (`icl_bench.solvers.fused_screens.apply_screens`, the same answers), else in torch.
+    extremes (B, 4): per-prompt (x_min, x_max, y_min, y_max), e.g. `Transformer.forward_extremes`'s.
+    Returns a new tensor; `pred` is untouched. Raises ValueError for shapes that do not fit pred."""
+    screened = apply_screens(pred, extremes, u, R, ols, inf_is_nan)
+    if screened is not None:
+        return screened
+    bad = screens(*extremes.unbind(1), u, R)  # (B,)
+    if ols is not None:
+        bad = bad | ~torch.isfinite(ols)
+    if inf_is_nan:
+        bad = bad | torch.isinf(pred)
+    return pred.masked_fill(bad.to(pred.device), float("nan"))
 
 
 class SkipCell(Exception):

@@ -6,7 +6,7 @@ prompts whose R is lost in rounding) from each prompt's (x_min, x_max, y_min, y_
 kernel read on its way (icl_bench/solvers/fused_extremes.py), plus, in `nan_if_ill_posed`, a
 non-finite OLS reference or an infinite answer. In torch that is about a dozen elementwise ops
 on (B,) tensors, each paying a fixed cost and a pass (0.4 ms per call of 10485 prompts, ~40 ns
-per prompt, against 0.09 ms here; docs/throughput.md, "The solvers around the kernel"). Same
+per prompt, against 0.09 ms here; docs/throughput.md, "The screens applied in one pass"). Same
 tests, same answers: comparisons and t - t only, in the tokens' dtype, R rounded to that dtype
 as torch rounds a Python scalar in a comparison.
 """

@@ -24,8 +24,7 @@ import torch
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.generator import PromptBatch, make_tokens
 from icl_bench.prompts.ols import centred_scales, ill_posed
-from icl_bench.solvers.base import Param, Solver, ill_posed_or_r_lost, r_lost
-from icl_bench.solvers.fused_screens import apply_screens
+from icl_bench.solvers.base import Param, Solver, ill_posed_or_r_lost, r_lost, screen_answers
 from icl_bench.solvers.fused import fused_forward
 from icl_bench.solvers.ln_closed_form_mv import build_ln_construction_mv
 from icl_bench.solvers.multivariate import ln_closed_form_mv, ln_inputs_mv
@@ -290,10 +289,9 @@ class LNClosedForm(Solver):
         model = self.model(R, batch.dtype, batch.device)
         if shift is None:  # the batch's own tokens: the kernel reads the extremes of x and y on its way
             out, extremes = model.forward_extremes(tokens)  # (B,), (B, 4) or None
-            screened = None if extremes is None else apply_screens(out, extremes, u, R)  # one numba pass
-            if screened is not None:
-                return screened
-            bad = ill_posed_or_r_lost(x, y, u, R, extremes)  # (B,)
+            if extremes is not None:
+                return screen_answers(out, extremes, u, R)
+            bad = ill_posed_or_r_lost(x, y, u, R)  # (B,)
         else:
             bad = torch.empty(batch.B, dtype=torch.bool, device=batch.device)  # (B,)
 
