@@ -126,8 +126,8 @@ class GD(Solver):
         v = self.values
         if batch.d > 1:
             return gd_mv(batch, v["steps"], v["lr"], v["variant"])
-        step = batch.B if batch.device.type != "cpu" else max(1, self.CHUNK_ELEMENTS // batch.N)
+        step = max(batch.B, 1) if batch.device.type != "cpu" else max(1, self.CHUNK_ELEMENTS // batch.N)
         parts = [gd_predict(c.x, c.y, c.x_query, v["steps"], v["lr"], v["variant"])
-                 for c in (batch.slice(i, i + step) for i in range(0, batch.B, step))]
+                 for c in (batch.slice(i, i + step) for i in range(0, max(batch.B, 1), step))]  # B = 0: one empty chunk
         pred = parts[0] if len(parts) == 1 else torch.cat(parts)  # (B,)
         return nan_if_ill_posed(pred, batch)  # var(x) = 0: the GD iterate is finite but no answer

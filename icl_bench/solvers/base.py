@@ -66,7 +66,7 @@ def r_lost(tokens: torch.Tensor, R: float) -> torch.Tensor:
     # max |value| over all 3 slots as max(amax, -amin): two passes and no |tokens| temporary (half
     # the time of abs().amax(), docs/throughput.md). The third slot holds R itself, and R * eps < R
     # never trips the test, so the answer is that of the x and y slots alone (NaN stays NaN: False)
-    flat = tokens.reshape(tokens.shape[0], -1)  # (B, 3(N+1))
+    flat = tokens.flatten(1)  # (B, 3(N+1)); reshape(B, -1) refused B = 0
     return torch.maximum(flat.amax(dim=1), -flat.amin(dim=1)) * torch.finfo(tokens.dtype).eps >= R
 
 

@@ -54,9 +54,9 @@ def scipy_lstsq_mv(batch: PromptBatch) -> torch.Tensor:
 def gd_mv(batch: PromptBatch, steps: int, lr: float, variant: str) -> torch.Tensor:
     """`gd` for d > 1: K explicit GD steps (icl_bench/solvers/gd_mv.py), CPU prompts in cache-sized chunks."""
     N, d = batch.N, n_regressors(batch)
-    step = batch.B if batch.device.type != "cpu" else max(1, CHUNK_ELEMENTS // (N * d))
+    step = max(batch.B, 1) if batch.device.type != "cpu" else max(1, CHUNK_ELEMENTS // (N * d))
     parts = [gd_predict_mv(c.x, c.y, c.x_query, steps, lr, variant)
-             for c in (batch.slice(i, i + step) for i in range(0, batch.B, step))]
+             for c in (batch.slice(i, i + step) for i in range(0, max(batch.B, 1), step))]  # B = 0: one empty chunk
     return nan_if_ill_posed(torch.cat(parts), batch)
 
 
