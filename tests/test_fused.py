@@ -138,6 +138,32 @@ def test_non_finite_prompt_stays_in_its_prompt_and_zero_spread_gives_inf_not_an_
     assert torch.allclose(out[[0, 2, 3]], eager[[0, 2, 3]], rtol=1e-12, atol=1e-12)
 
 
+@needs_numba
+@pytest.mark.parametrize("keys", ["masked", "query-in-context"])
+@pytest.mark.parametrize("sparse", [True, False])
+@pytest.mark.parametrize("N", [15, 17, 31])  # a last block of 16 holding pads, the query, or both
+def test_last_block_reads_only_its_own_prompt(keys, sparse, N):
+    """The block of tokens that holds pads runs from a zero-padded copy of its tokens: a prompt's
+    answer and extremes are those it gets alone, whatever its neighbours hold in their last
+    block and query (NaN, inf), the last prompt of the batch included."""
+    m = sparse_model(keys=keys) if sparse else random_model(keys)
+    assert (fused._weights(m, torch.float64)[2] >= fused.SPARSE_MIN) == sparse
+    t = tokens(B=5, N=N)
+    t[1, N - 1, 0], t[1, N, 0] = float("nan"), float("inf")  # prompt 1: its last context x, its query
+    t[3, N, :] = float("-inf")  # prompt 3: its query
+    same = lambda a, b: torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())  # noqa: E731
+    with torch.no_grad():
+        ext = torch.empty(5, 4, dtype=t.dtype)
+        out = fused.fused_forward(m, t, extremes=ext)
+        for b in range(5):
+            ext1 = torch.empty(1, 4, dtype=t.dtype)
+            alone = fused.fused_forward(m, t[b:b + 1].clone(), extremes=ext1)
+            assert same(out[b:b + 1], alone) and same(ext[b:b + 1], ext1), b
+        eager = m.forward_eager(t)
+    assert torch.isfinite(out[[0, 2, 4]]).all() and torch.isnan(out[1])
+    assert torch.allclose(out[[0, 2, 4]], eager[[0, 2, 4]], rtol=1e-12, atol=1e-12)
+
+
 def test_falls_back_to_eager(monkeypatch):
     m = random_model()
     t = tokens()

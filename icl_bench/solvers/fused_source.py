@@ -66,11 +66,21 @@ def _at(d: int, c: int, blocked: bool, i: str = "i") -> str:
     return f"o + {c * LANES} + j" if blocked else f"({i} // {LANES}) * {LANES * d} + {i} % {LANES} + {c * LANES}"
 
 
-def _loops(bodies: list[list[str]], d: int, k0: str, k1: str) -> list[str]:
-    """One loop nest over blocks k0 <= blk < k1 and their LANES tokens j per body."""
-    out = []
+def _loops(bodies: list[list[str]], d: int, k0: str, k1: str, offset: bool = False) -> list[str]:
+    """One loop nest over blocks k0 <= blk < k1 and their LANES tokens j per body. offset: k0 is
+    not a compile-time 0 (the loops of the block that holds pads): the blocks are then counted
+    from 0 (blk = k0 + n) after a test that k0 >= 0. With `range(k0, k1)` there numba's LLVM could
+    not tell that the indices are not negative, kept numba's wrap-around of negative indices and
+    did not vectorise the loop: that one block cost ~3x a whole block. (The loops from a literal 0
+    keep `range(0, k1)`: the counted form made some of them slower, `trained-l1` by 7-17 %.)"""
+    out = [f"if {k0} < 0:  # never: lets the compiler see that no index below is negative",
+           "    return"] if offset else []
     for body in bodies:
-        out += [f"for blk in range({k0}, {k1}):", f"    o = blk * {LANES * d}", f"    for j in range({LANES}):"]
+        if offset:
+            out += [f"for n in range({k1} - {k0}):", f"    blk = {k0} + n"]
+        else:
+            out += [f"for blk in range({k0}, {k1}):"]
+        out += [f"    o = blk * {LANES * d}", f"    for j in range({LANES}):"]
         out += _ind(body, 2)
     return out
 
@@ -85,12 +95,15 @@ class _Embed:
     def head(self) -> list[str]:
         return ["zero = scr.dtype.type(0.0)"] + [f"we_{c}_{j} = We[{c}, {j}]" for c in range(self.d) for j in self.rows[c]]
 
-    def body(self, blocked: bool, dst: str = "i", masked: bool = False) -> list[str]:
+    def body(self, blocked: bool, dst: str = "i", masked: bool = False, tail: bool = False) -> list[str]:
         """masked: lanes of key slot M or beyond (pads) read 0 instead of a token, so their
-        slots are W_E 0 = 0 exactly. blocked: also the extremes of the context's x and y
-        (token slots 0 and 1) into the lanes `ex` (icl_bench/solvers/fused_extremes.py)."""
-        src = f"{self.din} * (blk * {LANES} + j)" if blocked else f"{self.din} * i"
-        when = f" if blk * {LANES} + j < M else zero" if masked else ""
+        slots are W_E 0 = 0 exactly. tail: the same for the one block that holds pads, read from
+        a copy of that block's tokens with zeros for the pads (`tok` row b: the kernel's `tt`, row
+        0), so the loads need no condition and the loop vectorises. blocked: also the extremes of
+        the context's x and y (token slots 0 and 1) into the lanes `ex`
+        (icl_bench/solvers/fused_extremes.py)."""
+        src = f"{self.din} * j" if tail else f"{self.din} * (blk * {LANES} + j)" if blocked else f"{self.din} * i"
+        when = f" if blk * {LANES} + j < M else zero" if masked and not tail else ""
         screen = blocked and self.din >= 2  # (tokens one value wide have no x and y: no extremes)
         used = {j for r in self.rows for j in r} | ({0, 1} if screen else set())
         out = [f"t{j} = tok[b, {src} + {j}]{when}" for j in sorted(used)]
@@ -267,8 +280,10 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
     key blocks: the previous layer's block fused with this layer's key-value products (ekeys: the
     embedding and layer 0's products; in loops of their own above FUSE_MAX); the block holding
     pads runs with a lane mask (pads read and store 0), in loops of its own when
-    H d^2 <= SPLIT_MAX, else the masked loops serve every block. Helpers, one per distinct layer
-    pattern: sums_j (lanes -> S), fold_j (S -> P), block_j / block_j1 (whole blocks / one
+    H d^2 <= SPLIT_MAX (its embedding then reads a copy of its tokens padded with zeros, `tt`, so
+    that no load is conditional and the loop vectorises), else the masked loops serve every
+    block. Helpers, one per distinct layer pattern: sums_j (lanes -> S), fold_j (S -> P),
+    block_j / block_j1 (whole blocks / one
     token), bkeys_n[_m] (pair n of consecutive layers: block of layer l - 1 then keys of layer l),
     embed1 (one token), extremes (lanes -> ext[b]); for sparse patterns nonfinite and zsum (0 for
     finite values, NaN otherwise).
@@ -296,11 +311,13 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
     variants = ("", "_m") if split else ("_m",)  # (else masked loops throughout: half the code)
     for m in variants:
         L += _function(f"ekeys{m}", "tok, b, We, scr, k0, k1, Wkv, l, acc, M, N, ex", emb.head() + keys[kid[0]].head(),
-                       _loops(fused(emb.body(True, masked=bool(m)), kid[0]), d, "k0", "k1"))
+                       _loops(fused(emb.body(True, masked=bool(m), tail=bool(m) and split), kid[0]), d, "k0", "k1",
+                              offset=bool(m) and split))
         for n, (a, b) in enumerate(pairs):
             L += _function(f"bkeys_{n}{m}", f"scr, k0, k1, {blk_args}, Wkv, l, acc, M",
                            blocks[a].head() + keys[b].head(),
-                           _loops(fused(blocks[a].body(True, masked=bool(m)), b), d, "k0", "k1"))
+                           _loops(fused(blocks[a].body(True, masked=bool(m)), b), d, "k0", "k1",
+                                  offset=bool(m) and split))
     L += _function("embed1", "tok, b, We, scr, i, dst", emb.head(), emb.body(False, "dst"))
     L += ["", ""] + extremes_function(LANES)
     for j, k in enumerate(keys):
@@ -336,11 +353,20 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
           f"    Sm = np.empty(({H}, {d}, {d}), dtype=out.dtype)",
           f"    Xm = np.empty(({H}, {d}, {d}), dtype=out.dtype)",
           f"    acc = np.zeros({H * d * d * LANES}, dtype=out.dtype)  # the lane sums (sums_j resets them)"]
+    if split:
+        L += [f"    tt = np.zeros((1, {LANES * din}), dtype=out.dtype)  # a copy of the block of tokens that holds pads"]
     L += _ind(lanes_setup(LANES), 1) + ["    for b in range(b0, b1):"]
     body = chk("chk = nonfinite(tok, b)")
     ranges = {"": "0, nk", "_m": "nk, nb" if split else "0, nb"}  # blocks of each variant
-    eranges = {"": "0, ne", "_m": "ne, nb" if split else "0, nb"}  # the embedding's: whole blocks of context
-    body += [f"ekeys{m}(tok, b, We, scr, {eranges[m]}, Wkv, 0, acc, M, N, ex)" for m in variants] + [  # layer 0
+    if split:  # the block of context tokens that holds the query or pads, as a copy padded with zeros
+        body += ["ekeys(tok, b, We, scr, 0, ne, Wkv, 0, acc, M, N, ex)",
+                 "if nb > ne:  # (the pads of tt stay 0: every prompt writes the same tokens)",
+                 f"    for i in range(ne * {LANES * din}, M * {din}):",
+                 f"        tt[0, i - ne * {LANES * din}] = tok[b, i]",
+                 "    ekeys_m(tt, 0, We, scr, ne, nb, Wkv, 0, acc, M, N, ex)"]
+    else:
+        body += ["ekeys_m(tok, b, We, scr, 0, nb, Wkv, 0, acc, M, N, ex)"]
+    body += [  # layer 0
              "extremes(ex, ext, b)"] + [
              "if M < T:  # the query, when it is not a key",
              "    embed1(tok, b, We, scr, T - 1, q)",
