@@ -330,10 +330,9 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
     if p.sparse:
         L += ["", "", "def nonfinite(a, b):  # 0 when row b of a is finite, else NaN (0 * inf, 0 * NaN)",
               "    z = a.dtype.type(0.0)", "    for i in range(a.shape[1]):", "        z += a[b, i] * a.dtype.type(0.0)",
-              "    return z", "", "", "def zsum(a):  # 0 when every entry of the 3-D a is finite, else NaN",
-              "    z = a.dtype.type(0.0)", "    for i in range(a.shape[0]):  # (a.ravel() took ~35 ns a call)",
-              "        for j in range(a.shape[1]):", "            for k in range(a.shape[2]):",
-              "                z += a[i, j, k] * a.dtype.type(0.0)", "    return z"]
+              "    return z", "", "", "def zsum(a):  # 0 when every entry of the 1-D a is finite, else NaN",
+              "    z = a.dtype.type(0.0)", "    for i in range(a.shape[0]):",
+              "        z += a[i] * a.dtype.type(0.0)", "    return z"]
     L += ["", "", f"KL = {tuple(kid)}", f"FL = {tuple(fid)}", f"BL = {tuple(bid)}", f"PL = {tuple([-1] + pid)}"]
     rw = [c for c in range(d) if p.rw[c]]
     last = "nL - 1" if pattern is None or pattern.uniform else str(p.layers - 1)
@@ -350,7 +349,8 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
           "    q = T - 1 if M == T else Mp  # the query token's slot",
           f"    scr = np.zeros({d} * (Mp + {LANES}), dtype=out.dtype)",
           f"    Pm = np.empty((nL, {d}, {d}), dtype=out.dtype)",
-          f"    Sm = np.empty(({H}, {d}, {d}), dtype=out.dtype)",
+          f"    Sf = np.empty({H * d * d}, dtype=out.dtype)  # S of every head, flat for zsum",
+          f"    Sm = Sf.reshape(({H}, {d}, {d}))  # the same memory, (head, e, f)",
           f"    Xm = np.empty(({H}, {d}, {d}), dtype=out.dtype)",
           f"    acc = np.zeros({H * d * d * LANES}, dtype=out.dtype)  # the lane sums (sums_j resets them)"]
     if split:
@@ -370,13 +370,13 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
              "extremes(ex, ext, b)"] + [
              "if M < T:  # the query, when it is not a key",
              "    embed1(tok, b, We, scr, T - 1, q)",
-             f"sums_{kid[0]}(acc, Sm, M)"] + chk("chk += zsum(Sm)") + [
+             f"sums_{kid[0]}(acc, Sm, M)"] + chk("chk += zsum(Sf)") + [
              f"fold_{fid[0]}(Sm, WQ, WO, Pm, Xm, 0)",
              "for l in range(1, nL):  # block of layer l - 1 and key-value products of layer l, one pass"]
     for m in variants:
         body += _ind(_dispatch("PL", pid, "bkeys_{}" + m + f"(scr, {ranges[m]}, " + prev + ", Wkv, l, acc, M)", "l"), 1)
     body += _ind(["if M < T:"], 1) + _ind(_dispatch("BL", bid, "block_{}1(scr, q, " + prev + ")", "l - 1"), 2)
-    body += _ind(_dispatch("KL", kid, "sums_{}(acc, Sm, M)", "l") + chk("chk += zsum(Sm)")
+    body += _ind(_dispatch("KL", kid, "sums_{}(acc, Sm, M)", "l") + chk("chk += zsum(Sf)")
                  + _dispatch("FL", fid, "fold_{}(Sm, WQ, WO, Pm, Xm, l)", "l"), 1)
     fin = "Pm, gain, bias, nL - 1, eps)"
     body += _dispatch("BL", bid, "block_{}1(scr, q, " + fin, last)
