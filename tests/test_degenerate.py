@@ -267,3 +267,22 @@ def test_empty_batch_every_solver(name, monkeypatch):
                 assert pred.shape == (0,) and pred.dtype == batch.dtype, (d, enabled, opts)
                 answered += 1
     assert answered >= 2, f"{name} served no empty batch at R = 100"
+
+
+def test_empty_batch_off_the_cpu_chunking():
+    """The non-CPU paths chunk a batch by its own size (one chunk): with B = 0 that step was 0 and
+    range() raised (Transformer.forward_eager, the OLS reference's sums, gd). torch's "meta"
+    device takes those paths without a GPU (it has shapes, no data)."""
+    from icl_bench.prompts import ols
+    from icl_bench.solvers.ln_closed_form import build_construction
+
+    m = build_construction(100.0).to("meta")
+    tokens = torch.empty(0, 21, 3, dtype=torch.float64, device="meta")
+    with torch.no_grad():
+        assert m.forward_eager(tokens).shape == (0,) and m(tokens).shape == (0,)
+    x = torch.empty(0, 20, dtype=torch.float64, device="meta")
+    assert all(t.shape[0] == 0 for t in ols._fast_moments(x, x))
+    assert all(t.shape[0] == 0 for t in ols._scaled_moments(x, x))
+    batch = sample_prompts(PromptSpec(N=20), 3, seed=0).slice(0, 0).to("meta")
+    with torch.no_grad():
+        assert get_solver("gd").predict(batch).shape == (0,)

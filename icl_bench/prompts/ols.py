@@ -108,7 +108,7 @@ def _scaled_sums(x: torch.Tensor, y: torch.Tensor):
     if torch.is_grad_enabled() and (x.requires_grad or y.requires_grad):  # autograd records no out= ops
         z = torch.stack([torch.ones_like(x), x * s[:, :1] - c[:, :1], y * s[:, 1:] - c[:, 1:]], dim=1)  # (B, 3, N)
         return kx, ky, c, torch.bmm(z[:, 0:2], z[:, 1:3].transpose(1, 2)), bad
-    step = B if x.device.type != "cpu" else max(1, min(B, CHUNK_ELEMENTS // N))
+    step = max(B, 1) if x.device.type != "cpu" else max(1, min(B, CHUNK_ELEMENTS // N))
     G = torch.empty(B, 2, 2, dtype=x.dtype, device=x.device)
     z = torch.empty(step, 3, N, dtype=x.dtype, device=x.device)  # rows: 1, x', y' (reused per chunk)
     z[:, 0] = 1.0
@@ -137,7 +137,7 @@ def _fast_moments(x: torch.Tensor, y: torch.Tensor):
     B, N = x.shape
     n0 = min(N, SHIFT_SAMPLES)
     c = torch.stack([x[:, :n0].median(dim=1).values, y[:, :n0].median(dim=1).values], dim=1)  # (B, 2)
-    step = B if x.device.type != "cpu" else max(1, min(B, CHUNK_ELEMENTS // N))
+    step = max(B, 1) if x.device.type != "cpu" else max(1, min(B, CHUNK_ELEMENTS // N))
     G = torch.empty(B, 3, 2, dtype=x.dtype, device=x.device)
     z = torch.empty(step, 3, N, dtype=x.dtype, device=x.device)  # rows: 1, x', y' (reused per chunk)
     z[:, 0] = 1.0

@@ -67,19 +67,12 @@ def _at(d: int, c: int, blocked: bool, i: str = "i") -> str:
 
 
 def _loops(bodies: list[list[str]], d: int, k0: str, k1: str, offset: bool = False) -> list[str]:
-    """One loop nest over blocks k0 <= blk < k1 and their LANES tokens j per body. offset: k0 is
-    not a compile-time 0 (the loops of the block that holds pads): the blocks are then counted
-    from 0 (blk = k0 + n) after a test that k0 >= 0. With `range(k0, k1)` there numba's LLVM could
-    not tell that the indices are not negative, kept numba's wrap-around of negative indices and
-    did not vectorise the loop: that one block cost ~3x a whole block. (The loops from a literal 0
-    keep `range(0, k1)`: the counted form made some of them slower, `trained-l1` by 7-17 %.)"""
-    out = [f"if {k0} < 0:  # never: lets the compiler see that no index below is negative",
-           "    return"] if offset else []
+    """One loop nest over blocks k0 <= blk < k1 and their LANES tokens j per body. offset (k0 not
+    a literal 0: the pad block's loops): count blk = k0 + n from 0 after a k0 >= 0 test, else LLVM
+    keeps numba's negative-index wrap-around and runs the loop scalar (docs/throughput.md)."""
+    out = [f"if {k0} < 0:  # never: lets the compiler see that no index is negative", "    return"] if offset else []
     for body in bodies:
-        if offset:
-            out += [f"for n in range({k1} - {k0}):", f"    blk = {k0} + n"]
-        else:
-            out += [f"for blk in range({k0}, {k1}):"]
+        out += [f"for n in range({k1} - {k0}):", f"    blk = {k0} + n"] if offset else [f"for blk in range({k0}, {k1}):"]
         out += [f"    o = blk * {LANES * d}", f"    for j in range({LANES}):"]
         out += _ind(body, 2)
     return out

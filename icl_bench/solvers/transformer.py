@@ -254,7 +254,7 @@ class Transformer(nn.Module):
         """`forward` in torch ops (any device, differentiable): the channels-first fast path below."""
         maps = [block.attn.folded_map() for block in self.blocks]
         B, T = tokens.shape[:2]
-        step = max(1, self.CHUNK_TOKENS // T) if tokens.device.type == "cpu" else B
+        step = max(1, self.CHUNK_TOKENS // T) if tokens.device.type == "cpu" else max(B, 1)
         outs = [self._forward_channels(tokens[i:i + step], maps) for i in range(0, B, step)]
         if not outs:  # B = 0: the empty batch goes through once, so shape, dtype and device are right
             return self._forward_channels(tokens, maps)
