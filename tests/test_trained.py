@@ -121,3 +121,11 @@ def test_checkpoint_lookup_is_kept_until_the_folder_changes(tmp_path, monkeypatc
     assert [m["R"] for _, m in find_checkpoints(tmp_path, "trained-nol1")] == [100.0]  # removed
     save_checkpoint(model, tmp_path / "b", {"solver": "trained-nol1", "R": 1000.0, "N": [10]})
     assert [m["R"] for _, m in find_checkpoints(tmp_path, "trained-nol1")] == [1000.0]  # rewritten
+
+
+def test_checkpoint_lookup_in_a_missing_folder_or_a_file_finds_none(tmp_path):
+    """A models folder that does not exist, or is a file, holds no checkpoints (no error here;
+    the solver's SkipCell then names what exists)."""
+    assert find_checkpoints(tmp_path / "absent", "trained-nol1") == []
+    (tmp_path / "file.json").write_text("{}")
+    assert find_checkpoints(tmp_path / "file.json", "trained-nol1") == []

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -39,17 +40,24 @@ def find_checkpoints(models_dir: str | Path, solver: str) -> list[tuple[Path, di
 
     Unreadable JSON files are ignored here (load_checkpoint reports them if one is chosen). The
     result is kept while the folder's JSON files keep their names, sizes and modification times
-    (a stat per file instead of reading and parsing every file on each predict call).
+    (one os.scandir and a stat per file instead of reading and parsing every file on each predict
+    call; pathlib's glob took ~0.3 ms of a trained solver's ~0.7 ms call on 16 small prompts).
     """
-    paths = sorted(Path(models_dir).glob("*.json"))
+    folder = os.fspath(models_dir)
     try:
-        signature = tuple((p.name, st.st_size, st.st_mtime_ns) for p in paths for st in (p.stat(),))
-    except OSError:  # a file vanished between glob and stat: read afresh, keep nothing
+        with os.scandir(folder) as found:
+            entries = sorted((e for e in found if e.name.endswith(".json")), key=lambda e: e.name)
+    except OSError:  # no such folder, or not a folder: no checkpoints
+        entries = []
+    try:
+        signature = tuple((e.name, st.st_size, st.st_mtime_ns) for e in entries for st in (e.stat(),))
+    except OSError:  # a file vanished between the listing and its stat: read afresh, keep nothing
         signature = None
-    key = (str(Path(models_dir).resolve()), solver)
+    key = (os.path.realpath(folder), solver)
     cached = _FOUND.get(key)
     if signature is not None and cached is not None and cached[0] == signature:
         return list(cached[1])
+    paths = [Path(folder, e.name) for e in entries]  # (only now: ~10 us a Path)
     out = []
     for path in paths:
         try:

@@ -230,7 +230,9 @@ class Transformer(nn.Module):
         """tokens (B, N+1, d_in) -> (B,); the same function as `_run` (tests: 1e-12 in float64).
 
         On CPU tensors without gradients it runs the fused numba kernel of icl_bench/solvers/fused.py
-        (the same per-token computation, docs/throughput.md); otherwise `forward_eager`.
+        (the same per-token computation, docs/throughput.md); otherwise `forward_eager`. That
+        kernel keeps the weights it read until a parameter changes (its storage or version counter):
+        after writes through `parameter.data`, call `icl_bench.solvers.fused.forget(self)`.
         Fast path: the stream runs channels-first (B, d, T) so every op is vectorised along
         the tokens; each block's weights are folded into one small matrix once per call; with the
         "query" readout the last block computes the query token only; on the CPU the prompts go
