@@ -1,5 +1,6 @@
 """The fused forward's per-model cache (icl_bench/solvers/fused.py `_entry`): the weights and the
 kernel chosen for them are kept between calls, and every way a model's weights change is seen."""
+import copy
 import dataclasses
 
 import pytest
@@ -76,3 +77,34 @@ def test_kernel_choice_follows_the_weights(monkeypatch):
         for p in m.parameters():
             p.add_(0.01 * torch.randn_like(p))  # no weight exactly zero any more
     assert agrees(m, t) and fused._entry(m, torch.float64)["kernel"][1] is dense
+
+
+@needs_numba
+def test_weights_assigned_through_data_are_seen():
+    """`vector_to_parameters` assigns `param.data` (no version counter moves): each new vector is
+    seen, although a freed vector's address could be reused by the next one (the cache holds the
+    storages it read, so no address of theirs is reused while it lives). Without that, glibc's
+    allocator here hands the freed vector's address to the vector after next, and the fused
+    forward answered with the old weights (a difference of ~1)."""
+    m, t = random_model(), tokens(B=4, N=11)
+    v = torch.nn.utils.parameters_to_vector(m.parameters()).detach()
+    got = {}
+    with torch.no_grad():
+        for scale in range(1, 10):
+            torch.nn.utils.vector_to_parameters(v * scale, m.parameters())  # frees the vector before
+            if scale % 2:  # a forward every other vector: the one read two vectors ago is free now
+                got[scale] = m(t)
+        for scale, out in got.items():  # the eager answers afterwards (no allocation in between above)
+            torch.nn.utils.vector_to_parameters(v * scale, m.parameters())
+            assert torch.allclose(out, m.forward_eager(t), rtol=1e-12, atol=1e-12), scale
+
+
+@needs_numba
+def test_a_copy_answers_for_its_own_weights():
+    m, t = random_model(), tokens(B=4, N=11)
+    assert agrees(m, t)
+    twin = copy.deepcopy(m)
+    with torch.no_grad():
+        twin.blocks[0].attn.W_O.mul_(0.5)
+    assert agrees(twin, t) and agrees(m, t)
+    assert not torch.allclose(twin.forward_eager(t), m.forward_eager(t))

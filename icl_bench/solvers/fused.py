@@ -28,6 +28,7 @@ import importlib.util
 import os
 import sys
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -59,6 +60,7 @@ _LOCK = threading.Lock()  # kernel compilation and the _KERNELS cache
 _POOL_LOCK = threading.Lock()  # the shared pool: not _LOCK, which a compiling thread holds for seconds
 _POOL: ThreadPoolExecutor | None = None
 _POOL_NAME = "icl_bench-fused"  # its worker threads' name prefix
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (key, entry) of `_entry`
 
 
 def available() -> bool:
@@ -157,16 +159,22 @@ def _parameters(model) -> list[torch.Tensor]:
 
 
 def _entry(model, dtype: torch.dtype) -> dict:
-    """The model's kernel inputs for `dtype`, cached on the model while its config and every
-    parameter's storage and version counter stay (one dict: "arrays", the weights as contiguous
-    numpy arrays; "pattern", their zero pattern after the cast; "zeros", its zero_fraction;
-    "kernel", (SPARSE_MIN, MAX_PRODUCTS, the kernel chosen with them), filled by fused_forward). An optimizer
-    step, an in-place op on a parameter or a replaced parameter starts a new entry. Writes through
-    `parameter.data` (e.g. `p.data.add_(...)`) bump no version counter: call `forget(model)` after
-    them, or the fused forward keeps the weights it read before."""
+    """The model's kernel inputs for `dtype`, cached (in _CACHE, beside the model: copies and
+    pickles of it carry none) while its config and every parameter's storage address and version
+    counter stay. One dict: "arrays", the weights as contiguous numpy copies; "pattern", their zero
+    pattern after the cast; "zeros", its zero_fraction; "kernel", (SPARSE_MIN, MAX_PRODUCTS, the
+    kernel chosen with them), filled by fused_forward; "storages", the parameters' storages, held so
+    that no new tensor can take their addresses while the entry lives (`param.data = ...` moves no
+    version counter, and a freed address reused by the next weights would match the key).
+    An optimizer step, an in-place op on a parameter, a replaced parameter or `param.data = t`
+    starts a new entry; an in-place write through `parameter.data` (e.g. `p.data.add_(...)`) bumps no version
+    counter: call `forget(model)` after it, or the fused forward keeps the weights it read before."""
     params = _parameters(model)
     key = (dtype, model.cfg, tuple((p.data_ptr(), p._version) for p in params))
-    cached = getattr(model, "_fused_weights", None)
+    try:
+        cached = _CACHE.get(model)
+    except TypeError:  # pragma: no cover - a module that refuses weak references: no cache
+        cached = None
     if cached is not None and cached[0] == key:
         return cached[1]
     cfg = model.cfg
@@ -187,10 +195,11 @@ def _entry(model, dtype: torch.dtype) -> dict:
         rw = model.readout.weight.reshape(-1, d)  # (T or 1, d): row t = the weights of token t
         arrays = tuple(cast(t) for t in (model.embed.weight, Wkv, WQ, WO, gain, bias, rw))
     pattern = pattern_of(*arrays)
-    entry = {"arrays": arrays, "pattern": pattern, "zeros": zero_fraction(pattern)}
+    entry = {"arrays": arrays, "pattern": pattern, "zeros": zero_fraction(pattern),
+             "storages": [p.untyped_storage() for p in params]}
     try:
-        model._fused_weights = (key, entry)
-    except AttributeError:  # pragma: no cover - a module that refuses attributes: no cache
+        _CACHE[model] = (key, entry)
+    except TypeError:  # pragma: no cover - a module that refuses weak references: no cache
         pass
     return entry
 
@@ -205,7 +214,10 @@ def _weights(model, dtype: torch.dtype) -> tuple[tuple, Pattern, float]:
 def forget(model) -> None:
     """Drop the fused forward's cached weights of `model`, so the next forward reads them afresh:
     needed only after writes through `parameter.data`, which no version counter records."""
-    model.__dict__.pop("_fused_weights", None)
+    try:
+        _CACHE.pop(model, None)
+    except TypeError:  # pragma: no cover - a module that refuses weak references: nothing cached
+        pass
 
 
 def sparse_applies(cfg, pattern: Pattern, zeros: float, dtype: torch.dtype = torch.float64) -> bool:

@@ -43,7 +43,7 @@ def find_checkpoints(models_dir: str | Path, solver: str) -> list[tuple[Path, di
     (one os.scandir and a stat per file instead of reading and parsing every file on each predict
     call; pathlib's glob took ~0.3 ms of a trained solver's ~0.7 ms call on 16 small prompts).
     """
-    folder = os.fspath(models_dir)
+    folder = os.fspath(models_dir) or "."  # Path("") is the working folder
     try:
         with os.scandir(folder) as found:
             entries = sorted((e for e in found if e.name.endswith(".json")), key=lambda e: e.name)
@@ -53,7 +53,7 @@ def find_checkpoints(models_dir: str | Path, solver: str) -> list[tuple[Path, di
         signature = tuple((e.name, st.st_size, st.st_mtime_ns) for e in entries for st in (e.stat(),))
     except OSError:  # a file vanished between the listing and its stat: read afresh, keep nothing
         signature = None
-    key = (os.path.realpath(folder), solver)
+    key = (os.path.realpath(folder), folder, solver)  # the paths are returned as the caller spelled the folder
     cached = _FOUND.get(key)
     if signature is not None and cached is not None and cached[0] == signature:
         return list(cached[1])
