@@ -1,6 +1,7 @@
 """The checkpoint-backed solvers: shipped checkpoints load, fit the cell or skip with a reason,
 survive degenerate prompts, and trained-l1 meets the 1 % goal on fresh prompts."""
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -129,3 +130,17 @@ def test_checkpoint_lookup_in_a_missing_folder_or_a_file_finds_none(tmp_path):
     assert find_checkpoints(tmp_path / "absent", "trained-nol1") == []
     (tmp_path / "file.json").write_text("{}")
     assert find_checkpoints(tmp_path / "file.json", "trained-nol1") == []
+
+
+def test_checkpoint_paths_come_back_as_the_folder_was_spelled(tmp_path, monkeypatch):
+    """A relative and an absolute spelling of one folder each get paths that exist from where
+    they are used (the cache is keyed by the spelling too); "" is the working folder, as Path("")."""
+    (tmp_path / "m").mkdir()
+    meta = {"solver": "trained-nol1", "R": 10.0, "N": [10]}
+    save_checkpoint(Transformer(TransformerConfig()), tmp_path / "m" / "a", meta)
+    monkeypatch.chdir(tmp_path)
+    assert [str(p) for p, _ in find_checkpoints("m", "trained-nol1")] == [str(Path("m") / "a.json")]
+    monkeypatch.chdir("/")
+    assert all(p.is_file() for p, _ in find_checkpoints(tmp_path / "m", "trained-nol1"))
+    monkeypatch.chdir(tmp_path / "m")
+    assert [p.name for p, _ in find_checkpoints("", "trained-nol1")] == ["a.json"]
