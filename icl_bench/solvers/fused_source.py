@@ -276,10 +276,9 @@ def source(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None) -
     H d^2 <= SPLIT_MAX (its embedding then reads a copy of its tokens padded with zeros, `tt`, so
     that no load is conditional and the loop vectorises), else the masked loops serve every
     block. Helpers, one per distinct layer pattern: sums_j (lanes -> S), fold_j (S -> P),
-    block_j / block_j1 (whole blocks / one
-    token), bkeys_n[_m] (pair n of consecutive layers: block of layer l - 1 then keys of layer l),
-    embed1 (one token), extremes (lanes -> ext[b]); for sparse patterns nonfinite and zsum (0 for
-    finite values, NaN otherwise).
+    block_j / block_j1 (whole blocks / one token), bkeys_n[_m] (pair n of consecutive layers:
+    block of layer l - 1 then keys of layer l), embed1 (one token), extremes (lanes -> ext[b]);
+    for sparse patterns nonfinite and zsum (0 for finite values, NaN otherwise).
     """
     p = pattern or dense(din, d, H)
     layers = [layer_structure(p, l) for l in range(p.layers)]
