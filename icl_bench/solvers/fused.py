@@ -167,14 +167,12 @@ def _entry(model, dtype: torch.dtype) -> dict:
     that no new tensor can take their addresses while the entry lives (`param.data = ...` moves no
     version counter, and a freed address reused by the next weights would match the key).
     An optimizer step, an in-place op on a parameter, a replaced parameter or `param.data = t`
-    starts a new entry; an in-place write through `parameter.data` (e.g. `p.data.add_(...)`) bumps no version
-    counter: call `forget(model)` after it, or the fused forward keeps the weights it read before."""
+    starts a new entry; an in-place write through `parameter.data` (e.g. `p.data.add_(...)`)
+    bumps no version counter: call `forget(model)` after it, or the fused forward keeps the
+    weights it read before."""
     params = _parameters(model)
     key = (dtype, model.cfg, tuple((p.data_ptr(), p._version) for p in params))
-    try:
-        cached = _CACHE.get(model)
-    except TypeError:  # pragma: no cover - a module that refuses weak references: no cache
-        cached = None
+    cached = _CACHE.get(model)  # (an nn.Module takes weak references)
     if cached is not None and cached[0] == key:
         return cached[1]
     cfg = model.cfg
@@ -197,10 +195,7 @@ def _entry(model, dtype: torch.dtype) -> dict:
     pattern = pattern_of(*arrays)
     entry = {"arrays": arrays, "pattern": pattern, "zeros": zero_fraction(pattern),
              "storages": [p.untyped_storage() for p in params]}
-    try:
-        _CACHE[model] = (key, entry)
-    except TypeError:  # pragma: no cover - a module that refuses weak references: no cache
-        pass
+    _CACHE[model] = (key, entry)
     return entry
 
 
@@ -214,10 +209,7 @@ def _weights(model, dtype: torch.dtype) -> tuple[tuple, Pattern, float]:
 def forget(model) -> None:
     """Drop the fused forward's cached weights of `model`, so the next forward reads them afresh:
     needed only after writes through `parameter.data`, which no version counter records."""
-    try:
-        _CACHE.pop(model, None)
-    except TypeError:  # pragma: no cover - a module that refuses weak references: nothing cached
-        pass
+    _CACHE.pop(model, None)
 
 
 def sparse_applies(cfg, pattern: Pattern, zeros: float, dtype: torch.dtype = torch.float64) -> bool:
