@@ -53,7 +53,9 @@ def find_checkpoints(models_dir: str | Path, solver: str) -> list[tuple[Path, di
         signature = tuple((e.name, st.st_size, st.st_mtime_ns) for e in entries for st in (e.stat(),))
     except OSError:  # a file vanished between the listing and its stat: read afresh, keep nothing
         signature = None
-    key = (os.path.realpath(folder), folder, solver)  # the paths are returned as the caller spelled the folder
+    # the paths are returned as the caller spelled the folder; abspath, not realpath (an lstat per
+    # path component, ~50 us a call after a large kernel): two spellings through links get two entries
+    key = (os.path.abspath(folder), folder, solver)
     cached = _FOUND.get(key)
     if signature is not None and cached is not None and cached[0] == signature:
         return list(cached[1])
