@@ -175,12 +175,14 @@ def cases(c: dict, lcf: dict) -> list[tuple[str, str, dict]]:
     return out
 
 
-def report(runs: list[tuple[str, dict, dict]], rounds: int) -> str:
-    """The Markdown report: the summary over runs, then every run's tables. runs: (start time, controls, lcf)."""
+def report(runs: list[tuple[str, dict, dict]], rounds: int, out: str = "") -> str:
+    """The Markdown report: the summary over runs, then every run's tables. runs: (start time, controls, lcf);
+    out: the --out given, named in the command line it reports ("" for the default file)."""
     ms = lambda s: f"{s * 1e3:.3f}"  # noqa: E731
     la = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     rows = ["# Two threads against one: the machine's ceiling and the fused forward\n",
-            f"Written by `python -m benchmarks.experiments.thread_ceiling --runs {len(runs)} --rounds {rounds}` "
+            f"Written by `python -m benchmarks.experiments.thread_ceiling --runs {len(runs)} --rounds {rounds}"
+            f"{f' --out {out}' if out else ''}` "
             f"(runs started {runs[0][0]} … {runs[-1][0]}; load average at the end {la}). CPU: {_cpu_model()} "
             f"({_cpu_arch()}), {os.cpu_count()} logical CPUs; torch {torch.__version__} with 1 thread; {rounds} "
             "alternating rounds per pair. Ratio = the first column's time / the second's (> 1: the second is "
@@ -238,7 +240,8 @@ def main() -> None:
         c = controls(args.rounds)
         c["crossover"] = crossover(args.rounds)
         runs.append((started, c, {N: ln_closed_form(N, args.rounds) for N in (100, 1000)}))
-    text = report(runs, args.rounds)
+    default = args.out.resolve() == (ROOT / "results" / "thread_ceiling.md").resolve()
+    text = report(runs, args.rounds, "" if default else os.path.relpath(args.out, ROOT))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)
