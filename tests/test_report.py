@@ -185,6 +185,20 @@ def test_seeds_pool_and_repeated_runs_count_once(run_dir, tmp_path, solvers):
     assert got.mse_vs_ols_se == pytest.approx(math.sqrt((rows.mse_vs_ols_se ** 2).sum()) / 2, rel=1e-12)
 
 
+def test_runs_with_another_n_prompts_for_a_cell_and_seed_are_refused(run_dir, tmp_path, solvers, capsys):
+    """Same cell and seed, other n_prompts: other prompts (not the first n of the larger batch), so
+    the rows are neither repeats nor independent seeds: publish refuses them in one line, exit 2,
+    and writes nothing; the same runs with another seed are pooled as before."""
+    raw = {**RAW, "n_prompts": 32, "solvers": {"test-weighted": {}}, "grid": {**RAW["grid"], "N": [12]}}
+    run_matrix(parse_config(raw), tmp_path / "n32", progress=False)
+    out = tmp_path / "out"
+    code, err = _cli(capsys, run_dir, tmp_path / "n32", "--out", out)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err and not out.exists()
+    assert "test-weighted N=12" in err and "seed=0 has n_prompts 32 in" in err and "64 in" in err, err
+    run_matrix(parse_config({**raw, "seed": 1}), tmp_path / "n32-seed1", progress=False)
+    assert _cli(capsys, run_dir, tmp_path / "n32-seed1", "--out", out)[0] == 0
+
+
 def test_runs_without_standard_errors_get_nan_intervals(run_dir, tmp_path):
     from icl_bench.report import aggregate as report
 

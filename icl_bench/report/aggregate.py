@@ -13,7 +13,8 @@ Several folders (other seeds, other machines) are stacked and aggregated togethe
 Confidence interval of a mean MSE ("over prompts and seeds"). Each cell row carries the mean
 squared error m_i over its n_i prompts and that mean's standard error se_i = sd / sqrt(n_i)
 (metrics.py). Rows of the same cell and seed from several runs saw the same prompts, so they are
-averaged first (not counted twice). Distinct seeds draw independent prompts, so all prompts of a
+averaged first (not counted twice); runs whose rows of one cell and seed differ in n_prompts drew
+other prompts and are refused (`load_runs`). Distinct seeds draw independent prompts, so all prompts of a
 group are one i.i.d. sample: the pooled mean is m = sum(n_i m_i) / n with n = sum(n_i) and its
 standard error se = sqrt(sum(n_i^2 se_i^2)) / n. The 95 % interval is taken for log(m) by the
 delta method (se of log m ~ se / m) and mapped back: [m / f, m * f], f = exp(t * se / m), t the
@@ -102,7 +103,28 @@ def load_runs(paths) -> tuple[pd.DataFrame, dict[str, dict | None]]:
         raise ConfigError("RUN_DIR: give at least one run folder")
     loaded = [load_run(p) for p in paths]
     table = pd.concat([t for t, _ in loaded], ignore_index=True)
+    _check_repeats(table)
     return add_series(table), {str(Path(p)): m for p, (_, m) in zip(paths, loaded)}
+
+
+def _check_repeats(table: pd.DataFrame) -> None:
+    """Rows of one cell and seed are averaged as repeats (they saw the same prompts), which holds
+    only when they drew as many prompts: a cell's batch of n prompts is not the first n of a
+    larger one (icl_bench/bench/cells.py, cell_prompts), so such rows are neither repeats nor
+    independent seeds. Raises ConfigError naming the cell, the n_prompts values and their runs."""
+    ok = table[table["status"] == "ok"]
+    counts = ok.groupby([*KEYS, "seed"], dropna=False)["n_prompts"].nunique()
+    mixed = counts[counts > 1]
+    if mixed.empty:
+        return
+    key = dict(zip([*KEYS, "seed"], mixed.index[0]))
+    rows = ok[np.logical_and.reduce([(ok[k] == v) | (ok[k].isna() & pd.isna(v)) for k, v in key.items()])]
+    seen = ", ".join(f"{n} in {run}" for n, run in sorted({(int(n), r) for n, r in zip(rows["n_prompts"], rows["run"])}))
+    count = "the only such cell" if len(mixed) == 1 else f"one of {len(mixed)} such cells"
+    where = f"{key['solver']} N={key['N']} noise={key['noise']:g} R={key['R']:g} {key['dtype']} seed={key['seed']}"
+    raise ConfigError(f"RUN_DIR: {where} has n_prompts {seen} ({count}): the same seed with "
+                      "another n_prompts draws other prompts, so these rows are neither repeats nor independent "
+                      "seeds; publish such runs separately, or run with the same n_prompts or other seeds")
 
 
 def add_series(table: pd.DataFrame) -> pd.DataFrame:
