@@ -441,3 +441,21 @@ def test_kernel_compiles_in_memory_where_numba_cannot_cache(monkeypatch):
     monkeypatch.setattr(fused, "_KERNELS", {})
     with torch.no_grad():
         assert torch.allclose(fused.fused_forward(m, t), m.forward_eager(t), rtol=1e-12, atol=1e-12)
+
+
+@needs_numba
+def test_a_first_compile_says_so_once_per_kernel_folder(monkeypatch, tmp_path, caplog):
+    """A kernel numba has not compiled in this kernel folder yet logs one line (where, and that
+    it happens once: a first run compiles for minutes, which a progress bar alone does not explain);
+    the same kernel loaded from numba's cache in that folder logs nothing."""
+    monkeypatch.setenv("ICL_BENCH_KERNEL_DIR", str(tmp_path))
+    m = random_model(n_layers=1, n_heads=1, d_model=2)
+    t = tokens(B=4, N=9)
+    for expected in (1, 0):
+        monkeypatch.setattr(fused, "_KERNELS", {})
+        fused.forget(m)  # (the model's cache entry keeps the kernel it chose)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger=fused.__name__), torch.no_grad():
+            assert torch.allclose(fused.fused_forward(m, t), m.forward_eager(t), rtol=1e-12, atol=1e-12)
+        said = [r.getMessage() for r in caplog.records if "compiling a fused kernel" in r.getMessage()]
+        assert len(said) == expected and all(str(tmp_path) in s and "d_model 2, 1 head," in s for s in said), said

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import os
 import sys
 import threading
@@ -115,6 +116,11 @@ def _kernel(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None):
                 tmp = path.with_suffix(f".{os.getpid()}.tmp")
                 tmp.write_text(text)
                 os.replace(tmp, path)
+            if not any((folder / "__pycache__").glob(f"{name}.kernel-*.nbi")):  # numba has not compiled it here
+                shape = f"d_in {din}, d_model {d}, {H} head{'s' * (H > 1)}, {'sparse' if pattern else 'dense'}"
+                logging.getLogger(__name__).warning(
+                    f"icl-bench: compiling a fused kernel ({shape}): once per machine, seconds to a minute; "
+                    f"cached in {folder}")
             spec = importlib.util.spec_from_file_location(name, path)
             module = sys.modules.get(name) or importlib.util.module_from_spec(spec)
             sys.modules[name] = module  # numba's cache re-imports the module by name
