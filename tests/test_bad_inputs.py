@@ -157,7 +157,7 @@ CASES = [
     Case("cli-executor", lambda tmp: ["run", "--executor", "slurm"], "--executor: unknown value 'slurm'; accepted: local, dask"),
     Case("toml-data-not-table", toml(lambda r: _set(r, "data.csv", "data")), "data: must be a table (got str)"),
     Case("toml-data-missing-file", toml(lambda r: _set(r, {"path": "no/such.csv", "x": "x", "y": "y"}, "data")), "data.path: no such file"),
-    Case("toml-data-missing-key", toml(lambda r: _set(r, {"path": "matplotlib:msft.csv", "x": "Open"}, "data")), "data.y: required text value"),
+    Case("toml-data-missing-key", toml(lambda r: _set(r, {"path": "matplotlib:msft.csv", "x": "Open"}, "data")), "data.y: not given; the column of targets, one of: Date, Open"),
     Case("toml-data-missing-column", toml(lambda r: _set(r, {**MSFT, "y": "Shut"}, "data")), "data.y: no column 'Shut' in msft.csv; columns: Date, Open"),
     Case("toml-data-text-column", toml(lambda r: _set(r, {**MSFT, "x": "Date"}, "data")), "data.x: column 'Date' is not numeric"),
     Case("toml-data-too-few-rows", toml(lambda r: (_set(r, MSFT, "data"), _set(r, [100], "grid", "N"))),

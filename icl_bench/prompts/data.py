@@ -61,10 +61,8 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
         ConfigError: a missing or unreadable file, a missing or non-numeric column, or fewer
             than max(Ns) + 1 rows (or rows with finite x and y).
     """
-    for k in ("path", "x", "y"):
-        _required = getattr(src, k)
-        if not _required:
-            raise ConfigError(f"data.{k}: required text value (got {_required!r})")
+    if not src.path:
+        raise ConfigError("data.path: not given; the CSV file whose rows are drawn as prompts")
     path = src.resolve()
     if not path.is_file() and base_dir is not None and (base_dir / path).is_file():
         src = DataSource(path=str(base_dir / path), x=src.x, y=src.y)
@@ -75,10 +73,13 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
         frame = pd.read_csv(path)
     except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, OSError) as exc:
         raise ConfigError(f"data.path: cannot read {str(path)!r} as CSV ({type(exc).__name__})") from None
-    for k in ("x", "y"):
+    columns = ", ".join(map(str, frame.columns))
+    for k, what in (("x", "inputs"), ("y", "targets")):
         col = getattr(src, k)
+        if not col:
+            raise ConfigError(f"data.{k}: not given; the column of {what}, one of: {columns}")
         if col not in frame.columns:
-            raise ConfigError(f"data.{k}: no column {col!r} in {path.name}; columns: {', '.join(map(str, frame.columns))}")
+            raise ConfigError(f"data.{k}: no column {col!r} in {path.name}; columns: {columns}")
         if len(frame) and not pd.api.types.is_numeric_dtype(frame[col]):
             raise ConfigError(f"data.{k}: column {col!r} is not numeric")
     n = max(Ns)
