@@ -267,10 +267,16 @@ def test_resume_after_the_data_file_changed_recomputes(tmp_path):
     raw = {**SMALL, "data": {"path": str(data), "x": "x", "y": "y"}}
     out = tmp_path / "run"
     run_matrix(parse_config(raw), out, progress=False)
-    data.write_text("x,y\n" + "".join(f"{i},{-3 * i}\n" for i in range(20)))  # same name, new numbers
+    data.write_text("x,y\n" + "".join(f"{i},{i * i}\n" for i in range(20)))  # same name, a curve: OLS misses it
     table = run_matrix(parse_config(raw), out, resume=True, progress=False)
     assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == 0
-    pd.testing.assert_frame_equal(_stable(table), _stable(run_matrix(parse_config(raw), progress=False)))
+    assert (table["mse_vs_target"] > 1e-3).all()  # the new numbers, not the line this process read first
+    fresh = tmp_path / "fresh"  # another process reading the edited file gives the same table
+    fresh.mkdir()
+    code = ("import json, sys; from icl_bench.bench.config import parse_config; from icl_bench.bench.runner import "
+            "run_matrix; run_matrix(parse_config(json.loads(sys.argv[1])), sys.argv[2], progress=False)")
+    subprocess.run([sys.executable, "-c", code, json.dumps(raw), str(fresh / "run")], check=True)
+    pd.testing.assert_frame_equal(_stable(table), _stable(pd.read_parquet(fresh / "run" / "results.parquet")))
 
 
 def test_store_gives_back_exactly_what_was_put(tmp_path):

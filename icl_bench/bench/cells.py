@@ -146,11 +146,13 @@ def expand_cells(cfg: MatrixConfig) -> list[Cell]:
 
 @lru_cache(maxsize=2)
 def cell_prompts(source: str, N: int, noise: float, R: float, n_prompts: int, seed: int, dtype: str, device: str,
-                 d: int = 1, ood: str = "none"):
+                 d: int = 1, ood: str = "none", data_sha256: str = ""):
     """The prompt batch of one grid point (cached: all its solvers share it); d > 1 regressors:
     x (B, N, d) from icl_bench.prompts.multivariate (the distributions apply per coordinate). An
     `ood` map is applied to the in-distribution prompts of the same point (prompts/ood.py), so its
-    rows pair with theirs; the maps are defined for one regressor (d > 1 with a map: SkipCell)."""
+    rows pair with theirs; the maps are defined for one regressor (d > 1 with a map: SkipCell).
+    data_sha256: the cell's digest of the CSV file (Cell.data_sha256), part of the cache key
+    only: a file edited between two runs of one process is read again, not served from the cache."""
     spec = json.loads(source)
     pseed = prompt_seed(seed, N, noise, R, d)
     if "csv" in spec:

@@ -113,7 +113,7 @@ def run_cell(cell: Cell, timing_slot=None) -> dict:
             raise SkipCell("CUDA is not available on this machine (torch.cuda.is_available() is False)")
         solver = get_solver(cell.solver, **json.loads(cell.solver_params))
         pristine = cell_prompts(cell.prompts, cell.N, cell.noise, cell.R, cell.n_prompts, cell.seed, cell.dtype,
-                                cell.device, cell.d, cell.ood)
+                                cell.device, cell.d, cell.ood, cell.data_sha256)
         batch = replace(pristine, **{k: v.clone() for k, v in pristine.tensors().items()})  # the cache stays intact
         check_regressors(solver, batch)  # d > 1 and no multivariate path: skipped, with the reason
         solver.check_batch(batch)
