@@ -29,6 +29,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -62,6 +63,7 @@ _POOL_LOCK = threading.Lock()  # the shared pool: not _LOCK, which a compiling t
 _POOL: ThreadPoolExecutor | None = None
 _POOL_NAME = "icl_bench-fused"  # its worker threads' name prefix
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (key, entry) of `_entry`
+_ABOUT: dict = {}  # kernel -> its shape in words, for the line a compile logs (`_first_call`)
 
 
 def available() -> bool:
@@ -116,11 +118,6 @@ def _kernel(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None):
                 tmp = path.with_suffix(f".{os.getpid()}.tmp")
                 tmp.write_text(text)
                 os.replace(tmp, path)
-            if not any((folder / "__pycache__").glob(f"{name}.kernel-*.nbi")):  # numba has not compiled it here
-                shape = f"d_in {din}, d_model {d}, {H} head{'s' * (H > 1)}, {'sparse' if pattern else 'dense'}"
-                logging.getLogger(__name__).warning(
-                    f"icl-bench: compiling a fused kernel ({shape}): once per machine, seconds to a minute; "
-                    f"cached in {folder}")
             spec = importlib.util.spec_from_file_location(name, path)
             module = sys.modules.get(name) or importlib.util.module_from_spec(spec)
             sys.modules[name] = module  # numba's cache re-imports the module by name
@@ -133,6 +130,7 @@ def _kernel(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None):
             fast = fname in ("nonfinite", "zsum")  # sums of zeros (or NaN): in vector lanes
             ns[fname] = _jit(ns[fname], FASTMATH if fast else False, cache)  # all arithmetic as written
         _KERNELS[key] = ns["kernel"]
+        _ABOUT[ns["kernel"]] = f"d_in {din}, d_model {d}, {H} head{'s' * (H > 1)}, {'sparse' if pattern else 'dense'}"
         return _KERNELS[key]
 
 
@@ -294,7 +292,8 @@ def fused_forward(model, tokens: torch.Tensor, after=None,
         return out
     entry = _entry(model, tokens.dtype)
     limits = (SPARSE_MIN, MAX_PRODUCTS)  # what the choice depends on besides the weights
-    if entry.get("kernel", (None,))[0] != limits:  # chosen once per cached weights (~40 us a lookup)
+    first = entry.get("kernel", (None,))[0] != limits
+    if first:  # chosen once per cached weights (~40 us a lookup)
         kern = None
         if sparse_applies(cfg, entry["pattern"], entry["zeros"], tokens.dtype):
             kern = _kernel(din, cfg.d_model, cfg.n_heads, cfg.layernorm, kernel_key(entry["pattern"]))
@@ -308,6 +307,8 @@ def fused_forward(model, tokens: torch.Tensor, after=None,
     threads = max(1, min(num_threads(), B * (T + PROMPT_WORK) // MIN_WORK_PER_THREAD))
     tok = tokens.detach().contiguous().reshape(B, T * din).numpy()  # 2-D: unit stride known
     args = (tok, *arrays, float(cfg.ln_eps), M, N, cfg.n_layers, cfg.readout == "flatten", out.numpy(), ext)
+    if first:
+        _first_call(kern, args, tokens.dtype)
 
     def share(b0: int, b1: int) -> None:
         kern(*args, b0, b1)
@@ -316,6 +317,24 @@ def fused_forward(model, tokens: torch.Tensor, after=None,
 
     split(share, B, threads)
     return out
+
+
+def _first_call(kern, args: tuple, dtype: torch.dtype) -> None:
+    """Call the kernel on no prompts (b0 = b1 = 0), so numba compiles it for these argument types
+    or loads it from its disk cache now, and log one line when it compiled (numba's dispatcher
+    stats count a cache miss): a first run compiles for minutes (docs/throughput.md, "Compile
+    time"), which a progress bar alone does not explain; loading takes well under a second."""
+    stats = lambda: getattr(kern, "stats", None)  # noqa: E731  (numba's _CompileStats)
+    misses = lambda: sum(stats().cache_misses.values()) if stats() is not None else 0  # noqa: E731
+    before, t0 = misses(), time.perf_counter()
+    kern(*args, 0, 0)
+    seconds = time.perf_counter() - t0
+    if misses() > before:
+        path = stats().cache_path
+        later = (f"numba keeps it in {path}, so later runs load it" if path else
+                 "compiled in memory (no writable kernel folder, $ICL_BENCH_KERNEL_DIR): each process compiles it")
+        logging.getLogger(__name__).warning(f"icl-bench: compiled a fused kernel ({_ABOUT.get(kern, '?')}, "
+                                            f"{str(dtype)[6:]}) in {seconds:.1f} s; {later}")
 
 
 def split(work, B: int, threads: int) -> None:
