@@ -1,6 +1,7 @@
 """The checkpoint-backed solvers: shipped checkpoints load, fit the cell or skip with a reason,
 survive degenerate prompts, and trained-l1 meets the 1 % goal on fresh prompts."""
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,21 @@ def test_checkpoint_paths_come_back_as_the_folder_was_spelled(tmp_path, monkeypa
     assert all(p.is_file() for p, _ in find_checkpoints(tmp_path / "m", "trained-nol1"))
     monkeypatch.chdir(tmp_path / "m")
     assert [p.name for p, _ in find_checkpoints("", "trained-nol1")] == ["a.json"]
+
+
+def test_checkpoint_lookup_sees_a_link_moved_to_a_folder_of_look_alike_copies(tmp_path):
+    """A models link moved to another folder whose JSON files have the same names, sizes and
+    modification times (as `cp -p` or `rsync -a` leave them) is read afresh: the folder's own
+    identity is part of what the cache compares."""
+    model = Transformer(TransformerConfig())
+    for sub, R in (("v1", 10.0), ("v2", 20.0)):
+        save_checkpoint(model, tmp_path / sub / "m", {"solver": "trained-nol1", "R": R, "N": [10]})
+    a, b = tmp_path / "v1" / "m.json", tmp_path / "v2" / "m.json"
+    assert a.stat().st_size == b.stat().st_size
+    os.utime(b, ns=(a.stat().st_atime_ns, a.stat().st_mtime_ns))
+    link = tmp_path / "models"
+    link.symlink_to("v1")
+    assert [m["R"] for _, m in find_checkpoints(link, "trained-nol1")] == [10.0]
+    link.unlink()
+    link.symlink_to("v2")
+    assert [m["R"] for _, m in find_checkpoints(link, "trained-nol1")] == [20.0]

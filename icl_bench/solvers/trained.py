@@ -39,22 +39,25 @@ def find_checkpoints(models_dir: str | Path, solver: str) -> list[tuple[Path, di
     """(json path, meta) of every checkpoint in `models_dir` made for `solver`, sorted by name.
 
     Unreadable JSON files are ignored here (load_checkpoint reports them if one is chosen). The
-    result is kept while the folder's JSON files keep their names, sizes and modification times
-    (one os.scandir and a stat per file instead of reading and parsing every file on each predict
-    call; pathlib's glob took ~0.3 ms of a trained solver's ~0.7 ms call on 16 small prompts).
-    """
+    result is kept while the folder (its device and inode, through links) and its JSON files' names,
+    sizes and modification times stay (a stat, an os.scandir and a stat per file instead of reading
+    and parsing every file on each predict call; pathlib's glob took ~0.3 ms of a trained solver's
+    ~0.7 ms call on 16 small prompts)."""
     folder = os.fspath(models_dir) or "."  # Path("") is the working folder
-    try:
+    try:  # the folder's identity first (a link moved to another folder of same-named, same-dated
+        st = os.stat(folder)  # copies changes it; moved during the listing, the next call reads again)
         with os.scandir(folder) as found:
             entries = sorted((e for e in found if e.name.endswith(".json")), key=lambda e: e.name)
     except OSError:  # no such folder, or not a folder: no checkpoints
-        entries = []
+        st, entries = None, []
     try:
-        signature = tuple((e.name, st.st_size, st.st_mtime_ns) for e in entries for st in (e.stat(),))
+        signature = ((st.st_dev, st.st_ino) if st else None,
+                     tuple((e.name, s.st_size, s.st_mtime_ns) for e in entries for s in (e.stat(),)))
     except OSError:  # a file vanished between the listing and its stat: read afresh, keep nothing
         signature = None
     # the paths are returned as the caller spelled the folder; abspath, not realpath (an lstat per
-    # path component, ~50 us a call after a large kernel): two spellings through links get two entries
+    # path component, ~50 us a call after a large kernel): two spellings through links get two
+    # entries, and a link moved to another folder changes the signature's (st_dev, st_ino)
     key = (os.path.abspath(folder), folder, solver)
     cached = _FOUND.get(key)
     if signature is not None and cached is not None and cached[0] == signature:
