@@ -194,7 +194,7 @@ def test_runs_with_another_n_prompts_for_a_cell_and_seed_are_refused(run_dir, tm
     out = tmp_path / "out"
     code, err = _cli(capsys, run_dir, tmp_path / "n32", "--out", out)
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err and not out.exists()
-    assert "test-weighted N=12" in err and "seed=0 has n_prompts 32 in" in err and "64 in" in err, err
+    assert "test-weighted N=12" in err and "cpu seed=0 has n_prompts 32 in" in err and "64 in" in err, err
     run_matrix(parse_config({**raw, "seed": 1}), tmp_path / "n32-seed1", progress=False)
     assert _cli(capsys, run_dir, tmp_path / "n32-seed1", "--out", out)[0] == 0
 

@@ -121,7 +121,15 @@ def _check_repeats(table: pd.DataFrame) -> None:
     rows = ok[np.logical_and.reduce([(ok[k] == v) | (ok[k].isna() & pd.isna(v)) for k, v in key.items()])]
     seen = ", ".join(f"{n} in {run}" for n, run in sorted({(int(n), r) for n, r in zip(rows["n_prompts"], rows["run"])}))
     count = "the only such cell" if len(mixed) == 1 else f"one of {len(mixed)} such cells"
-    where = f"{key['solver']} N={key['N']} noise={key['noise']:g} R={key['R']:g} {key['dtype']} seed={key['seed']}"
+    parts = [key["solver"]]
+    if isinstance(key["solver_params"], str) and key["solver_params"] not in ("", "{}"):
+        parts.append(key["solver_params"])
+    parts += [f"N={key['N']}", f"noise={key['noise']:g}", f"R={key['R']:g}", key["dtype"], key["device"]]
+    if key["d"] != 1:
+        parts.append(f"d={key['d']}")
+    if key["ood"] != "none":
+        parts.append(f"ood={key['ood']}")
+    where = " ".join([*parts, f"seed={key['seed']}"])
     raise ConfigError(f"RUN_DIR: {where} has n_prompts {seen} ({count}): the same seed with "
                       "another n_prompts draws other prompts, so these rows are neither repeats nor independent "
                       "seeds; publish such runs separately, or run with the same n_prompts or other seeds")
