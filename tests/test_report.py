@@ -15,6 +15,7 @@ from scipy import stats
 
 from icl_bench import Param, Solver, register_solver
 from icl_bench.cli import main
+from icl_bench.errors import ConfigError
 from icl_bench.bench.config import parse_config
 from icl_bench.solvers.registry import REGISTRY
 from icl_bench.bench.runner import run_matrix
@@ -197,6 +198,34 @@ def test_runs_with_another_n_prompts_for_a_cell_and_seed_are_refused(run_dir, tm
     assert "test-weighted N=12" in err and "cpu seed=0 has n_prompts 32 in" in err and "64 in" in err, err
     run_matrix(parse_config({**raw, "seed": 1}), tmp_path / "n32-seed1", progress=False)
     assert _cli(capsys, run_dir, tmp_path / "n32-seed1", "--out", out)[0] == 0
+
+
+def test_runs_over_other_data_or_checkpoints_for_a_cell_and_seed_are_refused(tmp_path, capsys):
+    """Two runs of one CSV cell and seed over other bytes under the same path are refused (the rows
+    record data_sha256), and so are rows whose solver read other files (inputs_sha256); the same
+    bytes twice pool as repeats, and rows of runs older than these columns ("") are not compared."""
+    from icl_bench.report import aggregate as report
+
+    data = tmp_path / "d.csv"
+    raw = {"seed": 0, "n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1},
+           "grid": {"N": [5], "R": [10.0], "dtype": ["float64"], "device": ["cpu"]},
+           "solvers": {"ols": {}}, "data": {"path": str(data), "x": "x", "y": "y"}}
+    for name, scale in (("a", 1), ("again", 1), ("b", 100)):
+        data.write_text("x,y\n" + "".join(f"{i},{scale * (i % 7)}\n" for i in range(40)))
+        run_matrix(parse_config(raw), tmp_path / name, progress=False)
+    table, _ = report.load_runs([tmp_path / "a", tmp_path / "again"])  # the same bytes: repeats
+    assert table["data_sha256"].str.len().eq(64).all() and report.aggregate(table).n_seeds.tolist() == [1]
+    code, err = _cli(capsys, tmp_path / "a", tmp_path / "b", "--out", tmp_path / "out")
+    assert code == 2 and err.count("\n") == 1 and not (tmp_path / "out").exists()
+    assert "ols N=5 noise=nan R=10 float64 cpu seed=0 has data_sha256 " in err and "CSV file's bytes differ" in err, err
+    for stem, digest in (("c1", "1" * 64), ("c2", "2" * 64), ("old", None)):  # a checkpoint's digest, or none
+        (tmp_path / stem).mkdir()
+        t = pd.read_parquet(tmp_path / "a" / "results.parquet")
+        t = t.drop(columns=["inputs_sha256"]) if digest is None else t.assign(inputs_sha256=digest)
+        t.to_parquet(tmp_path / stem / "results.parquet")
+    with pytest.raises(ConfigError, match=r"has inputs_sha256 111111111111 in .*c1, 222222222222 in .*c2 .*other files"):
+        report.load_runs([tmp_path / "c1", tmp_path / "c2"])
+    assert len(report.load_runs([tmp_path / "c1", tmp_path / "old"])[0]) == 2  # an older run: not compared
 
 
 def test_runs_without_standard_errors_get_nan_intervals(run_dir, tmp_path):

@@ -13,8 +13,8 @@ Several folders (other seeds, other machines) are stacked and aggregated togethe
 Confidence interval of a mean MSE ("over prompts and seeds"). Each cell row carries the mean
 squared error m_i over its n_i prompts and that mean's standard error se_i = sd / sqrt(n_i)
 (metrics.py). Rows of the same cell and seed from several runs saw the same prompts, so they are
-averaged first (not counted twice); runs whose rows of one cell and seed differ in n_prompts drew
-other prompts and are refused (`load_runs`). Distinct seeds draw independent prompts, so all prompts of a
+averaged first (not counted twice); runs whose rows of one cell and seed differ in n_prompts, in
+the CSV's bytes or in the solver's input files (REPEAT_SAME) did not, and are refused (`load_runs`). Distinct seeds draw independent prompts, so all prompts of a
 group are one i.i.d. sample: the pooled mean is m = sum(n_i m_i) / n with n = sum(n_i) and its
 standard error se = sqrt(sum(n_i^2 se_i^2)) / n. The 95 % interval is taken for log(m) by the
 delta method (se of log m ~ se / m) and mapped back: [m / f, m * f], f = exp(t * se / m), t the
@@ -83,8 +83,8 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict | None]:
             meta = json.loads((path / "metadata.json").read_text())
         except (OSError, ValueError) as exc:
             raise ConfigError(f"RUN_DIR: {path / 'metadata.json'} cannot be read ({exc})") from None
-    for col in ("mse_vs_ols_se", "mse_vs_truth_se", "prompts"):  # older runs: no SE, one prompt source
-        if col not in table.columns:
+    for col in ("mse_vs_ols_se", "mse_vs_truth_se", "prompts", "data_sha256", "inputs_sha256"):  # older runs:
+        if col not in table.columns:  # no SE, one prompt source, no digests of their inputs
             table[col] = math.nan if col.endswith("_se") else ""
     for axis, value in BACKFILL.items():  # older runs: one regressor
         if axis not in table.columns:
@@ -107,20 +107,38 @@ def load_runs(paths) -> tuple[pd.DataFrame, dict[str, dict | None]]:
     return add_series(table), {str(Path(p)): m for p, (_, m) in zip(paths, loaded)}
 
 
+REPEAT_SAME = {  # a column that must agree between rows of one cell and seed, and what it means when not
+    "n_prompts": "another n_prompts draws other prompts (a cell's n prompts are not the first n of a larger batch)",
+    "data_sha256": "the CSV file's bytes differ (other data under the same path)",
+    "inputs_sha256": "the solver read other files (checkpoints)",
+}
+
+
 def _check_repeats(table: pd.DataFrame) -> None:
-    """Rows of one cell and seed are averaged as repeats (they saw the same prompts), which holds
-    only when they drew as many prompts: a cell's batch of n prompts is not the first n of a
-    larger one (icl_bench/bench/cells.py, cell_prompts), so such rows are neither repeats nor
-    independent seeds. Raises ConfigError naming the cell, the n_prompts values and their runs."""
+    """Rows of one cell and seed are averaged as repeats (they saw the same prompts through the same
+    solver), which holds only when they agree in every REPEAT_SAME column; otherwise they are
+    neither repeats nor independent seeds. Rows of runs from before the digest columns ("") agree
+    with anything. Raises ConfigError naming the cell, the differing values and their runs."""
     ok = table[table["status"] == "ok"]
-    counts = ok.groupby([*KEYS, "seed"], dropna=False)["n_prompts"].nunique()
-    mixed = counts[counts > 1]
-    if mixed.empty:
-        return
-    key = dict(zip([*KEYS, "seed"], mixed.index[0]))
-    rows = ok[np.logical_and.reduce([(ok[k] == v) | (ok[k].isna() & pd.isna(v)) for k, v in key.items()])]
-    seen = ", ".join(f"{n} in {run}" for n, run in sorted({(int(n), r) for n, r in zip(rows["n_prompts"], rows["run"])}))
-    count = "the only such cell" if len(mixed) == 1 else f"one of {len(mixed)} such cells"
+    for col, why in REPEAT_SAME.items():
+        values = ok[col] if col == "n_prompts" else ok[col].fillna("").replace("", np.nan)
+        counts = values.groupby([ok[k] for k in [*KEYS, "seed"]], dropna=False).nunique()
+        mixed = counts[counts > 1]
+        if mixed.empty:
+            continue
+        key = dict(zip([*KEYS, "seed"], mixed.index[0]))
+        rows = ok[np.logical_and.reduce([(ok[k] == v) | (ok[k].isna() & pd.isna(v)) for k, v in key.items()])]
+        shown = {(int(v) if col == "n_prompts" else str(v)[:12], r) for v, r in zip(rows[col], rows["run"])
+                 if col == "n_prompts" or (isinstance(v, str) and v)}
+        seen = ", ".join(f"{v} in {run}" for v, run in sorted(shown))  # (digests: their first 12 hex digits)
+        count = "the only such cell" if len(mixed) == 1 else f"one of {len(mixed)} such cells"
+        raise ConfigError(f"RUN_DIR: {_cell_words(key)} has {col} {seen} ({count}): {why}, so these rows are "
+                          "neither repeats nor independent seeds; publish such runs separately, or rerun one with "
+                          "other seeds")
+
+
+def _cell_words(key: dict) -> str:
+    """One cell (KEYS and seed) in words: solver, parameters, grid values, seed."""
     parts = [key["solver"]]
     if isinstance(key["solver_params"], str) and key["solver_params"] not in ("", "{}"):
         parts.append(key["solver_params"])
@@ -129,10 +147,7 @@ def _check_repeats(table: pd.DataFrame) -> None:
         parts.append(f"d={key['d']}")
     if key["ood"] != "none":
         parts.append(f"ood={key['ood']}")
-    where = " ".join([*parts, f"seed={key['seed']}"])
-    raise ConfigError(f"RUN_DIR: {where} has n_prompts {seen} ({count}): the same seed with "
-                      "another n_prompts draws other prompts, so these rows are neither repeats nor independent "
-                      "seeds; publish such runs separately, or run with the same n_prompts or other seeds")
+    return " ".join([*parts, f"seed={key['seed']}"])
 
 
 def add_series(table: pd.DataFrame) -> pd.DataFrame:
