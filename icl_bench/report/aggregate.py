@@ -14,8 +14,9 @@ Confidence interval of a mean MSE ("over prompts and seeds"). Each cell row carr
 squared error m_i over its n_i prompts and that mean's standard error se_i = sd / sqrt(n_i)
 (metrics.py). Rows of the same cell and seed from several runs saw the same prompts, so they are
 averaged first (not counted twice); runs whose rows of one cell and seed differ in n_prompts, in
-the CSV's bytes or in the solver's input files (REPEAT_SAME) did not, and are refused (`load_runs`). Distinct seeds draw independent prompts, so all prompts of a
-group are one i.i.d. sample: the pooled mean is m = sum(n_i m_i) / n with n = sum(n_i) and its
+the CSV's bytes or in the solver's input files (REPEAT_SAME) did not, and are refused
+(`load_runs`). Distinct seeds draw independent prompts, so all prompts of a group are one i.i.d.
+sample: the pooled mean is m = sum(n_i m_i) / n with n = sum(n_i) and its
 standard error se = sqrt(sum(n_i^2 se_i^2)) / n. The 95 % interval is taken for log(m) by the
 delta method (se of log m ~ se / m) and mapped back: [m / f, m * f], f = exp(t * se / m), t the
 0.975 quantile of Student's t with n - 1 degrees of freedom (scipy.stats). Squared errors are
