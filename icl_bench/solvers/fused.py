@@ -130,7 +130,8 @@ def _kernel(din: int, d: int, H: int, ln: bool, pattern: Pattern | None = None):
             fast = fname in ("nonfinite", "zsum")  # sums of zeros (or NaN): in vector lanes
             ns[fname] = _jit(ns[fname], FASTMATH if fast else False, cache)  # all arithmetic as written
         _KERNELS[key] = ns["kernel"]
-        _ABOUT[ns["kernel"]] = f"d_in {din}, d_model {d}, {H} head{'s' * (H > 1)}, {'sparse' if pattern else 'dense'}"
+        _ABOUT[ns["kernel"]] = (f"d_in {din}, d_model {d}, {H} head{'s' * (H > 1)}, {'' if ln else 'no '}LayerNorm, "
+                                f"{'sparse' if pattern else 'dense'}, {fused_source.products(body)} products")
         return _KERNELS[key]
 
 
