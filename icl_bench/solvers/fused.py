@@ -325,13 +325,15 @@ def _first_call(kern, args: tuple, dtype: torch.dtype) -> None:
     or loads it from its disk cache now, and log one line when it compiled (numba's dispatcher
     stats count a cache miss): a first run compiles for minutes (docs/throughput.md, "Compile
     time"), which a progress bar alone does not explain; loading takes well under a second."""
-    stats = lambda: getattr(kern, "stats", None)  # noqa: E731  (numba's _CompileStats)
-    misses = lambda: sum(stats().cache_misses.values()) if stats() is not None else 0  # noqa: E731
-    before, t0 = misses(), time.perf_counter()
+    stats = getattr(kern, "stats", None)  # numba's _CompileStats; its counters are live
+    if stats is None:  # (a numba without dispatcher stats: compile quietly)
+        kern(*args, 0, 0)
+        return
+    before, t0 = sum(stats.cache_misses.values()), time.perf_counter()
     kern(*args, 0, 0)
     seconds = time.perf_counter() - t0
-    if misses() > before:
-        path = stats().cache_path
+    if sum(stats.cache_misses.values()) > before:
+        path = stats.cache_path
         later = (f"numba keeps it in {path}, so later runs load it" if path else
                  "compiled in memory (no writable kernel folder, $ICL_BENCH_KERNEL_DIR): each process compiles it")
         logging.getLogger(__name__).warning(f"icl-bench: compiled a fused kernel ({_ABOUT.get(kern, '?')}, "
