@@ -69,6 +69,26 @@ def test_float32_offset_prompt_is_answered_by_every_solver():
         assert exact.err(p) <= 104 * 2.0**-24 * exact.k + 1e-5 * (name == "ln-closed-form"), name
 
 
+@pytest.mark.parametrize("offset, spread, dtype", [(1e4, 0.01, "float32"), (1e6, 1.0, "float32"),
+                                                   (1e9, 1.0, "float64"), (1.0, 1e-9, "float64")])
+def test_query_near_a_large_offset_keeps_the_spread(offset, spread, dtype):
+    """u - x_bar is formed as (u - c) - mean(x - c) (docs/accuracy.md): rounding x_bar to the
+    offset's ulp first cost float32 `ols` relative errors of 0.06-0.1 and the float64 reference
+    1e-7 on these prompts (x = offset + spread z, y = 1 + 2 z), where the data allow ~1e-6 / 1e-15."""
+    g = torch.Generator().manual_seed(7)
+    z, zq = torch.randn(16, 20, generator=g, dtype=F64), torch.randn(16, generator=g, dtype=F64)
+    batch = make_batch(offset + spread * z, 1 + 2 * z, offset + spread * zq, R=100.0, dtype=dtype)
+    u = 2.0**-24 if dtype == "float32" else 2.0**-53
+    x, y, q = batch.x, batch.y, batch.x_query
+    answers = {"ols": get_solver("ols").predict(batch), "reference": ols_predict(x, y, q),
+               "float64 reference": batch.ols_prediction}
+    for b in range(16):
+        exact = exact_ols(x[b].tolist(), y[b].tolist(), float(q[b]))
+        for name, pred in answers.items():
+            tol = (2.0**-53 if name == "float64 reference" else u) * 64
+            assert exact.err(float(pred[b])) <= tol, (name, b)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_constant_x_is_nan_for_every_least_squares_solver(dtype):
     x = torch.full((100,), 1.1, dtype=F64)  # 1.1 is not a power of two: lstsq sees rank 2

@@ -16,7 +16,8 @@ computing the sample variance", eq. 1.7). With a shift c = (c_x, c_y), x' = x - 
 (each a single rounding of the exact difference):
 
     Sxx = sum x'^2 - (sum x')^2 / N,    Sxy = sum x'y' - (sum x')(sum y') / N,
-    x_bar = c_x + sum x' / N,           y_bar = c_y + sum y' / N,    y_hat = y_bar + (Sxy/Sxx)(u - x_bar).
+    x_bar = c_x + sum x' / N,           y_bar = c_y + sum y' / N,    y_hat = y_bar + (Sxy/Sxx)(u - x_bar),
+    with u - x_bar formed as (u - c_x) - sum x' / N (never through a rounded x_bar).
 
 Exact in exact arithmetic for any shift; in floating point the cancellation in Sxx costs a factor
 1 + d^2, d = (c_x - x_bar) / sd(x), bounded whatever the offset |x_bar| / sd(x) when c is taken
@@ -129,7 +130,8 @@ FAST_RANGE = {torch.float64: 2.0**500, torch.float32: 2.0**60}  # fast path: sum
 
 def _fast_moments(x: torch.Tensor, y: torch.Tensor):
     """The unscaled one-pass sums, for the prompts whose data sit in a safe range (nearly all):
-    (ok, x_bar, y_bar, beta), each (B,). The shift is the median of the first SHIFT_SAMPLES
+    (ok, c_x, o_x, y_bar, beta), each (B,), x_bar = c_x + o_x (the shift c_x and the mean of
+    x - c_x, kept apart so that u - x_bar is (u - c_x) - o_x, docs/accuracy.md). The shift is the median of the first SHIFT_SAMPLES
     values, itself a data value, so a constant x gives x' = 0 exactly. `ok` holds where every sum
     is finite, 1/r <= sum x'^2, sum y'^2 <= r (r = FAST_RANGE: no product can underflow or overflow
     enough to matter, docs/accuracy.md) and Sxx > 0; the other prompts (constant x or y, NaN / inf,
@@ -153,38 +155,38 @@ def _fast_moments(x: torch.Tensor, y: torch.Tensor):
     offset = G[:, 0] / N  # (B, 2): mean of x', y'
     S = G[:, 1] - G[:, 0, :1] * offset  # (B, 2): Sxx, Sxy
     ok = torch.isfinite(G).all(dim=2).all(dim=1) & ((sq >= 1 / r) & (sq <= r)).all(dim=1) & (S[:, 0] > 0)
-    means = c + offset  # (B, 2)
-    return ok, means[:, 0], means[:, 1], S[:, 1] / S[:, 0]
+    return ok, c[:, 0], offset[:, 0], c[:, 1] + offset[:, 1], S[:, 1] / S[:, 0]
 
 
 def _moments(x: torch.Tensor, y: torch.Tensor):
-    """Scaled statistics: (kx, ky, x_bar', y_bar', beta, bad, fast), x_bar = 2^kx x_bar', y_bar =
-    2^ky y_bar', slope = 2^(ky - kx) beta; beta is NaN where `bad` (x or y ill-posed); `fast`
-    marks the prompts the one-pass unscaled path answered (kx = ky = 0 there)."""
+    """Scaled statistics: (kx, ky, c_x', o_x', y_bar', beta, bad, fast), x_bar = 2^kx (c_x' + o_x')
+    (c_x' the shift, o_x' the mean of x' = x 2^-kx - c_x'), y_bar = 2^ky y_bar', slope =
+    2^(ky - kx) beta; beta is NaN where `bad` (x or y ill-posed); `fast` marks the prompts the
+    one-pass unscaled path answered (kx = ky = 0 there)."""
     if torch.is_grad_enabled() and (x.requires_grad or y.requires_grad):
         return (*_scaled_moments(x, y), torch.zeros(x.shape[0], dtype=torch.bool, device=x.device))
-    fast, xb, yb, beta = _fast_moments(x, y)
+    fast, cx, ox, yb, beta = _fast_moments(x, y)
     kx = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
     ky, bad = kx.clone(), torch.zeros_like(fast)
     if not bool(fast.all()):
         idx = (~fast).nonzero().squeeze(1)
-        for dst, src in zip((kx, ky, xb, yb, beta, bad), _scaled_moments(x[idx], y[idx])):
+        for dst, src in zip((kx, ky, cx, ox, yb, beta, bad), _scaled_moments(x[idx], y[idx])):
             dst[idx] = src
-    return kx, ky, xb, yb, beta, bad, fast
+    return kx, ky, cx, ox, yb, beta, bad, fast
 
 
 def _scaled_moments(x: torch.Tensor, y: torch.Tensor):
-    """`_moments` by the power-of-two scaled path, for every prompt: (kx, ky, x_bar', y_bar', beta, bad)."""
+    """`_moments` by the power-of-two scaled path, for every prompt: (kx, ky, c_x', o_x', y_bar', beta,
+    bad); x_bar' = c_x' + o_x' (the shift and the mean of x - c_x, kept apart for u - x_bar)."""
     N = x.shape[1]
     kx, ky, c, G, bad = _scaled_sums(x, y)  # (B,), (B,), (B, 2), (B, 2, 2), (B,)
     offset = G[:, 0] / N  # (B, 2): mean of x', y'
-    means = c + offset  # (B, 2): scaled x_bar, y_bar
     S = G[:, 1] - G[:, 0, :1] * offset  # (B, 2): Sxx', Sxy' (the shift's share removed)
     # Sxx' > 0 whenever x is not constant (docs/accuracy.md: its relative error is below
     # N u (1 + N / 4) < 1); the guard only keeps a violated bound from returning inf
     bad = bad | ~(S[:, 0] > 0)
     beta = torch.where(bad, float("nan"), S[:, 1] / S[:, 0])
-    return kx, ky, means[:, 0], means[:, 1], beta, bad
+    return kx, ky, c[:, 0], offset[:, 0], c[:, 1] + offset[:, 1], beta, bad
 
 
 def ols_fit(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -197,7 +199,8 @@ def ols_fit(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
         NaN for ill-posed prompts (`ill_posed`: all x equal, or a NaN / inf in the prompt), and
         +-inf only where the true value overflows the dtype.
     """
-    kx, ky, xb, yb, beta, _, _ = _moments(x, y)
+    kx, ky, cx, ox, yb, beta, _, _ = _moments(x, y)
+    xb = cx + ox  # (B,) scaled x_bar
     x_bar, y_bar = ldexp(xb, kx), ldexp(yb, ky)
     slope = ldexp(beta, ky - kx)
     intercept = ldexp(yb - beta * xb, ky)  # y_bar - slope * x_bar, in the scaled units
@@ -214,14 +217,17 @@ def ols_predict(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor) -> torc
         a result that overflows the dtype. Accuracy (docs/accuracy.md): |error| <= (N + 4) u K
         with u the unit roundoff of the dtype and K the condition numerator of the prompt.
     """
-    kx, ky, xb, yb, beta, _, fast = _moments(x, y)
-    d = x_query * pow2(-kx, x.dtype) - xb  # (B,) (u - x_bar) 2^-kx: exact scaling, one rounding
+    kx, ky, cx, ox, yb, beta, _, fast = _moments(x, y)
+    # (u - x_bar) 2^-kx as (u 2^-kx - c_x') - o_x': the scaling is exact and u - c_x' cancels
+    # without loss near the prompt's offset, where u - (c_x' + o_x') would first round x_bar to the
+    # offset's ulp (x = 1e4 + 0.01 z in float32: relative errors of order 1; docs/accuracy.md)
+    d = (x_query * pow2(-kx, x.dtype) - cx) - ox  # (B,)
     pred = ldexp(torch.addcmul(yb, beta, d), ky)  # (B,)
     redo = fast & ~torch.isfinite(pred) & torch.isfinite(x_query)  # an intermediate overflowed unscaled
     if bool(redo.any()):
         idx = redo.nonzero().squeeze(1)
-        kx, ky, xb, yb, beta, _ = _scaled_moments(x[idx], y[idx])
-        pred[idx] = ldexp(torch.addcmul(yb, beta, x_query[idx] * pow2(-kx, x.dtype) - xb), ky)
+        kx, ky, cx, ox, yb, beta, _ = _scaled_moments(x[idx], y[idx])
+        pred[idx] = ldexp(torch.addcmul(yb, beta, (x_query[idx] * pow2(-kx, x.dtype) - cx) - ox), ky)
     return pred.masked_fill(~torch.isfinite(pred), float("nan"))
 
 
@@ -229,7 +235,8 @@ def centred_scales(x: torch.Tensor, y: torch.Tensor):
     """Per prompt, scale-safe: (x_bar, y_bar, s_x, s_y), each (B,) in x's dtype, s the population
     standard deviations sqrt(Sxx / N), sqrt(Syy / N) computed without underflow or overflow
     (s_x = 0 for constant x; NaN where the prompt holds a NaN / inf). For standardizing prompts."""
-    kx, ky, xb, yb, _, _, _ = _moments(x, y)
+    kx, ky, cx, ox, yb, _, _, _ = _moments(x, y)
+    xb = cx + ox  # (B,) scaled x_bar
     x_bar, y_bar = ldexp(xb, kx), ldexp(yb, ky)
     sx = ((x * pow2(-kx, x.dtype)[:, None] - xb[:, None]) ** 2).mean(dim=1).sqrt()  # (B,) scaled
     sy = ((y * pow2(-ky, x.dtype)[:, None] - yb[:, None]) ** 2).mean(dim=1).sqrt()
