@@ -43,6 +43,7 @@ class ScipyLstsq(Solver):
             design = np.column_stack([np.ones_like(xs), xs - c])  # (N, 2), centred
             coef, _, rank, _ = scipy.linalg.lstsq(design, ys)
             if rank == 2:  # the centred, scaled design of a non-constant x has full rank
-                out[i] = np.ldexp(coef[0] + coef[1] * (us - c), ky)
+                with np.errstate(over="ignore"):  # an answer beyond float64: inf, made NaN below
+                    out[i] = np.ldexp(coef[0] + coef[1] * (us - c), ky)
         pred = torch.from_numpy(out).to(device=batch.device, dtype=batch.dtype)  # (B,)
         return pred.masked_fill(~torch.isfinite(pred), float("nan"))  # an overflow is no answer: NaN, not inf

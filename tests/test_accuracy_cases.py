@@ -69,6 +69,16 @@ def test_float32_offset_prompt_is_answered_by_every_solver():
         assert exact.err(p) <= 104 * 2.0**-24 * exact.k + 1e-5 * (name == "ln-closed-form"), name
 
 
+@pytest.mark.parametrize("dtype, big", [("float32", 1e38), ("float64", 5e307)])
+def test_an_answer_beyond_the_dtype_is_nan_never_inf(dtype, big):
+    """y = big * (0, 1, 2, 3), u = 6: the exact answer 6 big overflows; every least-squares solver
+    answers NaN (docs/accuracy.md), ln-closed-form with standardize=true too (it mapped its
+    standardized answer back to +inf)."""
+    batch = make_batch([[0.0, 1.0, 2.0, 3.0]], [[0.0, big, 2 * big, 3 * big]], [6.0], R=100.0, dtype=dtype)
+    for name, kw in LSQ + [("ln-closed-form", {})]:
+        assert math.isnan(_pred(name, kw, batch)), name
+
+
 @pytest.mark.parametrize("offset, spread, dtype", [(1e4, 0.01, "float32"), (1e6, 1.0, "float32"),
                                                    (1e9, 1.0, "float64"), (1.0, 1e-9, "float64")])
 def test_query_near_a_large_offset_keeps_the_spread(offset, spread, dtype):

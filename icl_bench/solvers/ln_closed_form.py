@@ -280,7 +280,8 @@ class LNClosedForm(Solver):
 
     @torch.no_grad()
     def predict(self, batch: PromptBatch) -> torch.Tensor:
-        """(B,) predictions in batch.dtype on batch.device; NaN for degenerate prompts."""
+        """(B,) predictions in batch.dtype on batch.device; NaN for degenerate prompts, for prompts
+        whose R is lost in rounding and in place of an answer that overflows (never +-inf)."""
         if batch.d > 1:
             return ln_closed_form_mv(batch, self.model(batch.R, batch.dtype, batch.device, batch.d),
                                      self.values["standardize"])
@@ -289,8 +290,8 @@ class LNClosedForm(Solver):
         model = self.model(R, batch.dtype, batch.device)
         if shift is None:  # the batch's own tokens: the kernel reads the extremes of x and y on its way
             out, extremes = model.forward_extremes(tokens)  # (B,), (B, 4) or None
-            if extremes is not None:
-                return screen_answers(out, extremes, u, R)
+            if extremes is not None:  # an overflow is no answer either: NaN, never +-inf
+                return screen_answers(out, extremes, u, R, inf_is_nan=True)
             bad = ill_posed_or_r_lost(x, y, u, R)  # (B,)
         else:
             bad = torch.empty(batch.B, dtype=torch.bool, device=batch.device)  # (B,)
@@ -303,8 +304,8 @@ class LNClosedForm(Solver):
                 out = model(tokens)  # (B,)
                 screen(0, batch.B)
         if shift is not None:
-            out = shift + scale * out
-        return torch.where(bad, torch.full_like(out, float("nan")), out)
+            out = shift + scale * out  # may overflow where the answer is beyond the dtype's range
+        return out.masked_fill(bad | torch.isinf(out), float("nan"))
 
     def weights(self, R: float | None = None) -> dict[str, torch.Tensor]:
         """The module's weight_matrices() for R (default: the R of the last batch, else 100.0).
