@@ -143,8 +143,10 @@ def mse_vs_n(summary: pd.DataFrame, setting: dict) -> Figure:
 
 
 def mse_vs_r(summary: pd.DataFrame, setting: dict) -> Figure:
-    """MSE vs OLS against R, one line per series, one panel per dtype (the float32 U-curve of
-    ln-closed-form shows here); N, noise, device fixed at `setting`. Raises PlotSkipped."""
+    """MSE vs OLS against R, one line per series, one panel per dtype (ln-closed-form's O(1/R^4)
+    fall, and in float32 the rounding floor of its U-curve where the R grid reaches past ~1e3; the
+    default grid R = 10, 100, 1000 stops at the minimum); N, noise, device fixed at `setting`.
+    Raises PlotSkipped."""
     d = select(summary, setting, ("N", "noise", "device", "d"))
     if d.empty:
         raise PlotSkipped(f"mse_vs_r: no ok cells at {_setting_text(setting, ('N', 'noise', 'device'))}")
