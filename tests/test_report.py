@@ -631,3 +631,26 @@ def test_checkpoints_are_written_readable_by_others(tmp_path):
     stem = save_checkpoint(Transformer(TransformerConfig(n_layers=1, n_heads=1)), tmp_path / "m")
     for suffix in (".safetensors", ".json"):  # safetensors alone would write 0o600
         assert oct(Path(str(stem) + suffix).stat().st_mode & 0o777) == "0o644"
+
+
+def test_seed_means_pool_by_their_finite_predictions():
+    """A seed's mse is the mean over its finite predictions, so pooling weighs it by those
+    (n_prompts - n_nonfinite), a seed with none adds nothing, and the headline says how many
+    predictions were NaN."""
+    from icl_bench.report import aggregate as report
+
+    cell = dict(solver="s", solver_params="{}", N=10, noise=0.1, R=100.0, dtype="float32", device="cpu",
+                d=1, ood="none", prompts="synthetic", series="s", series_rank=0, status="ok", prompts_per_s=1.0)
+    rows = [dict(cell, seed=0, n_prompts=100, n_nonfinite=90, mse_vs_ols=1.0, mse_vs_ols_se=0.1,
+                 mse_vs_truth=1.0, mse_vs_truth_se=0.1),
+            dict(cell, seed=1, n_prompts=100, n_nonfinite=0, mse_vs_ols=3.0, mse_vs_ols_se=0.1,
+                 mse_vs_truth=3.0, mse_vs_truth_se=0.1),
+            dict(cell, seed=2, n_prompts=100, n_nonfinite=100, mse_vs_ols=math.nan, mse_vs_ols_se=math.nan,
+                 mse_vs_truth=math.nan, mse_vs_truth_se=math.nan)]
+    got = report.aggregate(pd.DataFrame(rows)).iloc[0]
+    assert got.mse_vs_ols == pytest.approx((10 * 1.0 + 100 * 3.0) / 110, rel=1e-12)
+    assert got.mse_vs_truth == pytest.approx((10 * 1.0 + 100 * 3.0) / 110, rel=1e-12)
+    assert got.n_prompts == 300 and got.n_nonfinite == 190
+    head = report.headline(report.aggregate(pd.DataFrame(rows)),
+                           {"noise": 0.1, "R": 100.0, "dtype": "float32", "device": "cpu", "d": 1, "ood": "none"})
+    assert head.loc[0, "N=10"].endswith("(190 of 300 NaN)"), head

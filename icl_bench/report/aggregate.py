@@ -16,7 +16,8 @@ squared error m_i over its n_i prompts and that mean's standard error se_i = sd 
 averaged first (not counted twice); runs whose rows of one cell and seed differ in n_prompts, in
 the CSV's bytes or in the solver's input files (REPEAT_SAME) did not, and are refused
 (`load_runs`). Distinct seeds draw independent prompts, so all prompts of a group are one i.i.d.
-sample: the pooled mean is m = sum(n_i m_i) / n with n = sum(n_i) and its
+sample: the pooled mean is m = sum(n_i m_i) / n with n = sum(n_i) (n_i the seed's finite
+predictions, n_prompts - n_nonfinite: its mean was taken over those) and its
 standard error se = sqrt(sum(n_i^2 se_i^2)) / n. The 95 % interval is taken for log(m) by the
 delta method (se of log m ~ se / m) and mapped back: [m / f, m * f], f = exp(t * se / m), t the
 0.975 quantile of Student's t with n - 1 degrees of freedom (scipy.stats). Squared errors are
@@ -206,9 +207,12 @@ def _pooled(group: pd.DataFrame, metric: str) -> pd.Series:
     """Pooled mean, standard error and 95 % CI of one metric over a group's per-seed rows
     (see the module docstring for the method)."""
     n = group["n_prompts"].astype(float)
+    if "n_nonfinite" in group:  # each seed's mean is over its finite predictions only
+        n = n - group["n_nonfinite"].astype(float).fillna(0.0)
+    group, n = group[n > 0], n[n > 0]  # a seed with no finite prediction has no mean to pool
     m, se = group[metric].astype(float), group[f"{metric}_se"].astype(float)
     total = n.sum()
-    mean = float((n * m).sum(skipna=False) / total)
+    mean = float((n * m).sum(skipna=False) / total) if total > 0 else math.nan
     sem = float(np.sqrt(((n * se) ** 2).sum(skipna=False)) / total)
     t = float(stats.t.ppf(0.5 + LEVEL / 2, max(total - 1, 1)))
     if mean > 0:
@@ -361,12 +365,15 @@ def select(df: pd.DataFrame, setting: dict, axes) -> pd.DataFrame:
 
 def headline(summary: pd.DataFrame, setting: dict) -> pd.DataFrame:
     """Mean MSE vs OLS "mean [CI low, CI high]" by series (rows) x N (columns) at `setting`
-    (noise, R, dtype, device fixed). Empty when no ok cell matches."""
+    (noise, R, dtype, device fixed), "(k of n NaN)" appended where k predictions were not finite
+    (the mean is over the others). Empty when no ok cell matches."""
     at = select(summary, setting, tuple(a for a in AXES if a != "N"))
     if at.empty:
         return pd.DataFrame()
-    text = at.assign(cell=[f"{m:.3g} [{lo:.3g}, {hi:.3g}]" for m, lo, hi in
-                           zip(at["mse_vs_ols"], at["mse_vs_ols_ci_low"], at["mse_vs_ols_ci_high"])])
+    bad = at["n_nonfinite"] if "n_nonfinite" in at else pd.Series(0, index=at.index)
+    text = at.assign(cell=[f"{m:.3g} [{lo:.3g}, {hi:.3g}]" + (f" ({int(k)} of {int(n)} NaN)" if k > 0 else "")
+                           for m, lo, hi, k, n in zip(at["mse_vs_ols"], at["mse_vs_ols_ci_low"],
+                                                      at["mse_vs_ols_ci_high"], bad, at["n_prompts"])])
     wide = text.pivot_table(index="series", columns="N", values="cell", aggfunc="first")
     wide = wide.reindex([s for s in series_order(at) if s in wide.index])
     wide.columns = [f"N={n}" for n in wide.columns]
