@@ -654,3 +654,9 @@ def test_seed_means_pool_by_their_finite_predictions():
     head = report.headline(report.aggregate(pd.DataFrame(rows)),
                            {"noise": 0.1, "R": 100.0, "dtype": "float32", "device": "cpu", "d": 1, "ood": "none"})
     assert head.loc[0, "N=10"].endswith("(190 of 300 NaN)"), head
+    import warnings
+
+    with warnings.catch_warnings():  # every seed non-finite: NaN mean and interval, no 0 / 0
+        warnings.simplefilter("error")
+        none = report.aggregate(pd.DataFrame(rows[2:])).iloc[0]
+    assert math.isnan(none.mse_vs_ols) and math.isnan(none.mse_vs_ols_ci_low) and none.n_nonfinite == 100

@@ -212,7 +212,9 @@ def _pooled(group: pd.DataFrame, metric: str) -> pd.Series:
     group, n = group[n > 0], n[n > 0]  # a seed with no finite prediction has no mean to pool
     m, se = group[metric].astype(float), group[f"{metric}_se"].astype(float)
     total = n.sum()
-    mean = float((n * m).sum(skipna=False) / total) if total > 0 else math.nan
+    if not total > 0:
+        return pd.Series({f"{metric}{s}": math.nan for s in ("", "_se", "_ci_low", "_ci_high")})
+    mean = float((n * m).sum(skipna=False) / total)
     sem = float(np.sqrt(((n * se) ** 2).sum(skipna=False)) / total)
     t = float(stats.t.ppf(0.5 + LEVEL / 2, max(total - 1, 1)))
     if mean > 0:
