@@ -5,6 +5,7 @@ import json
 import math
 import shutil
 import statistics
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -654,8 +655,6 @@ def test_seed_means_pool_by_their_finite_predictions():
     head = report.headline(report.aggregate(pd.DataFrame(rows)),
                            {"noise": 0.1, "R": 100.0, "dtype": "float32", "device": "cpu", "d": 1, "ood": "none"})
     assert head.loc[0, "N=10"].endswith("(190 of 300 NaN)"), head
-    import warnings
-
     with warnings.catch_warnings():  # every seed non-finite: NaN mean and interval, no 0 / 0
         warnings.simplefilter("error")
         none = report.aggregate(pd.DataFrame(rows[2:])).iloc[0]
