@@ -5,6 +5,9 @@ and published reports (report/publish.py) all record them through here.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.util
 import platform
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
@@ -12,7 +15,9 @@ from pathlib import Path
 
 import torch
 
-PACKAGES = ("icl-bench", "torch", "numpy", "scipy", "pandas", "pyarrow", "matplotlib", "seaborn", "safetensors")
+PACKAGES = ("icl-bench", "torch", "numpy", "numba", "scipy", "pandas", "pyarrow", "matplotlib", "seaborn",
+            "safetensors")
+ARITHMETIC = ("torch", "numpy", "numba", "scipy")  # packages whose version can move a cell's numbers
 
 
 def package_versions() -> dict[str, str]:
@@ -54,3 +59,41 @@ def device_info() -> dict:
     if torch.cuda.is_available():
         info["cuda_devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return info
+
+
+@functools.cache
+def source_digest(top: str) -> str:
+    """sha256 (hex) over the relative paths and bytes of the .py files of the top-level package
+    or module `top` as installed (a package: every .py file under it); "" when it cannot be found.
+    Computed once per process: the code a process runs is the code it imported."""
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return ""
+    if spec is None:
+        return ""
+    roots = [Path(p) for p in (spec.submodule_search_locations or [])]
+    files = sorted((f.relative_to(r).as_posix(), f) for r in roots for f in r.rglob("*.py")) if roots else \
+        ([(Path(spec.origin).name, Path(spec.origin))] if spec.origin and spec.origin.endswith(".py") else [])
+    h = hashlib.sha256()
+    for rel, path in files:
+        h.update(rel.encode() + b"\0")
+        try:
+            h.update(path.read_bytes())
+        except OSError as exc:
+            h.update(f"unreadable: {exc}".encode())
+    return h.hexdigest()
+
+
+def code_digest(module: str) -> str:
+    """sha256 (hex) of the code behind the numbers of a solver defined in `module` (its __module__):
+    the sources of icl_bench and of the module's top-level package (source_digest), and the
+    versions of the ARITHMETIC packages. Part of a cell's key (bench/cells.py), so a changed
+    solver, reference or upgraded torch never gets a cached row of the old code."""
+    parts = [source_digest("icl_bench"), source_digest(module.split(".")[0]) if module else ""]
+    for name in ARITHMETIC:
+        try:
+            parts.append(f"{name}={version(name)}")
+        except PackageNotFoundError:
+            parts.append(f"{name}=not installed")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()

@@ -3,7 +3,9 @@ is strict about what it continues and lenient about list order, failing or usele
 reported, dirty data is announced, `train` refuses to overwrite, Ctrl-C says how to resume."""
 from __future__ import annotations
 
+import importlib
 import json
+import sys
 
 import numpy as np
 import pandas as pd
@@ -14,6 +16,7 @@ import torch
 import icl_bench.cli as cli
 from icl_bench import Solver, register_solver
 from icl_bench.cli import main
+from icl_bench.provenance import source_digest
 from icl_bench.solvers.registry import REGISTRY
 
 RAW = {"seed": 0, "n_prompts": 32, "batch_size": 32, "timing": {"repeats": 1},
@@ -70,6 +73,43 @@ def test_shared_cell_cache_serves_a_new_run_folder(tmp_path, capsys):
     a, b = (pd.read_parquet(tmp_path / d / "results.parquet") for d in "ab")
     assert json.loads((tmp_path / "b" / "metadata.json").read_text())["n_cells_reused"] == 2
     pd.testing.assert_frame_equal(a, b)  # the same rows, timings included: they were reused
+
+
+PLUGIN = """from icl_bench import Solver, register_solver
+import torch
+
+
+@register_solver("test-code-edit")
+class Constant(Solver):
+    \"\"\"Predicts a constant.\"\"\"
+    params = {}
+
+    def predict(self, batch):
+        return torch.full((batch.B,), VALUE, dtype=batch.dtype)
+"""
+
+
+def test_cell_cache_and_resume_see_an_edited_solver(tmp_path, capsys, monkeypatch):
+    """A cell's key holds the digest of its solver's code (provenance.code_digest): after the
+    plugin's source changes, the shared cache serves nothing and the new numbers are computed."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "edited_plugin.py").write_text(PLUGIN.replace("VALUE", "0.0"))
+    cache, cfg = tmp_path / "cache", _cfg(tmp_path, dict(RAW, solvers={"test-code-edit": {}}))
+    try:
+        importlib.import_module("edited_plugin")
+        assert _run(capsys, "--config", cfg, "--out", tmp_path / "a", "--cache", cache)[0] == 0
+        REGISTRY.unregister("test-code-edit")
+        (tmp_path / "edited_plugin.py").write_text(PLUGIN.replace("VALUE", "100.0"))
+        importlib.reload(sys.modules["edited_plugin"])
+        source_digest.cache_clear()  # a new process would hash the edited file
+        assert _run(capsys, "--config", cfg, "--out", tmp_path / "b", "--cache", cache)[0] == 0
+    finally:
+        REGISTRY.unregister("test-code-edit")
+        sys.modules.pop("edited_plugin", None)
+        source_digest.cache_clear()
+    a, b = (pd.read_parquet(tmp_path / d / "results.parquet") for d in "ab")
+    assert json.loads((tmp_path / "b" / "metadata.json").read_text())["n_cells_reused"] == 0
+    assert (b.mse_vs_ols > a.mse_vs_ols * 100).all()
 
 
 def _all_nan_solver():

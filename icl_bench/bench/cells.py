@@ -17,12 +17,13 @@ from pathlib import Path
 
 from icl_bench.bench.axes import AXES
 from icl_bench.bench.config import MatrixConfig
+from icl_bench.provenance import code_digest
 from icl_bench.prompts.data import DataSource, sample_data_prompts
 from icl_bench.prompts.generator import Dist, PromptSpec, sample_prompts
 from icl_bench.prompts.multivariate import sample_prompts_mv
 from icl_bench.prompts.ood import apply_ood
 from icl_bench.solvers.base import SkipCell
-from icl_bench.solvers.registry import get_solver, known_names
+from icl_bench.solvers.registry import get_solver, get_solver_class, known_names
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Cell:
     max_seconds: float = 1.0
     data_sha256: str = ""  # digest of the CSV file's bytes (CSV source only): edited data = new cells
     inputs_sha256: str = ""  # digest of the files the solver reads (Solver.input_files: checkpoints)
+    code_sha256: str = ""  # digest of the code behind the numbers (provenance.code_digest): edited code = new cells
     optional: bool = False  # run only because all_solvers: a solver that fails to load is skipped (not in the key)
     d: int = 1  # regressors per example (the grid axis d)
     ood: str = "none"  # out-of-distribution map of the prompts (prompts/ood.py); "none" = in-distribution
@@ -51,11 +53,12 @@ class Cell:
     @property
     def key(self) -> str:
         """Stable file name of this cell's row (sha1 of its canonical JSON): every input the cell
-        reads is in it (prompt source, CSV bytes, the solver's input files), so an edited input
-        gives a new key and --resume or the cell cache never serve a stale row."""
+        reads is in it (prompt source, CSV bytes, the solver's input files, the code that computes
+        it), so an edited input or solver gives a new key and --resume or the cell cache never
+        serve a stale row."""
         fields = asdict(self)
         del fields["optional"]
-        for name in ("data_sha256", "inputs_sha256"):  # absent inputs: the key stays what it always was
+        for name in ("data_sha256", "inputs_sha256", "code_sha256"):  # absent: the key stays what it always was
             if not fields[name]:
                 del fields[name]
         if fields["d"] == 1:  # one regressor: the key of every 1-D cell stays what it always was
@@ -98,6 +101,14 @@ def inputs_digest(name: str, params: dict) -> str:
     return h.hexdigest()
 
 
+def _module(name: str) -> str:
+    """The module that defines solver `name` ("" when it does not load: its cells are error rows)."""
+    try:
+        return get_solver_class(name).__module__
+    except Exception:
+        return ""
+
+
 def same_matrix(a: dict, b: dict) -> bool:
     """Two configs (to_dict() form) that expand to the same cells: equal up to the order of the
     grid lists and of each solver's parameter combinations (cells are keyed by content, so
@@ -122,6 +133,7 @@ def expand_cells(cfg: MatrixConfig) -> list[Cell]:
         optional = set(known_names()) - set(solvers)  # not asked for by name
         solvers = {name: cfg.solvers.get(name, [{}]) for name in sorted(set(known_names()) | set(solvers))}
     inputs = {(n, json.dumps(p, sort_keys=True)): inputs_digest(n, p) for n, combos in solvers.items() for p in combos}
+    code = {n: code_digest(_module(n)) for n in solvers}
     digest = ""
     values = {a.name: list(cfg.grid[a.name]) for a in AXES}
     if cfg.data is not None:
@@ -140,7 +152,7 @@ def expand_cells(cfg: MatrixConfig) -> list[Cell]:
                     solver=name, solver_params=text, **at, seed=cfg.seed,
                     n_prompts=cfg.n_prompts, batch_size=cfg.batch_size, prompts=source,
                     repeats=cfg.timing.repeats, max_seconds=cfg.timing.max_seconds, data_sha256=digest,
-                    inputs_sha256=inputs[(name, text)], optional=name in optional))
+                    inputs_sha256=inputs[(name, text)], code_sha256=code[name], optional=name in optional))
     return cells
 
 
