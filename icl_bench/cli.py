@@ -3,8 +3,10 @@ the package's stages; docs/design.md, "Command line").
 
 Exit codes (every subcommand):
     0    done; for `run`: every cell is ok or skipped. Skipped cells (CUDA absent, no fitting
-         checkpoint, a plugin that fails to import while running every solver) and cells whose
-         solver answered no prompt are listed on stderr, so they are never silent.
+         checkpoint, ...) are counted by reason in the summary on stdout; those a user may not
+         expect (a plugin that fails to import while running every solver, a cell with no
+         well-posed prompt) and cells whose solver answered no prompt also get a WARNING line
+         on stderr, so they are never silent.
     1    `run` only: some cell errored (rows are still written for every cell). A solver asked for
          by name ([solvers.NAME] or --solver) that fails to import counts as an error.
     2    bad input (config, flags, data, checkpoints, a used --out): one line
@@ -68,10 +70,14 @@ def _resume_command(argv: list[str], out: Path) -> str:
 
 
 def _report_cells(table) -> None:
-    """stderr lines for cells that are not plain successes: skipped plugins that failed to
-    import (once per solver), cells whose solver answered no prompt, the first errors."""
-    from icl_bench.bench.runner import NO_ANSWER
+    """stderr lines for cells that are not plain successes: cells with no well-posed prompt (once
+    per reason), skipped plugins that failed to import (once per solver), cells whose solver
+    answered no prompt, the first errors."""
+    from icl_bench.bench.runner import NO_ANSWER, NO_PROMPT
 
+    empty = table[(table.status == "skipped") & table.message.str.startswith(NO_PROMPT)]
+    for message, rows in empty.groupby("message"):
+        print(f"icl-bench: WARNING: {len(rows)} cells skipped: {message}", file=sys.stderr)
     broken = table[(table.status == "skipped") & table.message.str.contains("failed to load", regex=False)]
     for solver, rows in broken.groupby("solver"):
         print(f"icl-bench: WARNING: solver {solver!r} skipped ({len(rows)} cells): {rows.message.iloc[0]}", file=sys.stderr)

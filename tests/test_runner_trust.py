@@ -112,6 +112,19 @@ def test_cell_cache_and_resume_see_an_edited_solver(tmp_path, capsys, monkeypatc
     assert (b.mse_vs_ols > a.mse_vs_ols * 100).all()
 
 
+def test_a_cell_without_a_well_posed_prompt_is_skipped_with_its_reason(tmp_path, capsys):
+    """N = 2 examples cannot fit d = 2 slopes and an intercept: every prompt is ill-posed, so the
+    cell is skipped with that reason (and listed on stderr) instead of an "ok" row of NaN."""
+    raw = dict(RAW, grid={**RAW["grid"], "N": [2, 4], "d": [1, 2]}, solvers={"ols": {}, "gd": {}})
+    out = tmp_path / "run"
+    code, _, err = _run(capsys, "--config", _cfg(tmp_path, raw), "--out", out)
+    table = pd.read_parquet(out / "results.parquet")
+    none = (table.N == 2) & (table.d == 2)
+    assert code == 0 and (table[none].status == "skipped").all() and none.sum() == 2
+    assert table[none].message.str.contains("N=2 examples for d=2 slopes and an intercept, at least 3").all()
+    assert (table[~none].status == "ok").all() and "no well-posed prompt" in err
+
+
 def _all_nan_solver():
     @register_solver("test-all-nan")
     class AllNaN(Solver):

@@ -46,6 +46,7 @@ from icl_bench.solvers.registry import SolverLoadError, get_solver
 
 
 NO_ANSWER = "no finite prediction"  # the start of the message of a cell whose solver never answered
+NO_PROMPT = "no well-posed prompt"  # the start of the message of a cell skipped for having nothing to answer
 
 
 def no_answer_message(pred: torch.Tensor, batch) -> str:
@@ -97,6 +98,17 @@ def _check_untouched(batch, pristine) -> None:
         raise RuntimeError(f"predict modified the prompt batch in place ({', '.join(changed)})")
 
 
+def check_well_posed(cell: Cell, batch) -> None:
+    """Raise SkipCell when no prompt of the batch has a least-squares answer (its OLS reference is
+    NaN everywhere: N < d + 1 examples for d slopes and an intercept, or data that are constant or
+    not finite): such a cell has nothing to measure, and an "ok" row of NaN would hide why."""
+    if batch.B == 0 or bool(torch.isfinite(batch.ols_prediction).any()):
+        return
+    why = f"N={cell.N} examples for d={cell.d} slopes and an intercept, at least {cell.d + 1} needed" \
+        if cell.N < cell.d + 1 else "constant x or non-finite values in every prompt"
+    raise SkipCell(f"{NO_PROMPT} (every OLS reference is NaN): {why}")
+
+
 def run_cell(cell: Cell, timing_slot=None) -> dict:
     """Run one cell and return its result row (never raises for a solver's failure).
 
@@ -115,6 +127,7 @@ def run_cell(cell: Cell, timing_slot=None) -> dict:
         pristine = cell_prompts(cell.prompts, cell.N, cell.noise, cell.R, cell.n_prompts, cell.seed, cell.dtype,
                                 cell.device, cell.d, cell.ood, cell.data_sha256)
         batch = replace(pristine, **{k: v.clone() for k, v in pristine.tensors().items()})  # the cache stays intact
+        check_well_posed(cell, batch)  # no prompt has an answer: skipped, with the reason
         check_regressors(solver, batch)  # d > 1 and no multivariate path: skipped, with the reason
         solver.check_batch(batch)
         with (timing_slot or _no_slot)() as extra:
