@@ -257,3 +257,79 @@ def test_replacing_a_checkpoint_invalidates_its_cells(tmp_path, capsys):
     assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == 0
     again = pd.read_parquet(out / "results.parquet")
     assert not np.allclose(again.mse_vs_ols, first.mse_vs_ols)
+
+
+FLAKY = {"fail": True}
+
+
+@pytest.fixture
+def flaky_solver():
+    @register_solver("test-flaky")
+    class Flaky(Solver):
+        """Raises while FLAKY["fail"] (a bug since fixed), else predicts 0."""
+        params = {}
+
+        def predict(self, batch):
+            if FLAKY["fail"]:
+                raise RuntimeError("a bug since fixed")
+            return torch.zeros(batch.B, dtype=batch.dtype)
+
+    FLAKY["fail"] = True
+    yield
+    REGISTRY.unregister("test-flaky")
+
+
+@pytest.mark.parametrize("how", ["resume", "cache"])
+def test_error_rows_are_tried_again_not_replayed(tmp_path, capsys, flaky_solver, how):
+    """An error (or a skip) may not recur: --resume and --cache reuse only ok cells."""
+    cfg = _cfg(tmp_path, dict(RAW, solvers={"ols": {}, "test-flaky": {}}))
+    first = ["--out", tmp_path / "a"] + (["--cache", tmp_path / "cache"] if how == "cache" else [])
+    assert _run(capsys, "--config", cfg, *first)[0] == 1
+    FLAKY["fail"] = False
+    again = ["--out", tmp_path / "a", "--resume"] if how == "resume" else ["--out", tmp_path / "b", "--cache", tmp_path / "cache"]
+    code, _, err = _run(capsys, "--config", cfg, *again)
+    out = tmp_path / ("a" if how == "resume" else "b")
+    table = pd.read_parquet(out / "results.parquet")
+    assert code == 0 and (table.status == "ok").all(), err
+    assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == 2  # the two ols cells
+
+
+def _snapshot(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_bad_cache_or_out_paths_write_nothing(tmp_path, capsys):
+    cfg = _cfg(tmp_path, RAW)
+    (tmp_path / "afile").write_text("x")
+    code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "o1", "--cache", tmp_path / "afile")
+    assert code == 2 and err.count("\n") == 1 and "--cache" in err and not (tmp_path / "o1").exists()
+    for argv, flag in ((["--out", ""], "--out"), (["--out", tmp_path / "o2", "--cache", ""], "--cache")):
+        code, _, err = _run(capsys, "--config", cfg, *argv)
+        assert code == 2 and err.startswith(f"icl-bench: error: {flag}: empty path"), err
+    assert not (tmp_path / "o2").exists() and not (tmp_path / "cells.sqlite").exists()
+    assert _run(capsys, "--config", cfg, "--out", tmp_path / "run")[0] == 0  # a finished run ...
+    before = _snapshot(tmp_path / "run")
+    code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "o3", "--cache", tmp_path / "run")
+    assert code == 2 and "is a run folder" in err and not (tmp_path / "o3").exists()
+    assert _snapshot(tmp_path / "run") == before  # ... is not a cache: its store is left as it was
+
+
+@pytest.mark.parametrize("damage", ["foreign-table", "config-not-an-object", "results-is-a-folder"])
+def test_resume_into_a_damaged_folder_is_one_line_and_changes_nothing(tmp_path, capsys, damage):
+    import sqlite3
+
+    cfg, out = _cfg(tmp_path, RAW), tmp_path / "run"
+    assert _run(capsys, "--config", cfg, "--out", out)[0] == 0
+    if damage == "foreign-table":
+        (out / "cells.sqlite").unlink()
+        with sqlite3.connect(out / "cells.sqlite") as db:
+            db.execute("CREATE TABLE cells (key TEXT PRIMARY KEY, foo)")
+    elif damage == "config-not-an-object":
+        (out / "config.json").write_text("[]")
+    else:
+        (out / "results.parquet").unlink()
+        (out / "results.parquet").mkdir()
+    before = _snapshot(out)
+    code, _, err = _run(capsys, "--config", cfg, "--out", out, "--resume")
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert _snapshot(out) == before

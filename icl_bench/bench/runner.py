@@ -201,7 +201,9 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
         progress: show a progress bar (cells done / total and the last finished cell).
         executor: where the cells run; None: config.executor (default: in this process).
         cache: a folder holding a cell cache shared across run folders (bench/store.py: CellCache):
-            a cell found there is reused (timings included), every computed cell is added.
+            a cell found there with status "ok" is reused (timings included), every computed ok
+            cell is added. With resume, only the "ok" cells in `out` are reused: an error or a
+            skip (a plugin since fixed, a GPU now present) is tried again.
     Returns:
         pandas.DataFrame with COLUMNS, in the matrix order whatever the executor; failing cells
         have status "error", impossible ones "skipped".
@@ -215,13 +217,13 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
     ex = make_executor(ex_cfg)  # before `out` is touched: an unreachable scheduler writes nothing
     cells_db = cache_db = None
     try:
+        if cache is not None:  # first: a bad --cache must not leave a started run folder behind
+            cache_db = store.CellCache(cache, RESULT_COLUMNS, out=out)
         if out is not None:
             out = Path(out)
             identity = {k: v for k, v in config.to_dict().items() if k != "executor"}  # any executor resumes
             config_json = dumps(identity, sort_keys=True)
             cells_db = store.CellStore(out, RESULT_COLUMNS, resume=resume, config_json=config_json, same=same_matrix)
-        if cache is not None:
-            cache_db = store.CellCache(cache, RESULT_COLUMNS)
         with torch_threads(config.timing.threads):  # timing.threads = 0: torch's default
             started = datetime.now(timezone.utc).isoformat()
             stored = cells_db.load() if (cells_db is not None and resume) else {}

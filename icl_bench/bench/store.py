@@ -39,7 +39,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from icl_bench import provenance
-from icl_bench.bench.schema import STATUSES
 from icl_bench.errors import ConfigError
 from icl_bench.files import TMP_SUFFIX, dumps, fsync_dir, write_atomic
 
@@ -80,6 +79,9 @@ class CellStore:
         self._lock = prepare(self.out, resume=resume, config_json=config_json, same=same)
         try:
             self._db = sqlite3.connect(self.out / STORE_NAME, isolation_level=None, check_same_thread=False)
+            have = [r[1] for r in self._db.execute("PRAGMA table_info(cells)")]
+            if have and not {"key", "crc"} <= set(have):  # checked before any write: a foreign file is left as it is
+                raise sqlite3.DatabaseError(f"its table 'cells' is not a cell store's (columns: {', '.join(have)})")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: every commit survives kill -9 (see above)
             cols = ", ".join(f'"{c}"' for c in self.columns)  # no declared type: values kept as given
@@ -100,8 +102,10 @@ class CellStore:
         self._db.execute(self._insert, (key, *values, _checksum(key, values)))
 
     def load(self) -> dict[str, dict]:
-        """Every valid stored row: key -> {column: value}. A row whose CRC does not match its
-        values, or whose status is unknown, is left out (its cell is recomputed)."""
+        """Every valid stored row of a finished cell: key -> {column: value}. A row whose CRC
+        does not match its values is left out (its cell is recomputed), and so is a row whose
+        status is not "ok": an error or a skip may not recur (a plugin since fixed, a GPU now
+        present), so --resume tries those cells again."""
         cols = ", ".join(f'"{c}"' for c in self.columns)
         out = {}
         for key, *values, crc in self._db.execute(f"SELECT key, {cols}, crc FROM cells"):
@@ -109,7 +113,7 @@ class CellStore:
             if _checksum(key, values) != crc:
                 continue
             row = dict(zip(self.columns, values))
-            if row.get("status", "ok") in STATUSES:
+            if row.get("status", "ok") == "ok":
                 out[key] = row
         return out
 
@@ -171,6 +175,9 @@ def prepare(out: Path, *, resume: bool, config_json: str | None, same=None):
     if resume and not (out.exists() and any(out.iterdir())):
         raise ConfigError(f"--resume: {out} holds no run to continue ({'empty' if out.exists() else 'missing'}); "
                           "drop --resume to start one there")
+    for name in FINAL_FILES:  # checked now: write_results, at the end, could not replace a folder
+        if resume and (out / name).is_dir():
+            raise ConfigError(f"--out: {out / name} is a folder, where the run writes a file; remove it to resume")
     saved = out / CONFIG_NAME
     rewrite = False
     if resume and config_json is not None:
@@ -178,9 +185,9 @@ def prepare(out: Path, *, resume: bool, config_json: str | None, same=None):
             raise ConfigError(f"--resume: {out} is not an icl-bench run folder (no {CONFIG_NAME}); choose another --out")
         try:
             old, new = json.loads(saved.read_text()), json.loads(config_json)
-            ok = (same or (lambda a, b: a == b))(old, new)
+            ok = isinstance(old, dict) and (same or (lambda a, b: a == b))(old, new)
             rewrite = ok and old != new
-        except (OSError, ValueError):
+        except (OSError, ValueError, TypeError, AttributeError):  # unreadable, or not a config's shape
             ok = False
         if not ok:
             raise ConfigError(f"--resume: {out} holds a run of another config ({CONFIG_NAME} differs); "
@@ -210,20 +217,38 @@ class CellCache:
     every input the cell reads (bench/cells.py), so a hit is the same computation; its row,
     timings included, is reused. Rows carry the same CRC as a run's store; a bad one is a miss.
 
+    Only "ok" rows are served and stored: an error or a skip may not recur.
+
     Raises:
-        ConfigError: DIR cannot be created or its cells.sqlite is not a usable database.
+        ConfigError: DIR is empty, is a run folder (`out` or any folder with a run's config.json,
+            lock or metadata.json: its store belongs to that run), cannot be created, or its
+            cells.sqlite is not a usable cell cache. Nothing is created then.
     """
 
-    def __init__(self, folder: str | Path, columns):
+    def __init__(self, folder: str | Path, columns, out: str | Path | None = None):
+        if not str(folder).strip():
+            raise ConfigError("--cache: empty path; give a folder")
         self.folder, self.columns = Path(folder), tuple(columns)
         cols = ", ".join(f'"{c}"' for c in self.columns)
+        run_files = [n for n in (CONFIG_NAME, LOCK_NAME, "metadata.json") if (self.folder / n).exists()]
+        if run_files or (out is not None and self.folder.resolve() == Path(out).resolve()):
+            raise ConfigError(f"--cache: {self.folder} is a run folder ({', '.join(run_files) or 'the --out folder'}); "
+                              "a cell cache needs a folder of its own")
+        self._db = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.folder / STORE_NAME, isolation_level=None, timeout=60)
+            have = {r[1] for r in self._db.execute("PRAGMA table_info(cells)")}
+            if have and not {"key", "crc"} <= have:  # a foreign table: checked before any write
+                raise sqlite3.DatabaseError(f"its table 'cells' is not a cell cache's (columns: {', '.join(sorted(have))})")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute(f"CREATE TABLE IF NOT EXISTS cells (key TEXT PRIMARY KEY, {cols}, crc INTEGER NOT NULL)")
+            for c in self.columns:  # a cache of an older version: new columns are NULL, its rows fail the CRC
+                if have and c not in have:
+                    self._db.execute(f'ALTER TABLE cells ADD COLUMN "{c}"')
         except (OSError, sqlite3.Error) as exc:
+            self.close()
             raise ConfigError(f"--cache: cannot use {self.folder} as a cell cache ({exc})") from None
         self._cols = cols
 
@@ -235,17 +260,22 @@ class CellCache:
             if hit is None:
                 continue
             values = [math.nan if v is None else v for v in hit[:-1]]
-            if _checksum(key, values) == hit[-1] and values[self.columns.index("status")] in STATUSES:
+            if _checksum(key, values) == hit[-1] and values[self.columns.index("status")] == "ok":
                 out[key] = dict(zip(self.columns, values))
         return out
 
     def put(self, key: str, row: dict) -> None:
+        """Store the row of a finished "ok" cell (other rows are not kept: see the class docstring)."""
+        if row.get("status") != "ok":
+            return
         values = [_plain(row[c]) for c in self.columns]
         self._db.execute(f"INSERT OR REPLACE INTO cells (key, {self._cols}, crc) VALUES "
                          f"({', '.join('?' * (len(self.columns) + 2))})", (key, *values, _checksum(key, values)))
 
     def close(self) -> None:
-        self._db.close()
+        if self._db is not None:
+            self._db.close()
+            self._db = None
 
 
 def run_metadata(config, *, started: str, table) -> dict:
