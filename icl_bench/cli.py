@@ -198,6 +198,9 @@ def cmd_analyze(args) -> int:
         raise ConfigError(f"--out: must name a .json file (got {args.out!r})")
     if args.out is not None and Path(args.out).is_dir():
         raise ConfigError(f"--out: {args.out} is a folder; give a .json file")
+    blocked = next((p for p in Path(args.out).parents if p.exists() and not p.is_dir()), None) if args.out else None
+    if blocked is not None:  # checked before the analysis runs, not after
+        raise ConfigError(f"--out: {blocked} is a file, so {args.out} cannot be written; give another path")
     if not 0 <= args.seed <= MAX_SEED:
         raise ConfigError(f"--seed: must be an integer in [0, {MAX_SEED}] (got {args.seed})")
     try:

@@ -56,6 +56,17 @@ def test_train_checks_out_before_training(tmp_path, capsys):
     assert code == 2 and err == f"icl-bench: error: --out: {tmp_path / 'file'} exists and is not a folder\n"
 
 
+def test_analyze_checks_out_before_analysing(tmp_path, capsys, monkeypatch):
+    """--out under a file is refused before the analysis runs (it used to fail after it)."""
+    import icl_bench.analysis.analyze as analyze
+
+    monkeypatch.setattr(analyze, "analyze_checkpoint", lambda *a, **k: pytest.fail("analysis ran"))
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "a.json"
+    code, err = _run(capsys, ["analyze", "trained-l1-R100", "--out", str(out)])
+    assert code == 2 and err == f"icl-bench: error: --out: {tmp_path / 'file'} is a file, so {out} cannot be written; give another path\n"
+
+
 def test_plugin_that_exits_on_import_is_listed_as_broken(tmp_path, monkeypatch):
     from conftest import write_plugin
 
