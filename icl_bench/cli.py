@@ -203,13 +203,16 @@ def cmd_analyze(args) -> int:
         raise ConfigError(f"--out: {blocked} is a file, so {args.out} cannot be written; give another path")
     if not 0 <= args.seed <= MAX_SEED:
         raise ConfigError(f"--seed: must be an integer in [0, {MAX_SEED}] (got {args.seed})")
+    path = _checkpoint_arg(args.checkpoint)
     try:
-        result = analyze_checkpoint(_checkpoint_arg(args.checkpoint), n_prompts=args.n_prompts, seed=args.seed, N=args.N)
+        result = analyze_checkpoint(path, n_prompts=args.n_prompts, seed=args.seed, N=args.N)
     except ConfigError as exc:  # name the flag the user typed, not the argument it set
         msg = str(exc)
         for key, flag in (("n_prompts:", "--n-prompts:"), ("N:", "--N:"), ("seed:", "--seed:")):
             msg = flag + msg[len(key):] if msg.startswith(key) else msg
         raise ConfigError(msg) from None
+    if path != args.checkpoint:  # a shipped model: its place in the package, not this machine's path
+        result["checkpoint"] = f"icl_bench/models/{Path(path).name}"
     fmt = lambda v: "nan" if v is None or v != v else f"{v:.4g}"  # noqa: E731
     for k in HEADLINE:
         print(f"{k:26s} {fmt(float(result[k])) if k in result else 'nan'} {LABELS.get(k, '')}".rstrip())

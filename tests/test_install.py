@@ -61,7 +61,9 @@ def test_every_command_runs_from_an_unrelated_folder(installed):
        cwd=work, env=env)
     assert (work / "models" / "trained-l1-R10.safetensors").is_file()
     ana = sh(*cli, "analyze", "trained-l1-R100", "--n-prompts", "64", "--out", "a.json", cwd=work, env=env)
-    assert json.loads((work / "a.json").read_text())["R"] == 100.0 and "similarity" in ana.stdout
+    doc = json.loads((work / "a.json").read_text())
+    assert doc["R"] == 100.0 and "similarity" in ana.stdout
+    assert doc["checkpoint"] == "icl_bench/models/trained-l1-R100"  # not this machine's install path
     sh(*cli, "publish", "run", "--out", "pub", cwd=work, env=env)
     assert (work / "pub" / "index.html").is_file() and (work / "pub" / "headline.md").is_file()
     listed = sh(*cli, "list", cwd=work, env=env).stdout
