@@ -121,9 +121,42 @@ def data_summary(source: DataSource) -> tuple[int, int, str]:
                              f"infinite {source.x} or {source.y} (data rows {rows})")
 
 
+KEYS_PER_CHUNK = 2**20  # random keys held at once by _draw_rows (8 MiB of float64 + 8 MiB of int64)
+
+
+def _chunk_rows(n_rows: int) -> int:
+    """Prompts per chunk in `_draw_rows`: as many as fit KEYS_PER_CHUNK keys, at least 1."""
+    return max(1, KEYS_PER_CHUNK // max(n_rows, 1))
+
+
+def _draw_rows(rng: np.random.Generator, n_prompts: int, n_rows: int, k: int) -> np.ndarray:
+    """(n_prompts, k) int64 row indices, distinct within each row: the first k columns of
+    `argsort(rng.random((n_prompts, n_rows)), axis=1)`, i.e. of a uniform random permutation per
+    prompt, drawn from `rng` exactly as that formula does (so seeded prompts are unchanged).
+
+    The keys are drawn in chunks of `_chunk_rows(n_rows)` prompts (the generator fills the matrix
+    row-major, so the chunks hold the same numbers); per prompt, argpartition picks the k smallest
+    keys in O(n_rows) and only those k are sorted. Memory is O(chunk x n_rows), not
+    O(n_prompts x n_rows). The result equals argsort's unless two keys tie at or below the k-th
+    smallest (probability about k * n_rows / 2**53 per prompt for 53-bit doubles; argsort's own
+    order of tied keys is unspecified anyway). Requires 1 <= k <= n_rows.
+    """
+    out = np.empty((n_prompts, k), dtype=np.int64)
+    step = _chunk_rows(n_rows)
+    for lo in range(0, n_prompts, step):
+        keys = rng.random((min(step, n_prompts - lo), n_rows))  # the next rows of the key matrix
+        part = np.argpartition(keys, k - 1, axis=1)[:, :k]  # the k smallest keys, unordered
+        order = np.argsort(np.take_along_axis(keys, part, axis=1), axis=1)  # the k, by key
+        out[lo:lo + len(keys)] = np.take_along_axis(part, order, axis=1)
+    return out
+
+
 def sample_data_prompts(source: DataSource, N: int, R: float, n_prompts: int, *, seed: int,
                         dtype="float32", device="cpu") -> PromptBatch:
     """Draw `n_prompts` prompts of N context rows + 1 query row from a CSV file.
+
+    Each prompt's rows are the first N + 1 of a seeded random permutation of the usable rows
+    (`_draw_rows`); time O(n_prompts x rows), memory O(rows) beyond the batch itself.
 
     Returns:
         PromptBatch: x, y (B, N); x_query, y_query (B,) from the held-out row; the OLS reference
@@ -134,9 +167,7 @@ def sample_data_prompts(source: DataSource, N: int, R: float, n_prompts: int, *,
     xs, ys = _columns(source)
     if len(xs) < N + 1:
         raise ConfigError(f"grid.N: N={N} needs at least {N + 1} usable rows of data; {source.path} has {len(xs)}")
-    rng = np.random.default_rng(seed)
-    # (B, N+1) row indices, distinct within each prompt: argsort of uniform keys = random permutation
-    idx = np.argsort(rng.random((n_prompts, len(xs))), axis=1)[:, : N + 1]
+    idx = _draw_rows(np.random.default_rng(seed), n_prompts, len(xs), N + 1)
     x, y = xs[idx], ys[idx]  # (B, N+1)
     return make_batch(torch.from_numpy(x[:, :N]), torch.from_numpy(y[:, :N]), torch.from_numpy(x[:, N]),
                       R=R, dtype=dtype, device=device, y_query=torch.from_numpy(y[:, N]))

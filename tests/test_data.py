@@ -1,0 +1,67 @@
+"""The CSV prompt source (icl_bench/prompts/data.py): which rows a seeded prompt draws, and what
+that costs in memory."""
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from icl_bench.prompts import data
+from icl_bench.prompts.data import DataSource, sample_data_prompts
+
+
+def _old_rows(seed: int, n_prompts: int, n_rows: int, k: int) -> np.ndarray:
+    """The formula every earlier run drew its rows with (reference for bit-identical prompts)."""
+    rng = np.random.default_rng(seed)
+    return np.argsort(rng.random((n_prompts, n_rows)), axis=1)[:, :k]
+
+
+@pytest.mark.parametrize("budget", [1, 7, 100, 2**20])  # 1 prompt per chunk, a partial last chunk, one chunk
+@pytest.mark.parametrize("n_rows, k", [(50, 5), (50, 50), (1, 1), (333, 1), (333, 40)])
+def test_rows_equal_the_full_argsort(monkeypatch, budget, n_rows, k):
+    monkeypatch.setattr(data, "KEYS_PER_CHUNK", budget)
+    for seed in (0, 7):
+        got = data._draw_rows(np.random.default_rng(seed), 37, n_rows, k)
+        assert got.dtype == np.int64 and got.shape == (37, k)
+        np.testing.assert_array_equal(got, _old_rows(seed, 37, n_rows, k))
+
+
+def test_seeded_csv_prompts_unchanged(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "KEYS_PER_CHUNK", 1000, raising=False)  # several chunks (passes on the old code too)
+    rng = np.random.default_rng(1)
+    frame = pd.DataFrame({"x": rng.normal(size=400), "y": rng.normal(size=400)})
+    frame.to_csv(tmp_path / "d.csv", index=False)
+    xs, ys = pd.read_csv(tmp_path / "d.csv")[["x", "y"]].to_numpy(np.float64).T
+    batch = sample_data_prompts(DataSource(path=str(tmp_path / "d.csv"), x="x", y="y"), 9, 10.0, 50, seed=4,
+                                dtype="float64")
+    idx = _old_rows(4, 50, 400, 10)
+    assert torch.equal(batch.x, torch.from_numpy(xs[idx[:, :9]]))
+    assert torch.equal(batch.y, torch.from_numpy(ys[idx[:, :9]]))
+    assert torch.equal(batch.x_query, torch.from_numpy(xs[idx[:, 9]]))
+    assert torch.equal(batch.y_query, torch.from_numpy(ys[idx[:, 9]]))
+
+
+def test_chunk_holds_a_bounded_number_of_keys():
+    for n_rows in (1, 65, 3000, 300_000, 10**7):
+        step = data._chunk_rows(n_rows)
+        assert step >= 1 and (step == 1 or step * n_rows <= data.KEYS_PER_CHUNK)
+
+
+def test_peak_memory_does_not_scale_with_prompts_times_rows(tmp_path):
+    # the full key matrix would be 400 x 100_000 float64 = 320 MB (+ as much again for argsort)
+    n_prompts, n_rows, N = 400, 100_000, 16
+    pd.DataFrame({"x": np.arange(n_rows) % 97, "y": np.arange(n_rows) % 89}).to_csv(tmp_path / "d.csv", index=False)
+    source = DataSource(path=str(tmp_path / "d.csv"), x="x", y="y")
+    data._columns(source)  # parsed (and cached) outside the measurement
+    tracemalloc.start()
+    try:
+        sample_data_prompts(source, N, 10.0, n_prompts, seed=0, dtype="float64")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < n_prompts * n_rows * 8 / 10, peak  # the old argsort of every key: > 640 MB
+    chunk = data._chunk_rows(n_rows) * n_rows * 16  # keys (float64) + argpartition's indices (int64)
+    assert peak < 2 * chunk + 2**22, peak  # plus the (400, 17) batch and its tensors
