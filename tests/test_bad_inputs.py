@@ -10,10 +10,13 @@ nor changed); the checkpoint files stay as they were and no pickle is ever execu
 from __future__ import annotations
 
 import copy
+import gzip
+import io
 import json
 import os
 import pickle
 import shutil
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -99,6 +102,15 @@ def damaged(name: str, content: bytes | None):
             target.write_bytes(content)
         return ["publish", str(tmp / "input-run")]
     return argv
+
+
+def _zip(*files: tuple[str, str]) -> bytes:
+    """A .zip archive's bytes holding `files` (name, text)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, text in files:
+            z.writestr(name, text)
+    return buf.getvalue()
 
 
 ROWS = "x,y\n" + "".join(f"{i},{2 * i + 1}\n" for i in range(12))
@@ -187,6 +199,15 @@ CASES = [
     Case("csv-text-column", csv("x,y\n" + "a,1\n" * 8), "--x: column 'x' is not numeric"),
     Case("csv-missing-column", csv(ROWS, y="z"), "--y: no column 'z' in data.csv; columns: x, y"),
     Case("csv-no-finite-rows", csv("x,y\n" + "nan,1\n1,inf\n" * 6), "--data: N=4 needs at least 5 rows with finite x and y"),
+    # compressed CSV is read by its name's ending (.gz, .zip, ...); a damaged one is refused in one line
+    Case("csv-gz-plain-text", csv(ROWS, name="data.csv.gz"), "--data: cannot read"),
+    Case("csv-gz-binary", csv(gzip.compress(bytes(range(256)) * 4), name="data.csv.gz"), "--data: cannot read"),
+    Case("csv-gz-truncated", csv(gzip.compress(ROWS.encode())[:40], name="data.csv.gz"), "--data: cannot read"),
+    Case("csv-xz-damaged", csv(b"junk" * 10, name="data.csv.xz"), "--data: cannot read"),
+    Case("csv-bz2-damaged", csv(b"junk" * 10, name="data.csv.bz2"), "--data: cannot read"),
+    Case("csv-zip-damaged", csv(b"junk" * 10, name="data.zip"), "--data: cannot read"),
+    Case("csv-zip-two-files", csv(_zip(("a.csv", ROWS), ("b.csv", ROWS)), name="data.zip"), "--data: cannot read"),
+    Case("csv-tar-damaged", csv(b"junk" * 10, name="data.tar"), "--data: cannot read"),
     # ---- run folders given to `icl-bench publish` ----
     Case("publish-run-missing", lambda tmp: ["publish", str(tmp / "no-such-run")], f"RUN_DIR: {RUN_AT}no-such-run is not a folder"),
     Case("publish-run-unfinished", damaged("results.parquet", None), f"RUN_DIR: {RUN_AT}input-run has no results.parquet"),

@@ -1,16 +1,20 @@
-"""The CSV prompt source (icl_bench/prompts/data.py): which rows a seeded prompt draws, and what
-that costs in memory."""
+"""The CSV prompt source (icl_bench/prompts/data.py): which rows a seeded prompt draws, what that
+costs in memory, and compressed files."""
 from __future__ import annotations
 
+import hashlib
+import json
 import tracemalloc
 
 import numpy as np
 import pandas as pd
 import pytest
+import tomli_w
 import torch
 
+from icl_bench.cli import main
 from icl_bench.prompts import data
-from icl_bench.prompts.data import DataSource, sample_data_prompts
+from icl_bench.prompts.data import DataSource, check_source, data_summary, sample_data_prompts
 
 
 def _old_rows(seed: int, n_prompts: int, n_rows: int, k: int) -> np.ndarray:
@@ -65,3 +69,47 @@ def test_peak_memory_does_not_scale_with_prompts_times_rows(tmp_path):
     assert peak < n_prompts * n_rows * 8 / 10, peak  # the old argsort of every key: > 640 MB
     chunk = data._chunk_rows(n_rows) * n_rows * 16  # keys (float64) + argpartition's indices (int64)
     assert peak < 2 * chunk + 2**22, peak  # plus the (400, 17) batch and its tensors
+
+
+COMPRESSED = ["gz", "zip", "bz2", "xz", "tar", "tar.gz", "tar.xz", "GZ"]
+
+
+def _frame_with_gaps() -> pd.DataFrame:
+    rng = np.random.default_rng(2)
+    frame = pd.DataFrame({"x": rng.normal(size=60), "y": rng.normal(size=60)})
+    frame.loc[[3, 40], "y"] = np.nan  # dropped rows: counted the same through every compression
+    return frame
+
+
+@pytest.mark.parametrize("ext", COMPRESSED)
+def test_compressed_csv_gives_the_plain_files_prompts(tmp_path, ext):
+    frame = _frame_with_gaps()
+    frame.to_csv(tmp_path / "d.csv", index=False)
+    frame.to_csv(tmp_path / f"d.csv.{ext}", index=False)  # pandas compresses by the name's ending
+    assert (tmp_path / f"d.csv.{ext}").read_bytes() != (tmp_path / "d.csv").read_bytes()
+    plain, packed = (DataSource(path=str(tmp_path / name), x="x", y="y") for name in ("d.csv", f"d.csv.{ext}"))
+    assert check_source(packed, [20]) == packed
+    assert data_summary(packed)[:2] == data_summary(plain)[:2] == (60, 2)
+    a, b = (sample_data_prompts(s, 20, 10.0, 30, seed=1, dtype="float64") for s in (plain, packed))
+    for k, v in a.tensors().items():
+        assert torch.equal(v, getattr(b, k)) or torch.isnan(v).all() and torch.isnan(getattr(b, k)).all(), k
+
+
+@pytest.mark.parametrize("ext", ["gz", "zip"])
+def test_run_with_a_compressed_csv(tmp_path, capsys, ext):
+    path = tmp_path / f"d.csv.{ext}"
+    _frame_with_gaps().to_csv(path, index=False)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(tomli_w.dumps({"seed": 0, "n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1},
+                                  "grid": {"N": [4], "noise": [0.1], "R": [10.0], "dtype": ["float64"]},
+                                  "solvers": {"ols": {}}}))
+    out = tmp_path / "run"
+    code = main(["run", "--config", str(cfg), "--data", str(path), "--x", "x", "--y", "y", "--out", str(out),
+                 "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 0 and "Traceback" not in err, err
+    assert "dropped 2 of 60 rows" in err
+    table = pd.read_parquet(out / "results.parquet")
+    assert (table.status == "ok").all() and (table.n_nonfinite == 0).all()
+    assert (table.data_sha256 == hashlib.sha256(path.read_bytes()).hexdigest()).all()  # the file's own bytes
+    assert json.loads((out / "metadata.json").read_text())["data_rows_dropped"] == 2

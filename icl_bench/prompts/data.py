@@ -5,12 +5,17 @@ query, whose observed y is the target. Real data has no clean truth, so y_query_
 and intercept are NaN and the runner reports mse_vs_truth = NaN. Rows with a missing, NaN or
 infinite x or y are dropped when the file is read (`data_summary` counts them; `icl-bench run`
 prints the count and metadata.json records it as data_rows_dropped): one empty cell must not
-turn every prompt that draws its row into a NaN.
+turn every prompt that draws its row into a NaN. The file may be compressed (`.gz`, `.bz2`, `.xz`,
+`.zst`, or a `.zip` / `.tar[.gz|.bz2|.xz]` holding one file): read by its name's ending, as
+`pd.read_csv(path)` does, both when checked and when drawn from.
 """
 from __future__ import annotations
 
 import hashlib
 import io
+import lzma
+import tarfile
+import zipfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
@@ -38,7 +43,8 @@ class DataSource(ConfigModel):
     """The `[data]` table: a CSV file whose rows are drawn as prompts.
 
     path: a file path (relative paths are tried against the config file's folder too), or
-    "matplotlib:NAME" for a sample file bundled with matplotlib (e.g. matplotlib:msft.csv).
+    "matplotlib:NAME" for a sample file bundled with matplotlib (e.g. matplotlib:msft.csv); a name
+    ending in one of _COMPRESSION's endings is decompressed first.
     """
 
     path: RequiredText = ""  # the CSV file
@@ -59,7 +65,8 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
 
     Raises:
         ConfigError: a missing or unreadable file, a missing or non-numeric column, or fewer
-            than max(Ns) + 1 rows (or rows with finite x and y).
+            than max(Ns) + 1 rows (or rows with finite x and y); a damaged compressed file, or a
+            .zip / .tar holding several files, is unreadable; .zst needs the zstandard package.
     """
     if not src.path:
         raise ConfigError("data.path: not given; the CSV file whose rows are drawn as prompts")
@@ -70,9 +77,12 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
     if not path.is_file():
         raise ConfigError(f"data.path: no such file {str(path)!r}")
     try:
-        frame = pd.read_csv(path)
-    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, OSError) as exc:
-        raise ConfigError(f"data.path: cannot read {str(path)!r} as CSV ({type(exc).__name__})") from None
+        frame = _frame(path, path.read_bytes())
+    except _READ_ERRORS as exc:
+        zst = isinstance(exc, ImportError) and path.name.lower().endswith(".zst")
+        why = "the zstandard package is not installed" if zst else type(exc).__name__
+        raise ConfigError(f"data.path: cannot read {str(path)!r} as CSV ({why}); accepted: CSV text, plain or "
+                          "compressed (.gz, .bz2, .xz, .zst, or a .zip / .tar[.gz|.bz2|.xz] holding one file)") from None
     columns = ", ".join(map(str, frame.columns))
     for k, what in (("x", "inputs"), ("y", "targets")):
         col = getattr(src, k)
@@ -91,6 +101,26 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
     return src
 
 
+# file name ending -> pandas' compression, as pandas infers it from a path (first match wins)
+_COMPRESSION = {".tar": "tar", ".tar.gz": "tar", ".tar.bz2": "tar", ".tar.xz": "tar", ".gz": "gzip",
+                ".bz2": "bz2", ".zip": "zip", ".xz": "xz", ".zst": "zstd"}
+# what a damaged, compressed or non-CSV file raises: UnicodeDecodeError, pandas' ParserError /
+# EmptyDataError and zip's "several files" are ValueErrors; ImportError: .zst without zstandard
+_READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, lzma.LZMAError, tarfile.TarError, ImportError)
+
+
+def _frame(path: Path, data: bytes) -> pd.DataFrame:
+    """The file's bytes `data` parsed as CSV, decompressed first if `path`'s name ends in one of
+    _COMPRESSION (case-insensitive), as `pd.read_csv(path)` would.
+
+    Raises:
+        one of _READ_ERRORS: the bytes are not (compressed) CSV text.
+    """
+    name = path.name.lower()
+    compression = next((c for ext, c in _COMPRESSION.items() if name.endswith(ext)), None)
+    return pd.read_csv(io.BytesIO(data), compression=compression)
+
+
 def _read(source: DataSource) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(x, y) of the usable rows, and the 1-based data-row numbers of the dropped ones; parsed
     once per file content (an edited file is parsed again, whatever its name or mtime)."""
@@ -100,7 +130,7 @@ def _read(source: DataSource) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 @lru_cache(maxsize=4)
 def _parse(source: DataSource, digest: str, data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    frame = pd.read_csv(io.BytesIO(data))
+    frame = _frame(source.resolve(), data)
     x, y = frame[source.x].to_numpy(np.float64), frame[source.y].to_numpy(np.float64)
     ok = np.isfinite(x) & np.isfinite(y)
     return x[ok], y[ok], np.flatnonzero(~ok) + 1
