@@ -26,8 +26,10 @@ from icl_bench import resources
 from icl_bench.config_base import MAX_SEED
 from icl_bench.errors import ConfigError
 
-PACKAGED = "default, train, trained, l1_sweep"  # icl_bench/configs/*.toml (resources.config_names())
 
+def _packaged(kind: str) -> str:
+    """The packaged configs a command runs, for its --config help (icl_bench/configs/*.toml)."""
+    return ", ".join(resources.config_names(kind))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -98,6 +100,7 @@ def cmd_run(args) -> int:
 
     path = resources.config_path(args.config or "default")
     raw = read_toml(path)
+    resources.check_kind(raw, args.config or "default", "run")
     if args.solver:  # keep the config's parameters for a named solver, defaults otherwise
         given = raw.get("solvers", {}) if isinstance(raw.get("solvers"), dict) else {}
         raw["solvers"] = {name: given.get(name, {}) for name in args.solver}
@@ -248,12 +251,15 @@ def _checkpoint_arg(name: str) -> str:
 
 def cmd_train(args) -> int:
     """Train every selected run of --config one after another (one process, one thread each)."""
+    from icl_bench.config_base import read_toml
     from icl_bench.training.config import TrainConfig, load_runs
     from icl_bench.training.train import train_and_save
 
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps: must be an integer >= 1 (got {args.steps})")
-    runs = load_runs(resources.config_path(args.config), args.run)
+    path = resources.config_path(args.config)
+    resources.check_kind(read_toml(path), args.config, "train")
+    runs = load_runs(path, args.run)
     cfgs = [TrainConfig.from_dict(d, where=f"runs.{d['name']}" if "name" in d else "train")
             for d in runs]  # every run is validated before hours of training, not after
     cfgs = [c.model_copy(update={"progress": c.progress and not args.no_progress}) for c in cfgs]
@@ -277,9 +283,12 @@ def cmd_train(args) -> int:
 
 def cmd_sweep(args) -> int:
     """Train an l1 sweep (lambda grid x seeds) and write its tables."""
+    from icl_bench.config_base import read_toml
     from icl_bench.training.sweep import run_sweep
 
-    run_sweep(resources.config_path(args.config), reuse=args.reuse, progress=not args.no_progress)
+    path = resources.config_path(args.config)
+    resources.check_kind(read_toml(path), args.config, "sweep")
+    run_sweep(path, reuse=args.reuse, progress=not args.no_progress)
     return 0
 
 
@@ -288,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("list", help="list solvers, their parameters and where they come from").set_defaults(func=cmd_list)
     run = sub.add_parser("run", help="run a benchmark matrix (default: the packaged default matrix)")
-    run.add_argument("--config", help=f"matrix config: a TOML file or a packaged name ({PACKAGED}; default: default)")
+    run.add_argument("--config", help=f"matrix config: a TOML file or a packaged matrix ({_packaged('run')}; default: default); "
+                     "training configs: `icl-bench train`, sweeps: `icl-bench sweep`")
     run.add_argument("--out", help="output folder (default: results/runs/<timestamp>)")
     run.add_argument("--solver", action="append", help="run only this solver (repeatable)")
     run.add_argument("--resume", action="store_true", help="reuse the finished cells in --out")
@@ -324,7 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     ana.add_argument("--N", type=int, default=None, help="context length (default: the checkpoint's)")
     ana.set_defaults(func=cmd_analyze)
     tr = sub.add_parser("train", help="train transformers from a TOML config and save checkpoints")
-    tr.add_argument("--config", default="train", help=f"training TOML ([defaults] + [runs.NAME]) or a packaged name ({PACKAGED})")
+    tr.add_argument("--config", default="train", help="training TOML ([defaults] + [runs.NAME]) or a packaged "
+                    f"training config ({_packaged('train')}; default: train)")
     tr.add_argument("--out", default="models", help="folder for <name>.safetensors + <name>.json (default: ./models)")
     tr.add_argument("--run", action="append", default=None, help="train only this run (repeatable; default: all)")
     tr.add_argument("--steps", type=int, default=None, help="override every run's step budget (e.g. 20 for a smoke test)")
@@ -332,7 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--force", action="store_true", help="overwrite checkpoints of the same names in --out")
     tr.set_defaults(func=cmd_train)
     sw = sub.add_parser("sweep", help="l1 sweep: train a lambda grid x seeds and tabulate what the penalty changes")
-    sw.add_argument("--config", default="l1_sweep", help="sweep TOML ([sweep] + [train]) or a packaged name")
+    sw.add_argument("--config", default="l1_sweep", help=f"sweep TOML ([sweep] + [train]) or a packaged sweep config "
+                    f"({_packaged('sweep')}; default: l1_sweep)")
     sw.add_argument("--reuse", action="store_true", help="reuse checkpoints already saved by an earlier sweep")
     sw.add_argument("--no-progress", action="store_true", help="no progress bars")
     sw.set_defaults(func=cmd_sweep)

@@ -3,11 +3,14 @@
 Found through importlib.resources, so an installed package (a wheel, not only the source tree)
 runs `icl-bench run`, `train`, `analyze` and the trained-* solvers from any folder.
 
-    icl_bench/configs/<name>.toml   default (the matrix), train (the shipped models), trained, l1_sweep
+    icl_bench/configs/<name>.toml   matrix configs for `run` (default, ood, trained), the training
+                                    config for `train` (train: the shipped models), the sweep config
+                                    for `sweep` (l1_sweep); config_names(kind) lists them by kind
     icl_bench/models/               the shipped checkpoints and their model card (README.md)
 """
 from __future__ import annotations
 
+import shlex
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
@@ -30,9 +33,50 @@ def models_dir() -> Path:
     return _dir("models")
 
 
-def config_names() -> list[str]:
-    """Names of the packaged configs (file stems), sorted."""
-    return sorted(p.stem for p in configs_dir().glob("*.toml"))
+# the command that runs each kind of config, and what the kind is called in messages
+KINDS = {"run": "matrix", "train": "training", "sweep": "sweep"}
+
+
+def config_kind(doc: dict) -> str | None:
+    """The command a parsed config is for, from its tables: "sweep" (a [sweep] table), "train"
+    ([runs.NAME] / [defaults] tables), "run" ([grid] / [solvers] / [timing] tables); None when it
+    has none of them (the command's validator then says what is wrong)."""
+    if "sweep" in doc:
+        return "sweep"
+    if "runs" in doc or "defaults" in doc:
+        return "train"
+    if any(k in doc for k in ("grid", "solvers", "timing")):
+        return "run"
+    return None
+
+
+@cache
+def _packaged_kind(name: str) -> str | None:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python < 3.11
+        import tomli as tomllib
+    return config_kind(tomllib.loads((configs_dir() / f"{name}.toml").read_text(encoding="utf-8")))
+
+
+def config_names(kind: str | None = None) -> list[str]:
+    """Names of the packaged configs (file stems), sorted; only those for command `kind` ("run",
+    "train", "sweep": config_kind) when given."""
+    names = sorted(p.stem for p in configs_dir().glob("*.toml"))
+    return names if kind is None else [n for n in names if _packaged_kind(n) == kind]
+
+
+def check_kind(doc: dict, given: str | Path, command: str) -> None:
+    """Refuse a config made for another command, naming the command that runs it.
+
+    Raises:
+        ConfigError: e.g. "--config: 'train' is a training config; run it with
+            `icl-bench train --config train`".
+    """
+    kind = config_kind(doc)
+    if kind is not None and kind != command:
+        raise ConfigError(f"--config: {str(given)!r} is a {KINDS[kind]} config; run it with "
+                          f"`icl-bench {kind} --config {shlex.quote(str(given))}`")
 
 
 def config_path(name_or_path: str | Path, key: str = "--config") -> Path:

@@ -180,6 +180,15 @@ CASES = [
     Case("toml-binary", toml(text=bytes(range(256))), "--config: bad.toml is not UTF-8 text"),
     Case("toml-missing", lambda tmp: ["run", "--config", str(tmp / "none.toml")], "--config: no such file"),
     Case("toml-is-folder", lambda tmp: ["run", "--config", str(tmp)], "--config: "),
+    # ---- a config made for another command names the command that runs it ----
+    Case("toml-training-config-to-run", lambda tmp: ["run", "--config", "train"],
+         "--config: 'train' is a training config; run it with `icl-bench train --config train`"),
+    Case("toml-sweep-config-to-run", lambda tmp: ["run", "--config", "l1_sweep"],
+         "--config: 'l1_sweep' is a sweep config; run it with `icl-bench sweep --config l1_sweep`"),
+    Case("toml-matrix-config-to-train", lambda tmp: ["train", "--config", "ood"],
+         "--config: 'ood' is a matrix config; run it with `icl-bench run --config ood`", resume=False),
+    Case("toml-matrix-config-to-sweep", lambda tmp: ["sweep", "--config", "default"],
+         "--config: 'default' is a matrix config; run it with `icl-bench run --config default`", out=False),
     # ---- CLI flags ----
     Case("cli-no-command", lambda tmp: [], "the following arguments are required: command", out=False),
     Case("cli-unknown-command", lambda tmp: ["frobnicate"], "argument command: invalid choice: 'frobnicate'"),

@@ -105,3 +105,16 @@ def test_plugin_shadowing_a_builtin_or_another_plugin_is_warned(tmp_path, monkey
             registry.REGISTRY.unregister(name)
         for mod in ("dup_a", "dup_b"):
             sys.modules.pop(mod, None)
+
+
+def test_config_help_lists_the_packaged_configs_each_command_runs(capsys):
+    from icl_bench import resources
+
+    assert resources.config_names("run") == ["default", "ood", "trained"]
+    assert resources.config_names("train") == ["train"] and resources.config_names("sweep") == ["l1_sweep"]
+    for command, names in (("run", "default, ood, trained"), ("train", "(train;"), ("sweep", "(l1_sweep;")):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert names in text, (command, text)
+    assert "l1_sweep" not in text.replace("(l1_sweep; default: l1_sweep)", "")
