@@ -523,6 +523,17 @@ def test_mechanism_section_reads_ood_rows_or_says_they_are_missing(run_dir):
     assert list(got.columns[:3]) == ["none", "x_shift=5", "x_scale=10"]
 
 
+def test_mechanism_table_sorts_steps_numerically(run_dir):
+    from icl_bench.report import aggregate as report
+    from icl_bench.report import mechanism
+
+    table, _ = report.load_runs([run_dir])
+    rows = [{**table.iloc[0].to_dict(), "solver": "gd", "solver_params": json.dumps({"steps": k}), "ood": ood,
+             "mse_vs_ols": 0.1, "status": "ok"} for k in (16, 1, 4) for ood in ("none", "x_shift=5")]
+    got = mechanism.section(report.add_series(pd.DataFrame(rows)))["table"]
+    assert got.series.tolist() == ["gd steps=1", "gd steps=4", "gd steps=16"]  # as in the headline, not text order
+
+
 def test_console_summary_is_at_one_setting_with_skip_reasons_grouped(run_dir):
     from icl_bench.report.run_summary import console_summary
 

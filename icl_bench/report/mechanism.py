@@ -86,12 +86,16 @@ def _steps(params: str):
 
 
 def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per series: mean relative error per OOD value (columns named by the value) and the
+    """One row per series, in series order (report.add_series: by solver, then parameter values,
+    numbers numerically): mean relative error per OOD value (columns named by the value) and the
     verdict with its reason (see the module docstring). `rows` from ood_rows()."""
     if rows.empty:
         return pd.DataFrame()
     mean = rows.groupby(["series", "solver", "solver_params", "ood"], sort=False)["rel_err"].mean().reset_index()
     wide = mean.pivot_table(index=["series", "solver", "solver_params"], columns="ood", values="rel_err").reset_index()
+    if "series_rank" in rows:  # the report's series order (numbers numerically: steps 1, 4, 16), not text order
+        rank = rows.groupby("series")["series_rank"].min()
+        wide = wide.sort_values("series", key=lambda s: s.map(rank), kind="stable").reset_index(drop=True)
     ood_cols = sorted([c for c in wide.columns if c not in ("series", "solver", "solver_params")], key=_ood_order)
     gd = wide[wide["solver"] == "gd"]
     out = []
