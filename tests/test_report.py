@@ -488,6 +488,35 @@ def test_publishing_runs_with_different_grids_names_what_it_left_out(run_dir, tm
         assert "its ok cells have R = 1000; dtype = float64" in text and "the runs have different R grids" in text
 
 
+def test_publish_names_d_when_the_runs_hold_several_and_says_what_it_left_out(tmp_path, monkeypatch):
+    from icl_bench.report import model_plots
+    from icl_bench.report import publish as pub
+    from icl_bench.report import scaling
+
+    raw = {"seed": 0, "n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1},
+           "grid": {"N": [6, 10], "noise": [0.1], "R": [10.0, 100.0], "dtype": ["float64"], "device": ["cpu"], "d": [1, 2]},
+           "solvers": {"ols": {}, "ln-closed-form": {}}}
+    run_matrix(parse_config(raw), tmp_path / "run", progress=False)
+    monkeypatch.setattr(model_plots, "collect_models", lambda *a, **k: ({}, []))
+    kept = {}
+    monkeypatch.setattr(pub, "_close", kept.update)
+    assert main(["publish", str(tmp_path / "run"), "--out", str(tmp_path / "pub")]) == 0
+    head = (tmp_path / "pub" / "headline.md").read_text()
+    assert head.startswith("### Mean MSE vs OLS [95 % CI] by solver and N (noise = 0.1, R = 10, dtype = float64, "
+                           "device = cpu, d = 1)")
+    note = "d = 2: left out of the headline and of the plots, which show d = 1"
+    assert note in head and note in (tmp_path / "pub" / "index.html").read_text()
+    assert any(n.startswith(note) for n in json.loads((tmp_path / "pub" / "publish.json").read_text())["left_out"])
+    for name in ("mse_vs_n", "mse_vs_r"):
+        assert kept[name]._suptitle.get_text().endswith("device = cpu, d = 1)"), name
+    from icl_bench.report.run_summary import console_summary
+
+    assert "device = cpu, d = 1:" in console_summary(pd.read_parquet(tmp_path / "run" / "results.parquet"))
+    fits = scaling.scaling_table(pd.read_csv(tmp_path / "pub" / "summary.csv"))  # one fit per d, never both pooled
+    assert sorted(fits[(fits.series == "ln-closed-form") & (fits.vs == "R")].d) == [1, 1, 2, 2]
+    assert (fits.n_points + fits.n_floor <= 2).all()
+
+
 def test_failure_rows_sort_numeric_parameters_numerically(run_dir):
     from icl_bench.report import aggregate as report
 

@@ -389,8 +389,8 @@ def to_markdown(df: pd.DataFrame) -> str:
     return df.to_markdown(index=False, floatfmt=".3g") + "\n"
 
 
-def setting_text(setting: dict, axes=None, fmt=str) -> str:
-    """"N = 30, noise = 0.1, ..." for `axes` (default: every axis of `setting`); axes at the value
-    every run had before they existed (BACKFILL: one regressor, in-distribution) are not named."""
+def setting_text(setting: dict, axes=None, fmt=str, varied=()) -> str:
+    """"N = 30, noise = 0.1, ..." for `axes` (default: every axis of `setting`); an axis at the value every run
+    had before it existed (BACKFILL: d = 1, ood = none) is named only when in `varied` (coverage.varied_axes)."""
     axes = list(setting) if axes is None else axes
-    return ", ".join(f"{a} = {fmt(setting[a])}" for a in axes if not (a in BACKFILL and setting.get(a) == BACKFILL[a]))
+    return ", ".join(f"{a} = {fmt(setting[a])}" for a in axes if a in varied or a not in BACKFILL or setting.get(a) != BACKFILL[a])

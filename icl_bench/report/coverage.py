@@ -3,15 +3,18 @@
 The headline table and the plots that fix axes show one representative setting
 (report.representative). Runs with different grids, or series that ran on part of the grid,
 can have no ok cell there: they are then absent from the headline, and these notes say so and
-name the values they do have, so nothing disappears silently.
+name the values they do have, so nothing disappears silently. Likewise the other values of the
+axes a setting text leaves unnamed at their default (d = 1, ood = none: aggregate.BACKFILL): when
+the runs hold d = 2 or OOD rows, the headline and plots name d / ood and a note lists the values
+they leave out.
 """
 from __future__ import annotations
 
 import pandas as pd
 
-from icl_bench.report.aggregate import AXES, select
+from icl_bench.report.aggregate import AXES, BACKFILL, select, setting_text
 
-FIXED = ("noise", "R", "dtype", "device")  # the headline fixes these; N is its columns
+FIXED = ("noise", "R", "dtype", "device", "d", "ood")  # the headline fixes these; N is its columns
 
 
 def _values(s: pd.Series) -> str:
@@ -21,6 +24,31 @@ def _values(s: pd.Series) -> str:
 
 def _fmt(v) -> str:
     return "n/a" if isinstance(v, float) and v != v else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def varied_axes(df: pd.DataFrame) -> set[str]:
+    """The grid axes with more than one value in df's ok rows (every row if it has no status
+    column, e.g. the summary): a setting text must name these even at their default."""
+    ok = df[df["status"] == "ok"] if "status" in df else df
+    return {a for a in AXES if a in ok and ok[a].nunique(dropna=False) > 1}
+
+
+def setting_words(setting: dict, axes, df: pd.DataFrame) -> str:
+    """setting_text of `axes`, naming d / ood whenever df holds more than one value of them."""
+    return setting_text(setting, axes, _fmt, varied_axes(df))
+
+
+def hidden_values(table: pd.DataFrame, setting: dict) -> list[str]:
+    """One line per BACKFILL axis (d, ood) whose other ok values the headline and plots leave out."""
+    ok = table[table["status"] == "ok"]
+    out = []
+    for axis in BACKFILL:
+        other = ok.loc[ok[axis] != setting[axis], axis]
+        if len(other):
+            where = " (the mechanism section shows the OOD rows)" if axis == "ood" else ""
+            out.append(f"{axis} = {_values(other)}: left out of the headline and of the plots, which show "
+                       f"{axis} = {_fmt(setting[axis])}{where}; show another with --at (e.g. --at {axis}={_fmt(other.iloc[0])})")
+    return out
 
 
 def grid_differences(table: pd.DataFrame) -> list[str]:
@@ -41,12 +69,13 @@ def left_out(table: pd.DataFrame, setting: dict) -> list[str]:
     Args:
         table: stacked rows (report.load_runs). setting: the representative setting.
     Returns:
-        lines "run X: left out of the headline and the plots at ... (its ok cells have R = 10)"
+        lines "run X: left out of the headline and the plots at ... (its ok cells have R = 10)",
+        "d = 2: left out of the headline and of the plots, which show d = 1; ..." (hidden_values)
         and "series S: ..." (empty when everything with ok cells is shown).
     """
     ok = table[table["status"] == "ok"]
-    at = ", ".join(f"{a} = {_fmt(setting[a])}" for a in FIXED)
-    notes = list(grid_differences(table))
+    at = setting_words(setting, FIXED, table)
+    notes = [*grid_differences(table), *hidden_values(table, setting)]
     gone = set()  # runs already named as left out: their series need no second note
     for run, g in table.groupby("run", sort=False):
         mine = ok[ok["run"] == run]

@@ -21,7 +21,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from icl_bench.report import style
-from icl_bench.report.aggregate import select, series_order, setting_text
+from icl_bench.report.aggregate import select, series_order
+from icl_bench.report.coverage import setting_words, varied_axes
 
 MSE_OLS_LABEL = "MSE vs OLS prediction (y units²)"
 MSE_TRUTH_LABEL = "MSE vs truth a + b·u (y units²)"
@@ -128,30 +129,29 @@ def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric:
     return _finish(fig, panels, LABELS.get(x, x), ylabel, title, note)
 
 
-def _setting_text(setting: dict, axes) -> str:
-    return setting_text(setting, axes, _fmt)
-
-
 def mse_vs_n(summary: pd.DataFrame, setting: dict) -> Figure:
-    """MSE vs OLS against N, one line per series, one panel per noise; R, dtype and device fixed
-    at `setting` (report.representative). Raises PlotSkipped without ok cells there."""
-    d = select(summary, setting, ("R", "dtype", "device", "d"))
+    """MSE vs OLS against N, one line per series, one panel per noise; R, dtype, device, d and ood
+    fixed at `setting` (report.representative; d and ood named in the title when the summary has
+    other values of them). Raises PlotSkipped without ok cells there."""
+    axes = ("R", "dtype", "device", "d", "ood")
+    d = select(summary, setting, axes)
     if d.empty:
-        raise PlotSkipped(f"mse_vs_n: no ok cells at {_setting_text(setting, ('R', 'dtype', 'device'))}")
+        raise PlotSkipped(f"mse_vs_n: no ok cells at {setting_words(setting, axes, summary)}")
     return _mean_ci_lines(d, "N", "noise", "noise σ", "mse_vs_ols", MSE_OLS_LABEL,
-                          f"Error vs context length ({_setting_text(setting, ('R', 'dtype', 'device'))})")
+                          f"Error vs context length ({setting_words(setting, axes, summary)})")
 
 
 def mse_vs_r(summary: pd.DataFrame, setting: dict) -> Figure:
     """MSE vs OLS against R, one line per series, one panel per dtype (ln-closed-form's O(1/R^4)
     fall, and in float32 the rounding floor of its U-curve where the R grid reaches past ~1e3; the
-    default grid R = 10, 100, 1000 stops at the minimum); N, noise, device fixed at `setting`.
-    Raises PlotSkipped."""
-    d = select(summary, setting, ("N", "noise", "device", "d"))
+    default grid R = 10, 100, 1000 stops at the minimum); N, noise, device, d, ood fixed at
+    `setting`. Raises PlotSkipped."""
+    axes = ("N", "noise", "device", "d", "ood")
+    d = select(summary, setting, axes)
     if d.empty:
-        raise PlotSkipped(f"mse_vs_r: no ok cells at {_setting_text(setting, ('N', 'noise', 'device'))}")
+        raise PlotSkipped(f"mse_vs_r: no ok cells at {setting_words(setting, axes, summary)}")
     return _mean_ci_lines(d, "R", "dtype", "dtype", "mse_vs_ols", MSE_OLS_LABEL,
-                          f"Error vs embedding constant R ({_setting_text(setting, ('N', 'noise', 'device'))})")
+                          f"Error vs embedding constant R ({setting_words(setting, axes, summary)})")
 
 
 def _steps(params: str):
@@ -165,12 +165,12 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     horizontal line (the closed forms); one panel per N; noise, R, dtype, device fixed.
     Raises PlotSkipped when no solver in the runs has a `steps` parameter, or when steps took a
     single value per solver (the message says which)."""
-    axes = ("noise", "R", "dtype", "device", "d")
+    axes = ("noise", "R", "dtype", "device", "d", "ood")
     d = select(summary, setting, axes).copy()
     d["steps"] = [_steps(p) for p in d["solver_params"]]
     stepped = d[d["steps"].notna()].copy()
     if stepped.empty:
-        raise PlotSkipped(f"gd_steps: no solver in the runs has a `steps` parameter with ok cells at {_setting_text(setting, axes)}")
+        raise PlotSkipped(f"gd_steps: no solver in the runs has a `steps` parameter with ok cells at {setting_words(setting, axes, summary)}")
     stepped["steps"] = stepped["steps"].astype(float)
     varied = stepped.groupby("solver")["steps"].nunique()
     if varied.max() < 2:
@@ -215,7 +215,7 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     if twins:
         note += "; " + _twins_note(twins)
     return _finish(fig, panels, LABELS["steps"], MSE_OLS_LABEL,
-                   f"GD steps vs error; horizontal lines: solvers without steps ({_setting_text(setting, axes)})", note)
+                   f"GD steps vs error; horizontal lines: solvers without steps ({setting_words(setting, axes, summary)})", note)
 
 
 def throughput(table: pd.DataFrame) -> Figure:
@@ -238,6 +238,7 @@ def throughput(table: pd.DataFrame) -> Figure:
             ax.set_xscale("log")
             style.log_ticks(ax, "x", d["prompts_per_s"])
         ax.tick_params(axis="y", labelsize=7)
-    fig = _finish(fig, panels, LABELS["prompts_per_s"], "", "Throughput (median over the N, noise, R cells)",
+    pooled = ", ".join(["N", "noise", "R", *sorted(varied_axes(d) & {"d", "ood"})])
+    fig = _finish(fig, panels, LABELS["prompts_per_s"], "", f"Throughput (median over the {pooled} cells)",
                   "whiskers: 25th-75th percentile over cells", legend_title="dtype")
     return fig

@@ -92,12 +92,12 @@ def _html_table(df: pd.DataFrame) -> str:
     return df.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="NaN", border=0, classes="t")
 
 
-def _setting_text(setting: dict) -> str:
+def _setting_text(setting: dict, varied=()) -> str:
     def fmt(v):
         return ("n/a" if math.isnan(v) else f"{v:g}") if isinstance(v, float) else str(v)
 
-    # one regressor (d = 1) is the suite's default setting and is not named, as before the d axis
-    return report.setting_text(setting, None, fmt)
+    # d = 1 and ood = none are named only when the runs hold other values of them (`varied`)
+    return report.setting_text(setting, None, fmt, varied)
 
 
 def _index_html(ctx: dict) -> str:
@@ -114,13 +114,14 @@ def _index_html(ctx: dict) -> str:
             r["facts"] = json.dumps(facts, indent=1)
             r["details"] = [(k, json.dumps(meta.get(k), indent=1)) for k in ("device", "packages", "config")]
         runs.append(r)
-    s = ctx["setting"]
+    s, v = ctx["setting"], ctx["varied"]
     mech = ctx["mechanism"]
     return env.get_template("index.html.j2").render(
         generated_at=ctx["generated_at"], command=ctx["command"], forced=ctx["forced"],
-        headline_at=_setting_text(ctx["headline_at"]), headline=_html_table(ctx["headline"]), left_out=ctx["left_out"],
-        scaling=_html_table(ctx["scaling_at"]), scaling_at_r=_setting_text({k: s[k] for k in ("N", "noise", "device")}),
-        scaling_at_n=_setting_text({k: s[k] for k in ("R", "noise", "device")}),
+        headline_at=_setting_text(ctx["headline_at"], v), headline=_html_table(ctx["headline"]), left_out=ctx["left_out"],
+        scaling=_html_table(ctx["scaling_at"]),
+        scaling_at_r=_setting_text({k: s[k] for k in ("N", "noise", "device", "d", "ood")}, v),
+        scaling_at_n=_setting_text({k: s[k] for k in ("R", "noise", "device", "d", "ood")}, v),
         floors={d: f"{scaling.float_floor(d):.1e}" for d in ("float32", "float64")},
         mechanism={"status": mech["status"], "source": mech["source"],
                    "html": _html_table(mech["table"]) if not mech["table"].empty else ""},
@@ -178,11 +179,12 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     summary = report.aggregate(table)
     head = report.headline(summary, setting)
     headline_at = {k: v for k, v in setting.items() if k != "N"}
+    varied = coverage.varied_axes(table)  # d / ood are named when the runs hold more than one value
     command = command_line(runs, out, at, checkpoints, force)
     gaps = coverage.left_out(table, setting)
     silent = report.no_answer_notes(table)  # NaN in the table must come with its reason
     headline_md = "\n".join([
-        f"### Mean MSE vs OLS [95 % CI] by solver and N ({_setting_text(headline_at)})", "",
+        f"### Mean MSE vs OLS [95 % CI] by solver and N ({_setting_text(headline_at, varied)})", "",
         report.to_markdown(head), *[f"Warning: {n}." for n in silent],
         *([f"Left out: {'; '.join(gaps)}.", ""] if gaps else []),
         f"Made by `{command}`{'' if force else ' (add --force to regenerate into the same folder)'}; "
@@ -193,7 +195,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
            "headline": head, "headline_md": headline_md, "headline_at": headline_at, "plots": list(figs),
            "notes": notes, "failures": report.failure_summary(table), "sparsity": report.sparsity(table),
            "summary": summary.drop(columns=["series_rank"], errors="ignore"), "runs": metas, "forced": force,
-           "left_out": gaps, "setting": setting, "mechanism": mechanism.section(table)}
+           "left_out": gaps, "setting": setting, "varied": varied, "mechanism": mechanism.section(table)}
     fits = scaling.scaling_table(summary)
     ctx["scaling_at"] = scaling.scaling_at(fits, setting, report.series_order(summary))
     one_source = summary["prompts"].nunique() <= 1  # then the long prompt-source JSON says nothing

@@ -2,7 +2,7 @@
 
 Per series: how many cells ended ok / skipped / error over the whole run, and the mean MSE vs OLS
 and median throughput at the representative setting (report.representative: one N, noise, R,
-dtype, device), so numbers from different settings are never pooled into one median. Skipped
+dtype, device, d, ood; d and ood are named when the run has other values of them), so numbers from different settings are never pooled into one median. Skipped
 and failed cells follow, grouped by their message (one line per distinct reason, with the
 number of cells and the series it hit).
 """
@@ -13,6 +13,7 @@ import math
 import pandas as pd
 
 from icl_bench.report import aggregate as report
+from icl_bench.report.coverage import varied_axes
 
 MAX_REASONS = 8  # distinct skip / error messages printed (the rest are counted)
 
@@ -31,7 +32,7 @@ def console_summary(table: pd.DataFrame) -> str:
         error=("status", lambda s: int((s == "error").sum())))
     here = at.groupby("series").agg(mse_vs_ols=("mse_vs_ols", "mean"), prompts_per_s=("prompts_per_s", "median"))
     out = counts.join(here, how="left").reindex(report.series_order(table))
-    where = report.setting_text(setting, report.AXES, _fmt)
+    where = report.setting_text(setting, report.AXES, _fmt, varied_axes(table))
     lines = [f"cells per series (whole run); MSE vs OLS (y units², mean over seeds) and prompts/s at {where}:",
              out.to_string(float_format=lambda v: f"{v:.3g}", na_rep="-")]
     bad = table[table["status"] != "ok"]

@@ -65,11 +65,11 @@ def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
     Args:
         summary: report.aggregate output (mse_vs_ols per series and cell).
     Returns:
-        columns series, solver, solver_params, vs, N, noise, R, dtype, device (the fixed axes;
-        the fitted axis is NaN), exponent, ci_low, ci_high, n_points, n_floor, max_mse.
+        columns series, solver, solver_params, vs, N, noise, R, dtype, device, d, ood (the fixed
+        axes; the fitted axis is NaN), exponent, ci_low, ci_high, n_points, n_floor, max_mse.
     """
     rows = []
-    keys = ["series", "solver", "solver_params", "prompts", "N", "noise", "R", "dtype", "device"]
+    keys = ["series", "solver", "solver_params", "prompts", "N", "noise", "R", "dtype", "device", "d", "ood"]
     for vs in ("R", "N"):
         fixed = [k for k in keys if k != vs]
         for key, g in summary.groupby(fixed, dropna=False, sort=True):
@@ -85,7 +85,8 @@ def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
 
 def scaling_at(fits: pd.DataFrame, setting: dict, order: list[str]) -> pd.DataFrame:
     """The page's table: per series and dtype, "p [low, high] (n)" vs R (at setting's N, noise,
-    device) and vs N (at its R, noise, device); "floor" when every point is at the float floor."""
+    device, d, ood) and vs N (at its R, noise, device, d, ood); "floor" when every point is at the
+    float floor."""
     def text(r) -> str:
         if r is None:
             return ""
@@ -102,8 +103,8 @@ def scaling_at(fits: pd.DataFrame, setting: dict, order: list[str]) -> pd.DataFr
             m &= df[a].isna() if isinstance(v, float) and math.isnan(v) else df[a] == v
         return df[m]
 
-    by_r = pick(fits, "R", ("N", "noise", "device"))
-    by_n = pick(fits, "N", ("R", "noise", "device"))
+    by_r = pick(fits, "R", ("N", "noise", "device", "d", "ood"))
+    by_n = pick(fits, "N", ("R", "noise", "device", "d", "ood"))
     rows = []
     for s in order:
         for dtype in sorted(set(fits.loc[fits["series"] == s, "dtype"])):
