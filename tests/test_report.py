@@ -361,19 +361,25 @@ def test_gd_steps_plot_lines_beside_solvers_without_steps(tables, figs):
         plots.gd_steps(summary[summary.solver != "test-steps"], setting)
 
 
-def test_throughput_plot_one_bar_per_solver_and_dtype(tables, figs):
+def test_throughput_plot_one_dot_per_solver_and_dtype_at_the_median(tables, figs):
     from icl_bench.report import plots
 
     table, _, _ = tables
     fig = figs["throughput"]
     (ax,) = fig.axes
     assert ax.get_xlabel() == "throughput (prompts / s)" and ax.get_title() == "device = cpu"
-    assert [t.get_text() for t in ax.get_yticklabels()] == SERIES  # horizontal bars: labels cannot collide
-    assert [len(c) for c in ax.containers] == [len(SERIES)] * 2  # float32 and float64
+    assert [t.get_text() for t in ax.get_yticklabels()] == SERIES  # one row per series: labels cannot collide
+    assert not ax.patches  # dots, not bars: a bar on a log axis starts at an arbitrary floor and misstates ratios
+    ok = table[table.status == "ok"]
+    for dtype, bars in zip(["float32", "float64"], ax.containers):
+        median = ok[ok.dtype == dtype].groupby("series").prompts_per_s.median().reindex(SERIES)
+        np.testing.assert_allclose(bars[0].get_xdata(), median, rtol=1e-12)  # the dot is at the median
+        assert {plots._rate(v) for v in median} <= {t.get_text() for t in ax.texts}  # and says its value
+    assert plots._rate(219_400) == "219k" and plots._rate(1.5e6) == "1.5M" and plots._rate(42.0) == "42"
     assert _legend(fig) == ["float32", "float64"]
     fig = plots.throughput(pd.concat([table, table[table.solver == "ols"].assign(device="cuda")]))
     assert [ax.get_title() for ax in fig.axes] == ["device = cpu", "device = cuda"]
-    assert [len(c) for c in fig.axes[1].containers] == [1, 1]  # only ols ran on cuda
+    assert [len(c[0].get_xdata()) for c in fig.axes[1].containers] == [1, 1]  # only ols ran on cuda
 
 
 def test_log_axes_of_narrow_ranges_get_enough_ticks():

@@ -2,7 +2,7 @@
 
 Every function takes the tables of `icl_bench.report.aggregate` and returns a matplotlib Figure (the caller
 saves and closes it), or raises `PlotSkipped` with the reason when the runs hold no data for it.
-One line (or one bar per hue level) per series, where a series is a solver plus the parameters
+One line (or, for throughput, one dot per dtype) per series, where a series is a solver plus the parameters
 that tell it apart (report.add_series), styled by icl_bench/report/style.py (colour = family, marker =
 parameter set, identical series overlaid and named). Error plots draw the mean with its 95 % CI
 as a band. An axis is logarithmic when its positive values span more than two decades (one decade for
@@ -219,26 +219,56 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
 
 
 def throughput(table: pd.DataFrame) -> Figure:
-    """Median prompts/s per series (horizontal bars, labels never collide) and dtype (hue), one
-    panel per device, over every ok cell (all N, noise, R); the whisker spans the 25th-75th
-    percentile over those cells. Raises PlotSkipped when no ok cell has a finite throughput."""
+    """Median prompts/s per series and dtype as a dot plot, one panel per device, over every ok
+    cell (all N, noise, R); the whisker spans the 25th-75th percentile over those cells and each
+    dot is labelled with its value. Dots, not bars: on a logarithmic axis a bar's length is
+    measured from an arbitrary floor, so bar lengths misstate ratios (a solver 1000x slower looked
+    50x slower); a dot's position reads in decades. Raises PlotSkipped when no ok cell has a
+    finite throughput."""
     d = table[(table["status"] == "ok") & np.isfinite(table["prompts_per_s"].astype(float))]
     if d.empty:
         raise PlotSkipped("throughput: no ok cell has a finite prompts_per_s")
     order = series_order(d)
     dtypes = sorted(d["dtype"].unique())
+    colours = dict(zip(dtypes, sns.color_palette("deep", len(dtypes))))
     height = 0.9 + 0.16 * len(order) * max(len(dtypes), 1) + 0.5
-    fig, panels = _panels(d, "device", "device", width=4.2, height=max(2.6, height), sharey=True)
+    fig, panels = _panels(d, "device", "device", width=4.6, height=max(2.6, height), sharey=True)
+    log_x = style.spans(d["prompts_per_s"], 1)
+    v = d["prompts_per_s"].astype(float)
     for ax, dd in panels:
-        sns.barplot(dd, y="series", x="prompts_per_s", hue="dtype", order=order, hue_order=dtypes, orient="h",
-                    estimator="median", errorbar=("pi", 50), ax=ax, err_kws={"linewidth": 1})
-        if ax.get_legend() is not None:
-            ax.get_legend().remove()
-        if style.spans(d["prompts_per_s"], 1):
+        for j, dtype in enumerate(dtypes):
+            stats_ = dd[dd["dtype"] == dtype].groupby("series")["prompts_per_s"].quantile([0.25, 0.5, 0.75]).unstack()
+            stats_ = stats_.reindex([s for s in order if s in stats_.index])
+            if stats_.empty:
+                continue
+            y = [order.index(s) + (j - (len(dtypes) - 1) / 2) * 0.8 / max(len(dtypes), 1) for s in stats_.index]
+            med, lo, hi = stats_[0.5].to_numpy(), stats_[0.25].to_numpy(), stats_[0.75].to_numpy()
+            ax.errorbar(med, y, xerr=[med - lo, hi - med], fmt="o", ms=4.5, color=colours[dtype], elinewidth=1,
+                        capsize=2, label=dtype, zorder=3)
+            for x, yy, top in zip(med, y, hi):
+                ax.annotate(_rate(x), (max(top, x), yy), xytext=(4, 0), textcoords="offset points", va="center",
+                            fontsize=6, color=colours[dtype])
+        ax.set_yticks(range(len(order)), order)
+        ax.set_ylim(len(order) - 0.5, -0.5)  # first series at the top
+        ax.grid(axis="y", visible=False)
+        if log_x:
             ax.set_xscale("log")
-            style.log_ticks(ax, "x", d["prompts_per_s"])
+            ax.set_xlim(v.min() / 2, v.max() * 6)  # room for the value labels right of the whiskers
+            style.log_ticks(ax, "x", v)
+        else:
+            ax.set_xlim(0, v.max() * 1.35)
         ax.tick_params(axis="y", labelsize=7)
     pooled = ", ".join(["N", "noise", "R", *sorted(varied_axes(d) & {"d", "ood"})])
+    scale = "log axis: equal distances are equal ratios" if log_x else "linear axis from 0"
     fig = _finish(fig, panels, LABELS["prompts_per_s"], "", f"Throughput (median over the {pooled} cells)",
-                  "whiskers: 25th-75th percentile over cells", legend_title="dtype")
+                  f"dot and label: median prompts/s; whiskers: 25th-75th percentile over cells; {scale}",
+                  legend_title="dtype")
     return fig
+
+
+def _rate(x: float) -> str:
+    """A throughput label: 3 significant digits, thousands as k / M (2.19e5 -> "219k")."""
+    for div, unit in ((1e6, "M"), (1e3, "k")):
+        if x >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.3g}"
