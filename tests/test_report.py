@@ -312,11 +312,12 @@ def test_series_labels_carry_every_distinguishing_parameter():
 
 @pytest.fixture(scope="module")
 def twins_summary(tmp_path_factory):
-    """gd and gd-lsa at the same steps (identical numbers) at one N: the overlay and one-value axes."""
+    """gd and gd-lsa at the same steps (identical numbers) at two N and one R: the overlay, and the
+    plot against R skipped."""
     from icl_bench.report import aggregate as report
 
     raw = {"seed": 0, "n_prompts": 32, "batch_size": 32, "timing": {"repeats": 1},
-           "grid": {"N": [8], "noise": [0.1], "R": [100.0], "dtype": ["float64"], "device": ["cpu"]},
+           "grid": {"N": [8, 16], "noise": [0.1], "R": [100.0], "dtype": ["float64"], "device": ["cpu"]},
            "solvers": {"gd": {"steps": [1, 4]}, "gd-lsa": {"steps": [1, 4]}, "ols": {}}}
     out = tmp_path_factory.mktemp("twins") / "run"
     run_matrix(parse_config(raw), out, progress=False)
@@ -325,7 +326,9 @@ def twins_summary(tmp_path_factory):
 
 
 def test_identical_series_are_overlaid_and_named_and_one_value_axes_are_centred(twins_summary):
-    from icl_bench.report import plots
+    from matplotlib.figure import Figure
+
+    from icl_bench.report import plots, style
 
     _, summary, setting = twins_summary
     fig = plots.mse_vs_n(summary, setting)
@@ -338,7 +341,17 @@ def test_identical_series_are_overlaid_and_named_and_one_value_axes_are_centred(
     assert twin.get_color() != first.get_color() and twin.get_marker() == first.get_marker()  # same family and steps
     note = fig.texts[-1].get_text()
     assert "gd-lsa steps=1 identical to gd steps=1" in note and "gd-lsa steps=4 identical to gd steps=4" in note
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["8", "16"]
+    ax = Figure().subplots()
+    style.grid_axis(ax, [8], log=False)
     assert [t.get_text() for t in ax.get_xticklabels()] == ["8"] and ax.get_xlim() == (4.0, 12.0)
+    style.grid_axis(ax, [100.0], log=True)
+    assert ax.get_xlim() == (50.0, 200.0)
+    # one point per series shows no trend: skipped with the reason, like gd_steps when steps did not vary
+    with pytest.raises(plots.PlotSkipped, match=r"mse_vs_r: R did not vary \(R = 100\); add a list of R values"):
+        plots.mse_vs_r(summary, setting)
+    with pytest.raises(plots.PlotSkipped, match=r"mse_vs_n: N did not vary \(N = 8\)"):
+        plots.mse_vs_n(summary[summary.N == 8], setting)
     fig = plots.gd_steps(summary, setting)
     assert _legend(fig) == ["gd", "gd-lsa (= gd)", "ols (no steps)"]
     with pytest.raises(plots.PlotSkipped, match=r"steps did not vary \(gd steps=4, gd-lsa steps=4\)"):

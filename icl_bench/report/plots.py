@@ -129,14 +129,24 @@ def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric:
     return _finish(fig, panels, LABELS.get(x, x), ylabel, title, note)
 
 
+def _check_varied(d: pd.DataFrame, x: str, name: str) -> None:
+    """PlotSkipped when the x axis has one value: a plot of one point per series shows no trend."""
+    values = sorted(d[x].dropna().unique())
+    if len(values) < 2:
+        shown = ", ".join(_fmt(v) for v in values) or "none"
+        raise PlotSkipped(f"{name}: {x} did not vary ({x} = {shown}); add a list of {x} values to the config's [grid] "
+                          "to draw it")
+
+
 def mse_vs_n(summary: pd.DataFrame, setting: dict) -> Figure:
     """MSE vs OLS against N, one line per series, one panel per noise; R, dtype, device, d and ood
     fixed at `setting` (report.representative; d and ood named in the title when the summary has
-    other values of them). Raises PlotSkipped without ok cells there."""
+    other values of them). Raises PlotSkipped without ok cells there, or when N took one value."""
     axes = ("R", "dtype", "device", "d", "ood")
     d = select(summary, setting, axes)
     if d.empty:
         raise PlotSkipped(f"mse_vs_n: no ok cells at {setting_words(setting, axes, summary)}")
+    _check_varied(d, "N", "mse_vs_n")
     return _mean_ci_lines(d, "N", "noise", "noise σ", "mse_vs_ols", MSE_OLS_LABEL,
                           f"Error vs context length ({setting_words(setting, axes, summary)})")
 
@@ -145,11 +155,12 @@ def mse_vs_r(summary: pd.DataFrame, setting: dict) -> Figure:
     """MSE vs OLS against R, one line per series, one panel per dtype (ln-closed-form's O(1/R^4)
     fall, and in float32 the rounding floor of its U-curve where the R grid reaches past ~1e3; the
     default grid R = 10, 100, 1000 stops at the minimum); N, noise, device, d, ood fixed at
-    `setting`. Raises PlotSkipped."""
+    `setting`. Raises PlotSkipped without ok cells there, or when R took one value."""
     axes = ("N", "noise", "device", "d", "ood")
     d = select(summary, setting, axes)
     if d.empty:
         raise PlotSkipped(f"mse_vs_r: no ok cells at {setting_words(setting, axes, summary)}")
+    _check_varied(d, "R", "mse_vs_r")
     return _mean_ci_lines(d, "R", "dtype", "dtype", "mse_vs_ols", MSE_OLS_LABEL,
                           f"Error vs embedding constant R ({setting_words(setting, axes, summary)})")
 
