@@ -339,8 +339,8 @@ def test_identical_series_are_overlaid_and_named_and_one_value_axes_are_centred(
     twin, first = lines["gd-lsa steps=4 (= gd steps=4)"], lines["gd steps=4"]
     assert twin.get_markerfacecolor() == "none" and twin.get_markersize() > first.get_markersize()
     assert twin.get_color() != first.get_color() and twin.get_marker() == first.get_marker()  # same family and steps
-    note = fig.texts[-1].get_text()
-    assert "gd-lsa steps=1 identical to gd steps=1" in note and "gd-lsa steps=4 identical to gd steps=4" in note
+    note = " ".join(fig.texts[-1].get_text().split())
+    assert "gd-lsa steps=1 coincides with gd steps=1 (" in note and "gd-lsa steps=4 coincides with gd steps=4 (" in note
     assert [t.get_text() for t in ax.get_xticklabels()] == ["8", "16"]
     ax = Figure().subplots()
     style.grid_axis(ax, [8], log=False)
@@ -356,6 +356,21 @@ def test_identical_series_are_overlaid_and_named_and_one_value_axes_are_centred(
     assert _legend(fig) == ["gd", "gd-lsa (= gd)", "ols (no steps)"]
     with pytest.raises(plots.PlotSkipped, match=r"steps did not vary \(gd steps=4, gd-lsa steps=4\)"):
         plots.gd_steps(summary[summary.solver_params == '{"steps": 4}'], setting)
+
+
+def test_series_that_coincide_on_the_plot_are_marked_with_their_difference():
+    from icl_bench.report import style
+
+    # gd and gd-lsa at steps = 16 in float32 on the default matrix: one point 1.1e-4 apart (relative)
+    gd = [4.49e-5, 3.0e-6, 1.0e-6]
+    t = pd.DataFrame({"series": ["gd steps=16"] * 3 + ["gd-lsa steps=16"] * 3 + ["other"] * 3,
+                      "series_rank": [0] * 3 + [1] * 3 + [2] * 3, "N": [10, 100, 300] * 3,
+                      "mse_vs_ols": gd + [gd[0], gd[1], gd[2] * (1 + 1.1e-4)] + [v * 1.05 for v in gd]})
+    twins = style.identical_series(t, ["N"], "mse_vs_ols")
+    assert list(twins) == ["gd-lsa steps=16"] and twins["gd-lsa steps=16"][0] == "gd steps=16"  # 5 % apart is visible
+    assert twins["gd-lsa steps=16"][1] == pytest.approx(1.1e-4, rel=1e-3)
+    assert style.twins_note(twins) == ("gd-lsa steps=16 coincides with gd steps=16 (largest relative difference 0.00011; "
+                                       "open markers on top)")
 
 
 def test_gd_steps_plot_lines_beside_solvers_without_steps(tables, figs):

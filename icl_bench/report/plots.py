@@ -4,7 +4,7 @@ Every function takes the tables of `icl_bench.report.aggregate` and returns a ma
 saves and closes it), or raises `PlotSkipped` with the reason when the runs hold no data for it.
 One line (or, for throughput, one dot per dtype) per series, where a series is a solver plus the parameters
 that tell it apart (report.add_series), styled by icl_bench/report/style.py (colour = family, marker =
-parameter set, identical series overlaid and named). Error plots draw the mean with its 95 % CI
+parameter set, series that coincide overlaid and named). Error plots draw the mean with its 95 % CI
 as a band. An axis is logarithmic when its positive values span more than two decades (one decade for
 N and R); on a logarithmic error axis an MSE of exactly 0 (e.g. float64 OLS against itself) is
 drawn at the axis floor as an open marker, and a note under the figure says so.
@@ -86,10 +86,6 @@ def _finish(fig: Figure, panels: list, xlabel: str, ylabel: str, title: str, not
     return fig
 
 
-def _twins_note(twins: dict[str, str]) -> str:
-    return "; ".join(f"{a} identical to {b} (open markers on top)" for a, b in twins.items())
-
-
 def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric: str, ylabel: str,
                    title: str) -> Figure:
     """Panels by `col`, one line per series of metric (mean) vs x with its 95 % CI band."""
@@ -114,7 +110,7 @@ def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric:
                            linewidths=1.2, zorder=5)
         for s in [s for s in styles if s in set(d["series"])]:
             ds = d[d["series"] == s]
-            style.draw_series(ax, ds[x], ds["_y"], styles[s], s, twins.get(s))
+            style.draw_series(ax, ds[x], ds["_y"], styles[s], s, twins.get(s, (None,))[0])
             if s not in twins:
                 ax.fill_between(ds[x], ds["_lo"], ds["_hi"], color=styles[s]["color"], alpha=0.12, linewidth=0)
         if log_y:
@@ -125,7 +121,7 @@ def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric:
     if zeros:
         note += f"; large open circles: MSE exactly 0 ({zeros} points), drawn at the axis floor"
     if twins:
-        note += "; " + _twins_note(twins)
+        note += "; " + style.twins_note(twins)
     return _finish(fig, panels, LABELS.get(x, x), ylabel, title, note)
 
 
@@ -208,7 +204,7 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
                            mse_vs_ols_ci_high=hi.where(hi > 0, floor))
         for s in [s for s in styles if s in set(ds["series"])]:
             dss = ds[ds["series"] == s]
-            style.draw_series(ax, dss["steps"], dss["mse_vs_ols"], styles[s], s, twins.get(s))
+            style.draw_series(ax, dss["steps"], dss["mse_vs_ols"], styles[s], s, twins.get(s, (None,))[0])
             if s not in twins:
                 ax.fill_between(dss["steps"], dss["mse_vs_ols_ci_low"], dss["mse_vs_ols_ci_high"],
                                 color=styles[s]["color"], alpha=0.12, linewidth=0)
@@ -224,7 +220,7 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
         style.grid_axis(ax, stepped["steps"], style.spans(stepped["steps"], 1))
     note = "band: 95 % CI over prompts and seeds; an MSE of exactly 0 is drawn at the axis floor"
     if twins:
-        note += "; " + _twins_note(twins)
+        note += "; " + style.twins_note(twins)
     return _finish(fig, panels, LABELS["steps"], MSE_OLS_LABEL,
                    f"GD steps vs error; horizontal lines: solvers without steps ({setting_words(setting, axes, summary)})", note)
 
