@@ -37,6 +37,22 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
+LIST_FOOTER = ("Parameters are config keys, not command-line flags: set them in a matrix config's [solvers.NAME] "
+               "table, e.g. [solvers.gd-lsa] steps = [1, 4, 16] (a list is a grid), then icl-bench run --config FILE.toml")
+
+
+def _param_flag_hint(message: str, argv: list[str]) -> str:
+    """`run --steps 4`: say that a solver parameter is a key of the config's [solvers.NAME] table."""
+    flags = [a[2:].partition("=")[0].replace("-", "_") for a in message.partition("unrecognized arguments: ")[2].split()
+             if a.startswith("--")]
+    if argv[:1] != ["run"] or not flags:
+        return ""
+    from icl_bench.solvers.registry import list_solvers
+
+    hit = [f for f in flags if any(f in info.params for info in list_solvers() if not info.error)]
+    return f"; {hit[0]} is a solver parameter: a key of the config's [solvers.NAME] table (icl-bench list)" if hit else ""
+
+
 def cmd_list(args) -> int:
     from icl_bench.solvers.registry import conflicts, list_solvers
 
@@ -48,8 +64,8 @@ def cmd_list(args) -> int:
         if info.doc:
             print(f"    {info.doc}")
         for pname, p in info.params.items():
-            choices = f" choices: {', '.join(map(str, p.choices))}" if p.choices else ""
-            print(f"    --{pname} = {p.default!r}  {p.help}{choices}")
+            print(f"    {p.describe(pname)}")
+    print(LIST_FOOTER)
     for line in conflicts():
         print(f"WARNING: {line}")
     return 0
@@ -355,7 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `icl-bench` console script; returns the exit code."""
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
-        args = build_parser().parse_args(argv)
+        try:
+            args = build_parser().parse_args(argv)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}{_param_flag_hint(str(exc), argv)}") from None
         args.argv = argv  # for messages that repeat the command (the resume line)
         return args.func(args)
     except ConfigError as exc:

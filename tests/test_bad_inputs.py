@@ -195,6 +195,8 @@ CASES = [
     Case("cli-unknown-flag", flags("--frobnicate"), "unrecognized arguments: --frobnicate"),
     Case("cli-flag-without-value", lambda tmp: ["run", "--config"], "argument --config: expected one argument"),
     Case("cli-solver-unknown", flags("--solver", "nope"), "solvers.nope: unknown name 'nope'"),
+    Case("cli-solver-parameter-as-flag", flags("--solver", "gd-lsa", "--steps", "4"),
+         "unrecognized arguments: --steps 4; steps is a solver parameter: a key of the config's [solvers.NAME] table"),
     Case("cli-data-without-columns", flags("--data", "matplotlib:msft.csv"), "--data: needs --x COLUMN and --y COLUMN"),
     Case("cli-x-without-data", flags("--x", "Open"), "--x/--y: only with --data FILE"),
     Case("cli-out-not-empty", flags(), "--out: ", resume=False, fresh=False),

@@ -57,5 +57,21 @@ def test_cli_list_survives_a_broken_plugin(plugin_path):
                          env={**__import__("os").environ, "PYTHONPATH": env_path})
     assert out.returncode == 0, out.stderr
     assert "plugin-broken" in out.stdout and "BROKEN: ImportError: this plugin is broken on purpose" in out.stdout
-    assert "plugin-mean-y" in out.stdout and "--shift = 0.0" in out.stdout
+    assert "plugin-mean-y" in out.stdout and "\n    shift = 0.0  (float)" in out.stdout
     assert "scipy-lstsq" in out.stdout
+
+
+def test_list_shows_parameters_as_config_keys_not_flags(capsys):
+    from icl_bench import Param
+    from icl_bench.cli import main
+
+    assert Param(16, "K steps", min=1, max=4096).describe("steps") == "steps = 16  (int >= 1, <= 4096)  K steps"
+    assert Param(0.4, "eta", gt=0.0).describe("lr") == "lr = 0.4  (float > 0)  eta"
+    assert Param("masked", "key set", ("masked", "query-in-context")).describe("variant") == \
+        'variant = "masked"  (one of "masked" | "query-in-context")  key set'
+    assert Param(False, "").describe("standardize") == "standardize = false  (bool)"
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "    steps = 16  (int >= 1, <= 4096)  K, the number of LSA layers = GD steps" in out
+    assert not [line for line in out.splitlines() if line.lstrip().startswith("--")]  # nothing looks like a flag
+    assert "Parameters are config keys, not command-line flags: set them in a matrix config's [solvers.NAME] table" in out

@@ -111,6 +111,11 @@ def screen_answers(pred: torch.Tensor, extremes: torch.Tensor, u: torch.Tensor, 
     return pred.masked_fill(bad.to(pred.device), float("nan"))
 
 
+def _toml(v: Any) -> str:
+    """A value as a TOML config writes it (strings quoted, booleans lower case)."""
+    return json.dumps(v) if isinstance(v, (bool, str)) else repr(v)
+
+
 class SkipCell(Exception):
     """Raised by a solver that cannot handle a cell; the runner records status="skipped"."""
 
@@ -125,6 +130,15 @@ class Param:
     min: float | None = None  # inclusive lower bound for numbers
     max: float | None = None  # inclusive upper bound for numbers
     gt: float | None = None  # exclusive lower bound for numbers (e.g. a step size > 0)
+
+    def describe(self, name: str) -> str:
+        """The parameter as `icl-bench list` shows it, a config key with its default, the accepted
+        values in parentheses, then the help: 'steps = 16  (int >= 1, <= 4096)  K, the number of GD steps'."""
+        bounds = [f"{op} {b:g}" for op, b in ((">=", self.min), (">", self.gt), ("<=", self.max)) if b is not None]
+        kind = f"{type(self.default).__name__} {', '.join(bounds)}".strip()
+        if self.choices:
+            kind = "one of " + " | ".join(map(_toml, self.choices))
+        return f"{name} = {_toml(self.default)}  ({kind})  {self.help}".rstrip()
 
     def check(self, solver: str, name: str, value: Any) -> Any:
         """Validate and coerce `value`; ConfigError naming solver, parameter and accepted values."""
