@@ -551,6 +551,17 @@ def test_publish_names_d_when_the_runs_hold_several_and_says_what_it_left_out(tm
     assert (fits.n_points + fits.n_floor <= 2).all()
 
 
+def test_report_md_has_no_empty_notes_heading(run_dir, tmp_path, monkeypatch):
+    import icl_bench.report.publish
+
+    monkeypatch.setattr(icl_bench.report.publish, "_figures", lambda *a: ({}, []))
+    assert main(["publish", str(run_dir), "--out", str(tmp_path / "quiet")]) == 0
+    assert "## Notes" not in (tmp_path / "quiet" / "report.md").read_text()  # no notes: no heading
+    monkeypatch.setattr(icl_bench.report.publish, "_figures", lambda *a: ({}, ["x.png not drawn: why"]))
+    assert main(["publish", str(run_dir), "--out", str(tmp_path / "noted")]) == 0
+    assert "## Notes\n\n- x.png not drawn: why\n" in (tmp_path / "noted" / "report.md").read_text()
+
+
 def test_failure_rows_sort_numeric_parameters_numerically(run_dir):
     from icl_bench.report import aggregate as report
 

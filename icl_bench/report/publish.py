@@ -140,7 +140,7 @@ def _report_md(ctx: dict) -> str:
     if not ctx["mechanism"]["table"].empty:
         lines += [report.to_markdown(ctx["mechanism"]["table"]), f"Verdict: {ctx['mechanism']['source']}.", ""]
     lines += ["## Plots", ""] + [f"[![{PLOT_TITLES[n]}](plots/{n}.png)](plots/{n}.png)" for n in ctx["plots"]]
-    lines += ["", "## Notes", ""] + [f"- {n}" for n in ctx["notes"]] + [""]
+    lines += [""] + (["## Notes", ""] + [f"- {n}" for n in ctx["notes"]] + [""] if ctx["notes"] else [])  # no empty heading
     lines += ["## Failed and skipped cells", "", report.to_markdown(ctx["failures"]),
               "## Weight sparsity", "", report.to_markdown(ctx["sparsity"]),
               f"All cells: [summary.csv](summary.csv) ({len(ctx['summary'])} rows); runs: "
