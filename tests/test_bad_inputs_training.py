@@ -51,8 +51,13 @@ def test_train_flags(capsys, tmp_path):
     ("[sweep]\nl1 = [0.0]\neval_prompts = 1000000000000\n", "sweep.eval_prompts: eval_prompts * (eval_N + 1) exceeds"),
     ("train = 3\n[sweep]\nl1 = [0.0]\n", "train: must be a table"),
     ("[sweep]\nl1 = [0.0]\n[train]\nthreads = 5000\n", "train.threads: must be <= 1024"),
+    ("[sweep]\nl1 = [0.0, 0.0]\n[train]\n" + TINY, "sweep.l1: repeated values in [0.0, 0.0]"),  # one run trained twice
+    ("[sweep]\nl1 = [1e-3, 0.001]\n[train]\n" + TINY, "sweep.l1: repeated values in [0.001, 0.001]"),
+    ("[sweep]\nl1 = [0.1, 0.10000001]\n[train]\n" + TINY,  # one checkpoint file for both
+     "sweep.l1: 0.1 and 0.10000001 share the checkpoint name l1-0.1-seed<S>"),
 ])
-def test_sweep_config(capsys, tmp_path, toml, expected):
+def test_sweep_config(capsys, tmp_path, monkeypatch, toml, expected):
+    monkeypatch.chdir(tmp_path)  # [sweep] out is relative to the current folder: "nothing written" looks there
     msg = run(capsys, tmp_path, ["sweep", "--config", tmp_path / "c.toml"], toml)
     assert msg.startswith(expected), msg
 

@@ -159,10 +159,23 @@ def _table(v: Any) -> dict:
     return v
 
 
+def run_name(lam: float, seed: int) -> str:
+    """The checkpoint stem of the sweep run (lambda, seed): lambda printed with `:g` (6 significant digits)."""
+    return f"l1-{lam:g}-seed{seed}"
+
+
 def _lambdas(v: Any) -> list[float]:
     if not isinstance(v, list) or not v:
         raise problem("needs a non-empty list of lambdas >= 0")
-    return [number(ge=0)(x) for x in v]
+    lams = axis_list(number(ge=0))(v)  # repeated lambdas would train one run twice
+    named: dict[str, float] = {}
+    for lam in lams:  # lambdas that print alike share one checkpoint file and overwrite each other
+        stem = run_name(lam, 0).removesuffix("-seed0")
+        if stem in named:
+            raise problem(f"{named[stem]!r} and {lam!r} share the checkpoint name {stem}-seed<S> "
+                          "(lambdas are named with 6 significant digits); keep one or make them differ there")
+        named[stem] = lam
+    return lams
 
 
 def _seeds(v: Any) -> list[int]:

@@ -27,7 +27,7 @@ from icl_bench.analysis.analyze import analyze
 from icl_bench.prompts.generator import PromptSpec, sample_prompts
 from icl_bench.solvers.checkpoint import load_checkpoint
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
-from icl_bench.training.config import Sweep, TrainConfig, read_sweep
+from icl_bench.training.config import Sweep, TrainConfig, read_sweep, run_name
 from icl_bench.training.train import train_and_save
 
 # Columns of the markdown summary (the CSV keeps every column analyze returns).
@@ -105,7 +105,7 @@ def run_sweep(config: str | Path, reuse: bool = False, progress: bool = True) ->
     rows = []
     for lam in sweep.l1:
         for seed in sweep.seeds:
-            name = f"l1-{lam:g}-seed{seed}"
+            name = run_name(lam, seed)
             stem = models / name
             if not (reuse and Path(f"{stem}.safetensors").is_file()):
                 run = TrainConfig.from_dict({"progress": progress, **cfg.train, "name": name, "seed": seed, "l1": float(lam)})
