@@ -4,7 +4,9 @@ import pytest
 
 from icl_bench.errors import ConfigError
 from icl_bench.cli import main
-from icl_bench.training.config import read_sweep
+from icl_bench.training.config import TrainConfig, read_sweep, run_name
+from icl_bench.solvers.checkpoint import save_checkpoint
+from icl_bench.solvers.transformer import Transformer
 from icl_bench.training.sweep import run_sweep
 
 TINY = """
@@ -51,3 +53,39 @@ def test_bad_sweep_config(tmp_path, text, field):
     with pytest.raises(ConfigError, match=f"^{field}:"):
         read_sweep(str(cfg))
     assert main(["sweep", "--config", str(cfg)]) == 2
+
+
+def _saved(cfg, models, **recorded):
+    """Checkpoints of every run of sweep config `cfg`, as an earlier sweep saved them, whose recorded
+    train_config is the run's with `recorded` applied (None: the field is not recorded)."""
+    c = read_sweep(cfg)
+    for lam, seed in [(lam, seed) for lam in c.sweep.l1 for seed in c.sweep.seeds]:
+        run = TrainConfig.from_dict({**c.train, "name": run_name(lam, seed), "seed": seed, "l1": lam, "progress": False})
+        rec = {k: v for k, v in {**run.to_dict(), **recorded}.items() if v is not None}
+        save_checkpoint(Transformer(run.transformer_config()), models / run.name,
+                        {"R": run.R, "N": run.N, "seed": run.seed, "train_config": rec})
+
+
+def test_reuse_refuses_checkpoints_trained_with_other_settings(tmp_path, capsys):
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(TINY.format(out=tmp_path / "out" / "l1"))
+    _saved(cfg, tmp_path / "out" / "l1_models", steps=5)  # [train] said steps = 5 back then
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert main(["sweep", "--config", str(cfg), "--reuse", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("icl-bench: error: --reuse: ") and err.count("\n") == 1, err
+    assert "l1-0-seed0.json was trained with steps = 5, the config now gives 6" in err, err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # no table, no retraining
+
+
+def test_reuse_ignores_runtime_fields_and_fields_recorded_since(tmp_path):
+    from icl_bench.training.sweep import check_reusable, sweep_runs
+
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(TINY.format(out=tmp_path / "l1"))
+    _saved(cfg, tmp_path / "l1_models", progress=True, threads=4, aug_scale=None)  # aug_scale: newer than the file
+    for run in sweep_runs(read_sweep(cfg), progress=False):
+        check_reusable(run, tmp_path / "l1_models" / run.name)
+    with pytest.raises(ConfigError, match=r"^--reuse: .*l1-0-seed0\.json was trained with lr = 0\.1, "):
+        _saved(cfg, tmp_path / "l1_models", lr=0.1)
+        check_reusable(sweep_runs(read_sweep(cfg))[0], tmp_path / "l1_models" / "l1-0-seed0")

@@ -9,7 +9,8 @@ Config (TOML; fields in training/config.py):
     [train]  TrainConfig fields shared by every run (R, steps, ...); name/seed/l1 are set here.
 
 Every run's checkpoint is saved under <out>_models/ (so --reuse can redo the table, e.g. once
-the analysis module changes, without retraining). Outputs: <out>.csv (one row per lambda x
+the analysis module changes, without retraining; it refuses, before any training, a saved
+checkpoint whose recorded train_config differs from the run the config now describes). Outputs: <out>.csv (one row per lambda x
 seed) and <out>.md (mean and min..max over seeds per lambda). Columns: MSE vs OLS on fresh
 prompts (absolute and / var(OLS)), weight sparsity (solvers/sparsity.py), L1 norm, and whatever
 `icl_bench.analysis.analyze.analyze(model, R, seed=...)` returns (similarity to the construction,
@@ -25,9 +26,10 @@ import torch
 
 from icl_bench.analysis.analyze import analyze
 from icl_bench.prompts.generator import PromptSpec, sample_prompts
-from icl_bench.solvers.checkpoint import load_checkpoint
+from icl_bench.errors import ConfigError
+from icl_bench.solvers.checkpoint import load_checkpoint, read_meta
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
-from icl_bench.training.config import Sweep, TrainConfig, read_sweep, run_name
+from icl_bench.training.config import Sweep, SweepConfig, TrainConfig, read_sweep, run_name
 from icl_bench.training.train import train_and_save
 
 # Columns of the markdown summary (the CSV keeps every column analyze returns).
@@ -95,24 +97,50 @@ def write_tables(table: pd.DataFrame, out: Path, sweep: Sweep, command: str) -> 
     Path(f"{out}.md").write_text("\n".join(lines))
 
 
+RUNTIME_ONLY = ("progress", "threads")  # TrainConfig fields that do not change what a run learns
+
+
+def sweep_runs(cfg: SweepConfig, progress: bool = True) -> list[TrainConfig]:
+    """The TrainConfig of every lambda x seed run, in table order."""
+    return [TrainConfig.from_dict({"progress": progress, **cfg.train, "name": run_name(lam, seed), "seed": seed,
+                                   "l1": float(lam)}) for lam in cfg.sweep.l1 for seed in cfg.sweep.seeds]
+
+
+def check_reusable(run: TrainConfig, stem: Path) -> None:
+    """Raise ConfigError unless the checkpoint `stem` was trained with `run`'s settings (its JSON's
+    train_config; a field it does not record, added later, counts as its default; the runtime-only
+    fields progress and threads are not compared)."""
+    recorded = read_meta(stem).get("train_config")
+    if not isinstance(recorded, dict):
+        raise ConfigError(f"--reuse: {stem}.json records no train_config; drop --reuse to retrain it")
+    defaults = TrainConfig().to_dict()
+    for key, value in run.to_dict().items():
+        if key not in RUNTIME_ONLY and recorded.get(key, defaults[key]) != value:
+            raise ConfigError(f"--reuse: {stem}.json was trained with {key} = {recorded.get(key, defaults[key])!r}, "
+                              f"the config now gives {value!r}; drop --reuse to retrain, or restore the setting")
+
+
 def run_sweep(config: str | Path, reuse: bool = False, progress: bool = True) -> pd.DataFrame:
     """Train (or, with reuse, reload) every lambda x seed run and write the tables; returns the
-    per-run table. Raises ConfigError for a bad config (before any training)."""
+    per-run table. Raises ConfigError for a bad config, or (reuse) a saved checkpoint trained
+    with other settings than the config's, before any training."""
     cfg = read_sweep(config)
     sweep = cfg.sweep
     out = Path(sweep.out)
     models = out.parent / (out.name + "_models")
+    runs = sweep_runs(cfg, progress)
+    reused = {run.name for run in runs if reuse and Path(f"{models / run.name}.safetensors").is_file()}
+    for run in runs:
+        if run.name in reused:
+            check_reusable(run, models / run.name)
     rows = []
-    for lam in sweep.l1:
-        for seed in sweep.seeds:
-            name = run_name(lam, seed)
-            stem = models / name
-            if not (reuse and Path(f"{stem}.safetensors").is_file()):
-                run = TrainConfig.from_dict({"progress": progress, **cfg.train, "name": name, "seed": seed, "l1": float(lam)})
-                train_and_save(run, models)
-            rows.append(row_for(stem, sweep))
-            r = rows[-1]
-            print(f"{name}: rel_mse {r['rel_mse']:.2e}, sparsity {r['sparsity']:.2f}", flush=True)
+    for run in runs:
+        stem = models / run.name
+        if run.name not in reused:
+            train_and_save(run, models)
+        rows.append(row_for(stem, sweep))
+        r = rows[-1]
+        print(f"{run.name}: rel_mse {r['rel_mse']:.2e}, sparsity {r['sparsity']:.2f}", flush=True)
     table = pd.DataFrame(rows)
     command = f"icl-bench sweep --config {config}" + (" --reuse" if reuse else "")
     write_tables(table, out, sweep, command)
