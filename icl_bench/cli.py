@@ -269,11 +269,11 @@ def _checkpoint_arg(name: str) -> str:
 def cmd_train(args) -> int:
     """Train every selected run of --config one after another (one process, one thread each)."""
     from icl_bench.config_base import read_toml
-    from icl_bench.training.config import TrainConfig, load_runs
+    from icl_bench.training.config import MAX_STEPS, TrainConfig, load_runs
     from icl_bench.training.train import train_and_save
 
-    if args.steps is not None and args.steps < 1:
-        raise ConfigError(f"--steps: must be an integer >= 1 (got {args.steps})")
+    if args.steps is not None and not 1 <= args.steps <= MAX_STEPS:
+        raise ConfigError(f"--steps: must be an integer >= 1 and <= {MAX_STEPS} (got {args.steps})")
     path = resources.config_path(args.config)
     resources.check_kind(read_toml(path), args.config, "train")
     runs = load_runs(path, args.run)

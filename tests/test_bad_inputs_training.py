@@ -33,6 +33,7 @@ def run(capsys, tmp_path, argv, toml=None):
     ("[runs.a]\nN = [1000000000]\n", "runs.a.batch_size: batch_size * (N + 1) ="),
     ("[runs.a]\nd_model = 100000000\n", "runs.a.d_model: must be <= 256"),
     ("R = 1e300\n" + TINY, "train.R: R=1e+300 overflows float32"),
+    ("[runs.a]\nsteps = 10000000000\n", "runs.a.steps: must be <= 1000000000"),
     ("progress = 'yes'\n" + TINY, "train.progress: expected true or false"),
 ])
 def test_train_config(capsys, tmp_path, toml, expected):
@@ -42,6 +43,8 @@ def test_train_config(capsys, tmp_path, toml, expected):
 
 def test_train_flags(capsys, tmp_path):
     assert run(capsys, tmp_path, ["train", "--steps", "0", "--out", tmp_path / "m"]).startswith("--steps: must be an integer >= 1")
+    huge = run(capsys, tmp_path, ["train", "--steps", "9" * 23, "--out", tmp_path / "m"])  # was an OverflowError in tqdm
+    assert huge.startswith("--steps: must be an integer >= 1 and <= 1000000000 (got 999"), huge
     msg = run(capsys, tmp_path, ["train", "--config", tmp_path / "c.toml", "--run", "nosuch", "--out", tmp_path / "m"], TINY)
     assert msg.startswith("--run: unknown run 'nosuch'; accepted: model"), msg
 

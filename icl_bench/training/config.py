@@ -25,6 +25,7 @@ TRAINED_SOLVERS = ("", "trained-l1", "trained-nol1", "trained-lsa", "trained-l1-
 
 AUG_MAX = 1e6  # largest augmentation scale / shift: (1e6 x)^2 stays far inside float32 for x ~ N(0, 1)
 MAX_WIDTH = 256  # d_model, n_layers, n_heads: far beyond the 4 / 2 / 2 of the paper, far below an out-of-memory
+MAX_STEPS = 10**9  # steps: ~12 days at 1000 steps/s (the paper's runs take 6000); tqdm overflows near 2**63
 Int1 = Annotated[int, BeforeValidator(integer(1))]
 Width = Annotated[int, BeforeValidator(integer(1, MAX_WIDTH))]
 Pos = Annotated[float, BeforeValidator(number(gt=0))]
@@ -55,7 +56,7 @@ class TrainConfig(ConfigModel):
     precondition_R: NonNeg = 10.0  # > 0: Adam trains the R column in units where R = this (0: off)
     dtype: Annotated[str, BeforeValidator(choice(("float32", "float64")))] = "float32"  # model and prompts
     # --- optimisation ---
-    steps: Int1 = 6000  # step budget
+    steps: Annotated[int, BeforeValidator(integer(1, MAX_STEPS))] = 6000  # step budget
     batch_size: Int1 = 512  # prompts per step
     lr: Pos = 3e-3  # peak Adam learning rate
     schedule: Annotated[str, BeforeValidator(choice(SCHEDULES))] = "onecycle"
