@@ -29,6 +29,7 @@ except ModuleNotFoundError:  # Python < 3.11
 MAX_SEED = 2**63 - 1  # seeds are stored as 64-bit integers (parquet)
 MAX_THREADS = 1024  # torch.set_num_threads beyond this crashes the process (seen at 100000)
 FLOAT_MAX = {"float32": 3.4028234663852886e38, "float64": 1.7976931348623157e308}
+FLOAT_TINY = {"float32": 1.1754943508222875e-38, "float64": 2.2250738585072014e-308}  # smallest normal
 
 
 def problem(msg: str, key: str | None = None) -> PydanticCustomError:

@@ -33,6 +33,10 @@ def run(capsys, tmp_path, argv, toml=None):
     ("[runs.a]\nN = [1000000000]\n", "runs.a.batch_size: batch_size * (N + 1) ="),
     ("[runs.a]\nd_model = 100000000\n", "runs.a.d_model: must be <= 256"),
     ("R = 1e300\n" + TINY, "train.R: R=1e+300 overflows float32"),
+    ("R = 1e-300\n" + TINY, "train.R: R=1e-300 underflows float32 (min 1.18e-38)"),  # were RuntimeErrors in
+    ("precondition_R = 1e308\n" + TINY, "train.precondition_R: 1e+308 is outside the float32 range"),  # precondition
+    ("R = 1e-30\nprecondition_R = 1e10\n" + TINY, "train.precondition_R: precondition_R / R = 1e+10 / 1e-30 is outside the float32"),
+    ("dtype = 'float64'\nR = 1e-300\nprecondition_R = 1e10\n" + TINY, "train.precondition_R: precondition_R / R = 1e+10 / 1e-300 is outside the float64"),
     ("[runs.a]\nsteps = 10000000000\n", "runs.a.steps: must be <= 1000000000"),
     ("progress = 'yes'\n" + TINY, "train.progress: expected true or false"),
 ])

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, model_validator
 
-from icl_bench.config_base import (FLOAT_MAX, MAX_SEED, MAX_THREADS, ConfigModel, axis_list, choice, file_stem, flag,
+from icl_bench.config_base import (FLOAT_MAX, FLOAT_TINY, MAX_SEED, MAX_THREADS, ConfigModel, axis_list, choice, file_stem, flag,
                                    integer, number, problem, read_toml, validate)
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.generator import MAX_VALUES
@@ -90,13 +90,28 @@ class TrainConfig(ConfigModel):
         if self.l1_prox > 0 and not prox_window(self):
             raise problem(f"(l1_start, l1_stop] x steps = ({self.l1_start * self.steps:g}, {self.l1_stop * self.steps:g}] "
                           "holds no step: widen it or raise steps", key="l1_stop")
-        if self.R > FLOAT_MAX[self.dtype]:
-            raise problem(f"R={self.R:g} overflows {self.dtype} (max {FLOAT_MAX[self.dtype]:.3g})", key="R")
+        self._fits_dtype()
         for key in ("batch_size", "eval_prompts"):  # one batch of prompts must fit in memory
             if getattr(self, key) * (max(self.N) + 1) > MAX_VALUES:
                 raise problem(f"{key} * (N + 1) = {getattr(self, key) * (max(self.N) + 1)} prompt values exceed "
                               f"{MAX_VALUES}; lower {key} or N", key=key)
         return self
+
+    def _fits_dtype(self) -> None:
+        """R, precondition_R and the preconditioner's scale precondition_R / R (training/train.py:
+        precondition) must be normal numbers of the model's dtype: a value that over- or underflows
+        there fails in torch mid-training, or trains on an R column of 0 or inf."""
+        lo, hi, dt = FLOAT_TINY[self.dtype], FLOAT_MAX[self.dtype], self.dtype
+        if self.R > hi:
+            raise problem(f"R={self.R:g} overflows {dt} (max {hi:.3g})", key="R")
+        if self.R < lo:
+            raise problem(f"R={self.R:g} underflows {dt} (min {lo:.3g})", key="R")
+        if self.precondition_R and not lo <= self.precondition_R <= hi:
+            raise problem(f"{self.precondition_R:g} is outside the {dt} range [{lo:.3g}, {hi:.3g}] (0: off)",
+                          key="precondition_R")
+        if self.precondition_R and not lo <= self.precondition_R / self.R <= hi:
+            raise problem(f"precondition_R / R = {self.precondition_R:g} / {self.R:g} is outside the {dt} range "
+                          f"[{lo:.3g}, {hi:.3g}]; bring precondition_R nearer R, or 0 (off)", key="precondition_R")
 
     def transformer_config(self) -> TransformerConfig:
         """The TransformerConfig this run trains."""
