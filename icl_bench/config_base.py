@@ -100,7 +100,8 @@ def read_toml(path: str | Path, key: str = "--config") -> dict:
     """The raw dict of a TOML file.
 
     Raises:
-        ConfigError (naming `key`): the path is a folder, missing, unreadable, not UTF-8 or not TOML.
+        ConfigError (naming `key`): the path is a folder, missing, unreadable, not UTF-8, not TOML,
+            or nested too deeply for the parser (e.g. `seed = [[[[...` thousands of levels deep).
     """
     path = Path(path)
     if path.is_dir():
@@ -115,6 +116,9 @@ def read_toml(path: str | Path, key: str = "--config") -> dict:
         raise ConfigError(f"{key}: {path.name} is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{key}: {path.name} is not valid TOML ({exc})".replace("\n", " ")) from None
+    except RecursionError:  # the parser recurses once per nested array / inline table
+        raise ConfigError(f"{key}: {path.name} nests arrays or inline tables too deeply to read "
+                          "(a config needs a few levels)") from None
 
 
 # ---- field validators (raw TOML value -> checked Python value) ----

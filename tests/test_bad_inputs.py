@@ -178,6 +178,10 @@ CASES = [
     Case("toml-invalid", toml(text="seed = ["), "--config: bad.toml is not valid TOML"),
     Case("toml-not-utf8", toml(text=b"seed = '\xff\xfe'"), "--config: bad.toml is not UTF-8 text"),
     Case("toml-binary", toml(text=bytes(range(256))), "--config: bad.toml is not UTF-8 text"),
+    Case("toml-nested-too-deep", toml(text="seed = " + "[" * 50_000 + "]" * 50_000),  # was a RecursionError
+         "--config: bad.toml nests arrays or inline tables too deeply to read"),
+    Case("toml-inline-tables-too-deep", toml(text="seed = " + "{a = " * 50_000 + "1" + "}" * 50_000),
+         "--config: bad.toml nests arrays or inline tables too deeply to read"),
     Case("toml-missing", lambda tmp: ["run", "--config", str(tmp / "none.toml")], "--config: no such file"),
     Case("toml-is-folder", lambda tmp: ["run", "--config", str(tmp)], "--config: "),
     # ---- a config made for another command names the command that runs it ----
