@@ -97,7 +97,7 @@ def validate(model: type[ConfigModel], raw: Any, *, where: str = "", context: di
 
 
 def read_toml(path: str | Path, key: str = "--config") -> dict:
-    """The raw dict of a TOML file.
+    """The raw dict of a TOML file (a leading UTF-8 byte order mark, as some editors write, is skipped).
 
     Raises:
         ConfigError (naming `key`): the path is a folder, missing, unreadable, not UTF-8, not TOML,
@@ -109,7 +109,7 @@ def read_toml(path: str | Path, key: str = "--config") -> dict:
     if not path.is_file():
         raise ConfigError(f"{key}: no such file {str(path)!r}")
     try:
-        return tomllib.loads(path.read_bytes().decode("utf-8"))
+        return tomllib.loads(path.read_bytes().decode("utf-8-sig"))  # utf-8-sig: drops a BOM, else UTF-8
     except OSError as exc:
         raise ConfigError(f"{key}: cannot read {path.name} ({exc.strerror or type(exc).__name__})") from None
     except UnicodeDecodeError:

@@ -21,3 +21,15 @@ def test_scalars_are_fixed_values_and_lists_are_axes(tiny_raw):
     tiny_raw["solvers"] = {"ols": {}}
     cfg = parse_config(tiny_raw)
     assert cfg.grid["N"] == [7] and cfg.solvers == {"ols": [{}]}
+
+
+def test_a_byte_order_mark_is_skipped(tmp_path):
+    from icl_bench.bench.config import load_config
+    from icl_bench.config_base import read_toml
+
+    text = "seed = 3\n[grid]\nN = [7]\n[solvers.ols]\n"
+    (tmp_path / "plain.toml").write_text(text)
+    (tmp_path / "bom.toml").write_bytes(b"\xef\xbb\xbf" + text.encode())  # as some Windows editors save UTF-8
+    assert read_toml(tmp_path / "bom.toml") == read_toml(tmp_path / "plain.toml") == {"seed": 3, "grid": {"N": [7]},
+                                                                                        "solvers": {"ols": {}}}
+    assert load_config(tmp_path / "bom.toml") == load_config(tmp_path / "plain.toml")
