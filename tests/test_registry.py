@@ -75,3 +75,43 @@ def test_list_shows_parameters_as_config_keys_not_flags(capsys):
     assert "    steps = 16  (int >= 1, <= 4096)  K, the number of LSA layers = GD steps" in out
     assert not [line for line in out.splitlines() if line.lstrip().startswith("--")]  # nothing looks like a flag
     assert "Parameters are config keys, not command-line flags: set them in a matrix config's [solvers.NAME] table" in out
+
+
+@pytest.fixture
+def failing_solver():
+    """A registered solver whose constructor raises a plain (multi-line) ValueError."""
+    from icl_bench import Param, Solver, register_solver
+    from icl_bench.solvers.registry import REGISTRY
+
+    @register_solver("test-init-fails")
+    class InitFails(Solver):
+        """Fails to build, as a plugin with a bug would."""
+        params = {"k": Param(1, "a parameter")}
+
+        def __init__(self, **values):
+            super().__init__(**values)
+            raise ValueError("boom from plugin\nTraceback (most recent call last):\n  inside the plugin")
+
+        def predict(self, batch):  # pragma: no cover - never built
+            raise AssertionError
+    yield "test-init-fails"
+    REGISTRY.unregister("test-init-fails")
+
+
+def test_a_solver_that_fails_to_build_gives_error_rows_not_a_config_error(failing_solver, tiny_raw, tmp_path, capsys):
+    from icl_bench.cli import main
+    import tomli_w
+
+    tiny_raw["grid"] = {"N": [5], "noise": [0.1], "R": [100.0], "dtype": ["float64"]}
+    tiny_raw["solvers"] = {failing_solver: {"k": [1, 2]}, "ols": {}}
+    cfg = parse_config(tiny_raw)  # was: ConfigError("boom from plugin ...") with no field
+    assert cfg.solvers[failing_solver] == [{"k": 1}, {"k": 2}]
+    table = run_matrix(cfg, progress=False)
+    mine = table[table.solver == failing_solver]
+    assert len(mine) == 2 and (mine.status == "error").all() and (table[table.solver == "ols"].status == "ok").all()
+    assert mine.message.str.startswith("ValueError: boom from plugin Traceback").all()  # one line per row
+    (tmp_path / "c.toml").write_text(tomli_w.dumps(tiny_raw))
+    assert main(["run", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / "o"), "--no-progress"]) == 1
+    assert "error: test-init-fails" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"^solvers\.test-init-fails\.k: expected int"):  # parameter errors still refused
+        parse_config({**tiny_raw, "solvers": {failing_solver: {"k": "x"}}})

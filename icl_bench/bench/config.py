@@ -107,10 +107,10 @@ def _solver_grid(name: str, params: Any) -> list[dict]:
     for combo in combos:
         try:
             cls(**combo)
-        except ValueError as exc:  # ConfigError from Param.check: already "solvers.NAME.PARAM: ..."
-            raise ConfigError(str(exc)) from None
-        except Exception:  # a solver that cannot even be built: its cells become error rows
-            pass
+        except ConfigError:  # the solver contract's parameter errors (Param.check, unknown parameter, a
+            raise  # solver's own check of its values): already "solvers.NAME.PARAM: ..."
+        except Exception:  # anything else (a plain ValueError too) is the solver failing to build, not bad
+            pass  # input: its cells become error rows with the exception (bench/runner.py: run_cell)
     return combos
 
 

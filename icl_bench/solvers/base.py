@@ -174,6 +174,11 @@ class Solver(ABC):
     params: ClassVar[dict[str, Param]] = {}
 
     def __init__(self, **values: Any):
+        """Check `values` against `params` (ConfigError: an unknown parameter or a bad value).
+
+        A subclass that checks its values further raises ConfigError ("solvers.NAME.PARAM: ...")
+        for bad input: the matrix config refuses it (exit 2). Any other exception from building a
+        solver (a plain ValueError included) is the solver failing: its cells become error rows."""
         unknown = sorted(set(values) - set(self.params))
         if unknown:
             accepted = ", ".join(self.params) or "(none)"

@@ -203,7 +203,8 @@ def get_solver(name: str, **params) -> Solver:
 
     Raises:
         UnknownSolverError, SolverLoadError: see Registry.get_class.
-        ValueError: an unknown parameter or a value of the wrong type / out of range.
+        ConfigError (a ValueError): an unknown parameter or a value of the wrong type / out of range.
+        Whatever else the solver's constructor raises.
     """
     return REGISTRY.get_class(name)(**params)
 
