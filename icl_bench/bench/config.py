@@ -156,8 +156,11 @@ class MatrixConfig(ConfigModel):
             for R in g.R:
                 if R > FLOAT_MAX[dtype]:
                     raise problem(f"R={R:g} overflows {dtype} (max {FLOAT_MAX[dtype]:.3g}); lower R or drop {dtype}", key="grid.R")
-        if not self.solvers and "solvers" in (info.context or {}).get("given", ()) and not self.all_solvers:
-            raise problem("empty table; name at least one solver, remove [solvers] or set all_solvers = true", key="solvers")
+        if not self.solvers and not self.all_solvers:  # nothing would run: an empty run publish refuses
+            if "solvers" in (info.context or {}).get("given", ()):
+                raise problem("empty table; name at least one solver, remove [solvers] or set all_solvers = true", key="solvers")
+            raise problem("no solver to run; add a [solvers.NAME] table, pass --solver NAME or set all_solvers = true",
+                          key="solvers")
         return self
 
     @property
