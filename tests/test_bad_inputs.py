@@ -148,6 +148,10 @@ CASES = [
     Case("toml-solver-param-choice", toml(lambda r: _set(r, "causal", "solvers", "gd-lsa", "variant")),
          "solvers.gd-lsa.variant: 'causal' is not accepted; accepted: masked, query-in-context"),
     Case("toml-solver-param-empty", toml(lambda r: _set(r, [], "solvers", "gd", "steps")), "solvers.gd.steps: empty list"),
+    Case("toml-solver-param-repeat", toml(lambda r: _set(r, [4, 4], "solvers", "gd", "steps")),  # two rows, one key
+         "solvers.gd.steps: repeated values in [4, 4]"),
+    Case("toml-solver-param-repeat-coerced", toml(lambda r: _set(r, [0.5, 1, 1.0], "solvers", "gd", "lr")),
+         "solvers.gd.lr: repeated values in [0.5, 1, 1.0]"),
     Case("toml-models-dir-missing", toml(lambda r: _set(r, "no/such/models", "solvers", "trained-l1", "models_dir")),
          "solvers.trained-l1.models_dir: no such folder 'no/such/models'"),
     Case("toml-solvers-empty", toml(lambda r: _set(r, {}, "solvers")), "solvers: empty table"),

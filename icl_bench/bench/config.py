@@ -100,9 +100,14 @@ def _solver_grid(name: str, params: Any) -> list[dict]:
     except SolverLoadError:  # recorded as error rows by the runner; the rest still runs
         return [dict(params)]
     axes = {k: (v if isinstance(v, list) else [v]) for k, v in params.items()}
+    declared = getattr(cls, "params", {})
     for k, v in axes.items():
         if not v:
             raise ConfigError(f"solvers.{name}.{k}: empty list; give at least one value")
+        if k in declared:  # values that check to the same one (4 and 4, or 1 and 1.0 for a float) give one
+            checked = [declared[k].check(name, k, x) for x in v]  # solver twice, under one row key
+            if any(a == b for i, a in enumerate(checked) for b in checked[:i]):
+                raise ConfigError(f"solvers.{name}.{k}: repeated values in {v!r}")
     combos = [dict(zip(axes, vals)) for vals in itertools.product(*axes.values())]
     for combo in combos:
         try:
