@@ -186,8 +186,10 @@ def file_stem(v: Any) -> str:
     return v
 
 
-def axis_list(item: Callable[[Any], Any], *, unique: bool = True) -> Callable[[Any], list]:
-    """A grid axis: a scalar is a one-value list; every value checked by `item`; no repeats."""
+def axis_list(item: Callable[[Any], Any], *, unique: bool = True,
+              same: Callable[[Any], Any] | None = None) -> Callable[[Any], list]:
+    """A grid axis: a scalar is a one-value list; every value checked by `item`; no repeats, nor
+    (with `same`, a checked value -> its canonical form) two values of one canonical form."""
     def check(v: Any) -> list:
         values = v if isinstance(v, list) else [v]
         if not values:
@@ -195,5 +197,10 @@ def axis_list(item: Callable[[Any], Any], *, unique: bool = True) -> Callable[[A
         out = [item(x) for x in values]
         if unique and len(set(out)) != len(out):
             raise problem(f"repeated values in {values!r}")
+        seen: dict = {}
+        for x in out if unique and same is not None else ():
+            if same(x) in seen:
+                raise problem(f"{seen[same(x)]!r} and {x!r} are the same value in {values!r}; keep one")
+            seen[same(x)] = x
         return out
     return check

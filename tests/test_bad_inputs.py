@@ -141,6 +141,8 @@ CASES = [
     Case("toml-device-unknown", toml(lambda r: _set(r, ["tpu"], "grid", "device")), "grid.device: unknown value 'tpu'; accepted: cpu, cuda"),
     Case("toml-grid-empty", toml(lambda r: _set(r, [], "grid", "N")), "grid.N: empty list"),
     Case("toml-grid-repeat", toml(lambda r: _set(r, [10, 10], "grid", "N")), "grid.N: repeated values"),
+    Case("toml-ood-same-map", toml(lambda r: _set(r, ["none", "x-shift:5", "x-shift:5.0"], "grid", "ood")),  # two cells,
+         "grid.ood: 'x-shift:5' and 'x-shift:5.0' are the same value in ['none', 'x-shift:5', 'x-shift:5.0']"),  # one map
     Case("toml-solver-unknown", toml(lambda r: _set(r, {}, "solvers", "olss")), "solvers.olss: unknown name 'olss'; known: "),
     Case("toml-solver-not-table", toml(lambda r: _set(r, 3, "solvers", "ols")), "solvers.ols: must be a table of parameters"),
     Case("toml-solver-param-unknown", toml(lambda r: _set(r, 3, "solvers", "ols", "steps")), "solvers.ols.steps: unknown parameter"),

@@ -39,6 +39,7 @@ class Axis:
     column_dtype: str  # pandas dtype of the result column
     numeric: bool  # True: plots may use it as an x axis; False: a categorical setting
     help: str
+    same: Callable[[Any], Any] | None = None  # checked value -> canonical form (two values of one form: refused)
 
 
 AXES: tuple[Axis, ...] = (
@@ -50,7 +51,8 @@ AXES: tuple[Axis, ...] = (
     Axis("d", (1,), integer(1, MAX_D), "int64", True,
          "regressors per example (x in R^d; d > 1: docs/ln-closed-form-multivariate.md)"),
     Axis("ood", ("none",), ood_value, "object", False,
-         "out-of-distribution map of the prompts (prompts/ood.py): none, x-shift:T, x-scale:S, student-t:NU, outliers:F"),
+         "out-of-distribution map of the prompts (prompts/ood.py): none, x-shift:T, x-scale:S, student-t:NU, outliers:F",
+         same=parse_ood),  # "x-shift:5" and "x-shift:5.0" name one map: ("x-shift", 5.0)
 )
 AXIS_NAMES: tuple[str, ...] = tuple(a.name for a in AXES)
 BY_NAME: dict[str, Axis] = {a.name: a for a in AXES}

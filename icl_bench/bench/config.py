@@ -37,7 +37,7 @@ EXECUTORS = ("local", "dask")
 
 Grid = create_model(  # one field per axis of bench/axes.py, in that order
     "Grid", __base__=ConfigModel,
-    **{a.name: (Annotated[list, BeforeValidator(axis_list(a.check))], list(a.default)) for a in AXES},
+    **{a.name: (Annotated[list, BeforeValidator(axis_list(a.check, same=a.same))], list(a.default)) for a in AXES},
 )
 Grid.__getitem__ = lambda self, name: getattr(self, name)  # cfg.grid["N"]
 Grid.__doc__ = "The [grid] table: one list of values per axis (bench/axes.py)."
