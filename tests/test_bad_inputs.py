@@ -113,6 +113,14 @@ def _zip(*files: tuple[str, str]) -> bytes:
     return buf.getvalue()
 
 
+def readme(content: bytes):
+    """A case's argv: `publish RUN --readme FILE` with FILE holding `content`."""
+    def argv(tmp: Path) -> list[str]:
+        (tmp / "README.md").write_bytes(content)
+        return ["publish", str(tmp / "input-run"), "--readme", str(tmp / "README.md")]
+    return argv
+
+
 ROWS = "x,y\n" + "".join(f"{i},{2 * i + 1}\n" for i in range(12))
 MSFT = {"path": "matplotlib:msft.csv", "x": "Open", "y": "Close"}
 
@@ -239,6 +247,8 @@ CASES = [
     Case("publish-metadata-not-utf8", damaged("metadata.json", b"{\xff"), f"RUN_DIR: {RUN_AT}input-run/metadata.json cannot be read"),
     Case("publish-at-malformed", lambda tmp: ["publish", str(tmp / "input-run"), "--at", "R"], "--at: expected AXIS=VALUE"),
     Case("publish-at-unknown-axis", lambda tmp: ["publish", str(tmp / "input-run"), "--at", "K=3"], "--at: unknown axis 'K'"),
+    Case("publish-readme-not-utf8", readme(b"<!-- headline:begin -->\xff\xfe<!-- headline:end -->\n"),
+         f"--readme: {RUN_AT}README.md is not UTF-8 text (invalid start byte at byte 23)"),
     Case("publish-at-no-cells", lambda tmp: ["publish", str(tmp / "input-run"), "--at", "R=7"], "--at: R=7 has no ok cells"),
 ]
 

@@ -13,8 +13,9 @@ from icl_bench.errors import ConfigError
 
 
 def read_block(path: str | Path, name: str) -> str:
-    """The text between the NAME markers of `path` (stripped). ConfigError if the markers are absent."""
-    m = _match(Path(path).read_text(), name, path)
+    """The text between the NAME markers of `path` (stripped). ConfigError if the file is not
+    UTF-8 text or the markers are absent."""
+    m = _match(_read(path), name, path)
     return m.group(2).strip()
 
 
@@ -22,12 +23,22 @@ def replace_block(path: str | Path, name: str, text: str) -> None:
     """Rewrite the text between the NAME markers of `path` with `text` (the markers stay).
 
     Raises:
-        ConfigError: `path` has no `<!-- NAME:begin ... -->` / `<!-- NAME:end -->` pair.
+        ConfigError: `path` is not UTF-8 text or has no `<!-- NAME:begin ... -->` /
+            `<!-- NAME:end -->` pair.
     """
     path = Path(path)
-    src = path.read_text()
+    src = _read(path)
     m = _match(src, name, path)
-    path.write_text(src[: m.start(2)] + "\n" + text.strip() + "\n" + src[m.end(2):])
+    path.write_text(src[: m.start(2)] + "\n" + text.strip() + "\n" + src[m.end(2):], encoding="utf-8")
+
+
+def _read(path: str | Path) -> str:
+    """The text of `path` decoded as UTF-8 (whatever the locale); ConfigError if it is not UTF-8."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--readme: {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                          "give a UTF-8 markdown file") from None
 
 
 def _match(src: str, name: str, path) -> re.Match:
