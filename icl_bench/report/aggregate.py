@@ -38,6 +38,7 @@ from scipy import stats
 
 from icl_bench.bench.axes import AXIS_NAMES, BY_NAME
 from icl_bench.errors import ConfigError
+from icl_bench.report.validate import read_metadata
 
 AXES = AXIS_NAMES  # the grid axes of a result row (their one definition: bench/axes.py)
 # axes added after runs were first published; a table without the column has the one default value
@@ -58,7 +59,8 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict | None]:
         (table with a "run" column holding the folder path, metadata dict or None if absent).
     Raises:
         ConfigError: the folder is missing, has no results.parquet, the parquet or metadata.json
-            cannot be read, a required column is missing, or the table has no rows.
+            cannot be read (metadata.json: or is not a JSON object), a required column is missing,
+            or the table has no rows.
     """
     path = Path(path)
     if not path.is_dir():
@@ -79,12 +81,7 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict | None]:
         raise ConfigError(f"RUN_DIR: {parquet} lacks the columns {', '.join(missing)}")
     if table.empty:
         raise ConfigError(f"RUN_DIR: {parquet} has no rows")
-    meta = None
-    if (path / "metadata.json").is_file():
-        try:
-            meta = json.loads((path / "metadata.json").read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"RUN_DIR: {path / 'metadata.json'} cannot be read ({exc})") from None
+    meta = read_metadata(path)  # None when absent; ConfigError when unreadable or not an object
     for col in ("mse_vs_ols_se", "mse_vs_truth_se", "prompts", "data_sha256", "inputs_sha256"):  # older runs:
         if col not in table.columns:  # no SE, one prompt source, no digests of their inputs
             table[col] = math.nan if col.endswith("_se") else ""
