@@ -13,6 +13,7 @@ import copy
 import gzip
 import io
 import json
+import math
 import os
 import pickle
 import shutil
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import pandas as pd
 import pytest
 import tomli_w
 import torch
@@ -90,6 +92,7 @@ def flags(*args: str):
 
 
 RUN_AT = "{tmp}/"  # replaced by the case's tmp folder
+PARQUET = f"RUN_DIR: {RUN_AT}input-run/results.parquet"
 
 
 def damaged(name: str, content: bytes | None):
@@ -111,6 +114,19 @@ def _zip(*files: tuple[str, str]) -> bytes:
         for name, text in files:
             z.writestr(name, text)
     return buf.getvalue()
+
+
+def edited(**columns):
+    """A case's argv: `publish RUN` where RUN's results.parquet has `columns` replaced (a hand-edited
+    or foreign table: every value of each named column set to the given one)."""
+    def argv(tmp: Path) -> list[str]:
+        path = tmp / "input-run" / "results.parquet"
+        table = pd.read_parquet(path)
+        for name, value in columns.items():
+            table[name] = pd.Series([value] * len(table), dtype=object if value is None or isinstance(value, str) else None)
+        table.to_parquet(path)
+        return ["publish", str(tmp / "input-run")]
+    return argv
 
 
 def readme(content: bytes):
@@ -245,6 +261,21 @@ CASES = [
     Case("publish-parquet-corrupt", damaged("results.parquet", b"PAR1 not really"), f"RUN_DIR: {RUN_AT}input-run/results.parquet cannot be read"),
     Case("publish-parquet-empty", damaged("results.parquet", b""), f"RUN_DIR: {RUN_AT}input-run/results.parquet cannot be read"),
     Case("publish-metadata-not-utf8", damaged("metadata.json", b"{\xff"), f"RUN_DIR: {RUN_AT}input-run/metadata.json cannot be read"),
+    Case("publish-parquet-N-nan", edited(N=math.nan), f"{PARQUET} column 'N' is NaN or null in 1 of 1 rows; expected integers"),
+    Case("publish-parquet-N-fraction", edited(N=4.5), f"{PARQUET} column 'N' holds 4.5; expected integers"),
+    Case("publish-parquet-N-below-2", edited(N=1), f"{PARQUET} column 'N': must be >= 2 (got 1)"),
+    Case("publish-parquet-status-unknown", edited(status="weird"), f"{PARQUET} column 'status' holds 'weird'; accepted: ok, error, skipped"),
+    Case("publish-parquet-status-null", edited(status=None), f"{PARQUET} column 'status' is null in 1 of 1 rows; expected text"),
+    Case("publish-parquet-mse-text", edited(mse_vs_ols="0.5"), f"{PARQUET} column 'mse_vs_ols' holds '0.5' (str); expected numbers"),
+    Case("publish-parquet-se-negative", edited(mse_vs_ols_se=-1.0), f"{PARQUET} column 'mse_vs_ols_se' holds -1.0; expected numbers >= 0"),
+    Case("publish-parquet-params-not-json", edited(solver_params="steps=4"),
+         f"{PARQUET} column 'solver_params' holds 'steps=4', not a JSON object"),
+    Case("publish-parquet-params-array", edited(solver_params="[4]"), f"{PARQUET} column 'solver_params' holds '[4]', not a JSON object"),
+    Case("publish-parquet-prompts-not-json", edited(prompts="normal"), f"{PARQUET} column 'prompts' holds 'normal', not a JSON object"),
+    Case("publish-parquet-dtype-unknown", edited(dtype="float16"), f"{PARQUET} column 'dtype': unknown value 'float16'; accepted: float32"),
+    Case("publish-parquet-R-nan", edited(R=math.nan), f"{PARQUET} column 'R' is NaN or null in 1 of 1 rows; expected numbers"),
+    Case("publish-parquet-seed-negative", edited(seed=-1), f"{PARQUET} column 'seed': must be >= 0 (got -1)"),
+    Case("publish-parquet-solver-number", edited(solver=3.0), f"{PARQUET} column 'solver' holds 3.0 (float); expected text"),
     Case("publish-metadata-array", damaged("metadata.json", b"[]"),
          f"RUN_DIR: {RUN_AT}input-run/metadata.json holds a JSON array; expected a JSON object"),
     Case("publish-metadata-null", damaged("metadata.json", b"null"),

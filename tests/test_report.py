@@ -242,6 +242,36 @@ def test_runs_without_standard_errors_get_nan_intervals(run_dir, tmp_path):
     assert s.mse_vs_ols_ci_low[s.mse_vs_ols > 0].isna().all()
 
 
+def test_tables_of_older_versions_still_load(run_dir, tmp_path):
+    """The schema check (report/validate.py) refuses what icl-bench never wrote, not what older
+    versions wrote: whole-number floats in integer columns, null messages, NaN n_nonfinite and
+    batch_size, no d / ood / prompts / digest / standard-error columns."""
+    from icl_bench.report import aggregate as report
+
+    old = tmp_path / "old-run"
+    old.mkdir()
+    t = pd.read_parquet(run_dir / "results.parquet")
+    t = t.astype({"N": "float64", "seed": "float64"}).assign(message=None, n_nonfinite=math.nan, batch_size=math.nan)
+    t.drop(columns=["d", "ood", "prompts", "data_sha256", "inputs_sha256", "mse_vs_ols_se", "mse_vs_truth_se"]).to_parquet(
+        old / "results.parquet")
+    table, _ = report.load_runs([old])
+    assert len(table) == len(t) and table["N"].dtype == "int64" and table["seed"].dtype == "int64"
+    assert set(table["N"]) == {5, 12} and (table["d"] == 1).all() and (table["ood"] == "none").all()
+    assert report.aggregate(table).mse_vs_ols.notna().any() and not report.failures(table).empty
+
+
+def test_standard_errors_far_above_the_mean_give_an_unbounded_interval():
+    """A standard error far above its mean (no run writes one; a foreign table can) gives the
+    interval [0, inf], not an OverflowError from exp."""
+    from icl_bench.report import aggregate as report
+
+    row = dict(solver="s", solver_params="{}", N=10, noise=0.1, R=100.0, dtype="float32", device="cpu", d=1,
+               ood="none", prompts="", series="s", series_rank=0, status="ok", prompts_per_s=1.0, seed=0,
+               n_prompts=16, n_nonfinite=0, mse_vs_ols=1e-31, mse_vs_ols_se=1.0, mse_vs_truth=1.0, mse_vs_truth_se=0.1)
+    got = report.aggregate(pd.DataFrame([row])).iloc[0]
+    assert got.mse_vs_ols == 1e-31 and got.mse_vs_ols_ci_low == 0 and got.mse_vs_ols_ci_high == math.inf
+
+
 def test_failed_cells_are_listed_never_dropped(run_dir, published):
     fails = pd.read_csv(published / "failures.csv")
     assert len(fails) == 8 and set(fails.solver) == {"test-fails"} and set(fails.N) == {12}

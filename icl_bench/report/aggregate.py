@@ -38,7 +38,7 @@ from scipy import stats
 
 from icl_bench.bench.axes import AXIS_NAMES, BY_NAME
 from icl_bench.errors import ConfigError
-from icl_bench.report.validate import read_metadata
+from icl_bench.report.validate import check_table, read_metadata
 
 AXES = AXIS_NAMES  # the grid axes of a result row (their one definition: bench/axes.py)
 # axes added after runs were first published; a table without the column has the one default value
@@ -60,7 +60,7 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict | None]:
     Raises:
         ConfigError: the folder is missing, has no results.parquet, the parquet or metadata.json
             cannot be read (metadata.json: or is not a JSON object), a required column is missing,
-            or the table has no rows.
+            the table has no rows, or it does not fit the result schema (validate.check_table).
     """
     path = Path(path)
     if not path.is_dir():
@@ -81,6 +81,7 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict | None]:
         raise ConfigError(f"RUN_DIR: {parquet} lacks the columns {', '.join(missing)}")
     if table.empty:
         raise ConfigError(f"RUN_DIR: {parquet} has no rows")
+    table = check_table(table, parquet)  # a table icl-bench did not write: one line, not a traceback
     meta = read_metadata(path)  # None when absent; ConfigError when unreadable or not an object
     for col in ("mse_vs_ols_se", "mse_vs_truth_se", "prompts", "data_sha256", "inputs_sha256"):  # older runs:
         if col not in table.columns:  # no SE, one prompt source, no digests of their inputs
@@ -215,7 +216,8 @@ def _pooled(group: pd.DataFrame, metric: str) -> pd.Series:
     sem = float(np.sqrt(((n * se) ** 2).sum(skipna=False)) / total)
     t = float(stats.t.ppf(0.5 + LEVEL / 2, max(total - 1, 1)))
     if mean > 0:
-        f = math.exp(t * sem / mean) if math.isfinite(sem) else math.nan
+        z = t * sem / mean  # huge only for standard errors the runner cannot write (a foreign table)
+        f = (math.exp(z) if z < 700 else math.inf) if math.isfinite(sem) else math.nan
         low, high = mean / f, mean * f
     else:  # exactly 0 (every prompt exact) or NaN
         low = high = mean if sem == 0 or mean != mean else math.nan

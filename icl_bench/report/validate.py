@@ -7,9 +7,27 @@ and exits with code 2, docs/report.md), never a traceback from deep inside the r
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
+from icl_bench.bench.axes import AXES, BY_NAME
+from icl_bench.bench.schema import DTYPES, METRIC_COLUMNS, STATUSES
+from icl_bench.config_base import integer
 from icl_bench.errors import ConfigError
+
+KINDS = {**DTYPES, "rel_mse_vs_ols": "float64"}  # the schema, and a column report/mechanism.py reads if present
+# value checks beyond the dtype: every grid axis as the matrix config checks it (bench/axes.py), and
+# the seed and prompt count; each raises a config problem whose text says what is accepted
+CHECKS = {**{a.name: a.check for a in AXES}, "seed": integer(0), "n_prompts": integer(1)}
+NAN_OK = {"noise", "n_nonfinite", "batch_size"}  # numeric columns of the schema that may hold NaN besides
+#   the metrics (noise: CSV data; the other two: runs from before the runner always set them)
+NAN_OK |= {c for c, t in DTYPES.items() if t == "float64" and c not in BY_NAME}
+TEXT_MAY_BE_NULL = {"message", "data_sha256", "inputs_sha256", "started_at", "executor", "worker"}
+JSON_OBJECT = {"solver_params": "the canonical JSON of the solver's parameters",
+               "prompts": "the canonical JSON of the prompt source"}
 
 
 def read_metadata(path: Path) -> dict | None:
@@ -35,3 +53,90 @@ def read_metadata(path: Path) -> dict | None:
 def _json_kind(value) -> str:
     """The JSON name of a decoded value's type (array, string, number, ...)."""
     return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
+
+
+def check_table(table: pd.DataFrame, parquet: Path) -> pd.DataFrame:
+    """`table` (read from `parquet`) with every result-schema column it has in its schema dtype.
+
+    Checked: numeric columns hold numbers (integer columns whole numbers), NaN only where the
+    runner writes it (NAN_OK), metrics >= 0; text columns hold text, null only where older runs may have it
+    (TEXT_MAY_BE_NULL); status is one of STATUSES; solver_params and prompts are "" or a JSON
+    object; grid axes, seed and n_prompts pass CHECKS. Columns the schema lacks are carried along
+    unread; absent ones are the caller's business (aggregate.load_run: REQUIRED, BACKFILL).
+    Raises:
+        ConfigError: one line naming `parquet`, the column, a bad value and what was expected.
+    """
+    cast = {}
+    for col in table.columns:
+        kind = KINDS.get(col)
+        where = f"RUN_DIR: {parquet} column {col!r}"
+        if kind == "object":
+            _check_text(table[col], col, where)
+        elif kind is not None:
+            cast[col] = _numbers(table[col], col, kind, where)
+    return table.assign(**cast)
+
+
+def _numbers(s: pd.Series, col: str, kind: str, where: str) -> pd.Series:
+    """The column `s` as `kind` (int64 or float64), after its checks (see check_table)."""
+    what = "integers" if kind == "int64" else "numbers"
+    if s.map(_missing).all():  # a column of nulls only (pyarrow's null type reads back as object)
+        s = pd.Series(math.nan, index=s.index)
+    elif pd.api.types.is_bool_dtype(s) or not pd.api.types.is_numeric_dtype(s):
+        v = next(v for v in s if not _missing(v))
+        raise ConfigError(f"{where} holds {_shown(v)} ({type(v).__name__}); expected {what} ({kind})")
+    values = s.astype("float64")
+    nan = values.isna()
+    if nan.any() and col not in NAN_OK:
+        raise ConfigError(f"{where} is NaN or null in {int(nan.sum())} of {len(s)} rows; expected {what} ({kind})")
+    if kind == "int64":
+        bad = values[~nan & ~(np.isfinite(values) & (values == values.round()) & (values.abs() < 2.0**63))]
+        if not bad.empty:
+            raise ConfigError(f"{where} holds {float(bad.iloc[0])!r}; expected {what} ({kind})")
+    if col in METRIC_COLUMNS and (values < 0).any():  # errors, their standard errors, throughput, weights
+        raise ConfigError(f"{where} holds {float(values[values < 0].iloc[0])!r}; expected numbers >= 0 (or NaN)")
+    if col in CHECKS:
+        for v in values[~nan].unique().tolist():
+            try:
+                CHECKS[col](int(v) if kind == "int64" else v)
+            except Exception as exc:  # noqa: BLE001 -- a config problem (pydantic) carrying its text
+                raise ConfigError(f"{where}: {exc}") from None
+    return values if kind == "float64" or nan.any() else values.astype("int64")
+
+
+def _check_text(s: pd.Series, col: str, where: str) -> None:
+    """ConfigError unless the text column `s` passes its checks (see check_table)."""
+    missing = s.map(_missing)
+    if missing.any() and col not in TEXT_MAY_BE_NULL:
+        raise ConfigError(f"{where} is null in {int(missing.sum())} of {len(s)} rows; expected text")
+    other = [v for v in s[~missing] if not isinstance(v, str)]
+    if other:
+        raise ConfigError(f"{where} holds {_shown(other[0])} ({type(other[0]).__name__}); expected text")
+    for v in s[~missing].unique().tolist():
+        if col == "status" and v not in STATUSES:
+            raise ConfigError(f"{where} holds {_shown(v)}; accepted: {', '.join(STATUSES)}")
+        if col in JSON_OBJECT and v != "" and not isinstance(_json(v), dict):
+            raise ConfigError(f"{where} holds {_shown(v)}, not a JSON object; expected {JSON_OBJECT[col]}")
+        if col in CHECKS:
+            try:
+                CHECKS[col](v)
+            except Exception as exc:  # noqa: BLE001 -- a config problem (pydantic) carrying its text
+                raise ConfigError(f"{where}: {exc}") from None
+
+
+def _missing(v) -> bool:
+    return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
+
+
+def _json(text: str):
+    """The decoded JSON text, or None when it is not JSON."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _shown(v, limit: int = 60) -> str:
+    """repr(v), cut to `limit` characters (one line: repr escapes newlines)."""
+    r = repr(v)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
