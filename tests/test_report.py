@@ -678,6 +678,23 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, run_dir
     assert expect in err
 
 
+def test_at_values_are_read_in_the_type_of_their_axis():
+    """--at N=12.0 is N = 12 (an integer axis) as --at R=1e1 is R = 10.0; noise=nan picks the NaN of
+    CSV data; text that is not a number, or not an integer for N, says so (not "no ok cells")."""
+    from icl_bench.report import aggregate as report
+
+    t = pd.DataFrame([dict(status="ok", N=n, noise=math.nan, R=10.0, dtype="float64", device="cpu", d=1, ood="none")
+                      for n in (5, 12)])
+    s = report.representative(t, {"N": "12.0", "R": "1e1", "noise": "nan", "d": "1"})
+    assert s["N"] == 12 and type(s["N"]) is int and s["R"] == 10.0 and math.isnan(s["noise"]) and s["d"] == 1
+    for axis, text, problem in (("N", "abc", "is not a number (N takes integers); accepted: 5, 12"),
+                                ("N", "4.5", "is not an integer (N takes integers)"), ("N", "7", "has no ok cells"),
+                                ("R", "ten", "is not a number (R takes numbers); accepted: 10.0"),
+                                ("noise", "0.1", "has no ok cells; accepted: nan")):
+        with pytest.raises(ConfigError, match=f"^--at: {axis}={text} " + problem.replace("(", r"\(").replace(")", r"\)")):
+            report.representative(t, {axis: text})
+
+
 def test_out_not_empty_needs_force_and_never_overlaps_a_run(published, run_dir, capsys):
     before = (published / "index.html").read_text()
     code, err = _cli(capsys, run_dir, "--out", published)

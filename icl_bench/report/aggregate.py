@@ -38,7 +38,7 @@ from scipy import stats
 
 from icl_bench.bench.axes import AXIS_NAMES, BY_NAME
 from icl_bench.errors import ConfigError
-from icl_bench.report.validate import check_table, read_metadata
+from icl_bench.report.validate import at_value, check_table, read_metadata
 
 AXES = AXIS_NAMES  # the grid axes of a result row (their one definition: bench/axes.py)
 # axes added after runs were first published; a table without the column has the one default value
@@ -312,15 +312,6 @@ def sparsity(table: pd.DataFrame) -> pd.DataFrame:
         weight_l1=("weight_l1", "mean")).reset_index().drop(columns="series_rank")
 
 
-def _coerce(axis: str, text: str):
-    kind = BY_NAME[axis].column_dtype  # bench/axes.py: int64 (N, d), float64 (noise, R), object
-    if kind == "int64":
-        return int(text)
-    if kind == "float64":
-        return float(text)
-    return str(text)
-
-
 def representative(table: pd.DataFrame, at: dict[str, str] | None = None) -> dict:
     """One value per grid axis for the plots and the headline table.
 
@@ -328,9 +319,11 @@ def representative(table: pd.DataFrame, at: dict[str, str] | None = None) -> dic
     100, 300] -> 30; R = [10, 100, 1000] -> 100; dtype -> float32; device -> cpu; ood -> none). NaN when the
     axis is NaN throughout (noise with CSV data).
     Args:
-        table: stacked result rows. at: overrides, axis -> value as text (from --at AXIS=VALUE).
+        table: stacked result rows. at: overrides, axis -> value as text (from --at AXIS=VALUE),
+            read in the axis's type (validate.at_value).
     Raises:
-        ConfigError: an unknown axis, or a value that no ok cell has (the message lists them).
+        ConfigError: an unknown axis, a value not of the axis's type, or a value that no ok cell
+            has (the message lists them).
     """
     ok = table[table["status"] == "ok"]
     ok = ok if not ok.empty else table
@@ -338,14 +331,7 @@ def representative(table: pd.DataFrame, at: dict[str, str] | None = None) -> dic
     for axis, text in (at or {}).items():
         if axis not in AXES:
             raise ConfigError(f"--at: unknown axis {axis!r}; accepted: {', '.join(AXES)}")
-        have = sorted(ok[axis].dropna().unique().tolist())
-        try:
-            value = _coerce(axis, text)
-        except ValueError:
-            value = None
-        if value not in have:
-            raise ConfigError(f"--at: {axis}={text} has no ok cells; accepted: {', '.join(map(str, have))}")
-        chosen[axis] = value
+        chosen[axis] = at_value(axis, text, ok[axis])  # in the axis's type: N=4.0 is 4, R=1e1 is 10.0
     for axis in AXES:
         if axis not in chosen:
             have = sorted(ok[axis].dropna().unique().tolist())

@@ -1,4 +1,5 @@
-"""Checks of what `icl-bench publish` reads from a run folder, before anything uses it.
+"""Checks of what `icl-bench publish` reads from a run folder, before anything uses it, and of
+the --at values it is given (read in the type of their axis).
 
 A run folder may be old, hand-edited or not written by icl-bench at all; whatever is wrong with it
 is refused as one ConfigError line that names the file and what was expected (the CLI prints it
@@ -140,3 +141,36 @@ def _shown(v, limit: int = 60) -> str:
     """repr(v), cut to `limit` characters (one line: repr escapes newlines)."""
     r = repr(v)
     return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+def at_value(axis: str, text: str, values: pd.Series):
+    """The value `--at AXIS=TEXT` names, in the axis's type (bench/axes.py): an integer for N and d
+    ("4" and "4.0" are 4), a float for noise and R ("1e1" is 10.0, "nan" the NaN of CSV data), the
+    text itself for dtype, device and ood.
+
+    Args:
+        axis: a grid axis name. text: the value as typed. values: the axis column of the ok cells.
+    Raises:
+        ConfigError: TEXT is not a number (numeric axes) or not an integer (N, d), or no ok cell
+            has that value; the message lists the values the ok cells have.
+    """
+    have = sorted(values.dropna().unique().tolist())
+    nan = bool(values.isna().any())
+    accepted = ", ".join([*map(str, have), *(["nan"] if nan else [])])
+    kind = BY_NAME[axis].column_dtype
+    value = text
+    if kind != "object":
+        try:
+            value = float(text)
+        except ValueError:
+            what = "integers" if kind == "int64" else "numbers"
+            raise ConfigError(f"--at: {axis}={text} is not a number ({axis} takes {what}); accepted: {accepted}") from None
+    if kind == "int64":
+        if not (math.isfinite(value) and value == round(value)):
+            raise ConfigError(f"--at: {axis}={text} is not an integer ({axis} takes integers); accepted: {accepted}")
+        value = int(text) if text.strip().lstrip("+-").isdigit() else int(value)  # exact beyond 2**53
+    if isinstance(value, float) and math.isnan(value) and nan:
+        return value
+    if value not in have:
+        raise ConfigError(f"--at: {axis}={text} has no ok cells; accepted: {accepted}")
+    return value
