@@ -50,6 +50,20 @@ def test_bad_checkpoint_named_on_publish_is_exit_2(tmp_path, capsys, tiny_raw):
     assert code == 2 and err.count("\n") == 1 and not (tmp_path / "pub").exists()
 
 
+def test_a_folder_named_as_checkpoint_is_one_line(tmp_path, capsys):
+    """A folder is not a checkpoint (was "metadata file <folder>.json is missing"); a pair whose stem
+    is also a folder's name still loads."""
+    from icl_bench.solvers.checkpoint import load_checkpoint, save_checkpoint
+    from icl_bench.solvers.transformer import Transformer, TransformerConfig
+
+    (tmp_path / "ckpts").mkdir()
+    code, err = _run(capsys, ["analyze", str(tmp_path / "ckpts"), "--out", str(tmp_path / "a.json")])
+    assert code == 2 and err.startswith(f"icl-bench: error: checkpoint: {tmp_path / 'ckpts'} is a folder; ") and err.count("\n") == 1
+    assert not (tmp_path / "a.json").exists()
+    save_checkpoint(Transformer(TransformerConfig(n_layers=1, n_heads=1)), tmp_path / "ckpts")  # ckpts.json beside ckpts/
+    assert load_checkpoint(tmp_path / "ckpts")[1]["format"] == "icl-bench-checkpoint"
+
+
 def test_train_checks_out_before_training(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     code, err = _run(capsys, ["train", "--config", "train", "--out", str(tmp_path / "file")])

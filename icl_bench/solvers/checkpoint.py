@@ -65,10 +65,14 @@ def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None
 
 
 def read_meta(path: str | Path) -> dict:
-    """The JSON half of a checkpoint (either file of the pair may be named). ConfigError if bad."""
+    """The JSON half of a checkpoint (either file of the pair may be named). ConfigError if bad,
+    or if `path` is a folder without a pair of that stem beside it."""
     stem = stem_of(path)
     jpath = Path(str(stem) + ".json")
     if not jpath.is_file():
+        if Path(path).is_dir():  # e.g. `--checkpoint .`: not "metadata file ..json is missing"
+            raise ConfigError(f"checkpoint: {path} is a folder; a checkpoint is the file pair <stem>.safetensors + "
+                              "<stem>.json: give its stem or either file")
         raise ConfigError(f"checkpoint: metadata file {jpath} is missing; a checkpoint is <stem>.safetensors + <stem>.json")
     try:
         meta = json.loads(jpath.read_text())
