@@ -39,6 +39,7 @@ def run(capsys, tmp_path, argv, toml=None):
     ("dtype = 'float64'\nR = 1e-300\nprecondition_R = 1e10\n" + TINY, "train.precondition_R: precondition_R / R = 1e+10 / 1e-300 is outside the float64"),
     ("[runs.a]\nsteps = 10000000000\n", "runs.a.steps: must be <= 1000000000"),
     ("progress = 'yes'\n" + TINY, "train.progress: expected true or false"),
+    ("seed = 9223372036854775807\n" + TINY, "train.seed: must be <= 9223372034854"),  # seed * 10^6 + step
     pytest.param("N = " + "[" * 50_000 + "]" * 50_000 + "\n", "--config: c.toml nests arrays or inline tables too deeply",
                  id="nested-too-deep"),  # was a RecursionError
 ])

@@ -26,6 +26,9 @@ TRAINED_SOLVERS = ("", "trained-l1", "trained-nol1", "trained-lsa", "trained-l1-
 AUG_MAX = 1e6  # largest augmentation scale / shift: (1e6 x)^2 stays far inside float32 for x ~ N(0, 1)
 MAX_WIDTH = 256  # d_model, n_layers, n_heads: far beyond the 4 / 2 / 2 of the paper, far below an out-of-memory
 MAX_STEPS = 10**9  # steps: ~12 days at 1000 steps/s (the paper's runs take 6000); tqdm overflows near 2**63
+# training derives its per-step prompt seeds as seed * 10^6 + step (+ up to 7 * 10^8, training/augment.py),
+# which must stay a 64-bit integer: seed <= MAX_TRAIN_SEED
+MAX_TRAIN_SEED = (MAX_SEED - MAX_STEPS - 10**9) // 10**6
 Int1 = Annotated[int, BeforeValidator(integer(1))]
 Width = Annotated[int, BeforeValidator(integer(1, MAX_WIDTH))]
 Pos = Annotated[float, BeforeValidator(number(gt=0))]
@@ -38,7 +41,7 @@ class TrainConfig(ConfigModel):
 
     name: Annotated[str, BeforeValidator(file_stem)] = "model"  # checkpoint file stem, e.g. "trained-l1-R10"
     solver: Annotated[str, BeforeValidator(choice(TRAINED_SOLVERS))] = ""  # the solver this checkpoint serves
-    seed: Annotated[int, BeforeValidator(integer(0, MAX_SEED))] = 0  # init, per-step prompts, held-out prompts
+    seed: Annotated[int, BeforeValidator(integer(0, MAX_TRAIN_SEED))] = 0  # init, per-step prompts, held-out prompts
     # --- prompts ---
     R: Pos = 10.0  # the embedding constant of every prompt
     N: Annotated[list[int], BeforeValidator(axis_list(integer(2), unique=False))] = [20]  # context lengths; a step draws one
@@ -197,7 +200,7 @@ def _lambdas(v: Any) -> list[float]:
 def _seeds(v: Any) -> list[int]:
     if not isinstance(v, list) or not v:
         raise problem("needs a non-empty list of integers >= 0")
-    return axis_list(integer(0, MAX_SEED))(v)
+    return axis_list(integer(0, MAX_TRAIN_SEED))(v)
 
 
 def _out_path(v: Any) -> str:
