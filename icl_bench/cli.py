@@ -384,9 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("icl-bench: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # stdout closed early (`icl-bench list | head`): not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
-        return 0
+    except BrokenPipeError:  # stdout closed early (`icl-bench list | head`): no message, the exit code
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # of a writer killed by SIGPIPE
+        return 141  # (128 + 13, as `cat file | head` gives): never a success that hides errored cells
     except OSError as exc:  # an unwritable / unreadable path named on the command line
         where = exc.filename if exc.filename is not None else "--out"
         print(f"icl-bench: error: {where}: {exc.strerror or type(exc).__name__}", file=sys.stderr)

@@ -791,3 +791,18 @@ def test_seed_means_pool_by_their_finite_predictions():
         warnings.simplefilter("error")
         none = report.aggregate(pd.DataFrame(rows[2:])).iloc[0]
     assert math.isnan(none.mse_vs_ols) and math.isnan(none.mse_vs_ols_ci_low) and none.n_nonfinite == 100
+
+
+def test_seeds_above_2_to_the_53_publish_exactly(run_dir, tmp_path):
+    """Seeds are int64 up to 2^63 - 1 (the config's limit); the schema check keeps them exact, so
+    seeds 2^53 and 2^53 + 1 stay two seeds (a float round trip merged them, and refused 2^63 - 1)."""
+    from icl_bench.report import aggregate as report
+
+    t = pd.read_parquet(run_dir / "results.parquet")
+    runs = []
+    for seed in (2**53, 2**53 + 1, 2**63 - 1):
+        (tmp_path / str(seed)).mkdir()
+        t.assign(seed=pd.Series(seed, index=t.index, dtype="int64")).to_parquet(tmp_path / str(seed) / "results.parquet")
+        runs.append(tmp_path / str(seed))
+    table, _ = report.load_runs(runs)
+    assert sorted(set(table.seed.tolist())) == [2**53, 2**53 + 1, 2**63 - 1]

@@ -307,6 +307,12 @@ def test_bad_cache_or_out_paths_write_nothing(tmp_path, capsys):
         code, _, err = _run(capsys, "--config", cfg, *argv)
         assert code == 2 and err.startswith(f"icl-bench: error: {flag}: empty path"), err
     assert not (tmp_path / "o2").exists() and not (tmp_path / "cells.sqlite").exists()
+    code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "o4", "--cache", tmp_path / "o4" / "cache")
+    assert code == 2 and "inside one" in err and not (tmp_path / "o4").exists()  # a cache in --out: refused
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "x").write_text("x")  # a refused --out (not empty) ...
+    code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "used", "--cache", tmp_path / "newcache")
+    assert code == 2 and "not empty" in err and not (tmp_path / "newcache").exists()  # ... makes no new cache
     assert _run(capsys, "--config", cfg, "--out", tmp_path / "run")[0] == 0  # a finished run ...
     before = _snapshot(tmp_path / "run")
     code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "o3", "--cache", tmp_path / "run")

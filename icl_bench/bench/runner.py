@@ -218,12 +218,16 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
     cells_db = cache_db = None
     try:
         if cache is not None:  # first: a bad --cache must not leave a started run folder behind
-            cache_db = store.CellCache(cache, RESULT_COLUMNS, out=out)
+            store.CellCache.check_path(cache, out)
+            if Path(cache).is_dir():  # an existing cache is opened (and its database checked) now
+                cache_db = store.CellCache(cache, RESULT_COLUMNS, out=out)
         if out is not None:
             out = Path(out)
             identity = {k: v for k, v in config.to_dict().items() if k != "executor"}  # any executor resumes
             config_json = dumps(identity, sort_keys=True)
             cells_db = store.CellStore(out, RESULT_COLUMNS, resume=resume, config_json=config_json, same=same_matrix)
+        if cache is not None and cache_db is None:  # a new one is made only once --out is accepted
+            cache_db = store.CellCache(cache, RESULT_COLUMNS, out=out)
         with torch_threads(config.timing.threads):  # timing.threads = 0: torch's default
             started = datetime.now(timezone.utc).isoformat()
             stored = cells_db.load() if (cells_db is not None and resume) else {}

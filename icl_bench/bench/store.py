@@ -220,20 +220,33 @@ class CellCache:
     Only "ok" rows are served and stored: an error or a skip may not recur.
 
     Raises:
-        ConfigError: DIR is empty, is a run folder (`out` or any folder with a run's config.json,
-            lock or metadata.json: its store belongs to that run), cannot be created, or its
-            cells.sqlite is not a usable cell cache. Nothing is created then.
+        ConfigError: DIR is empty, is a run folder (`out`, a folder inside it, or any folder with a
+            run's config.json, lock or metadata.json: its store belongs to that run), cannot be
+            created, or its cells.sqlite is not a usable cell cache. Nothing is created then.
     """
 
-    def __init__(self, folder: str | Path, columns, out: str | Path | None = None):
+    @staticmethod
+    def check_path(folder: str | Path, out: str | Path | None = None) -> None:
+        """The path checks of __init__, without creating anything (run them before --out is made).
+
+        Raises:
+            ConfigError: DIR is empty, a file, a run folder, the --out folder or inside it.
+        """
         if not str(folder).strip():
             raise ConfigError("--cache: empty path; give a folder")
+        folder = Path(folder)
+        if folder.exists() and not folder.is_dir():
+            raise ConfigError(f"--cache: {folder} is a file, not a folder")
+        run_files = [n for n in (CONFIG_NAME, LOCK_NAME, "metadata.json") if (folder / n).exists()]
+        inside = out is not None and (folder.resolve() == Path(out).resolve() or Path(out).resolve() in folder.resolve().parents)
+        if run_files or inside:
+            raise ConfigError(f"--cache: {folder} is a run folder or inside one ({', '.join(run_files) or 'the --out folder'}); "
+                              "a cell cache needs a folder of its own")
+
+    def __init__(self, folder: str | Path, columns, out: str | Path | None = None):
+        self.check_path(folder, out)
         self.folder, self.columns = Path(folder), tuple(columns)
         cols = ", ".join(f'"{c}"' for c in self.columns)
-        run_files = [n for n in (CONFIG_NAME, LOCK_NAME, "metadata.json") if (self.folder / n).exists()]
-        if run_files or (out is not None and self.folder.resolve() == Path(out).resolve()):
-            raise ConfigError(f"--cache: {self.folder} is a run folder ({', '.join(run_files) or 'the --out folder'}); "
-                              "a cell cache needs a folder of its own")
         self._db = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)

@@ -186,7 +186,7 @@ def sample_data_prompts(source: DataSource, N: int, R: float, n_prompts: int, *,
     """Draw `n_prompts` prompts of N context rows + 1 query row from a CSV file.
 
     Each prompt's rows are the first N + 1 of a seeded random permutation of the usable rows
-    (`_draw_rows`); time O(n_prompts x rows), memory O(rows) beyond the batch itself.
+    (`_draw_rows`); time O(n_prompts x rows), memory about max(16 MiB, 16 bytes x rows) beyond the batch itself (KEYS_PER_CHUNK keys at a time).
 
     Returns:
         PromptBatch: x, y (B, N); x_query, y_query (B,) from the held-out row; the OLS reference

@@ -86,6 +86,14 @@ def _numbers(s: pd.Series, col: str, kind: str, where: str) -> pd.Series:
     elif pd.api.types.is_bool_dtype(s) or not pd.api.types.is_numeric_dtype(s):
         v = next(v for v in s if not _missing(v))
         raise ConfigError(f"{where} holds {_shown(v)} ({type(v).__name__}); expected {what} ({kind})")
+    if kind == "int64" and pd.api.types.is_integer_dtype(s):  # as written: exact (a seed may exceed 2^53)
+        if col in CHECKS:
+            for v in s.unique().tolist():
+                try:
+                    CHECKS[col](int(v))
+                except Exception as exc:  # noqa: BLE001 -- a config problem (pydantic) carrying its text
+                    raise ConfigError(f"{where}: {exc}") from None
+        return s.astype("int64")
     values = s.astype("float64")
     nan = values.isna()
     if nan.any() and col not in NAN_OK:

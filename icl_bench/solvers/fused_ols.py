@@ -68,7 +68,7 @@ def _compile():
             x_bar, y_bar = cx + ox, cy + oy
             Sxx, Sxy = sxx - sx * ox, sxy - sx * oy
             scale = Sxx + fn * x_bar * x_bar  # sum x^2
-            pred = y_bar + (Sxy / Sxx) * ((u[b] - cx) - ox)  # u - x_bar as the reference forms it
+            pred = y_bar + (Sxy / Sxx) * ((u[b] - cx) - ox)  # u - x_bar in the reference's order (its shift differs)
             out[b] = pred
             lo, hi = F(1.0 / r), F(r)  # the reference's fast range for the sums of squares
             in_range = lo <= sxx <= hi and lo <= syy <= hi  # False for NaN
