@@ -130,9 +130,8 @@ def cmd_run(args) -> int:
         raw["data"] = {"path": args.data, "x": args.x, "y": args.y}
     elif args.x or args.y:
         raise ConfigError("--x/--y: only with --data FILE")
-    for flag, value in (("--out", args.out), ("--cache", args.cache)):
-        if value is not None and not str(value).strip():
-            raise ConfigError(f"{flag}: empty path; give a folder")
+    if args.out is not None and not args.out.strip():  # an empty --cache: refused by run_matrix's cache check
+        raise ConfigError("--out: empty path; give a folder")
     if args.resume and not args.out:
         raise ConfigError("--resume: needs --out DIR, the folder of the run to continue")
     flags = {"kind": args.executor, "scheduler": args.scheduler, "n_workers": args.workers,

@@ -17,7 +17,7 @@ import torch
 
 PACKAGES = ("icl-bench", "torch", "numpy", "numba", "scipy", "pandas", "pyarrow", "matplotlib", "seaborn",
             "safetensors")
-ARITHMETIC = ("torch", "numpy", "numba", "scipy")  # packages whose version can move a cell's numbers
+ARITHMETIC = ("torch", "numpy", "numba", "scipy")  # of PACKAGES, those whose version can move a cell's numbers
 
 
 def package_versions() -> dict[str, str]:
@@ -90,10 +90,7 @@ def code_digest(module: str) -> str:
     the sources of icl_bench and of the module's top-level package (source_digest), and the
     versions of the ARITHMETIC packages. Part of a cell's key (bench/cells.py), so a changed
     solver, reference or upgraded torch never gets a cached row of the old code."""
+    versions = package_versions()
     parts = [source_digest("icl_bench"), source_digest(module.split(".")[0]) if module else ""]
-    for name in ARITHMETIC:
-        try:
-            parts.append(f"{name}={version(name)}")
-        except PackageNotFoundError:
-            parts.append(f"{name}=not installed")
+    parts += [f"{name}={versions[name]}" for name in ARITHMETIC]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()

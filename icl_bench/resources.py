@@ -52,11 +52,9 @@ def config_kind(doc: dict) -> str | None:
 
 @cache
 def _packaged_kind(name: str) -> str | None:
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python < 3.11
-        import tomli as tomllib
-    return config_kind(tomllib.loads((configs_dir() / f"{name}.toml").read_text(encoding="utf-8")))
+    from icl_bench.config_base import read_toml
+
+    return config_kind(read_toml(configs_dir() / f"{name}.toml"))
 
 
 def config_names(kind: str | None = None) -> list[str]:

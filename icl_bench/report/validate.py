@@ -87,12 +87,7 @@ def _numbers(s: pd.Series, col: str, kind: str, where: str) -> pd.Series:
         v = next(v for v in s if not _missing(v))
         raise ConfigError(f"{where} holds {_shown(v)} ({type(v).__name__}); expected {what} ({kind})")
     if kind == "int64" and pd.api.types.is_integer_dtype(s):  # as written: exact (a seed may exceed 2^53)
-        if col in CHECKS:
-            for v in s.unique().tolist():
-                try:
-                    CHECKS[col](int(v))
-                except Exception as exc:  # noqa: BLE001 -- a config problem (pydantic) carrying its text
-                    raise ConfigError(f"{where}: {exc}") from None
+        _check_values(s.unique().tolist(), col, where)
         return s.astype("int64")
     values = s.astype("float64")
     nan = values.isna()
@@ -104,13 +99,19 @@ def _numbers(s: pd.Series, col: str, kind: str, where: str) -> pd.Series:
             raise ConfigError(f"{where} holds {float(bad.iloc[0])!r}; expected {what} ({kind})")
     if col in METRIC_COLUMNS and (values < 0).any():  # errors, their standard errors, throughput, weights
         raise ConfigError(f"{where} holds {float(values[values < 0].iloc[0])!r}; expected numbers >= 0 (or NaN)")
-    if col in CHECKS:
-        for v in values[~nan].unique().tolist():
-            try:
-                CHECKS[col](int(v) if kind == "int64" else v)
-            except Exception as exc:  # noqa: BLE001 -- a config problem (pydantic) carrying its text
-                raise ConfigError(f"{where}: {exc}") from None
+    _check_values([int(v) if kind == "int64" else v for v in values[~nan].unique().tolist()], col, where)
     return values if kind == "float64" or nan.any() else values.astype("int64")
+
+
+def _check_values(values: list, col: str, where: str) -> None:
+    """Run column `col`'s value check (CHECKS: the axis or config check) on each distinct value."""
+    if col not in CHECKS:
+        return
+    for v in values:
+        try:
+            CHECKS[col](v)
+        except Exception as exc:  # noqa: BLE001 -- a config problem (pydantic) carrying its text
+            raise ConfigError(f"{where}: {exc}") from None
 
 
 def _check_text(s: pd.Series, col: str, where: str) -> None:
