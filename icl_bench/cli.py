@@ -183,8 +183,8 @@ def cmd_publish(args) -> int:
     if args.checkpoint:  # an explicitly named checkpoint must load (ConfigError otherwise)
         from icl_bench.solvers.checkpoint import load_checkpoint
 
-        for path in args.checkpoint:
-            load_checkpoint(path)
+        for name in args.checkpoint:  # a path, or a shipped model's name as for analyze
+            load_checkpoint(resources.checkpoint_path(name, "--checkpoint"))
     if args.readme:  # check the target block before anything is written
         if Path(args.readme).is_dir():
             raise ConfigError(f"--readme: {args.readme} is a folder; give the README file")
@@ -222,7 +222,7 @@ def cmd_analyze(args) -> int:
         raise ConfigError(f"--out: {blocked} is a file, so {args.out} cannot be written; give another path")
     if not 0 <= args.seed <= MAX_SEED:
         raise ConfigError(f"--seed: must be an integer in [0, {MAX_SEED}] (got {args.seed})")
-    path = _checkpoint_arg(args.checkpoint)
+    path = resources.checkpoint_path(args.checkpoint)
     try:
         result = analyze_checkpoint(path, n_prompts=args.n_prompts, seed=args.seed, N=args.N)
     except ConfigError as exc:  # name the flag the user typed, not the argument it set
@@ -246,23 +246,6 @@ def cmd_analyze(args) -> int:
         write_json(args.out, result, sort_keys=True)  # atomic: an old file survives a crash intact
         print(f"wrote {args.out}")
     return 0
-
-
-def _checkpoint_arg(name: str) -> str:
-    """A checkpoint path as given, or a shipped one by name (e.g. trained-l1-R100, with or without
-    .json / .safetensors).
-
-    Raises:
-        ConfigError: neither exists; names the shipped checkpoints.
-    """
-    if any(Path(name + ext).is_file() for ext in ("", ".json", ".safetensors")) or Path(name).parent != Path("."):
-        return name  # a path: load_checkpoint says what is wrong with it
-    stem = Path(name).name.removesuffix(".json").removesuffix(".safetensors")
-    shipped = resources.models_dir() / stem
-    if Path(name).parent == Path(".") and Path(f"{shipped}.json").is_file():
-        return str(shipped)
-    names = sorted(p.stem for p in resources.models_dir().glob("*.json"))
-    raise ConfigError(f"CHECKPOINT: no checkpoint {name!r} (a file pair's stem, or a shipped one: {', '.join(names)})")
 
 
 def cmd_train(args) -> int:
@@ -338,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
         pub.add_argument("--force", action="store_true", help="replace a non-empty --out once the new report is complete")
         pub.add_argument("--at", action="append", metavar="AXIS=VALUE",
                          help="fix an axis of the plots and headline (N, noise, R, dtype, device); repeatable")
-        pub.add_argument("--checkpoint", action="append", help="a trained-model checkpoint to draw beside the construction")
+        pub.add_argument("--checkpoint", action="append", help="a trained-model checkpoint (a path, or a shipped name such as trained-l1-R100) to draw beside the construction")
         pub.add_argument("--readme", help="also rewrite the <!-- headline:begin/end --> block of this file with headline.md")
         pub.set_defaults(func=cmd_publish)
     ana = sub.add_parser("analyze", help="mechanism analysis of a checkpoint: sparsity, similarity to the construction, probes")

@@ -6,7 +6,8 @@ runs `icl-bench run`, `train`, `analyze` and the trained-* solvers from any fold
     icl_bench/configs/<name>.toml   matrix configs for `run` (default, ood, trained), the training
                                     config for `train` (train: the shipped models), the sweep config
                                     for `sweep` (l1_sweep); config_names(kind) lists them by kind
-    icl_bench/models/               the shipped checkpoints and their model card (README.md)
+    icl_bench/models/               the shipped checkpoints and their model card (README.md);
+                                    checkpoint_path finds one by name (trained-l1-R100)
 """
 from __future__ import annotations
 
@@ -91,3 +92,19 @@ def config_path(name_or_path: str | Path, key: str = "--config") -> Path:
     if path.parent == Path(".") and packaged.is_file():
         return packaged
     raise ConfigError(f"{key}: no such file {str(path)!r}; packaged configs: {', '.join(config_names())}")
+
+
+def checkpoint_path(name: str, key: str = "CHECKPOINT") -> str:
+    """A checkpoint as given (a file pair's stem, its .json or .safetensors), else a shipped one by
+    name (e.g. trained-l1-R100, with or without .json / .safetensors): its stem in models_dir().
+
+    Raises:
+        ConfigError (naming `key`): neither exists; lists the shipped checkpoints.
+    """
+    if any(Path(name + ext).is_file() for ext in ("", ".json", ".safetensors")) or Path(name).parent != Path("."):
+        return name  # a path: load_checkpoint says what is wrong with it
+    stem = Path(name).name.removesuffix(".json").removesuffix(".safetensors")
+    if Path(f"{models_dir() / stem}.json").is_file():
+        return str(models_dir() / stem)
+    names = sorted(p.stem for p in models_dir().glob("*.json"))
+    raise ConfigError(f"{key}: no checkpoint {name!r} (a file pair's stem, or a shipped one: {', '.join(names)})")

@@ -143,3 +143,21 @@ def test_a_closed_stdout_is_not_reported_as_an_error():
     p.stdout.close()  # before the command writes (it imports torch first)
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 141 and "error" not in err, err
+
+
+def test_publish_checkpoint_takes_a_shipped_name(tmp_path, capsys, tiny_raw):
+    """`publish --checkpoint trained-l1-R100` draws the shipped model, as `analyze trained-l1-R100`
+    does, and records the name as typed (not this machine's path); an unknown name is one line."""
+    (tmp_path / "c.toml").write_text(tomli_w.dumps(tiny_raw))
+    assert main(["run", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    capsys.readouterr()
+    code, err = _run(capsys, ["publish", str(tmp_path / "run"), "--out", str(tmp_path / "bad"),
+                              "--checkpoint", "trained-l1-R99"])
+    assert code == 2 and err.startswith("icl-bench: error: --checkpoint: no checkpoint 'trained-l1-R99' (")
+    assert "trained-l1-R100" in err and err.count("\n") == 1 and not (tmp_path / "bad").exists()
+    assert main(["publish", str(tmp_path / "run"), "--out", str(tmp_path / "pub"), "--checkpoint", "trained-l1-R100"]) == 0
+    out = capsys.readouterr().out
+    assert "--checkpoint" not in out  # no "--checkpoint ...: not drawn" note
+    report = (tmp_path / "pub" / "report.md").read_text()
+    assert "--checkpoint trained-l1-R100" in report and "site-packages" not in report and "icl_bench/models" not in report
+    assert (tmp_path / "pub" / "plots" / "weights.png").is_file()

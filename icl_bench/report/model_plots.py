@@ -120,9 +120,9 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
             notes.append(f"{label}: no LayerNorm weights, not drawn beside the LayerNorm construction")
             continue
         add(f"{label} ({Path(path).stem})", model)
-    for path in checkpoints:
+    for path in checkpoints:  # as the user gave them: a path or a shipped model's name
         try:
-            model, _ = load_checkpoint(path)
+            model, _ = load_checkpoint(resources.checkpoint_path(str(path), "--checkpoint"))
             add(f"checkpoint {path}", model)
         except Exception as exc:
             notes.append(f"--checkpoint {path}: not drawn ({type(exc).__name__}: {exc})")
