@@ -37,9 +37,10 @@ def run(capsys, tmp_path, argv, toml=None):
     ("precondition_R = 1e308\n" + TINY, "train.precondition_R: 1e+308 is outside the float32 range"),  # precondition
     ("R = 1e-30\nprecondition_R = 1e10\n" + TINY, "train.precondition_R: precondition_R / R = 1e+10 / 1e-30 is outside the float32"),
     ("dtype = 'float64'\nR = 1e-300\nprecondition_R = 1e10\n" + TINY, "train.precondition_R: precondition_R / R = 1e+10 / 1e-300 is outside the float64"),
-    ("[runs.a]\nsteps = 10000000000\n", "runs.a.steps: must be <= 1000000000"),
+    ("[runs.a]\nsteps = 10000000000\n", "runs.a.steps: must be <= 1000000"),
+    ("[runs.a]\nsteps = 1000001\n", "runs.a.steps: must be <= 1000000"),  # seed 0's steps 10^6.. were seed 1's prompts
     ("progress = 'yes'\n" + TINY, "train.progress: expected true or false"),
-    ("seed = 9223372036854775807\n" + TINY, "train.seed: must be <= 9223372034854"),  # seed * 10^6 + step
+    ("seed = 9223372036854775807\n" + TINY, "train.seed: must be <= 9223372035853"),  # seed * 10^6 + step
     pytest.param("N = " + "[" * 50_000 + "]" * 50_000 + "\n", "--config: c.toml nests arrays or inline tables too deeply",
                  id="nested-too-deep"),  # was a RecursionError
 ])
@@ -51,7 +52,7 @@ def test_train_config(capsys, tmp_path, toml, expected):
 def test_train_flags(capsys, tmp_path):
     assert run(capsys, tmp_path, ["train", "--steps", "0", "--out", tmp_path / "m"]).startswith("--steps: must be an integer >= 1")
     huge = run(capsys, tmp_path, ["train", "--steps", "9" * 23, "--out", tmp_path / "m"])  # was an OverflowError in tqdm
-    assert huge.startswith("--steps: must be an integer >= 1 and <= 1000000000 (got 999"), huge
+    assert huge.startswith("--steps: must be an integer >= 1 and <= 1000000 (got 999"), huge
     msg = run(capsys, tmp_path, ["train", "--config", tmp_path / "c.toml", "--run", "nosuch", "--out", tmp_path / "m"], TINY)
     assert msg.startswith("--run: unknown run 'nosuch'; accepted: model"), msg
 
@@ -95,6 +96,6 @@ def test_publish_the_same_run_twice_is_refused(capsys, tmp_path):
 
 
 def test_a_shipped_checkpoint_resolves_by_name_with_a_suffix(capsys):
-    from icl_bench.cli import _checkpoint_arg
+    from icl_bench.resources import checkpoint_path
 
-    assert _checkpoint_arg("trained-l1-R100.json").endswith("models/trained-l1-R100")
+    assert checkpoint_path("trained-l1-R100.json").endswith("models/trained-l1-R100")
