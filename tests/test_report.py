@@ -501,6 +501,23 @@ def test_model_plots_draw_the_construction_and_its_probes_without_running_solver
     assert fig.axes[2].get_xlabel().startswith("closed form b_hat (u - x_bar)")
 
 
+def test_probe_scatter_leaves_out_a_model_it_cannot_fit_with_a_note(tables):
+    """At R = 1e300 the construction's stream overflows, so no probe row is finite: publish used to
+    stop there ("a probe needs at least 3 finite rows"); now that model is left out with a note, and
+    a figure with no model left is a skipped plot naming the reason."""
+    from icl_bench.report import model_plots
+
+    table, _, setting = tables
+    fine, _ = model_plots.collect_models(table, setting, n_prompts=64)
+    huge, _ = model_plots.collect_models(table, {**setting, "R": 1e300}, n_prompts=64)
+    notes = []
+    fig = model_plots.probe_scatter({**fine, **huge}, notes)
+    assert len(fig.axes) == 3 and all(ax.get_title().startswith("construction (R=10)") for ax in fig.axes)
+    assert notes == ["probes.png leaves out construction (R=1e+300): stream: a probe needs at least 3 finite rows (got 0)"]
+    with pytest.raises(model_plots.PlotSkipped, match=r"^probe scatter: construction \(R=1e\+300\): stream: a probe needs"):
+        model_plots.probe_scatter(huge)
+
+
 def test_scaling_exponents_ln_closed_form_r_minus_4_and_ols_flat(tmp_path, tables):
     from icl_bench.report import aggregate as report
     from icl_bench.report import scaling

@@ -26,6 +26,7 @@ from matplotlib.figure import Figure
 
 from icl_bench import resources
 from icl_bench.analysis.probes import mechanism_probes
+from icl_bench.errors import ConfigError
 from icl_bench.prompts.generator import PromptSpec, sample_prompts
 from icl_bench.prompts.ols import ols_fit
 from icl_bench.report.aggregate import select
@@ -203,20 +204,29 @@ def weight_heatmaps(models: dict[str, dict]) -> Figure:
     return fig
 
 
-def probe_scatter(models: dict[str, dict]) -> Figure:
+def probe_scatter(models: dict[str, dict], notes: list[str] | None = None) -> Figure:
     """Per model (rows): scatter of the residual slot that best tracks each closed-form statistic
     against that statistic (x - x_bar and y - y_bar after layer 1 at the context tokens; b_hat
     (u - x_bar) in the query's layer-2 LayerNorm output), with the fitted line and R^2.
 
-    Raises: PlotSkipped when icl_bench.analysis.probes is absent or no model has a 2-layer trace.
+    A model whose trace has too few finite rows to fit (e.g. at R = 1e300 the stream overflows)
+    is left out, with its reason appended to `notes`.
+
+    Raises: PlotSkipped when no model has a 2-layer trace that can be fitted (the reasons named).
     """
-    fits = {}
+    fits, left_out = {}, []
     for label, m in models.items():
         t = m.get("trace")
         if t and "layer0.resid" in t and "layer1.ln" in t:
-            fits[label] = (t, mechanism_probes(t, t["tokens"]))
+            try:
+                fits[label] = (t, mechanism_probes(t, t["tokens"]))
+            except ConfigError as exc:  # a probe_fit that cannot fit: not the end of the report
+                left_out.append(f"{label}: {exc}")
     if not fits:
-        raise PlotSkipped("probe scatter: no model with a LayerNorm trace (layer0.resid, layer1.ln)")
+        raise PlotSkipped("probe scatter: " + ("; ".join(left_out) if left_out else
+                                               "no model with a LayerNorm trace (layer0.resid, layer1.ln)"))
+    if left_out and notes is not None:
+        notes.append(f"probes.png leaves out {'; '.join(left_out)}")
     sns.set_theme(style="whitegrid", context="paper")
     fig = Figure(figsize=(10, 2.9 * len(fits) + 0.6))
     axes = fig.subplots(len(fits), 3, squeeze=False)

@@ -78,7 +78,7 @@ def _figures(table, summary, setting, checkpoints):
             notes.append(f"{name}.png not drawn: {exc}")
     models, model_notes = model_plots.collect_models(table, setting, checkpoints)
     notes += model_notes
-    for name, make in (("weights", model_plots.weight_heatmaps), ("probes", model_plots.probe_scatter)):
+    for name, make in (("weights", model_plots.weight_heatmaps), ("probes", lambda m: model_plots.probe_scatter(m, notes))):
         try:
             figs[name] = make(models)
         except plots.PlotSkipped as exc:
