@@ -101,8 +101,9 @@ def checkpoint_path(name: str, key: str = "CHECKPOINT") -> str:
     Raises:
         ConfigError (naming `key`): neither exists; lists the shipped checkpoints.
     """
-    if any(Path(name + ext).is_file() for ext in ("", ".json", ".safetensors")) or Path(name).parent != Path("."):
-        return name  # a path: load_checkpoint says what is wrong with it
+    if Path(name).exists() or any(Path(name + ext).is_file() for ext in (".json", ".safetensors")) \
+            or Path(name).parent != Path("."):
+        return name  # a path (a folder too): load_checkpoint says what is wrong with it
     stem = Path(name).name.removesuffix(".json").removesuffix(".safetensors")
     if Path(f"{models_dir() / stem}.json").is_file():
         return str(models_dir() / stem)
