@@ -141,16 +141,20 @@ def cmd_run(args) -> int:
         if args.scheduler and args.executor is None:
             flags["kind"] = "dask"  # --scheduler alone means: run on that cluster
         raw["executor"] = {**given, **{k: v for k, v in flags.items() if v is not None}}
-    try:
-        cfg = parse_config(raw, base_dir=path.parent)
-    except ConfigError as exc:  # name the flag the user typed, not the config key it set
+    named = [("data.path:", "--data:", args.data), ("data.x:", "--x:", args.data), ("data.y:", "--y:", args.data),
+             ("executor.kind:", "--executor:", args.executor), ("executor.scheduler:", "--scheduler:", args.scheduler),
+             ("executor.n_workers:", "--workers:", args.workers)]
+
+    def flag_named(exc: ConfigError) -> ConfigError:  # name the flag the user typed, not the config key it set
         msg = str(exc)
-        named = [("data.path:", "--data:", args.data), ("data.x:", "--x:", args.data), ("data.y:", "--y:", args.data),
-                 ("executor.kind:", "--executor:", args.executor), ("executor.scheduler:", "--scheduler:", args.scheduler),
-                 ("executor.n_workers:", "--workers:", args.workers)]
         for key, flag, given in named:
             msg = flag + msg[len(key):] if (given is not None and msg.startswith(key)) else msg
-        raise ConfigError(msg) from None
+        return ConfigError(msg)
+
+    try:
+        cfg = parse_config(raw, base_dir=path.parent)
+    except ConfigError as exc:
+        raise flag_named(exc) from None
     out = Path(args.out) if args.out else Path("results/runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
     if cfg.data is not None:
         from icl_bench.prompts.data import data_summary
@@ -160,6 +164,8 @@ def cmd_run(args) -> int:
             print(f"icl-bench: {note}", file=sys.stderr)
     try:
         table = _run_matrix(cfg, out, resume=args.resume, progress=not args.no_progress, cache=args.cache)
+    except ConfigError as exc:  # e.g. an unreachable --scheduler, found when the cluster is joined
+        raise flag_named(exc) from None
     except KeyboardInterrupt:
         print(f"icl-bench: interrupted; the finished cells are kept in {out}. Resume with:\n"
               f"  {_resume_command(args.argv, out)}", file=sys.stderr)

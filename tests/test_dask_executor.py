@@ -194,8 +194,8 @@ def test_bad_executor_flags_exit_2_and_write_nothing(tmp_path, monkeypatch, caps
     cfg.write_text('n_prompts = 8\nbatch_size = 8\n[grid]\nN = [4]\n[solvers.ols]\n')
     cases = [(["--executor", "banana"], "--executor: unknown value 'banana'; accepted: local, dask"),
              (["--workers", "0", "--executor", "dask"], "--workers: must be >= 1"),
-             (["--scheduler", "tcp://127.0.0.1:1"], "executor.scheduler: cannot connect to 'tcp://127.0.0.1:1'")]
-    for flags, expected in cases:
+             (["--scheduler", "tcp://127.0.0.1:1"], "icl-bench: error: --scheduler: cannot connect to 'tcp://127.0.0.1:1'")]
+    for flags, expected in cases:  # the flag the user typed is named, not the config key it set
         out = tmp_path / "o"
         assert main(["run", "--config", str(cfg), "--out", str(out), "--no-progress", *flags]) == 2
         err = capsys.readouterr().err
