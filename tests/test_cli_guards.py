@@ -161,3 +161,15 @@ def test_publish_checkpoint_takes_a_shipped_name(tmp_path, capsys, tiny_raw):
     report = (tmp_path / "pub" / "report.md").read_text()
     assert "--checkpoint trained-l1-R100" in report and "site-packages" not in report and "icl_bench/models" not in report
     assert (tmp_path / "pub" / "plots" / "weights.png").is_file()
+
+
+def test_publish_of_a_run_with_no_ok_cell_is_a_report(tmp_path, capsys, tiny_raw):
+    """A run whose every cell was skipped (here a cuda grid where there is no GPU) published to a
+    traceback in the mechanism section (an empty table's text column divided); now to a report that
+    says what it left out."""
+    raw = {**tiny_raw, "grid": {**tiny_raw["grid"], "device": ["cuda"]}, "solvers": {"ols": {}}}
+    (tmp_path / "c.toml").write_text(tomli_w.dumps(raw))
+    main(["run", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / "run"), "--no-progress"])
+    capsys.readouterr()
+    assert main(["publish", str(tmp_path / "run"), "--out", str(tmp_path / "pub")]) == 0
+    assert (tmp_path / "pub" / "report.md").is_file()

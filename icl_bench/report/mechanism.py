@@ -70,6 +70,8 @@ def ood_rows(table: pd.DataFrame) -> pd.DataFrame:
     if "ood" not in table.columns:
         return pd.DataFrame()
     ok = table[table["status"] == "ok"].copy()
+    if ok.empty:  # e.g. every cell skipped (a cuda grid on a CPU machine): nothing to divide
+        return ok.assign(rel_err=pd.Series(dtype=float), transform=pd.Series(dtype=object), amount=pd.Series(dtype=float))
     if "rel_mse_vs_ols" in ok.columns:
         ok["rel_err"] = ok["rel_mse_vs_ols"].astype(float)
     else:
