@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import sys
 from datetime import datetime
@@ -190,7 +191,10 @@ def cmd_publish(args) -> int:
         from icl_bench.solvers.checkpoint import load_checkpoint
 
         for name in args.checkpoint:  # a path, or a shipped model's name as for analyze
-            load_checkpoint(resources.checkpoint_path(name, "--checkpoint"))
+            try:
+                load_checkpoint(resources.checkpoint_path(name, "--checkpoint"))
+            except ConfigError as exc:  # name the flag: "--checkpoint: ... is a folder; ..."
+                raise ConfigError(re.sub(r"^checkpoint:", "--checkpoint:", str(exc))) from None
     if args.readme:  # check the target block before anything is written
         if Path(args.readme).is_dir():
             raise ConfigError(f"--readme: {args.readme} is a folder; give the README file")

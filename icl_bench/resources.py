@@ -11,6 +11,7 @@ runs `icl-bench run`, `train`, `analyze` and the trained-* solvers from any fold
 """
 from __future__ import annotations
 
+import os
 import shlex
 from functools import cache
 from importlib.resources import files
@@ -95,17 +96,29 @@ def config_path(name_or_path: str | Path, key: str = "--config") -> Path:
 
 
 def checkpoint_path(name: str, key: str = "CHECKPOINT") -> str:
-    """A checkpoint as given (a file pair's stem, its .json or .safetensors), else a shipped one by
-    name (e.g. trained-l1-R100, with or without .json / .safetensors): its stem in models_dir().
+    """A checkpoint as the user gave it, or a shipped model found by name.
+
+    A name with a folder in it as typed ("./m", "runs/m") is a path. A bare name ("m", "m.json",
+    "m.safetensors") is the local file pair when one of name, m.json, m.safetensors is a file in
+    the current folder; else the shipped model of stem m in models_dir() (e.g. trained-l1-R100);
+    else itself when it is a folder (load_checkpoint then says so), so a folder never hides a
+    shipped model.
 
     Raises:
-        ConfigError (naming `key`): neither exists; lists the shipped checkpoints.
+        ConfigError (naming `key`): an empty name, a name the file system cannot take, or a bare
+            name that is neither here nor shipped (lists the shipped checkpoints).
     """
-    if Path(name).exists() or any(Path(name + ext).is_file() for ext in (".json", ".safetensors")) \
-            or Path(name).parent != Path("."):
-        return name  # a path (a folder too): load_checkpoint says what is wrong with it
-    stem = Path(name).name.removesuffix(".json").removesuffix(".safetensors")
-    if Path(f"{models_dir() / stem}.json").is_file():
-        return str(models_dir() / stem)
+    if not name:
+        raise ConfigError(f"{key}: empty name; give a checkpoint's stem or a shipped model's name")
+    stem = name.removesuffix(".json").removesuffix(".safetensors")
+    try:
+        if "/" in name or os.sep in name or any(Path(p).is_file() for p in (name, f"{stem}.json", f"{stem}.safetensors")):
+            return name  # a path: load_checkpoint says what is wrong with it
+        if Path(f"{models_dir() / stem}.json").is_file():
+            return str(models_dir() / stem)
+        if Path(name).is_dir():
+            return name
+    except OSError as exc:  # e.g. a name longer than the file system allows
+        raise ConfigError(f"{key}: cannot use {name[:40]!r}{'...' if len(name) > 40 else ''} ({exc.strerror or exc})") from None
     names = sorted(p.stem for p in models_dir().glob("*.json"))
     raise ConfigError(f"{key}: no checkpoint {name!r} (a file pair's stem, or a shipped one: {', '.join(names)})")

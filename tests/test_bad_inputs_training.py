@@ -99,3 +99,30 @@ def test_a_shipped_checkpoint_resolves_by_name_with_a_suffix(capsys):
     from icl_bench.resources import checkpoint_path
 
     assert checkpoint_path("trained-l1-R100.json").endswith("models/trained-l1-R100")
+
+
+def test_checkpoint_names_local_first_then_shipped_and_a_folder_never_hides_one(tmp_path, monkeypatch):
+    """How `analyze NAME` and `publish --checkpoint NAME` find a checkpoint (found by a review: a
+    folder named like a shipped model, e.g. made by `analyze trained-l1-R100 --out
+    trained-l1-R100/a.json`, hid the shipped model; "./m" fell back to the shipped one)."""
+    from icl_bench.errors import ConfigError
+    from icl_bench.resources import checkpoint_path, models_dir
+    from icl_bench.solvers.checkpoint import save_checkpoint
+    from icl_bench.solvers.transformer import Transformer, TransformerConfig
+
+    monkeypatch.chdir(tmp_path)
+    shipped = str(models_dir() / "trained-l1-R100")
+    (tmp_path / "trained-l1-R100").mkdir()  # a folder of that name: still the shipped model
+    assert checkpoint_path("trained-l1-R100") == checkpoint_path("trained-l1-R100.safetensors") == shipped
+    for typed in ("./trained-l1-R100", "trained-l1-R100/", "sub/trained-l1-R100"):  # a path as typed: never shipped
+        assert checkpoint_path(typed) == typed
+    assert checkpoint_path(".") == "."  # a folder that is no shipped name: load_checkpoint says it is a folder
+    (tmp_path / "trained-l1-R10.safetensors").write_bytes(b"x")  # half a local pair: the local one, not shipped
+    assert checkpoint_path("trained-l1-R10.json") == "trained-l1-R10.json"
+    save_checkpoint(Transformer(TransformerConfig(n_layers=1, n_heads=1)), tmp_path / "trained-lsa-R10")
+    assert checkpoint_path("trained-lsa-R10") == "trained-lsa-R10"  # a local pair comes first
+    for bad, msg in [("", "--checkpoint: empty name"), ("a" * 300, "--checkpoint: cannot use 'aaaa"),
+                     ("nosuch", "--checkpoint: no checkpoint 'nosuch' (a file pair's stem, or a shipped one: ")]:
+        with pytest.raises(ConfigError) as exc:
+            checkpoint_path(bad, "--checkpoint")
+        assert str(exc.value).startswith(msg) and "\n" not in str(exc.value), str(exc.value)
