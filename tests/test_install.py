@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -25,7 +26,16 @@ def sh(*cmd, cwd, env=None, timeout=600) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     base = tmp_path_factory.mktemp("install")
-    sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", base / "dist", ROOT, cwd=base)
+    # built from a copy of what the wheel holds: a build in ROOT would rewrite ROOT/build and
+    # ROOT/icl_bench.egg-info (where the baselines' entry points are read) under the tests that
+    # other pytest-xdist workers run meanwhile
+    src = base / "src"
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("icl_bench", "baselines"):
+        shutil.copytree(ROOT / name, src / name, ignore=skip)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", base / "dist", src, cwd=base)
     wheel = next((base / "dist").glob("icl_bench-*.whl"))
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(base / "venv")
     py = base / "venv" / "bin" / "python"
