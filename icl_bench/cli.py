@@ -26,7 +26,7 @@ from pathlib import Path
 
 from icl_bench import resources
 from icl_bench.config_base import MAX_SEED
-from icl_bench.errors import ConfigError
+from icl_bench.errors import ConfigError, RunAborted
 
 
 def _packaged(kind: str) -> str:
@@ -133,6 +133,8 @@ def cmd_run(args) -> int:
         raise ConfigError("--x/--y: only with --data FILE")
     if args.out is not None and not args.out.strip():  # an empty --cache: refused by run_matrix's cache check
         raise ConfigError("--out: empty path; give a folder")
+    if args.scheduler is not None and not args.scheduler.strip():
+        raise ConfigError("--scheduler: empty address; give the scheduler's, e.g. tcp://host:8786")
     if args.resume and not args.out:
         raise ConfigError("--resume: needs --out DIR, the folder of the run to continue")
     flags = {"kind": args.executor, "scheduler": args.scheduler, "n_workers": args.workers,
@@ -167,10 +169,10 @@ def cmd_run(args) -> int:
         table = _run_matrix(cfg, out, resume=args.resume, progress=not args.no_progress, cache=args.cache)
     except ConfigError as exc:  # e.g. an unreachable --scheduler, found when the cluster is joined
         raise flag_named(exc) from None
-    except KeyboardInterrupt:
-        print(f"icl-bench: interrupted; the finished cells are kept in {out}. Resume with:\n"
-              f"  {_resume_command(args.argv, out)}", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, RunAborted) as exc:
+        print(f"icl-bench: {'interrupted' if isinstance(exc, KeyboardInterrupt) else f'error: {exc}'}; the finished "
+              f"cells are kept in {out}. Resume with:\n  {_resume_command(args.argv, out)}", file=sys.stderr)
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1
     print(console_summary(table))
     print(f"wrote {out / 'results.parquet'}, results.csv, metadata.json ({len(table)} cells)")
     _report_cells(table)

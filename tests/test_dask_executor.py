@@ -170,6 +170,38 @@ def test_killing_the_driver_then_resume_gives_the_uninterrupted_table(cluster, s
     pd.testing.assert_frame_equal(_stable(table), _stable(slow_reference))
 
 
+def test_losing_the_scheduler_mid_run_ends_the_run_with_its_resume_line(tmp_path):
+    """The scheduler goes away while cells are in flight: the run used to wait forever (found by a
+    review); now it stops within seconds with one error line and the resume command, exit 1, and
+    the finished cells stay stored."""
+    with dask.config.set({"distributed.scheduler.allowed-failures": RETRIES}):
+        lc = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                          dashboard_address=None, silence_logs=logging.CRITICAL)
+    cfg_path, out = tmp_path / "slow.toml", tmp_path / "run"
+    cfg_path.write_text(tomli_w.dumps(SLOW))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "icl_bench", "run", "--config", str(cfg_path), "--out", str(out),
+                             "--no-progress", "--scheduler", lc.scheduler_address], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while _n_stored(out) < 2:
+            assert proc.poll() is None, f"run ended before the scheduler went away: {proc.communicate()}"
+            assert time.monotonic() < deadline, "no cell finished in 180 s"
+            time.sleep(0.005)
+    finally:
+        lc.close()  # the scheduler (and its worker) go away; the driver lives on
+    try:
+        _, err = proc.communicate(timeout=120)  # was: no end
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    first, resume = err.splitlines()[-2:]
+    assert first.startswith(f"icl-bench: error: executor.scheduler: the run lost its Dask scheduler at {lc.scheduler_address}"), err
+    assert f"the finished cells are kept in {out}. Resume with:" in first and resume.strip().endswith("--resume"), err
+    assert "Traceback" not in err and _n_stored(out) >= 2
+
+
 def test_a_cell_that_kills_every_worker_becomes_an_error_row(cluster, tmp_path):
     client, address = cluster
     client.wait_for_workers(2)
@@ -194,7 +226,9 @@ def test_bad_executor_flags_exit_2_and_write_nothing(tmp_path, monkeypatch, caps
     cfg.write_text('n_prompts = 8\nbatch_size = 8\n[grid]\nN = [4]\n[solvers.ols]\n')
     cases = [(["--executor", "banana"], "--executor: unknown value 'banana'; accepted: local, dask"),
              (["--workers", "0", "--executor", "dask"], "--workers: must be >= 1"),
-             (["--scheduler", "tcp://127.0.0.1:1"], "icl-bench: error: --scheduler: cannot connect to 'tcp://127.0.0.1:1'")]
+             (["--scheduler", "tcp://127.0.0.1:1"], "icl-bench: error: --scheduler: cannot connect to 'tcp://127.0.0.1:1'"),
+             (["--scheduler", "tls://127.0.0.1:1"], "icl-bench: error: --scheduler: cannot connect to 'tls://127.0.0.1:1' (TypeError"),
+             (["--scheduler", " "], "icl-bench: error: --scheduler: empty address")]  # was: a local run
     for flags, expected in cases:  # the flag the user typed is named, not the config key it set
         out = tmp_path / "o"
         assert main(["run", "--config", str(cfg), "--out", str(out), "--no-progress", *flags]) == 2

@@ -20,18 +20,20 @@ workers that declare a `GPU` resource; with none in the cluster they come back "
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 import uuid
 from typing import Callable, Iterable, Iterator
 
 from icl_bench.bench.config import Executor
-from icl_bench.errors import ConfigError
+from icl_bench.errors import ConfigError, RunAborted
 
 Failure = tuple[str, str]  # (status, message) of a cell the executor could not get a row for
 DASK_MISSING = 'executor.kind: "dask" needs the optional packages dask and distributed (pip install "icl-bench[dask]")'
 CONNECT_TIMEOUT = "10s"  # to reach a running scheduler
 WORKER_WAIT_S = 60.0  # for the first worker of a running scheduler (batch jobs start late)
+POLL_S = 1.0  # how often a run waiting for its cells checks that its client still has a scheduler
 NO_GPU = ("no Dask worker of this cluster declares a GPU resource (start GPU workers with "
           "`dask worker SCHEDULER --nthreads 1 --resources GPU=1`)")
 
@@ -82,7 +84,7 @@ class DaskExecutor:
         if cfg.scheduler:
             try:
                 self.client = Client(cfg.scheduler, timeout=CONNECT_TIMEOUT)
-            except (OSError, TimeoutError, ValueError) as exc:
+            except Exception as exc:  # OSError / TimeoutError, and TypeError from tls:// or ucx:// without their setup
                 raise ConfigError(f"executor.scheduler: cannot connect to {cfg.scheduler!r} "
                                   f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
             try:
@@ -116,11 +118,11 @@ class DaskExecutor:
                 "exclusive_timing": self.cfg.exclusive_timing, "workers": self.workers()}
 
     def results(self, cells: Iterable, work: Callable[[object], dict]) -> Iterator[tuple[object, dict | None, Failure | None]]:
-        from distributed import as_completed
+        from distributed import wait
 
         workers = self.workers()
         gpu = any(w["resources"].get("GPU") for w in workers.values())  # GPU workers at the start of the run
-        pending, done = {}, as_completed()
+        pending = {}
         todo = iter(cells)
         window, refreshed = _window(workers), time.monotonic()  # tasks in flight: 2 per worker thread
 
@@ -132,7 +134,6 @@ class DaskExecutor:
                 fut = self.client.submit(work, cell, key=f"icl-cell-{cell.key}-{uuid.uuid4().hex[:8]}", pure=False,
                                          resources={"GPU": 1} if cell.device.startswith("cuda") else None)
                 pending[fut] = cell
-                done.add(fut)
                 return True
             return False
 
@@ -141,7 +142,7 @@ class DaskExecutor:
             while len(pending) < window and submit():
                 pass
             yield from ((c, None, ("skipped", NO_GPU)) for c in _drain(skipped))
-            for fut in done:
+            for fut in self._finished(pending, wait):
                 cell = pending.pop(fut)
                 if fut.status == "finished":
                     row, failure = fut.result(), None
@@ -156,11 +157,37 @@ class DaskExecutor:
                 yield cell, row, failure
                 yield from ((c, None, ("skipped", NO_GPU)) for c in _drain(skipped))
         finally:
-            if pending:  # interrupted: nothing more is computed for this run
+            if pending and self.client.status == "running":  # interrupted: nothing more is computed for this run
                 self.client.cancel(list(pending))
 
+    def _finished(self, pending: dict, wait) -> Iterator:
+        """The futures of `pending` as they finish (it may grow meanwhile), until it is empty.
+
+        Raises:
+            RunAborted: the client lost its scheduler (its futures are then cancelled, or it closes
+                after failing to reconnect), where waiting on would never end.
+        """
+        while pending:
+            try:
+                yield from wait(list(pending), timeout=POLL_S, return_when="FIRST_COMPLETED").done
+            except Exception as exc:  # TimeoutError: nothing finished within POLL_S
+                if isinstance(exc, TimeoutError) and self.client.status in ("running", "connecting"):
+                    continue
+                said = re.search(r"Message: ([^\n]*)", str(exc))  # distributed's FuturesCancelledError: "Client lost ..."
+                why = said.group(1).strip() if said else (str(exc).splitlines() or [""])[0]
+                raise RunAborted(f"executor.scheduler: the run lost its Dask scheduler at "
+                                 f"{self.cfg.scheduler or 'the local cluster'} ({type(exc).__name__}: {why[:200]}) "
+                                 f"with {len(pending)} cells in flight") from None
+
     def close(self) -> None:
-        self.client.close()
+        log = logging.getLogger("distributed.client")
+        level = log.level
+        if self.client.status != "running":  # closing cancels its reconnection, which distributed logs
+            log.setLevel(logging.CRITICAL)   # as an ERROR with a traceback: the run has said what happened
+        try:
+            self.client.close()
+        finally:
+            log.setLevel(level)
         if self.cluster is not None:
             self.cluster.close()
 
