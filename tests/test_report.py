@@ -516,6 +516,13 @@ def test_probe_scatter_leaves_out_a_model_it_cannot_fit_with_a_note(tables):
     assert notes == ["probes.png leaves out construction (R=1e+300): stream: a probe needs at least 3 finite rows (got 0)"]
     with pytest.raises(model_plots.PlotSkipped, match=r"^probe scatter: construction \(R=1e\+300\): stream: a probe needs"):
         model_plots.probe_scatter(huge)
+    # at R = 1.3e154 the stream overflows on some prompts only: drawn, and the note says how many rows it fitted
+    part, _ = model_plots.collect_models(table, {**setting, "R": 1.3e154}, n_prompts=64)
+    notes = []
+    model_plots.probe_scatter(part, notes)
+    assert len(notes) == 1 and notes[0].startswith("probes.png fits only the finite rows: construction (R=1.3e+154) "), notes
+    assert " of 64 rows finite" in notes[0] and "of 640 rows" not in notes[0]  # the query rows (division) only
+    assert model_plots.probe_scatter(fine, notes) and len(notes) == 1  # all rows finite: no note
 
 
 def test_scaling_exponents_ln_closed_form_r_minus_4_and_ols_flat(tmp_path, tables):

@@ -210,7 +210,7 @@ def probe_scatter(models: dict[str, dict], notes: list[str] | None = None) -> Fi
     (u - x_bar) in the query's layer-2 LayerNorm output), with the fitted line and R^2.
 
     A model whose trace has too few finite rows to fit (e.g. at R = 1e300 the stream overflows)
-    is left out, with its reason appended to `notes`.
+    is left out, and a fit that dropped non-finite rows is named with its row count, in `notes`.
 
     Raises: PlotSkipped when no model has a 2-layer trace that can be fitted (the reasons named).
     """
@@ -227,6 +227,13 @@ def probe_scatter(models: dict[str, dict], notes: list[str] | None = None) -> Fi
                                                "no model with a LayerNorm trace (layer0.resid, layer1.ln)"))
     if left_out and notes is not None:
         notes.append(f"probes.png leaves out {'; '.join(left_out)}")
+    partial = []  # fits that dropped non-finite rows (e.g. a stream that overflows on some prompts)
+    for label, (t, fit) in fits.items():
+        B, T = t["tokens"].shape[:2]
+        rows = {"centering.x": B * (T - 1), "centering.y": B * (T - 1), "division": B}
+        partial += [f"{label} {k}: {f.n} of {rows[k]} rows finite" for k, f in fit.items() if f.n < rows.get(k, f.n)]
+    if partial and notes is not None:
+        notes.append(f"probes.png fits only the finite rows: {'; '.join(partial)}")
     sns.set_theme(style="whitegrid", context="paper")
     fig = Figure(figsize=(10, 2.9 * len(fits) + 0.6))
     axes = fig.subplots(len(fits), 3, squeeze=False)
