@@ -481,6 +481,24 @@ def test_weight_heatmaps_show_symmetry_reduced_maps(monkeypatch, tables):
         model_plots.probe_scatter({})
 
 
+def test_weight_heatmaps_name_non_finite_entries_and_warn_nothing(tables):
+    """The construction at R = 1e-300 has W_Q entries of 1e300, so a QK map overflows: it used to
+    be drawn on an inf colour scale ("|max| inf", zeros dark blue) with numpy's overflow warnings
+    on stderr; now the entry is grey, named in the title, and the scale is the finite entries'."""
+    import warnings
+
+    from icl_bench.report import model_plots
+
+    table, _, setting = tables
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no RuntimeWarning from the matrix products
+        models, _ = model_plots.collect_models(table, {**setting, "R": 1e-300}, n_prompts=16)
+        fig = model_plots.weight_heatmaps(models)
+    titles = [ax.get_title() for ax in fig.axes if ax.axison]
+    assert "L1H1 QK  (|max| 0; 1 not finite, grey)" in titles and not any("inf" in t for t in titles), titles
+    assert "L1H2 QK  (|max| 0)" in titles  # an all-zero map says 0, not the colour scale's 1
+
+
 def test_model_plots_draw_the_construction_and_its_probes_without_running_solvers(tables, monkeypatch):
     from icl_bench.bench import cells
     from icl_bench.report import model_plots

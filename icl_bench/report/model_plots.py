@@ -56,6 +56,15 @@ def reduced_maps(weights: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     if "embed.weight" not in w or "blocks.0.attn.W_Q" not in w:
         raise PlotSkipped(f"weights have no embed.weight / blocks.0.attn.W_Q (names: {', '.join(list(w)[:6])})")
     out = {"embed": w["embed.weight"]}
+    with np.errstate(over="ignore", invalid="ignore"):  # e.g. the construction at R = 1e-300: inf, drawn as such
+        _reduce(w, out)
+    if "readout.weight" in w:
+        out["readout"] = w["readout.weight"]
+    return out
+
+
+def _reduce(w: dict[str, np.ndarray], out: dict[str, np.ndarray]) -> None:
+    """Add each layer's QK, OV and LayerNorm maps of the weights `w` to `out` (reduced_maps)."""
     layer = 0
     while f"blocks.{layer}.attn.W_Q" in w:
         p = f"blocks.{layer}."
@@ -65,9 +74,6 @@ def reduced_maps(weights: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
         if p + "ln.weight" in w:
             out[f"L{layer + 1} LN γ/β"] = np.stack([w[p + "ln.weight"], w.get(p + "ln.bias", 0 * w[p + "ln.weight"])])
         layer += 1
-    if "readout.weight" in w:
-        out["readout"] = w["readout.weight"]
-    return out
 
 
 def _fitting_checkpoint(solver: str, params: str, R: float, N: int) -> Path | None:
@@ -185,8 +191,11 @@ def weight_heatmaps(models: dict[str, dict]) -> Figure:
                 name, a = row[j], mm[row[j]]
                 if a.shape[0] == 1 and a.shape[1] > 8:  # a flatten readout: one row per token
                     a = a.reshape(-1, mm["embed"].shape[0])
-                vmax = float(np.abs(a).max()) or 1.0
-                ax.imshow(a, cmap="RdBu_r", vmin=-vmax, vmax=vmax, interpolation="nearest")
+                bad = int((~np.isfinite(a)).sum())  # inf / NaN entries: grey, named in the title
+                top = float(np.abs(a[np.isfinite(a)]).max(initial=0.0))  # the title's |max| (0 for an all-zero map)
+                vmax = top or 1.0
+                cmap = sns.mpl.colormaps["RdBu_r"].with_extremes(bad="0.7")
+                ax.imshow(np.ma.masked_invalid(a), cmap=cmap, vmin=-vmax, vmax=vmax, interpolation="nearest")
                 if a.size <= 16:  # annotate small maps; text colour follows the cell's darkness
                     for (r, c), v in np.ndenumerate(a):
                         ax.text(c, r, _short(v), ha="center", va="center", fontsize=5.5,
@@ -194,7 +203,7 @@ def weight_heatmaps(models: dict[str, dict]) -> Figure:
                 ax.set_xticks(range(a.shape[1]))
                 ax.set_yticks(range(a.shape[0]))
                 ax.grid(False)
-                ax.set_title(f"{name}  (|max| {vmax:.2g})", fontsize=7)
+                ax.set_title(f"{name}  (|max| {top:.2g}{f'; {bad} not finite, grey' if bad else ''})", fontsize=7)
                 ax.set_xlabel("input slot", fontsize=6)
                 ax.set_ylabel("output slot" if j == 0 else "", fontsize=6)
                 ax.tick_params(labelsize=6)
