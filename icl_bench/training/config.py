@@ -26,8 +26,9 @@ TRAINED_SOLVERS = ("", "trained-l1", "trained-nol1", "trained-lsa", "trained-l1-
 AUG_MAX = 1e6  # largest augmentation scale / shift: (1e6 x)^2 stays far inside float32 for x ~ N(0, 1)
 MAX_WIDTH = 256  # d_model, n_layers, n_heads: far beyond the 4 / 2 / 2 of the paper, far below an out-of-memory
 # training derives its per-step prompt seeds as seed * 10^6 + step (+ up to 7 * 10^8, training/augment.py):
-# steps <= 10^6 keeps each run's streams inside its own block of 10^6 seeds, so two training seeds never
-# share a step's prompts (the paper's runs take 6000 steps); the seeds must stay 64-bit integers:
+# steps <= 10^6 keeps each run's prompt seeds inside its own block of 10^6, so two training seeds never
+# share a step's prompts (the paper's runs take 6000 steps; the augmentation streams reach into the blocks
+# of seeds s + 500 and s + 700, docs/training.md); the seeds must stay 64-bit integers:
 # seed <= MAX_TRAIN_SEED
 MAX_STEPS = 10**6
 MAX_TRAIN_SEED = (MAX_SEED - MAX_STEPS - 10**9) // 10**6
