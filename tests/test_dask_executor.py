@@ -176,7 +176,7 @@ def test_losing_the_scheduler_mid_run_ends_the_run_with_its_resume_line(tmp_path
     the finished cells stay stored."""
     with dask.config.set({"distributed.scheduler.allowed-failures": RETRIES}):
         lc = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
-                          dashboard_address=None, silence_logs=logging.CRITICAL)
+                          dashboard_address=":0", silence_logs=logging.CRITICAL)  # beside the module's cluster
     cfg_path, out = tmp_path / "slow.toml", tmp_path / "run"
     cfg_path.write_text(tomli_w.dumps(SLOW))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
