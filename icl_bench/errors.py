@@ -1,8 +1,8 @@
 """The exception types the CLI turns into one line: ConfigError for bad user input (configs, CLI
 flags, data files, checkpoints), RunAborted for a run its environment stopped.
 
-The CLI turns it into one line on stderr and exit code 2, with no traceback. Its message names
-the offending field and the accepted values, e.g. "grid.dtype: unknown value 'f16'; accepted: ...".
+The CLI turns a ConfigError into one line on stderr and exit code 2, with no traceback. Its
+message names the offending field and the accepted values, e.g. "grid.dtype: unknown value 'f16'; accepted: ...".
 """
 
 
