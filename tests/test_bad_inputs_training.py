@@ -117,11 +117,16 @@ def test_checkpoint_names_local_first_then_shipped_and_a_folder_never_hides_one(
     for typed in ("./trained-l1-R100", "trained-l1-R100/", "sub/trained-l1-R100"):  # a path as typed: never shipped
         assert checkpoint_path(typed) == typed
     assert checkpoint_path(".") == "."  # a folder that is no shipped name: load_checkpoint says it is a folder
+    (tmp_path / "trained-l1-R100.json").write_text('{"R": 100.0}')  # e.g. `analyze trained-l1-R100 --out trained-l1-R100.json`
+    (tmp_path / "trained-nol1-R10").write_text("")  # e.g. `analyze trained-nol1-R10 > trained-nol1-R10`
+    assert checkpoint_path("trained-l1-R100") == shipped  # files that are no checkpoint never hide one
+    assert checkpoint_path("trained-nol1-R10") == str(models_dir() / "trained-nol1-R10")
     (tmp_path / "trained-l1-R10.safetensors").write_bytes(b"x")  # half a local pair: the local one, not shipped
     assert checkpoint_path("trained-l1-R10.json") == "trained-l1-R10.json"
     save_checkpoint(Transformer(TransformerConfig(n_layers=1, n_heads=1)), tmp_path / "trained-lsa-R10")
     assert checkpoint_path("trained-lsa-R10") == "trained-lsa-R10"  # a local pair comes first
     for bad, msg in [("", "--checkpoint: empty name"), ("a" * 300, "--checkpoint: cannot use 'aaaa"),
+                     ("./" + "a" * 300, "--checkpoint: cannot use './aaaa"),
                      ("nosuch", "--checkpoint: no checkpoint 'nosuch' (a file pair's stem, or a shipped one: ")]:
         with pytest.raises(ConfigError) as exc:
             checkpoint_path(bad, "--checkpoint")
