@@ -170,8 +170,10 @@ def cmd_run(args) -> int:
     except ConfigError as exc:  # e.g. an unreachable --scheduler, found when the cluster is joined
         raise flag_named(exc) from None
     except (KeyboardInterrupt, RunAborted) as exc:
-        print(f"icl-bench: {'interrupted' if isinstance(exc, KeyboardInterrupt) else f'error: {exc}'}; the finished "
-              f"cells are kept in {out}. Resume with:\n  {_resume_command(args.argv, out)}", file=sys.stderr)
+        what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"error: {exc}"
+        kept = (f"; the finished cells are kept in {out}. Resume with:\n  {_resume_command(args.argv, out)}"
+                if out.is_dir() else f" before {out} was made")  # (no resume line for a folder never made)
+        print(f"icl-bench: {what}{kept}", file=sys.stderr)
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
     print(console_summary(table))
     print(f"wrote {out / 'results.parquet'}, results.csv, metadata.json ({len(table)} cells)")

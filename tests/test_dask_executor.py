@@ -202,6 +202,36 @@ def test_losing_the_scheduler_mid_run_ends_the_run_with_its_resume_line(tmp_path
     assert "Traceback" not in err and _n_stored(out) >= 2
 
 
+def test_losing_the_scheduler_before_any_worker_came_is_one_line(tmp_path):
+    """The scheduler goes away while the run waits for its first worker: that was "--out: OSError"
+    (exit 2, a bad-input code, and distributed's log line); now one line, exit 1, no folder made."""
+    lc = LocalCluster(n_workers=0, processes=True, host="127.0.0.1", dashboard_address=":0",
+                      silence_logs=logging.CRITICAL)
+    cfg_path, out = tmp_path / "tiny.toml", tmp_path / "run"
+    cfg_path.write_text(tomli_w.dumps({**SLOW, "grid": {**SLOW["grid"], "N": [4]}}))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "icl_bench", "run", "--config", str(cfg_path), "--out", str(out),
+                             "--no-progress", "--scheduler", lc.scheduler_address], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(lc.scheduler.clients) < 2:  # this process's client and the run's
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(0.5)  # the run is in wait_for_workers
+    finally:
+        lc.close()
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and err.count("\n") == 1, err  # (OSError or CommClosedError, as the loss goes)
+    assert err.startswith(f"icl-bench: error: executor.scheduler: the run lost its Dask scheduler at "
+                          f"{lc.scheduler_address} while waiting for its first worker (") and err.endswith(
+                          f") before {out} was made\n"), err
+    assert not out.exists()
+
+
 def test_a_cell_that_kills_every_worker_becomes_an_error_row(cluster, tmp_path):
     client, address = cluster
     client.wait_for_workers(2)

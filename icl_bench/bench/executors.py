@@ -89,8 +89,12 @@ class DaskExecutor:
                                   f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
             try:
                 self.client.wait_for_workers(1, timeout=WORKER_WAIT_S)
-            except TimeoutError:
-                self.client.close()
+            except Exception as exc:  # TimeoutError: no worker came; else (OSError) the scheduler went away
+                lost = not isinstance(exc, TimeoutError) or self.client.status not in ("running", "connecting")
+                self.close()
+                if lost:
+                    raise RunAborted(f"executor.scheduler: the run lost its Dask scheduler at {cfg.scheduler} while "
+                                     f"waiting for its first worker ({type(exc).__name__})") from None
                 raise ConfigError(f"executor.scheduler: the cluster at {cfg.scheduler!r} has no worker after "
                                   f"{WORKER_WAIT_S:g} s; start some (dask worker {cfg.scheduler} --nthreads 1)") from None
         else:
@@ -183,7 +187,7 @@ class DaskExecutor:
         log = logging.getLogger("distributed.client")
         level = log.level
         if self.client.status != "running":  # closing cancels its reconnection, which distributed logs
-            log.setLevel(logging.CRITICAL)   # as an ERROR with a traceback: the run has said what happened
+            log.setLevel(logging.CRITICAL)   # as an ERROR with a traceback: the run says what happened
         try:
             self.client.close()
         finally:
