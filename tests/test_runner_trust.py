@@ -223,14 +223,20 @@ def test_train_refuses_a_used_out_and_unknown_solver_names(tmp_path, capsys):
 
 
 def test_ctrl_c_prints_the_resume_command(tmp_path, capsys, monkeypatch):
-    def interrupted(*args, **kwargs):
+    def interrupted(cfg, out, **kwargs):
+        if made:
+            out.mkdir()  # as run_matrix does before its first cell
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "_run_matrix", interrupted)
     cfg = _cfg(tmp_path, RAW)
+    made = True
     code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "run")
     assert code == 130
     assert "interrupted" in err and f"icl-bench run --no-progress --config {cfg} --out {tmp_path / 'run'} --resume" in err
+    made = False  # interrupted before the folder was made (e.g. while joining a Dask cluster): no resume line
+    code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "run2")
+    assert code == 130 and err == f"icl-bench: interrupted before {tmp_path / 'run2'} was made\n"
 
 
 def test_replacing_a_checkpoint_invalidates_its_cells(tmp_path, capsys):
