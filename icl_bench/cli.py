@@ -192,11 +192,11 @@ def cmd_publish(args) -> int:
             raise ConfigError(f"--at: expected AXIS=VALUE (e.g. R=100), got {item!r}")
         at[key] = value
     if args.checkpoint:  # an explicitly named checkpoint must load (ConfigError otherwise)
-        from icl_bench.solvers.checkpoint import load_checkpoint
+        from icl_bench.solvers.checkpoint import checkpoint_path, load_checkpoint
 
         for name in args.checkpoint:  # a path, or a shipped model's name as for analyze
             try:
-                load_checkpoint(resources.checkpoint_path(name, "--checkpoint"))
+                load_checkpoint(checkpoint_path(name, "--checkpoint"))
             except ConfigError as exc:  # name the flag: "--checkpoint: ... is a folder; ..."
                 raise ConfigError(re.sub(r"^checkpoint:", "--checkpoint:", str(exc))) from None
     if args.readme:  # check the target block before anything is written
@@ -226,6 +226,7 @@ def cmd_analyze(args) -> int:
     write every number to --out as standard JSON."""
     from icl_bench.analysis.analyze import HEADLINE, LABELS, analyze_checkpoint
     from icl_bench.files import write_json
+    from icl_bench.solvers.checkpoint import checkpoint_path
 
     if args.out is not None and Path(args.out).suffix != ".json":
         raise ConfigError(f"--out: must name a .json file (got {args.out!r})")
@@ -236,7 +237,7 @@ def cmd_analyze(args) -> int:
         raise ConfigError(f"--out: {blocked} is a file, so {args.out} cannot be written; give another path")
     if not 0 <= args.seed <= MAX_SEED:
         raise ConfigError(f"--seed: must be an integer in [0, {MAX_SEED}] (got {args.seed})")
-    path = resources.checkpoint_path(args.checkpoint)
+    path = checkpoint_path(args.checkpoint)
     try:
         result = analyze_checkpoint(path, n_prompts=args.n_prompts, seed=args.seed, N=args.N)
     except ConfigError as exc:  # name the flag the user typed, not the argument it set

@@ -7,11 +7,10 @@ runs `icl-bench run`, `train`, `analyze` and the trained-* solvers from any fold
                                     config for `train` (train: the shipped models), the sweep config
                                     for `sweep` (l1_sweep); config_names(kind) lists them by kind
     icl_bench/models/               the shipped checkpoints and their model card (README.md);
-                                    checkpoint_path finds one by name (trained-l1-R100)
+                                    solvers/checkpoint.py's checkpoint_path finds one by name
 """
 from __future__ import annotations
 
-import os
 import shlex
 from functools import cache
 from importlib.resources import files
@@ -94,45 +93,3 @@ def config_path(name_or_path: str | Path, key: str = "--config") -> Path:
         return packaged
     raise ConfigError(f"{key}: no such file {str(path)!r}; packaged configs: {', '.join(config_names())}")
 
-
-def checkpoint_path(name: str, key: str = "CHECKPOINT") -> str:
-    """A checkpoint as the user gave it, or a shipped model found by name.
-
-    A name with a folder in it as typed ("./m", "runs/m") is a path. A bare name ("m", "m.json",
-    "m.safetensors") is a local checkpoint when m.safetensors is a file in the current folder, or
-    m.json is one and reads as a checkpoint's metadata; else the shipped model of stem m in
-    models_dir() (e.g. trained-l1-R100); else itself when something of that name is here
-    (load_checkpoint then says what is wrong with it). So a folder, or another file (e.g. an
-    `analyze --out trained-l1-R100.json`), never hides a shipped model.
-
-    Raises:
-        ConfigError (naming `key`): an empty name, a name the file system cannot take, or a bare
-            name that is neither here nor shipped (lists the shipped checkpoints).
-    """
-    from icl_bench.solvers.checkpoint import read_meta  # (torch: only when a checkpoint is asked for)
-
-    if not name:
-        raise ConfigError(f"{key}: empty name; give a checkpoint's stem or a shipped model's name")
-    stem = name.removesuffix(".json").removesuffix(".safetensors")
-    try:
-        here = Path(name).exists() or Path(f"{stem}.json").exists() or Path(f"{stem}.safetensors").exists()
-        if "/" in name or os.sep in name:
-            return name  # a path: load_checkpoint says what is wrong with it
-        if Path(f"{stem}.safetensors").is_file() or (Path(f"{stem}.json").is_file() and _reads_as_meta(read_meta, stem)):
-            return name
-        if Path(f"{models_dir() / stem}.json").is_file():
-            return str(models_dir() / stem)
-    except OSError as exc:  # e.g. a name longer than the file system allows
-        raise ConfigError(f"{key}: cannot use {name[:40]!r}{'...' if len(name) > 40 else ''} ({exc.strerror or exc})") from None
-    if here:
-        return name
-    names = sorted(p.stem for p in models_dir().glob("*.json"))
-    raise ConfigError(f"{key}: no checkpoint {name!r} (a file pair's stem, or a shipped one: {', '.join(names)})")
-
-
-def _reads_as_meta(read_meta, stem: str) -> bool:
-    try:
-        read_meta(stem)
-        return True
-    except ConfigError:
-        return False

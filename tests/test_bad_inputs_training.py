@@ -96,7 +96,7 @@ def test_publish_the_same_run_twice_is_refused(capsys, tmp_path):
 
 
 def test_a_shipped_checkpoint_resolves_by_name_with_a_suffix(capsys):
-    from icl_bench.resources import checkpoint_path
+    from icl_bench.solvers.checkpoint import checkpoint_path
 
     assert checkpoint_path("trained-l1-R100.json").endswith("models/trained-l1-R100")
 
@@ -106,8 +106,8 @@ def test_checkpoint_names_local_first_then_shipped_and_a_folder_never_hides_one(
     folder named like a shipped model, e.g. made by `analyze trained-l1-R100 --out
     trained-l1-R100/a.json`, hid the shipped model; "./m" fell back to the shipped one)."""
     from icl_bench.errors import ConfigError
-    from icl_bench.resources import checkpoint_path, models_dir
-    from icl_bench.solvers.checkpoint import save_checkpoint
+    from icl_bench.resources import models_dir
+    from icl_bench.solvers.checkpoint import checkpoint_path, save_checkpoint
     from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
     monkeypatch.chdir(tmp_path)

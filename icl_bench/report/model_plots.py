@@ -31,7 +31,7 @@ from icl_bench.prompts.generator import PromptSpec, sample_prompts
 from icl_bench.prompts.ols import ols_fit
 from icl_bench.report.aggregate import select
 from icl_bench.report.plots import PlotSkipped
-from icl_bench.solvers.checkpoint import load_checkpoint
+from icl_bench.solvers.checkpoint import checkpoint_path, load_checkpoint
 from icl_bench.solvers.ln_closed_form import build_construction
 from icl_bench.solvers.registry import get_solver_class
 
@@ -129,7 +129,7 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
         add(f"{label} ({Path(path).stem})", model)
     for path in checkpoints:  # as the user gave them: a path or a shipped model's name
         try:
-            model, _ = load_checkpoint(resources.checkpoint_path(str(path), "--checkpoint"))
+            model, _ = load_checkpoint(checkpoint_path(str(path), "--checkpoint"))
             add(f"checkpoint {path}", model)
         except Exception as exc:
             notes.append(f"--checkpoint {path}: not drawn ({type(exc).__name__}: {exc})")

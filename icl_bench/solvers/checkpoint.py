@@ -11,7 +11,8 @@ A checkpoint is a pair of files with one stem:
 Loading never unpickles anything (safetensors holds raw tensors and a JSON header; the
 metadata is JSON), so a checkpoint cannot run code. Every problem with the pair (missing
 file, truncated or corrupt data, a pickle renamed to .safetensors, tensors whose names or
-shapes do not fit the config) is a one-line `ConfigError`.
+shapes do not fit the config) is a one-line `ConfigError`. `checkpoint_path` turns what a user
+typed (a path, or a shipped model's name such as trained-l1-R100) into the pair to load.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from icl_bench import provenance
+from icl_bench import provenance, resources
 from icl_bench.errors import ConfigError
 from icl_bench.files import dumps
 from icl_bench.solvers.transformer import Transformer, TransformerConfig
@@ -126,3 +127,44 @@ def load_checkpoint(path: str | Path, *, device: str = "cpu") -> tuple[Transform
     model = Transformer(cfg).to(next(iter(dtypes)))  # no bigger than the file it matches
     model.load_state_dict(tensors)
     return model.to(device).eval(), meta
+
+
+def checkpoint_path(name: str, key: str = "CHECKPOINT") -> str:
+    """A checkpoint as the user gave it, or a shipped model found by name.
+
+    A name with a folder in it as typed ("./m", "runs/m") is a path. A bare name ("m", "m.json",
+    "m.safetensors") is a local checkpoint when m.safetensors is a file in the current folder, or
+    m.json is one and reads as a checkpoint's metadata; else the shipped model of stem m in
+    resources.models_dir() (e.g. trained-l1-R100); else itself when something of that name is here
+    (load_checkpoint then says what is wrong with it). So a folder, or another file (e.g. an
+    `analyze --out trained-l1-R100.json`), never hides a shipped model.
+
+    Raises:
+        ConfigError (naming `key`): an empty name, a name the file system cannot take, or a bare
+            name that is neither here nor shipped (lists the shipped checkpoints).
+    """
+    if not name:
+        raise ConfigError(f"{key}: empty name; give a checkpoint's stem or a shipped model's name")
+    stem = name.removesuffix(".json").removesuffix(".safetensors")
+    try:
+        here = Path(name).exists() or Path(f"{stem}.json").exists() or Path(f"{stem}.safetensors").exists()
+        if "/" in name or os.sep in name:
+            return name  # a path: load_checkpoint says what is wrong with it
+        if Path(f"{stem}.safetensors").is_file() or (Path(f"{stem}.json").is_file() and _reads_as_meta(stem)):
+            return name
+        if Path(f"{resources.models_dir() / stem}.json").is_file():
+            return str(resources.models_dir() / stem)
+    except OSError as exc:  # e.g. a name longer than the file system allows
+        raise ConfigError(f"{key}: cannot use {name[:40]!r}{'...' if len(name) > 40 else ''} ({exc.strerror or exc})") from None
+    if here:
+        return name
+    names = sorted(p.stem for p in resources.models_dir().glob("*.json"))
+    raise ConfigError(f"{key}: no checkpoint {name!r} (a file pair's stem, or a shipped one: {', '.join(names)})")
+
+
+def _reads_as_meta(stem: str) -> bool:
+    try:
+        read_meta(stem)
+        return True
+    except ConfigError:
+        return False
