@@ -145,16 +145,21 @@ def test_killing_a_worker_mid_run_still_gives_every_cell(cluster, slow_reference
     pd.testing.assert_frame_equal(_stable(table), _stable(slow_reference))
 
 
+def _driver(cfg_path: Path, out: Path, address: str) -> subprocess.Popen:
+    """`icl-bench run --config cfg_path --out out --scheduler address` as a subprocess (pipes, text)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "icl_bench", "run", "--config", str(cfg_path), "--out", str(out),
+                             "--no-progress", "--scheduler", address], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def test_killing_the_driver_then_resume_gives_the_uninterrupted_table(cluster, slow_reference, tmp_path):
     client, address = cluster
     client.wait_for_workers(2)
     cfg_path, out = tmp_path / "slow.toml", tmp_path / "run"
     cfg_path.write_text(tomli_w.dumps(SLOW))
     total = len(expand_cells(parse_config(SLOW)))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "icl_bench", "run", "--config", str(cfg_path), "--out", str(out),
-                             "--no-progress", "--scheduler", address], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _driver(cfg_path, out, address)
     deadline = time.monotonic() + 180
     while _n_stored(out) < 2:
         assert proc.poll() is None, f"run ended before it could be killed: {proc.communicate()}"
@@ -179,10 +184,7 @@ def test_losing_the_scheduler_mid_run_ends_the_run_with_its_resume_line(tmp_path
                           dashboard_address=":0", silence_logs=logging.CRITICAL)  # beside the module's cluster
     cfg_path, out = tmp_path / "slow.toml", tmp_path / "run"
     cfg_path.write_text(tomli_w.dumps(SLOW))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "icl_bench", "run", "--config", str(cfg_path), "--out", str(out),
-                             "--no-progress", "--scheduler", lc.scheduler_address], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _driver(cfg_path, out, lc.scheduler_address)
     try:
         deadline = time.monotonic() + 180
         while _n_stored(out) < 2:
@@ -209,10 +211,7 @@ def test_losing_the_scheduler_before_any_worker_came_is_one_line(tmp_path):
                       silence_logs=logging.CRITICAL)
     cfg_path, out = tmp_path / "tiny.toml", tmp_path / "run"
     cfg_path.write_text(tomli_w.dumps({**SLOW, "grid": {**SLOW["grid"], "N": [4]}}))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "icl_bench", "run", "--config", str(cfg_path), "--out", str(out),
-                             "--no-progress", "--scheduler", lc.scheduler_address], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _driver(cfg_path, out, lc.scheduler_address)
     try:
         deadline = time.monotonic() + 120
         while len(lc.scheduler.clients) < 2:  # this process's client and the run's
