@@ -148,7 +148,7 @@ def cmd_run(args) -> int:
              ("executor.kind:", "--executor:", args.executor), ("executor.scheduler:", "--scheduler:", args.scheduler),
              ("executor.n_workers:", "--workers:", args.workers)]
 
-    def flag_named(exc: ConfigError) -> ConfigError:  # name the flag the user typed, not the config key it set
+    def flag_named(exc: Exception) -> ConfigError:  # name the flag the user typed, not the config key it set
         msg = str(exc)
         for key, flag, given in named:
             msg = flag + msg[len(key):] if (given is not None and msg.startswith(key)) else msg
@@ -170,7 +170,7 @@ def cmd_run(args) -> int:
     except ConfigError as exc:  # e.g. an unreachable --scheduler, found when the cluster is joined
         raise flag_named(exc) from None
     except (KeyboardInterrupt, RunAborted) as exc:
-        what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"error: {exc}"
+        what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"error: {flag_named(exc)}"
         kept = (f"; the finished cells are kept in {out}. Resume with:\n  {_resume_command(args.argv, out)}"
                 if out.is_dir() else f" before {out} was made")  # (no resume line for a folder never made)
         print(f"icl-bench: {what}{kept}", file=sys.stderr)

@@ -199,7 +199,7 @@ def test_losing_the_scheduler_mid_run_ends_the_run_with_its_resume_line(tmp_path
         proc.kill()
     assert proc.returncode == 1, err
     first, resume = err.splitlines()[-2:]
-    assert first.startswith(f"icl-bench: error: executor.scheduler: the run lost its Dask scheduler at {lc.scheduler_address}"), err
+    assert first.startswith(f"icl-bench: error: --scheduler: the run lost its Dask scheduler at {lc.scheduler_address}"), err
     assert f"the finished cells are kept in {out}. Resume with:" in first and resume.strip().endswith("--resume"), err
     assert "Traceback" not in err and _n_stored(out) >= 2
 
@@ -225,7 +225,7 @@ def test_losing_the_scheduler_before_any_worker_came_is_one_line(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 1 and err.count("\n") == 1, err  # (OSError or CommClosedError, as the loss goes)
-    assert err.startswith(f"icl-bench: error: executor.scheduler: the run lost its Dask scheduler at "
+    assert err.startswith(f"icl-bench: error: --scheduler: the run lost its Dask scheduler at "
                           f"{lc.scheduler_address} while waiting for its first worker (") and err.endswith(
                           f") before {out} was made\n"), err
     assert not out.exists()
