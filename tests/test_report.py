@@ -415,7 +415,7 @@ def test_gd_steps_plot_lines_beside_solvers_without_steps(tables, figs):
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["1", "2", "4"]
     y = dict(zip(*fig.axes[0].get_lines()[0].get_data()))
     assert y[4.0] == pytest.approx(1 / 16, rel=1e-5)
-    with pytest.raises(plots.PlotSkipped, match="no solver in the runs has a `steps` parameter"):
+    with pytest.raises(plots.PlotSkipped, match="no solver in the runs set a `steps` parameter"):
         plots.gd_steps(summary[summary.solver != "test-steps"], setting)
 
 

@@ -177,7 +177,9 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     d["steps"] = [_steps(p) for p in d["solver_params"]]
     stepped = d[d["steps"].notna()].copy()
     if stepped.empty:
-        raise PlotSkipped(f"gd_steps: no solver in the runs has a `steps` parameter with ok cells at {setting_words(setting, axes, summary)}")
+        raise PlotSkipped(f"gd_steps: no solver in the runs set a `steps` parameter (e.g. [solvers.gd-lsa] steps = "
+                          f"[1, 4, 16]; a solver at its default steps records none) with ok cells at "
+                          f"{setting_words(setting, axes, summary)}")
     stepped["steps"] = stepped["steps"].astype(float)
     varied = stepped.groupby("solver")["steps"].nunique()
     if varied.max() < 2:
