@@ -92,4 +92,3 @@ def config_path(name_or_path: str | Path, key: str = "--config") -> Path:
     if path.parent == Path(".") and packaged.is_file():
         return packaged
     raise ConfigError(f"{key}: no such file {str(path)!r}; packaged configs: {', '.join(config_names())}")
-

@@ -147,6 +147,7 @@ def checkpoint_path(name: str, key: str = "CHECKPOINT") -> str:
         raise ConfigError(f"{key}: empty name; give a checkpoint's stem or a shipped model's name")
     stem = name.removesuffix(".json").removesuffix(".safetensors")
     try:
+        # (asked first for every name: an over-long one raises OSError here, a path's too)
         here = Path(name).exists() or Path(f"{stem}.json").exists() or Path(f"{stem}.safetensors").exists()
         if "/" in name or os.sep in name:
             return name  # a path: load_checkpoint says what is wrong with it
