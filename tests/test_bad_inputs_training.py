@@ -2,9 +2,12 @@
 one line `icl-bench: error: <field>: ...`, exit 2, no traceback, and nothing written."""
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from icl_bench.cli import main
+from icl_bench.resources import models_dir
 
 TINY = "steps = 2\nbatch_size = 16\neval_every = 1\neval_prompts = 16\n"
 
@@ -99,6 +102,23 @@ def test_a_shipped_checkpoint_resolves_by_name_with_a_suffix(capsys):
     from icl_bench.solvers.checkpoint import checkpoint_path
 
     assert checkpoint_path("trained-l1-R100.json").endswith("models/trained-l1-R100")
+
+
+def test_a_dangling_link_named_like_a_shipped_checkpoint_is_an_error_not_the_shipped_model(capsys, tmp_path, monkeypatch):
+    """A link the user put here, even one whose target is gone, is meant as the local checkpoint: the
+    shipped model of that name must not stand in for it silently."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "trained-nol1-R10.json").symlink_to(tmp_path / "gone.json")
+    msg = run(capsys, tmp_path, ["analyze", "trained-nol1-R10"])
+    assert msg.rstrip() == f"checkpoint: metadata file trained-nol1-R10.json is a link to {tmp_path / 'gone.json'}, which is missing"
+    (tmp_path / "trained-nol1-R10.json").unlink()
+    for half in ("json", "safetensors"):
+        shutil.copy(models_dir() / f"trained-nol1-R10.{half}", tmp_path)
+    (tmp_path / "trained-nol1-R10.safetensors").unlink()
+    (tmp_path / "trained-nol1-R10.safetensors").symlink_to("gone.safetensors")
+    msg = run(capsys, tmp_path, ["publish", tmp_path, "--out", tmp_path / "p", "--checkpoint", "trained-nol1-R10"])
+    assert msg.rstrip() == "--checkpoint: weights file trained-nol1-R10.safetensors is missing (a link to gone.safetensors, which is missing)"
+    assert not (tmp_path / "p").exists()
 
 
 def test_checkpoint_names_local_first_then_shipped_and_a_folder_never_hides_one(tmp_path, monkeypatch):

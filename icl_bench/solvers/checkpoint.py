@@ -74,6 +74,8 @@ def read_meta(path: str | Path) -> dict:
         if Path(path).is_dir():  # e.g. `--checkpoint .`: not "metadata file ..json is missing"
             raise ConfigError(f"checkpoint: {path} is a folder; a checkpoint is the file pair <stem>.safetensors + "
                               "<stem>.json: give its stem or either file")
+        if jpath.is_symlink():  # a dangling link: say where it points
+            raise ConfigError(f"checkpoint: metadata file {jpath} is a link to {os.readlink(jpath)}, which is missing")
         raise ConfigError(f"checkpoint: metadata file {jpath} is missing; a checkpoint is <stem>.safetensors + <stem>.json")
     try:
         meta = json.loads(jpath.read_text())
@@ -102,7 +104,8 @@ def load_checkpoint(path: str | Path, *, device: str = "cpu") -> tuple[Transform
     meta = read_meta(stem)
     spath = Path(str(stem) + ".safetensors")
     if not spath.is_file():
-        raise ConfigError(f"checkpoint: weights file {spath} is missing")
+        link = f" (a link to {os.readlink(spath)}, which is missing)" if spath.is_symlink() else ""
+        raise ConfigError(f"checkpoint: weights file {spath} is missing{link}")
     try:
         cfg = TransformerConfig(**meta["model_config"])
     except (TypeError, ValueError) as exc:
@@ -134,7 +137,8 @@ def checkpoint_path(name: str, key: str = "CHECKPOINT") -> str:
 
     A name with a folder in it as typed ("./m", "runs/m") is a path. A bare name ("m", "m.json",
     "m.safetensors") is a local checkpoint when m.safetensors is a file in the current folder, or
-    m.json is one and reads as a checkpoint's metadata; else the shipped model of stem m in
+    m.json is one and reads as a checkpoint's metadata, or either is a symbolic link (a dangling
+    one too: load_checkpoint then says it is missing, not a shipped model silently); else the shipped model of stem m in
     resources.models_dir() (e.g. trained-l1-R100); else itself when something of that name is here
     (load_checkpoint then says what is wrong with it). So a folder, or another file (e.g. an
     `analyze --out trained-l1-R100.json`), never hides a shipped model.
@@ -153,6 +157,8 @@ def checkpoint_path(name: str, key: str = "CHECKPOINT") -> str:
             return name  # a path: load_checkpoint says what is wrong with it
         if Path(f"{stem}.safetensors").is_file() or (Path(f"{stem}.json").is_file() and _reads_as_meta(stem)):
             return name
+        if any(Path(p).is_symlink() for p in (name, f"{stem}.json", f"{stem}.safetensors")):
+            return name  # a link put here on purpose, even a dangling one: load_checkpoint says so
         if Path(f"{resources.models_dir() / stem}.json").is_file():
             return str(resources.models_dir() / stem)
     except OSError as exc:  # e.g. a name longer than the file system allows
