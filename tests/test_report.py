@@ -848,3 +848,17 @@ def test_seeds_above_2_to_the_53_publish_exactly(run_dir, tmp_path):
         runs.append(tmp_path / str(seed))
     table, _ = report.load_runs(runs)
     assert sorted(set(table.seed.tolist())) == [2**53, 2**53 + 1, 2**63 - 1]
+
+
+def test_a_checkpoint_named_twice_is_drawn_once(tables, monkeypatch, tmp_path):
+    """`--checkpoint trained-l1-R100 --checkpoint trained-l1-R100.json` (and the shipped folder's
+    path) name one file pair: it used to be drawn three times, as three models."""
+    from icl_bench.report import model_plots
+    from icl_bench.resources import models_dir
+
+    monkeypatch.chdir(tmp_path)
+    table, _, setting = tables
+    names = ["trained-l1-R100", "trained-l1-R100.json", str(models_dir() / "trained-l1-R100.safetensors")]
+    models, notes = model_plots.collect_models(table, setting, names, n_prompts=16)
+    assert list(models) == ["construction (R=10)", "checkpoint trained-l1-R100"]
+    assert notes == [f"--checkpoint {n}: drawn once, as 'checkpoint trained-l1-R100'" for n in names[1:]]

@@ -31,7 +31,7 @@ from icl_bench.prompts.generator import PromptSpec, sample_prompts
 from icl_bench.prompts.ols import ols_fit
 from icl_bench.report.aggregate import select
 from icl_bench.report.plots import PlotSkipped
-from icl_bench.solvers.checkpoint import checkpoint_path, load_checkpoint
+from icl_bench.solvers.checkpoint import checkpoint_path, load_checkpoint, stem_of
 from icl_bench.solvers.ln_closed_form import build_construction
 from icl_bench.solvers.registry import get_solver_class
 
@@ -92,7 +92,8 @@ def _fitting_checkpoint(solver: str, params: str, R: float, N: int) -> Path | No
 def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts: int = 512, seed: int = 0):
     """The transformers to draw, from code and checkpoint files only (no solver is re-run): the
     LayerNorm construction at the setting's R, the checkpoint each trained-* solver with ok cells
-    at `setting` used (its models_dir, or the shipped models), and the checkpoints given.
+    at `setting` used (its models_dir, or the shipped models), and the checkpoints given; a
+    checkpoint file reached twice (trained-l1-R100 and trained-l1-R100.json) is drawn once.
 
     The probe traces are the models' forward passes on `n_prompts` prompts drawn at the setting
     (N, noise, R; standard-normal x, slope, intercept; float64) with `seed`.
@@ -112,6 +113,7 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
             models[label] = {"weights": model.weight_matrices(), "trace": {"tokens": tokens, **model.probe(tokens)}}
 
     add(f"construction (R={R:g})", build_construction(R))
+    drawn = {}  # resolved checkpoint stem -> its label: one model is drawn once, however it was named
     at = select(table[table["status"] == "ok"], setting, ("N", "noise", "R", "d"))
     for (solver, params), _ in at.groupby(["solver", "solver_params"]):
         label = f"{solver} {params}" if params not in ("", "{}") else solver
@@ -126,10 +128,19 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
         if not model.cfg.layernorm:
             notes.append(f"{label}: no LayerNorm weights, not drawn beside the LayerNorm construction")
             continue
+        if stem_of(path).resolve() in drawn:  # two settings of one solver serving the same file
+            notes.append(f"{label}: drawn once, as {drawn[stem_of(path).resolve()]!r}")
+            continue
+        drawn[stem_of(path).resolve()] = f"{label} ({Path(path).stem})"
         add(f"{label} ({Path(path).stem})", model)
     for path in checkpoints:  # as the user gave them: a path or a shipped model's name
         try:
-            model, _ = load_checkpoint(checkpoint_path(str(path), "--checkpoint"))
+            resolved = checkpoint_path(str(path), "--checkpoint")
+            if stem_of(resolved).resolve() in drawn:  # e.g. trained-l1-R100 and trained-l1-R100.json
+                notes.append(f"--checkpoint {path}: drawn once, as {drawn[stem_of(resolved).resolve()]!r}")
+                continue
+            model, _ = load_checkpoint(resolved)
+            drawn[stem_of(resolved).resolve()] = f"checkpoint {path}"
             add(f"checkpoint {path}", model)
         except Exception as exc:
             notes.append(f"--checkpoint {path}: not drawn ({type(exc).__name__}: {exc})")
