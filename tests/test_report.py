@@ -540,7 +540,16 @@ def test_probe_scatter_leaves_out_a_model_it_cannot_fit_with_a_note(tables):
     model_plots.probe_scatter(part, notes)
     assert len(notes) == 1 and notes[0].startswith("probes.png fits only the finite rows: construction (R=1.3e+154) "), notes
     assert " of 64 rows finite" in notes[0] and "of 640 rows" not in notes[0]  # the query rows (division) only
+    fig = model_plots.probe_scatter(part)
+    assert " of 64 rows finite)" in fig.axes[2].get_title()  # the panel says it too
     assert model_plots.probe_scatter(fine, notes) and len(notes) == 1  # all rows finite: no note
+    # at R = 1e-300 the query's LayerNorm input underflows: every slot constant, R² nan, said in a note
+    tiny, _ = model_plots.collect_models(table, {**setting, "R": 1e-300}, n_prompts=16)
+    notes = []
+    fig = model_plots.probe_scatter(tiny, notes)
+    assert "R² = nan" in fig.axes[2].get_title()
+    assert notes == ["probes.png has no R² (nan: the statistic or every stream slot is constant over the rows, e.g. a "
+                     "LayerNorm whose input has underflowed): construction (R=1e-300) division"]
 
 
 def test_scaling_exponents_ln_closed_form_r_minus_4_and_ols_flat(tmp_path, tables):

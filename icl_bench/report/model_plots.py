@@ -247,13 +247,17 @@ def probe_scatter(models: dict[str, dict], notes: list[str] | None = None) -> Fi
                                                "no model with a LayerNorm trace (layer0.resid, layer1.ln)"))
     if left_out and notes is not None:
         notes.append(f"probes.png leaves out {'; '.join(left_out)}")
-    partial = []  # fits that dropped non-finite rows (e.g. a stream that overflows on some prompts)
-    for label, (t, fit) in fits.items():
+    partial, undefined = [], []  # fits that dropped non-finite rows (e.g. a stream that overflows
+    for label, (t, fit) in fits.items():  # on some prompts); fits with no R² (a constant slot)
         B, T = t["tokens"].shape[:2]
         rows = {"centering.x": B * (T - 1), "centering.y": B * (T - 1), "division": B}
         partial += [f"{label} {k}: {f.n} of {rows[k]} rows finite" for k, f in fit.items() if f.n < rows.get(k, f.n)]
+        undefined += [f"{label} {k}" for k, f in fit.items() if not np.isfinite(f.r2)]
     if partial and notes is not None:
         notes.append(f"probes.png fits only the finite rows: {'; '.join(partial)}")
+    if undefined and notes is not None:
+        notes.append(f"probes.png has no R² (nan: the statistic or every stream slot is constant over the rows, "
+                     f"e.g. a LayerNorm whose input has underflowed): {'; '.join(undefined)}")
     sns.set_theme(style="whitegrid", context="paper")
     fig = Figure(figsize=(10, 2.9 * len(fits) + 0.6))
     axes = fig.subplots(len(fits), 3, squeeze=False)
@@ -274,7 +278,8 @@ def probe_scatter(models: dict[str, dict], notes: list[str] | None = None) -> Fi
             ax.scatter(tx[keep], sy[keep], s=4, alpha=0.5)
             line = np.linspace(np.nanmin(tx), np.nanmax(tx), 2)
             ax.plot(line, f.slope * line + f.intercept, color="k", lw=0.8, label=f"slope {f.slope:.3g}")
-            ax.set_title(f"{label}\n{f.source}: slot {f.slot}, R² = {f.r2:.4f}", fontsize=7)
+            n_rows = f" ({f.n} of {tx.size} rows finite)" if f.n < tx.size else ""
+            ax.set_title(f"{label}\n{f.source}: slot {f.slot}, R² = {f.r2:.4f}{n_rows}", fontsize=7)
             ax.set_xlabel(f"closed form {f.target} (y or x units)", fontsize=7)
             ax.set_ylabel(f"stream slot {f.slot} (model units)", fontsize=7)
             ax.legend(fontsize=6)
