@@ -211,7 +211,8 @@ def cmd_publish(args) -> int:
         if key in seen:
             raise ConfigError(f"RUN_DIR: {d} is given twice")
         seen.add(key)
-    result = publish(args.run_dirs, args.out, force=args.force, at=at, checkpoints=args.checkpoint or [])
+    result = publish(args.run_dirs, args.out, force=args.force, at=at, checkpoints=args.checkpoint or [],
+                     readme=args.readme)
     if args.readme:
         replace_block(args.readme, "headline", (Path(result["out"]) / "headline.md").read_text())
         print(f"updated the headline block of {args.readme}")

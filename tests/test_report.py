@@ -603,6 +603,21 @@ def test_publishing_runs_with_different_grids_names_what_it_left_out(run_dir, tm
         assert "its ok cells have R = 1000; dtype = float64" in text and "the runs have different R grids" in text
 
 
+def test_publish_readme_updates_the_block_and_the_command_says_so(run_dir, tmp_path, monkeypatch):
+    """`--readme` replaces only the headline block, and the "Made by" command it writes there names
+    `--readme` (it was left out, so rerunning the printed command did not update the README)."""
+    import icl_bench.report.publish
+
+    monkeypatch.setattr(icl_bench.report.publish, "_figures", lambda *a: ({}, []))
+    doc = tmp_path / "README.md"
+    doc.write_text("intro\n<!-- headline:begin -->\nold\n<!-- headline:end -->\noutro\n")
+    out = tmp_path / "pub"
+    assert main(["publish", str(run_dir), "--out", str(out), "--readme", str(doc)]) == 0
+    text = doc.read_text()
+    assert text.startswith("intro\n<!-- headline:begin -->\n### Mean MSE vs OLS") and text.endswith("<!-- headline:end -->\noutro\n")
+    assert f"--readme {doc}`" in text and "\nold\n" not in text
+
+
 def test_publish_names_d_when_the_runs_hold_several_and_says_what_it_left_out(tmp_path, monkeypatch):
     from icl_bench.report import model_plots
     from icl_bench.report import publish as pub
@@ -842,6 +857,22 @@ def test_seed_means_pool_by_their_finite_predictions():
         warnings.simplefilter("error")
         none = report.aggregate(pd.DataFrame(rows[2:])).iloc[0]
     assert math.isnan(none.mse_vs_ols) and math.isnan(none.mse_vs_ols_ci_low) and none.n_nonfinite == 100
+
+
+def test_headline_names_a_missing_cell_instead_of_printing_nan():
+    """A series with no ok cell at one N (skipped there, or a run without that N) used to show a
+    bare `nan`, which reads as a NaN answer (found by a new-user tryout)."""
+    from icl_bench.report import aggregate as report
+
+    cell = dict(solver_params="{}", noise=0.1, R=100.0, dtype="float32", device="cpu", d=1, ood="none",
+                prompts="synthetic", status="ok", prompts_per_s=1.0, seed=0, n_prompts=10, n_nonfinite=0,
+                mse_vs_ols=1.0, mse_vs_ols_se=0.1, mse_vs_truth=1.0, mse_vs_truth_se=0.1)
+    rows = [dict(cell, solver="a", series="a", series_rank=0, N=10), dict(cell, solver="a", series="a", series_rank=0, N=20),
+            dict(cell, solver="b", series="b", series_rank=1, N=20)]
+    head = report.headline(report.aggregate(pd.DataFrame(rows)),
+                           {"noise": 0.1, "R": 100.0, "dtype": "float32", "device": "cpu", "d": 1, "ood": "none"})
+    assert head.set_index("series").loc["b", "N=10"] == "(no ok cell)"
+    assert "nan" not in report.to_markdown(head)
 
 
 def test_seeds_above_2_to_the_53_publish_exactly(run_dir, tmp_path):

@@ -350,10 +350,14 @@ def select(df: pd.DataFrame, setting: dict, axes) -> pd.DataFrame:
     return df[mask]
 
 
+NO_CELL = "(no ok cell)"  # a headline entry with nothing to average: skipped, errored or not run
+
+
 def headline(summary: pd.DataFrame, setting: dict) -> pd.DataFrame:
     """Mean MSE vs OLS "mean [CI low, CI high]" by series (rows) x N (columns) at `setting`
     (noise, R, dtype, device fixed), "(k of n NaN)" appended where k predictions were not finite
-    (the mean is over the others). Empty when no ok cell matches."""
+    (the mean is over the others), NO_CELL where a series has no ok cell at that N (not a bare
+    nan, which would read as a NaN answer). Empty when no ok cell matches."""
     at = select(summary, setting, tuple(a for a in AXES if a != "N"))
     if at.empty:
         return pd.DataFrame()
@@ -362,7 +366,7 @@ def headline(summary: pd.DataFrame, setting: dict) -> pd.DataFrame:
                            for m, lo, hi, k, n in zip(at["mse_vs_ols"], at["mse_vs_ols_ci_low"],
                                                       at["mse_vs_ols_ci_high"], bad, at["n_prompts"])])
     wide = text.pivot_table(index="series", columns="N", values="cell", aggfunc="first")
-    wide = wide.reindex([s for s in series_order(at) if s in wide.index])
+    wide = wide.reindex([s for s in series_order(at) if s in wide.index]).fillna(NO_CELL)
     wide.columns = [f"N={n}" for n in wide.columns]
     return wide.reset_index()
 

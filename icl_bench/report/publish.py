@@ -148,17 +148,19 @@ def _report_md(ctx: dict) -> str:
     return "\n".join(lines)
 
 
-def command_line(run_dirs, out, at: dict | None, checkpoints, force: bool = False) -> str:
-    """The `icl-bench publish` command as given (--force only when it was passed)."""
+def command_line(run_dirs, out, at: dict | None, checkpoints, force: bool = False, readme=None) -> str:
+    """The `icl-bench publish` command as given (--force and --readme only when they were passed)."""
     args = ["icl-bench", "publish", *map(str, run_dirs), "--out", str(out)]
     for k, v in (at or {}).items():
         args += ["--at", f"{k}={v}"]
     for c in checkpoints:
         args += ["--checkpoint", str(c)]
+    args += ["--readme", str(readme)] if readme else []
     return shlex.join(args + (["--force"] if force else []))
 
 
-def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = None, checkpoints=()) -> dict:
+def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = None, checkpoints=(),
+            readme=None) -> dict:
     """Aggregate run folders and write the report into `out` (see the module docstring).
 
     Args:
@@ -167,6 +169,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         force: replace a non-empty `out` (only after the new report is complete).
         at: representative setting overrides, axis -> value text (report.representative).
         checkpoints: trained-model checkpoint paths to draw beside the construction.
+        readme: the README whose headline block the caller then updates (named in the command only).
     Returns:
         {"out": Path, "files": [relative paths], "notes": [str], "setting": dict}.
     Raises:
@@ -180,7 +183,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     head = report.headline(summary, setting)
     headline_at = {k: v for k, v in setting.items() if k != "N"}
     varied = coverage.varied_axes(table)  # d / ood are named when the runs hold more than one value
-    command = command_line(runs, out, at, checkpoints, force)
+    command = command_line(runs, out, at, checkpoints, force, readme)
     gaps = coverage.left_out(table, setting)
     silent = report.no_answer_notes(table)  # NaN in the table must come with its reason
     headline_md = "\n".join([
