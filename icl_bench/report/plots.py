@@ -196,12 +196,14 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     log_y = style.spans(y_all, 2)
     pos = y_all[np.isfinite(y_all) & (y_all > 0)]
     floor = pos.min() / 10 if pos.size else 1.0
+    zeros = 0  # MSE exactly 0 on a log axis: drawn at the floor, and the note says how many
     for ax, ds in panels:
         ds = ds.sort_values(["series", "steps"])
         y = ds["mse_vs_ols"].astype(float)
         lo = ds["mse_vs_ols_ci_low"].astype(float)
         hi = ds["mse_vs_ols_ci_high"].astype(float)
         if log_y:
+            zeros += int((y <= 0).sum())
             ds = ds.assign(mse_vs_ols=y.where(y > 0, floor), mse_vs_ols_ci_low=lo.where(lo > 0, floor),
                            mse_vs_ols_ci_high=hi.where(hi > 0, floor))
         for s in [s for s in styles if s in set(ds["series"])]:
@@ -211,16 +213,20 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
                 ax.fill_between(dss["steps"], dss["mse_vs_ols_ci_low"], dss["mse_vs_ols_ci_high"],
                                 color=styles[s]["color"], alpha=0.12, linewidth=0)
         n = ds["N"].iloc[0]
+        xs = np.sort(stepped["steps"].unique())  # a level line with its series' marker at every steps value
         for _, r in refs[refs["N"] == n].sort_values("series_rank").iterrows():
             y = r["mse_vs_ols"] if not log_y or r["mse_vs_ols"] > 0 else floor
+            zeros += int(log_y and not r["mse_vs_ols"] > 0 and np.isfinite(r["mse_vs_ols"]))
             st = styles[r["series"]]
-            ax.axhline(y, ls=st["linestyle"] if st["linestyle"] != "-" else (0, (6, 2)), lw=1.1, color=st["color"],
-                       label=f"{r['series']} (no steps)")
+            ax.plot(xs, np.full(xs.shape, y), ls=st["linestyle"] if st["linestyle"] != "-" else (0, (6, 2)), lw=1.1,
+                    color=st["color"], marker=st["marker"], ms=4, mfc="none", label=f"{r['series']} (no steps)")
         if log_y:
             ax.set_yscale("log")
             style.log_ticks(ax, "y", pos)
         style.grid_axis(ax, stepped["steps"], style.spans(stepped["steps"], 1))
-    note = "band: 95 % CI over prompts and seeds; an MSE of exactly 0 is drawn at the axis floor"
+    note = "band: 95 % CI over prompts and seeds"
+    if zeros:
+        note += f"; an MSE of exactly 0 ({zeros} points) is drawn at the axis floor"
     if twins:
         note += "; " + style.twins_note(twins)
     return _finish(fig, panels, LABELS["steps"], MSE_OLS_LABEL,

@@ -3,7 +3,9 @@
 Series style (docs/report.md, "Plots"): the colour names the solver *family* (the name before its
 first "-": gd and gd-lsa are one family, trained-l1 / -nol1 / -lsa another), each solver of a
 family gets its own shade of that colour, and the parameter set of a solver (steps = 1, 4, 16)
-gets its own marker; solvers of one family also differ in line style. Series whose plotted numbers
+gets its own marker (a solver with a single parameter set takes its family's k-th marker instead,
+so one-setting solvers of a family, e.g. trained-*, differ in marker too); solvers of one family
+also differ in line style. Series whose plotted numbers
 coincide on the plot (gd and gd-lsa run the same iterations; they agree to VISUAL_RTOL, 1 %) are
 drawn on top of each other: the later one with larger open markers and a dotted line, its legend
 label says "= <the other>", and the figure note names the pair with their largest relative
@@ -49,7 +51,9 @@ def series_styles(series: pd.DataFrame) -> dict[str, dict]:
         series: one row per series with columns "series", "solver", "series_rank" (report.add_series).
     Colours: one tab10 hue per family (fixed for the built-in families, KNOWN_FAMILIES; the
     others in order of appearance), shades of it per solver;
-    line style: by solver within its family; marker: by the rank of the parameter set within its solver.
+    line style: by solver within its family; marker: by the rank of the parameter set within its
+    solver (so gd steps=4 and gd-lsa steps=4 share one), or, for a solver run with one parameter set,
+    by the solver within its family (the four trained-* solvers: four markers, not four circles).
     """
     rows = series.drop_duplicates("series").sort_values("series_rank")
     families = list(dict.fromkeys(family(s) for s in rows["solver"]))
@@ -65,8 +69,9 @@ def series_styles(series: pd.DataFrame) -> dict[str, dict]:
         shades = _shades(colour, len(solvers))  # darkest first; one solver keeps the family colour
         for k, (solver, shade) in enumerate(zip(solvers, shades)):
             mine = rows[rows["solver"] == solver]["series"].tolist()
-            for i, s in enumerate(mine):
-                out[s] = {"color": shade, "marker": MARKERS[i % len(MARKERS)],
+            for i, s in enumerate(mine):  # one parameter set: the solver's own marker (k) in its family
+                m = i if len(mine) > 1 else k
+                out[s] = {"color": shade, "marker": MARKERS[m % len(MARKERS)],
                           "linestyle": DASHES[k % len(DASHES)], "family": fam}
     return out
 
