@@ -110,18 +110,14 @@ def _index_html(ctx: dict) -> str:
     for run, meta in ctx["runs"].items():
         r = {"path": run, "meta": meta}
         if meta is not None:
-            facts = {k: meta.get(k) for k in ("git_commit", "seed", "started_at", "finished_at", "n_cells", "status_counts")}
-            r["facts"] = json.dumps(facts, indent=1)
+            r["facts"] = json.dumps(_run_facts(meta), indent=1)
             r["details"] = [(k, json.dumps(meta.get(k), indent=1)) for k in ("device", "packages", "config")]
         runs.append(r)
-    s, v = ctx["setting"], ctx["varied"]
     mech = ctx["mechanism"]
     return env.get_template("index.html.j2").render(
         generated_at=ctx["generated_at"], command=ctx["command"], forced=ctx["forced"],
-        headline_at=_setting_text(ctx["headline_at"], v), headline=_html_table(ctx["headline"]), left_out=ctx["left_out"],
-        scaling=_html_table(ctx["scaling_at"]),
-        scaling_at_r=_setting_text({k: s[k] for k in ("N", "noise", "device", "d", "ood")}, v),
-        scaling_at_n=_setting_text({k: s[k] for k in ("R", "noise", "device", "d", "ood")}, v),
+        headline_at=_setting_text(ctx["headline_at"], ctx["varied"]), headline=_html_table(ctx["headline"]), left_out=ctx["left_out"],
+        scaling=_html_table(ctx["scaling_at"]), scaling_at_r=_scaling_at(ctx, "N"), scaling_at_n=_scaling_at(ctx, "R"),
         floors={d: f"{scaling.float_floor(d):.1e}" for d in ("float32", "float64")},
         mechanism={"status": mech["status"], "source": mech["source"],
                    "html": _html_table(mech["table"]) if not mech["table"].empty else ""},
@@ -130,12 +126,25 @@ def _index_html(ctx: dict) -> str:
         summary=_html_table(ctx["summary_shown"]), runs=runs)
 
 
+def _run_facts(meta: dict) -> dict:
+    """The facts of a run's metadata.json shown for every run (the page also folds out device,
+    packages and config)."""
+    return {k: meta.get(k) for k in ("git_commit", "seed", "started_at", "finished_at", "n_cells", "status_counts")}
+
+
+def _scaling_at(ctx: dict, fixed: str) -> str:
+    """The setting a scaling fit holds fixed: N for the fit against R, R for the fit against N."""
+    return _setting_text({k: ctx["setting"][k] for k in (fixed, "noise", "device", "d", "ood")}, ctx["varied"])
+
+
 def _report_md(ctx: dict) -> str:
     lines = ["# icl-bench results", "", f"Generated {ctx['generated_at']} by:", "", "```bash", ctx["command"], "```", "",
              ctx["headline_md"]]
     if ctx["left_out"]:
         lines += ["Left out:", ""] + [f"- {n}" for n in ctx["left_out"]] + [""]
-    lines += ["## Scaling laws (exponent p of MSE vs OLS ∝ R^p, N^p; 95 % CI)", "", report.to_markdown(ctx["scaling_at"]),
+    lines += ["## Scaling laws (exponent p of MSE vs OLS ∝ R^p, N^p; 95 % CI)", "",
+              f"Against R at {_scaling_at(ctx, 'N')}; against N at {_scaling_at(ctx, 'R')}; every setting: "
+              "[scaling.csv](scaling.csv).", "", report.to_markdown(ctx["scaling_at"]),
               "## Mechanism", "", ctx["mechanism"]["status"], ""]
     if not ctx["mechanism"]["table"].empty:
         lines += [report.to_markdown(ctx["mechanism"]["table"]), f"Verdict: {ctx['mechanism']['source']}.", ""]
@@ -143,9 +152,12 @@ def _report_md(ctx: dict) -> str:
     lines += [""] + (["## Notes", ""] + [f"- {n}" for n in ctx["notes"]] + [""] if ctx["notes"] else [])  # no empty heading
     lines += ["## Failed and skipped cells", "", report.to_markdown(ctx["failures"]),
               "## Weight sparsity", "", report.to_markdown(ctx["sparsity"]),
-              f"All cells: [summary.csv](summary.csv) ({len(ctx['summary'])} rows); runs: "
-              + ", ".join(f"`{r}`" for r in ctx["runs"]), ""]
-    return "\n".join(lines)
+              f"All cells: [summary.csv](summary.csv) ({len(ctx['summary'])} rows).", "", "## Runs", ""]
+    for run, meta in ctx["runs"].items():  # as on the page; its device, packages and config: metadata.json
+        facts = "no metadata.json in this run folder" if meta is None else ", ".join(
+            f"{k} {json.dumps(v)}" for k, v in _run_facts(meta).items())
+        lines += [f"- `{run}`: {facts}"]
+    return "\n".join(lines + [""])
 
 
 def command_line(run_dirs, out, at: dict | None, checkpoints, force: bool = False, readme=None) -> str:
