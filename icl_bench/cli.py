@@ -175,9 +175,13 @@ def cmd_run(args) -> int:
                 if out.is_dir() else f" before {out} was made")  # (no resume line for a folder never made)
         print(f"icl-bench: {what}{kept}", file=sys.stderr)
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
-    print(console_summary(table))
-    print(f"wrote {out / 'results.parquet'}, results.csv, metadata.json ({len(table)} cells)")
-    _report_cells(table)
+    try:
+        print(console_summary(table))
+        print(f"wrote {out / 'results.parquet'}, results.csv, metadata.json ({len(table)} cells)")
+        _report_cells(table)
+    except KeyboardInterrupt:  # the table is written: nothing to resume
+        print(f"icl-bench: interrupted after the run had finished; its table is complete in {out}", file=sys.stderr)
+        return 130
     return 1 if (table.status == "error").any() else 0
 
 

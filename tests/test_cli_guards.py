@@ -173,3 +173,20 @@ def test_publish_of_a_run_with_no_ok_cell_is_a_report(tmp_path, capsys, tiny_raw
     capsys.readouterr()
     assert main(["publish", str(tmp_path / "run"), "--out", str(tmp_path / "pub")]) == 0
     assert (tmp_path / "pub" / "report.md").is_file()
+
+
+def test_ctrl_c_after_the_table_is_written_says_it_is_complete(tmp_path, capsys, tiny_raw, monkeypatch):
+    """A Ctrl-C while the summary prints used to say only "interrupted", as if cells were lost
+    (found by a new-user tryout); the table is complete then, and the message says so."""
+    import icl_bench.report.run_summary
+
+    def ctrl_c(table):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(icl_bench.report.run_summary, "console_summary", ctrl_c)
+    (tmp_path / "c.toml").write_text(tomli_w.dumps(tiny_raw))
+    code = main(["run", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / "run"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 130 and err.endswith(f"icl-bench: interrupted after the run had finished; its table is complete "
+                                        f"in {tmp_path / 'run'}\n"), err
+    assert (tmp_path / "run" / "metadata.json").is_file()
