@@ -341,6 +341,11 @@ def test_series_labels_carry_every_distinguishing_parameter():
     s = add_series(t).sort_values("series_rank")
     # gd ran with one steps value only, but steps tells it apart from gd-lsa; numbers sort numerically
     assert s.series.tolist() == ["gd steps=8", "gd-lsa steps=1", "gd-lsa steps=4", "gd-lsa steps=16", "ols", "trained-l1"]
+    # text that is empty or holds a space is quoted: `models_dir=` read as a value left out
+    t = pd.DataFrame({"solver": ["trained-l1"] * 3,
+                      "solver_params": ['{"models_dir": ""}', '{"models_dir": "my models"}', '{"models_dir": "m"}']})
+    assert sorted(add_series(t).series) == ['trained-l1 models_dir=""', 'trained-l1 models_dir="my models"',
+                                            "trained-l1 models_dir=m"]
 
 
 @pytest.fixture(scope="module")
@@ -545,8 +550,14 @@ def test_model_plots_draw_the_construction_and_its_probes_without_running_solver
     assert notes == []
     fig = model_plots.weight_heatmaps(models)
     assert [ax.get_title().split("  (")[0] for ax in fig.axes if ax.axison][:4] == ["embed", "readout", "L1H1 QK", "L1H1 OV"]
+    (ln,) = [ax for ax in fig.axes if ax.get_title().startswith("L1 LN γ/β")]
+    assert [t.get_text() for t in ln.get_yticklabels()] == ["γ", "β"] and ln.get_xlabel() == "slot"
     fig = model_plots.probe_scatter(models)
     assert len(fig.axes) == 3 and all("R² = 1.0000" in ax.get_title() or "R² = 0.99" in ax.get_title() for ax in fig.axes)
+    # places and units in docs/design.md §5's words, not the trace's 0-based keys
+    assert "stream after layer 1, context tokens: slot" in fig.axes[0].get_title()
+    assert "layer-2 LayerNorm output, query token: slot" in fig.axes[2].get_title()
+    assert [ax.get_xlabel().split("(")[-1] for ax in fig.axes] == ["x units)", "y units)", "y units)"]
     assert fig.axes[2].get_xlabel().startswith("closed form b_hat (u - x_bar)")
 
 
@@ -932,4 +943,7 @@ def test_a_checkpoint_named_twice_is_drawn_once(tables, monkeypatch, tmp_path):
     names = ["trained-l1-R100", "trained-l1-R100.json", str(models_dir() / "trained-l1-R100.safetensors")]
     models, notes = model_plots.collect_models(table, setting, names, n_prompts=16)
     assert list(models) == ["construction (R=10)", "checkpoint trained-l1-R100"]
-    assert notes == [f"--checkpoint {n}: drawn once, as 'checkpoint trained-l1-R100'" for n in names[1:]]
+    assert notes == ["--checkpoint trained-l1-R100: trained at R = 100, probed at the report's R = 10 (--at R=100 "
+                     "probes it at its own)"] + [f"--checkpoint {n}: drawn once, as 'checkpoint trained-l1-R100'" for n in names[1:]]
+    _, notes = model_plots.collect_models(table, {**setting, "R": 100.0}, names[:1], n_prompts=16)
+    assert notes == []  # at its own R: nothing to say

@@ -178,6 +178,10 @@ def add_series(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _value(v) -> str:
+    """A parameter value in a series label: 1e-05, 16, text as it is; text that is empty or holds
+    a space is quoted (models_dir="" would read as a value left out)."""
+    if isinstance(v, str) and (not v or " " in v):
+        return json.dumps(v)
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 

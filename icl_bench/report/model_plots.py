@@ -139,9 +139,12 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
             if stem_of(resolved).resolve() in drawn:  # e.g. trained-l1-R100 and trained-l1-R100.json
                 notes.append(f"--checkpoint {path}: drawn once, as {drawn[stem_of(resolved).resolve()]!r}")
                 continue
-            model, _ = load_checkpoint(resolved)
+            model, meta = load_checkpoint(resolved)
             drawn[stem_of(resolved).resolve()] = f"checkpoint {path}"
             add(f"checkpoint {path}", model)
+            if isinstance(meta.get("R"), (int, float)) and float(meta["R"]) != R:  # its probes at another R
+                notes.append(f"--checkpoint {path}: trained at R = {meta['R']:g}, probed at the report's R = {R:g} "
+                             f"(--at R={meta['R']:g} probes it at its own)")
         except Exception as exc:
             notes.append(f"--checkpoint {path}: not drawn ({type(exc).__name__}: {exc})")
     return models, notes
@@ -212,16 +215,22 @@ def weight_heatmaps(models: dict[str, dict]) -> Figure:
                         ax.text(c, r, _short(v), ha="center", va="center", fontsize=5.5,
                                 color="white" if abs(v) > 0.6 * vmax else "black")
                 ax.set_xticks(range(a.shape[1]))
-                ax.set_yticks(range(a.shape[0]))
+                ln = name.endswith("LN γ/β")  # rows gain and bias of each slot, not a map between slots
+                ax.set_yticks(range(a.shape[0]), ["γ", "β"] if ln else range(a.shape[0]))
                 ax.grid(False)
                 ax.set_title(f"{name}  (|max| {top:.2g}{f'; {bad} not finite, grey' if bad else ''})", fontsize=7)
-                ax.set_xlabel("input slot", fontsize=6)
-                ax.set_ylabel("output slot" if j == 0 else "", fontsize=6)
+                ax.set_xlabel("slot" if ln else "input slot", fontsize=6)
+                ax.set_ylabel("output slot" if j == 0 and not ln else "", fontsize=6)
                 ax.tick_params(labelsize=6)
         sub.subplots_adjust(left=0.5 / width, right=1 - 0.1 / width, bottom=0.1, top=0.88, wspace=0.25, hspace=0.45)
     header.suptitle("Weights (QK = W_Qᵀ W_K, OV = W_O W_V; each panel on its own colour scale centred at 0; "
                     "unaligned)", fontsize=9, va="center", y=0.5)
     return fig
+
+
+# the probes' stream names (0-based, as analyze's JSON has them) in the words of docs/design.md §5
+PROBE_PLACES = {"layer0.resid[context]": "stream after layer 1, context tokens",
+                "layer1.ln[query]": "layer-2 LayerNorm output, query token"}
 
 
 def probe_scatter(models: dict[str, dict], notes: list[str] | None = None) -> Figure:
@@ -279,8 +288,9 @@ def probe_scatter(models: dict[str, dict], notes: list[str] | None = None) -> Fi
             line = np.linspace(np.nanmin(tx), np.nanmax(tx), 2)
             ax.plot(line, f.slope * line + f.intercept, color="k", lw=0.8, label=f"slope {f.slope:.3g}")
             n_rows = f" ({f.n} of {tx.size} rows finite)" if f.n < tx.size else ""
-            ax.set_title(f"{label}\n{f.source}: slot {f.slot}, R² = {f.r2:.4f}{n_rows}", fontsize=7)
-            ax.set_xlabel(f"closed form {f.target} (y or x units)", fontsize=7)
+            where = PROBE_PLACES.get(f.source, f.source)
+            ax.set_title(f"{label}\n{where}: slot {f.slot}, R² = {f.r2:.4f}{n_rows}", fontsize=7)
+            ax.set_xlabel(f"closed form {f.target} ({'x' if key == 'centering.x' else 'y'} units)", fontsize=7)
             ax.set_ylabel(f"stream slot {f.slot} (model units)", fontsize=7)
             ax.legend(fontsize=6)
     fig.suptitle("LayerNorm probes: stream slot vs the closed form's statistic", fontsize=9)
