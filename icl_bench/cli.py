@@ -229,17 +229,12 @@ def cmd_publish(args) -> int:
 def cmd_analyze(args) -> int:
     """Print the headline numbers, the sparsity per parameter and the alignment of a checkpoint;
     write every number to --out as standard JSON."""
-    from icl_bench.analysis.analyze import HEADLINE, LABELS, analyze_checkpoint
+    from icl_bench.analysis.analyze import HEADLINE, LABELS, analyze_checkpoint, check_out
     from icl_bench.files import write_json
     from icl_bench.solvers.checkpoint import checkpoint_path
 
-    if args.out is not None and Path(args.out).suffix != ".json":
-        raise ConfigError(f"--out: must name a .json file (got {args.out!r})")
-    if args.out is not None and Path(args.out).is_dir():
-        raise ConfigError(f"--out: {args.out} is a folder; give a .json file")
-    blocked = next((p for p in Path(args.out).parents if p.exists() and not p.is_dir()), None) if args.out else None
-    if blocked is not None:  # checked before the analysis runs, not after
-        raise ConfigError(f"--out: {blocked} is a file, so {args.out} cannot be written; give another path")
+    if args.out is not None:
+        check_out(args.out)
     if not 0 <= args.seed <= MAX_SEED:
         raise ConfigError(f"--seed: must be an integer in [0, {MAX_SEED}] (got {args.seed})")
     path = checkpoint_path(args.checkpoint)

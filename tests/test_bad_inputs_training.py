@@ -121,6 +121,19 @@ def test_a_dangling_link_named_like_a_shipped_checkpoint_is_an_error_not_the_shi
     assert not (tmp_path / "p").exists()
 
 
+def test_analyze_out_over_a_checkpoints_metadata_is_refused(capsys, tmp_path, monkeypatch):
+    """`analyze m --out m.json` wrote the analysis over the checkpoint's own JSON half and so
+    destroyed it (found by an adversarial review); any checkpoint's metadata is refused."""
+    monkeypatch.chdir(tmp_path)
+    for half in ("json", "safetensors"):
+        shutil.copy(models_dir() / f"trained-nol1-R10.{half}", tmp_path / f"m.{half}")
+    before = (tmp_path / "m.json").read_bytes()
+    for target in ("m.json", str(models_dir() / "trained-l1-R100.json")):
+        msg = run(capsys, tmp_path, ["analyze", "m", "--out", target])
+        assert msg == f"--out: {target} is the metadata of checkpoint {target[:-5]}; writing the analysis there would destroy it; give another file\n"
+    assert (tmp_path / "m.json").read_bytes() == before
+
+
 def test_checkpoint_names_local_first_then_shipped_and_a_folder_never_hides_one(tmp_path, monkeypatch):
     """How `analyze NAME` and `publish --checkpoint NAME` find a checkpoint (found by a review: a
     folder named like a shipped model, e.g. made by `analyze trained-l1-R100 --out

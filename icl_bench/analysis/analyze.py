@@ -41,7 +41,7 @@ from icl_bench.bench.metrics import prediction_metrics
 from icl_bench.errors import ConfigError
 from icl_bench.files import jsonable
 from icl_bench.prompts.generator import MAX_VALUES, PromptSpec, sample_prompts
-from icl_bench.solvers.checkpoint import load_checkpoint
+from icl_bench.solvers.checkpoint import load_checkpoint, read_meta, stem_of
 from icl_bench.solvers.ln_closed_form import build_construction
 from icl_bench.solvers.sparsity import SPARSITY_REL_THRESHOLD, hoyer, weight_l1, weight_sparsity
 from icl_bench.solvers.transformer import Transformer
@@ -153,6 +153,29 @@ def mechanism_report(model: Transformer, R: float, *, N: int, n_prompts: int, se
 
     fp = fingerprint(_Bare(), default_prompts(N=N, R=R, n_prompts=min(n_prompts, 1024), noise=noise, seed=seed))
     return {**out, **fp.row()}
+
+
+def check_out(out: str) -> None:
+    """`analyze --out`: a .json file that can be written and is no checkpoint's metadata.
+
+    Raises:
+        ConfigError (naming --out): another suffix, a folder, a parent that is a file, or an
+            existing file that reads as a checkpoint's JSON half (writing the analysis over it
+            would destroy that checkpoint: `analyze m --out m.json`).
+    """
+    if Path(out).suffix != ".json":
+        raise ConfigError(f"--out: must name a .json file (got {out!r})")
+    if Path(out).is_dir():
+        raise ConfigError(f"--out: {out} is a folder; give a .json file")
+    blocked = next((p for p in Path(out).parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:  # checked before the analysis runs, not after
+        raise ConfigError(f"--out: {blocked} is a file, so {out} cannot be written; give another path")
+    try:
+        read_meta(out)
+    except ConfigError:
+        return  # not a checkpoint's metadata (or not there): free to write
+    raise ConfigError(f"--out: {out} is the metadata of checkpoint {stem_of(out)}; writing the analysis there would "
+                      "destroy it; give another file")
 
 
 def analyze_checkpoint(path: str | Path, **kwargs) -> dict:
