@@ -208,6 +208,8 @@ def cmd_publish(args) -> int:
             raise ConfigError(f"--readme: {args.readme} is a folder; give the README file")
         if not Path(args.readme).is_file():
             raise ConfigError(f"--readme: no such file {args.readme!r}")
+        if Path(args.out).resolve() in Path(args.readme).resolve().parents:  # --force would delete it first
+            raise ConfigError(f"--readme: {args.readme} is inside --out {args.out}, which publish replaces; keep it outside")
         read_block(args.readme, "headline")
     seen = set()
     for d in args.run_dirs:  # the same run twice would count every cell twice

@@ -660,6 +660,23 @@ def test_publish_readme_updates_the_block_and_the_command_says_so(run_dir, tmp_p
     assert f"--readme {doc}`" in text and "\nold\n" not in text
 
 
+def test_publish_force_refuses_a_readme_inside_out(run_dir, tmp_path, monkeypatch, capsys):
+    """`--force --readme OUT/README.md` replaced OUT (deleting the README) and then failed to find
+    it (found by an adversarial review); it is refused before anything is written."""
+    import icl_bench.report.publish
+
+    monkeypatch.setattr(icl_bench.report.publish, "_figures", lambda *a: ({}, []))
+    out = tmp_path / "pub"
+    assert main(["publish", str(run_dir), "--out", str(out)]) == 0
+    (out / "README.md").write_text("<!-- headline:begin -->\nold\n<!-- headline:end -->\n")
+    before = sorted(p.name for p in out.rglob("*"))
+    capsys.readouterr()
+    assert main(["publish", str(run_dir), "--out", str(out), "--force", "--readme", str(out / "README.md")]) == 2
+    assert capsys.readouterr().err == (f"icl-bench: error: --readme: {out / 'README.md'} is inside --out {out}, which "
+                                       "publish replaces; keep it outside\n")
+    assert sorted(p.name for p in out.rglob("*")) == before
+
+
 def test_publish_names_d_when_the_runs_hold_several_and_says_what_it_left_out(tmp_path, monkeypatch):
     from icl_bench.report import model_plots
     from icl_bench.report import publish as pub
