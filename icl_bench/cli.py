@@ -89,32 +89,10 @@ def _resume_command(argv: list[str], out: Path) -> str:
     return shlex.join(["icl-bench", *argv])
 
 
-def _report_cells(table) -> None:
-    """stderr lines for cells that are not plain successes: cells with no well-posed prompt (once
-    per reason), skipped plugins that failed to import (once per solver), cells whose solver
-    answered no prompt, the first errors."""
-    from icl_bench.bench.runner import NO_ANSWER, NO_PROMPT
-
-    empty = table[(table.status == "skipped") & table.message.str.startswith(NO_PROMPT)]
-    for message, rows in empty.groupby("message"):
-        print(f"icl-bench: WARNING: {len(rows)} cells skipped: {message}", file=sys.stderr)
-    broken = table[(table.status == "skipped") & table.message.str.contains("failed to load", regex=False)]
-    for solver, rows in broken.groupby("solver"):
-        print(f"icl-bench: WARNING: solver {solver!r} skipped ({len(rows)} cells): {rows.message.iloc[0]}", file=sys.stderr)
-    silent = table[(table.status == "ok") & table.message.str.startswith(NO_ANSWER)]
-    for solver, rows in silent.groupby("solver"):
-        print(f"icl-bench: WARNING: {solver}: {NO_ANSWER} in {len(rows)} of {int((table.solver == solver).sum())} cells "
-              f"(e.g. N={rows.N.iloc[0]} R={rows.R.iloc[0]} {rows.dtype.iloc[0]}: {rows.message.iloc[0]})", file=sys.stderr)
-    errors = table[table.status == "error"]
-    for _, r in errors.head(5).iterrows():
-        print(f"error: {r['solver']} {r['solver_params']} N={r['N']} R={r['R']} {r['dtype']} {r['device']}: {r['message']}",
-              file=sys.stderr)
-
-
 def cmd_run(args) -> int:
     from icl_bench.bench.config import parse_config
     from icl_bench.config_base import read_toml
-    from icl_bench.report.run_summary import console_summary
+    from icl_bench.report.run_summary import cell_warnings, console_summary
 
     path = resources.config_path(args.config or "default")
     raw = read_toml(path)
@@ -178,7 +156,7 @@ def cmd_run(args) -> int:
     try:
         print(console_summary(table))
         print(f"wrote {out / 'results.parquet'}, results.csv, metadata.json ({len(table)} cells)")
-        _report_cells(table)
+        cell_warnings(table)
     except KeyboardInterrupt:  # the table is written: nothing to resume
         print(f"icl-bench: interrupted after the run had finished; its table is complete in {out}", file=sys.stderr)
         return 130
@@ -270,6 +248,7 @@ def cmd_train(args) -> int:
     from icl_bench.config_base import read_toml
     from icl_bench.training.config import MAX_STEPS, TrainConfig, load_runs
     from icl_bench.training.train import train_and_save
+    from icl_bench.solvers.checkpoint import check_writable
 
     if args.steps is not None and not 1 <= args.steps <= MAX_STEPS:
         raise ConfigError(f"--steps: must be an integer >= 1 and <= {MAX_STEPS} (got {args.steps})")
@@ -287,6 +266,8 @@ def cmd_train(args) -> int:
     used = [f"{c.name}{s}" for c in cfgs for s in (".safetensors", ".json") if (out / f"{c.name}{s}").exists()]
     if used and not args.force:  # like run / publish: a checkpoint is never overwritten silently
         raise ConfigError(f"--out: {out} already holds {', '.join(used)}; choose another folder or pass --force")
+    for c in cfgs:  # e.g. a folder named m.json: refused now, not after the training
+        check_writable(out / c.name)
     out.mkdir(parents=True, exist_ok=True)  # an OSError here is one line, exit 2 (main)
     for cfg in cfgs:
         stem = train_and_save(cfg, out)

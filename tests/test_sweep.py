@@ -89,3 +89,35 @@ def test_reuse_ignores_runtime_fields_and_fields_recorded_since(tmp_path):
     with pytest.raises(ConfigError, match=r"^--reuse: .*l1-0-seed0\.json was trained with lr = 0\.1, "):
         _saved(cfg, tmp_path / "l1_models", lr=0.1)
         check_reusable(sweep_runs(read_sweep(cfg))[0], tmp_path / "l1_models" / "l1-0-seed0")
+
+
+def test_reuse_and_train_refuse_unusable_checkpoint_files_before_training(tmp_path, capsys):
+    """A truncated saved checkpoint, or a folder where a new one is to be saved, used to stop the
+    sweep (or train) only after other runs had been trained and written (found by an adversarial
+    review); both are refused first, and nothing is written."""
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(TINY.format(out=tmp_path / "out" / "l1"))
+    models = tmp_path / "out" / "l1_models"
+    _saved(cfg, models)
+    (models / "l1-0-seed0.safetensors").unlink()  # retrained ...
+    data = (models / "l1-0.001-seed0.safetensors").read_bytes()
+    (models / "l1-0.001-seed0.safetensors").write_bytes(data[:200])  # ... but this one cannot be reused
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert main(["sweep", "--config", str(cfg), "--reuse", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("icl-bench: error: checkpoint: ") and "l1-0.001-seed0.safetensors is not a readable" in err, err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    (models / "l1-0.001-seed0.safetensors").unlink()
+    (models / "l1-0.001-seed0.json").unlink()
+    (models / "l1-0.001-seed0.json").mkdir()  # a folder where the new checkpoint's JSON goes
+    assert main(["sweep", "--config", str(cfg), "--reuse", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"icl-bench: error: sweep.out: {models / 'l1-0.001-seed0.json'} exists and is not a file, so the " \
+                  "checkpoint cannot be saved there; remove it\n", err
+    assert not (models / "l1-0-seed0.safetensors").exists()  # nothing trained
+    (tmp_path / "t.toml").write_text('[runs.m]\nsteps = 2\nbatch_size = 16\neval_every = 1\neval_prompts = 16\n')
+    (tmp_path / "t" / "m.safetensors").mkdir(parents=True)
+    assert main(["train", "--config", str(tmp_path / "t.toml"), "--out", str(tmp_path / "t"), "--force"]) == 2
+    assert capsys.readouterr().err == (f"icl-bench: error: --out: {tmp_path / 't' / 'm.safetensors'} exists and is not a "
+                                       "file, so the checkpoint cannot be saved there; remove it\n")
+    assert [p.name for p in (tmp_path / "t").iterdir()] == ["m.safetensors"]

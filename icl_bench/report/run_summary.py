@@ -4,14 +4,17 @@ Per series: how many cells ended ok / skipped / error over the whole run, and th
 and median throughput at the representative setting (report.representative: one N, noise, R,
 dtype, device, d, ood; d and ood are named when the run has other values of them), so numbers from different settings are never pooled into one median. Skipped
 and failed cells follow, grouped by their message (one line per distinct reason, with the
-number of cells and the series it hit).
+number of cells and the series it hit). On stderr, `cell_warnings` then names the cells a user
+must not miss: no well-posed prompt, plugins that failed to import, solvers that answered nothing.
 """
 from __future__ import annotations
 
 import math
+import sys
 
 import pandas as pd
 
+from icl_bench.bench.runner import NO_ANSWER, NO_PROMPT
 from icl_bench.report import aggregate as report
 from icl_bench.report.coverage import varied_axes
 
@@ -48,3 +51,23 @@ def console_summary(table: pd.DataFrame) -> str:
         if len(groups) > MAX_REASONS:
             lines.append(f"  ... and {len(groups) - MAX_REASONS} more reasons (status and message of every cell: results.csv)")
     return "\n".join(lines)
+
+
+def cell_warnings(table: pd.DataFrame) -> None:
+    """After the summary, print to stderr a line for each kind of cell that is not a plain
+    success: cells with no well-posed prompt (once per reason), skipped plugins that failed to
+    import (once per solver), cells whose solver answered no prompt, the first five errors."""
+    empty = table[(table.status == "skipped") & table.message.str.startswith(NO_PROMPT)]
+    for message, rows in empty.groupby("message"):
+        print(f"icl-bench: WARNING: {len(rows)} cells skipped: {message}", file=sys.stderr)
+    broken = table[(table.status == "skipped") & table.message.str.contains("failed to load", regex=False)]
+    for solver, rows in broken.groupby("solver"):
+        print(f"icl-bench: WARNING: solver {solver!r} skipped ({len(rows)} cells): {rows.message.iloc[0]}", file=sys.stderr)
+    silent = table[(table.status == "ok") & table.message.str.startswith(NO_ANSWER)]
+    for solver, rows in silent.groupby("solver"):
+        print(f"icl-bench: WARNING: {solver}: {NO_ANSWER} in {len(rows)} of {int((table.solver == solver).sum())} cells "
+              f"(e.g. N={rows.N.iloc[0]} R={rows.R.iloc[0]} {rows.dtype.iloc[0]}: {rows.message.iloc[0]})", file=sys.stderr)
+    errors = table[table.status == "error"]
+    for _, r in errors.head(5).iterrows():
+        print(f"error: {r['solver']} {r['solver_params']} N={r['N']} R={r['R']} {r['dtype']} {r['device']}: {r['message']}",
+              file=sys.stderr)

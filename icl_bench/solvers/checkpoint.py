@@ -65,6 +65,23 @@ def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None
     return stem
 
 
+def check_writable(stem: str | Path, key: str = "--out") -> None:
+    """Before training: both files of the pair `stem` can be written as files.
+
+    Raises:
+        ConfigError (naming `key`): `<stem>.safetensors` or `<stem>.json` exists and is not a
+            regular file (a folder of that name made training fail only after it had run, and
+            left half a pair), or a parent of `stem` is a file.
+    """
+    blocked = next((p for p in Path(stem).parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise ConfigError(f"{key}: {blocked} is a file, so {stem}.safetensors cannot be written; give another folder")
+    for suffix in (".safetensors", ".json"):
+        p = Path(f"{stem}{suffix}")
+        if p.exists() and not p.is_file():
+            raise ConfigError(f"{key}: {p} exists and is not a file, so the checkpoint cannot be saved there; remove it")
+
+
 def read_meta(path: str | Path) -> dict:
     """The JSON half of a checkpoint (either file of the pair may be named). ConfigError if bad,
     or if `path` is a folder without a pair of that stem beside it."""

@@ -27,7 +27,7 @@ import torch
 from icl_bench.analysis.analyze import analyze
 from icl_bench.prompts.generator import PromptSpec, sample_prompts
 from icl_bench.errors import ConfigError
-from icl_bench.solvers.checkpoint import load_checkpoint, read_meta
+from icl_bench.solvers.checkpoint import check_writable, load_checkpoint, read_meta
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
 from icl_bench.training.config import Sweep, SweepConfig, TrainConfig, read_sweep, run_name
 from icl_bench.training.train import train_and_save
@@ -130,9 +130,12 @@ def run_sweep(config: str | Path, reuse: bool = False, progress: bool = True) ->
     models = out.parent / (out.name + "_models")
     runs = sweep_runs(cfg, progress)
     reused = {run.name for run in runs if reuse and Path(f"{models / run.name}.safetensors").is_file()}
-    for run in runs:
+    for run in runs:  # every saved checkpoint loads and fits, every new one can be saved, before any training
         if run.name in reused:
             check_reusable(run, models / run.name)
+            load_checkpoint(models / run.name)
+        else:
+            check_writable(models / run.name, "sweep.out")
     rows = []
     for run in runs:
         stem = models / run.name
