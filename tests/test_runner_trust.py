@@ -319,6 +319,14 @@ def test_bad_cache_or_out_paths_write_nothing(tmp_path, capsys):
     (tmp_path / "used" / "x").write_text("x")  # a refused --out (not empty) ...
     code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "used", "--cache", tmp_path / "newcache")
     assert code == 2 and "not empty" in err and not (tmp_path / "newcache").exists()  # ... makes no new cache
+    (tmp_path / "emptycache").mkdir()  # nor fills an empty cache folder (found by an adversarial review)
+    code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "used", "--cache", tmp_path / "emptycache")
+    assert code == 2 and "not empty" in err and not list((tmp_path / "emptycache").iterdir())
+    (tmp_path / "pub").mkdir()
+    (tmp_path / "pub" / "publish.json").write_text("{}")  # a publish folder: `publish --force` would delete the cache
+    code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "o5", "--cache", tmp_path / "pub")
+    assert code == 2 and err.startswith(f"icl-bench: error: --cache: {tmp_path / 'pub'} is a folder icl-bench publish wrote")
+    assert not (tmp_path / "o5").exists() and [p.name for p in (tmp_path / "pub").iterdir()] == ["publish.json"]
     assert _run(capsys, "--config", cfg, "--out", tmp_path / "run")[0] == 0  # a finished run ...
     before = _snapshot(tmp_path / "run")
     code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "o3", "--cache", tmp_path / "run")

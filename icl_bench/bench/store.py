@@ -230,13 +230,17 @@ class CellCache:
         """The path checks of __init__, without creating anything (run them before --out is made).
 
         Raises:
-            ConfigError: DIR is empty, a file, a run folder, the --out folder or inside it.
+            ConfigError: DIR is empty, a file, a run folder, the --out folder or inside it, or a
+                folder that `icl-bench publish` wrote.
         """
         if not str(folder).strip():
             raise ConfigError("--cache: empty path; give a folder")
         folder = Path(folder)
         if folder.exists() and not folder.is_dir():
             raise ConfigError(f"--cache: {folder} is a file, not a folder")
+        if (folder / "publish.json").is_file():  # `publish --force` replaces that folder, cache and all
+            raise ConfigError(f"--cache: {folder} is a folder icl-bench publish wrote (it replaces it with --force); "
+                              "a cell cache needs a folder of its own")
         run_files = [n for n in (CONFIG_NAME, LOCK_NAME, "metadata.json") if (folder / n).exists()]
         inside = out is not None and (folder.resolve() == Path(out).resolve() or Path(out).resolve() in folder.resolve().parents)
         if run_files or inside:
