@@ -353,3 +353,42 @@ def test_resume_into_a_damaged_folder_is_one_line_and_changes_nothing(tmp_path, 
     code, _, err = _run(capsys, "--config", cfg, "--out", out, "--resume")
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert _snapshot(out) == before
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed one: the point
+def test_a_ctrl_c_swallowed_by_a_c_callback_still_stops_the_run(tmp_path, monkeypatch):
+    """Ctrl-C during a numba compile lands in llvmlite's ctypes callback, which prints "Exception
+    ignored" and goes on, so the run used to finish and exit 0 (found by an adversarial review).
+    Here a ctypes callback receives the SIGINT the same way: the run stops after that cell, and
+    keeps it."""
+    import ctypes
+    import os
+    import signal
+
+    import icl_bench.bench.runner as runner
+    from icl_bench.bench.config import parse_config
+    from icl_bench.bench.schema import RESULT_COLUMNS
+    from icl_bench.bench.store import CellStore
+
+    real, calls = runner.run_cell_task, []
+
+    @ctypes.CFUNCTYPE(None)
+    def callback():  # the handler's KeyboardInterrupt is raised in here, and swallowed by ctypes
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(10_000):
+            pass
+
+    def task(cell, **kw):
+        calls.append(cell)
+        if len(calls) == 1:
+            callback()
+        return real(cell, **kw)
+
+    monkeypatch.setattr(runner, "run_cell_task", task)
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)  # what `icl-bench run` starts with
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner.run_matrix(parse_config(RAW), tmp_path / "run", progress=False)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert len(calls) == 1 and len(CellStore(tmp_path / "run", RESULT_COLUMNS, resume=True).load()) == 1

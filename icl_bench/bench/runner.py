@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import threading
 import time
 import traceback
 from contextlib import contextmanager
@@ -188,6 +190,32 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
+@contextmanager
+def _ctrl_c_seen():
+    """A list that records every SIGINT while the cells run, for the loop to check after each cell.
+
+    Ctrl-C raises KeyboardInterrupt in whatever Python code runs at that moment; during a numba
+    compile that is llvmlite's ctypes callback, which prints "Exception ignored" and carries on, so
+    the run went on to exit 0. The handler still raises (the usual Ctrl-C) and also records the
+    signal. Installed only over Python's default handler, from the main thread.
+    """
+    seen: list[int] = []
+
+    def handler(signum, frame):
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    ours = threading.current_thread() is threading.main_thread()
+    if not ours or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield seen
+        return
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: bool = False,
                progress: bool = True, executor: Executor | None = None,
                cache: str | Path | None = None) -> pd.DataFrame:
@@ -248,17 +276,20 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
                 work = partial(run_cell_task, threads=config.timing.threads, exclusive=ex_cfg.exclusive_timing,
                                executor="dask")
             bar = tqdm(total=len(cells), initial=reused, unit="cell", disable=not progress, dynamic_ncols=True)
-            for cell, row, failure in ex.results(todo, work):
-                if row is None:
-                    row = failed_row(cell, *failure)
-                key = key_of[id(cell)]
-                if cells_db is not None:
-                    cells_db.put(key, row)
-                if cache_db is not None:
-                    cache_db.put(key, row)
-                rows[key] = row
-                bar.set_postfix_str(cell.describe(), refresh=False)
-                bar.update()
+            with _ctrl_c_seen() as seen:
+                for cell, row, failure in ex.results(todo, work):
+                    if row is None:
+                        row = failed_row(cell, *failure)
+                    key = key_of[id(cell)]
+                    if cells_db is not None:
+                        cells_db.put(key, row)
+                    if cache_db is not None:
+                        cache_db.put(key, row)
+                    rows[key] = row
+                    bar.set_postfix_str(cell.describe(), refresh=False)
+                    bar.update()
+                    if seen:  # a Ctrl-C that a C callback swallowed (see _ctrl_c_seen)
+                        raise KeyboardInterrupt
             bar.close()
             table = schema.table([rows[key] for key in keys])
             if cells_db is not None:
