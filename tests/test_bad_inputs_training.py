@@ -35,6 +35,10 @@ def run(capsys, tmp_path, argv, toml=None):
     ("[runs.a]\nbatch_size = 1000000000000\n", "runs.a.batch_size: batch_size * (N + 1) ="),
     ("[runs.a]\nN = [1000000000]\n", "runs.a.batch_size: batch_size * (N + 1) ="),
     ("[runs.a]\nd_model = 100000000\n", "runs.a.d_model: must be <= 256"),
+    ("[runs.a]\nd_model = 256\nn_layers = 256\nn_heads = 256\n",  # each in range, together 69 GB
+     "runs.a.d_model: n_layers * n_heads * 4 * d_model^2 = 17179869184 attention weights exceed 16777216"),
+    ("[runs.a]\nd_model = 64\nn_layers = 16\nn_heads = 16\nbatch_size = 4096\nN = [100]\n",
+     "runs.a.batch_size: batch_size * (N + 1) * n_layers * n_heads * 4 * d_model = 27111981056 activations exceed"),
     ("R = 1e300\n" + TINY, "train.R: R=1e+300 overflows float32"),
     ("R = 1e-300\n" + TINY, "train.R: R=1e-300 underflows float32 (min 1.18e-38)"),  # were RuntimeErrors in
     ("precondition_R = 1e308\n" + TINY, "train.precondition_R: 1e+308 is outside the float32 range"),  # precondition

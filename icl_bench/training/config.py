@@ -24,7 +24,10 @@ TARGETS = ("ols", "noisy")
 TRAINED_SOLVERS = ("", "trained-l1", "trained-nol1", "trained-lsa", "trained-l1-noaug")  # what a checkpoint may serve ("" = none)
 
 AUG_MAX = 1e6  # largest augmentation scale / shift: (1e6 x)^2 stays far inside float32 for x ~ N(0, 1)
-MAX_WIDTH = 256  # d_model, n_layers, n_heads: far beyond the 4 / 2 / 2 of the paper, far below an out-of-memory
+MAX_WIDTH = 256  # d_model, n_layers, n_heads each: far beyond the 4 / 2 / 2 of the paper
+# together they are bounded too: 256 of each is ~1.7e10 weights (69 GB in float32)
+MAX_PARAMS = 2**24  # attention weights n_layers * n_heads * 4 * d_model^2 (the paper's model: 256)
+MAX_ACTIVATIONS = MAX_VALUES  # batch_size * (N + 1) * n_layers * n_heads * 4 * d_model: q, k, v, out per head
 # training derives its per-step prompt seeds as seed * 10^6 + step (+ up to 7 * 10^8, training/augment.py):
 # steps <= 10^6 keeps each run's prompt seeds inside its own block of 10^6, so two training seeds never
 # share a step's prompts (the paper's runs take 6000 steps; the augmentation streams reach into the blocks
@@ -97,10 +100,18 @@ class TrainConfig(ConfigModel):
             raise problem(f"(l1_start, l1_stop] x steps = ({self.l1_start * self.steps:g}, {self.l1_stop * self.steps:g}] "
                           "holds no step: widen it or raise steps", key="l1_stop")
         self._fits_dtype()
+        weights = self.n_layers * self.n_heads * 4 * self.d_model**2
+        if weights > MAX_PARAMS:
+            raise problem(f"n_layers * n_heads * 4 * d_model^2 = {weights} attention weights exceed {MAX_PARAMS}; "
+                          "lower d_model, n_layers or n_heads", key="d_model")
         for key in ("batch_size", "eval_prompts"):  # one batch of prompts must fit in memory
             if getattr(self, key) * (max(self.N) + 1) > MAX_VALUES:
                 raise problem(f"{key} * (N + 1) = {getattr(self, key) * (max(self.N) + 1)} prompt values exceed "
                               f"{MAX_VALUES}; lower {key} or N", key=key)
+        acts = self.batch_size * (max(self.N) + 1) * self.n_layers * self.n_heads * 4 * self.d_model
+        if acts > MAX_ACTIVATIONS:  # the values backpropagation keeps for one batch
+            raise problem(f"batch_size * (N + 1) * n_layers * n_heads * 4 * d_model = {acts} activations exceed "
+                          f"{MAX_ACTIVATIONS}; lower batch_size, N or the model's size", key="batch_size")
         return self
 
     def _fits_dtype(self) -> None:
