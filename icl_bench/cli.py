@@ -97,6 +97,8 @@ def cmd_run(args) -> int:
     path = resources.config_path(args.config or "default")
     raw = read_toml(path)
     resources.check_kind(raw, args.config or "default", "run")
+    if args.solver and not all(n.strip() for n in args.solver):
+        raise ConfigError("--solver: empty name; give a solver's name (icl-bench list)")
     if args.solver:  # keep the config's parameters for a named solver, defaults otherwise
         given = raw.get("solvers", {}) if isinstance(raw.get("solvers"), dict) else {}
         raw["solvers"] = {name: given.get(name, {}) for name in args.solver}
@@ -172,6 +174,8 @@ def cmd_publish(args) -> int:
         key, sep, value = item.partition("=")
         if not sep or not key or not value:
             raise ConfigError(f"--at: expected AXIS=VALUE (e.g. R=100), got {item!r}")
+        if key in at:  # the last one used to win silently
+            raise ConfigError(f"--at: {key} is given twice ({key}={at[key]}, {item}); give each axis once")
         at[key] = value
     if args.checkpoint:  # an explicitly named checkpoint must load (ConfigError otherwise)
         from icl_bench.solvers.checkpoint import checkpoint_path, load_checkpoint
@@ -367,8 +371,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # stdout closed early (`icl-bench list | head`): no message, the exit code
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # of a writer killed by SIGPIPE
         return 141  # (128 + 13, as `cat file | head` gives): never a success that hides errored cells
-    except OSError as exc:  # an unwritable / unreadable path named on the command line
+    except OSError as exc:  # an unwritable / unreadable path named on the command line: name its flag
         where = exc.filename if exc.filename is not None else "--out"
+        flag = next((f for f, v in zip(argv, argv[1:]) if f.startswith("--") and exc.filename is not None
+                     and (v == str(exc.filename) or v.startswith(f"{exc.filename}/"))), None)
+        where = f"{flag}: {where}" if flag and where != "--out" else where
         print(f"icl-bench: error: {where}: {exc.strerror or type(exc).__name__}", file=sys.stderr)
         return 2
 

@@ -190,3 +190,22 @@ def test_ctrl_c_after_the_table_is_written_says_it_is_complete(tmp_path, capsys,
     assert code == 130 and err.endswith(f"icl-bench: interrupted after the run had finished; its table is complete "
                                         f"in {tmp_path / 'run'}\n"), err
     assert (tmp_path / "run" / "metadata.json").is_file()
+
+
+def test_odd_flags_are_named_in_their_one_line_errors(tmp_path, capsys, tiny_raw, monkeypatch):
+    """Found by an adversarial review: errors that named a path or a config key instead of the flag
+    typed, and a repeated --at whose last value won silently."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.toml").write_text(tomli_w.dumps(tiny_raw))
+    assert main(["run", "--config", "c.toml", "--out", "run", "--no-progress"]) == 0
+    (tmp_path / "afile").write_text("x")
+    cases = [(["publish", "run", "--out", "afile/sub"], "--out: afile: File exists"),
+             (["run", "--config", "c.toml", "--out", "a" * 300], "--out: " + "a" * 300 + ": File name too long"),
+             (["run", "--config", "c.toml", "--solver", ""], "--solver: empty name; give a solver's name (icl-bench list)"),
+             (["publish", "run", "--out", "p", "--at", "N=4", "--at", "N=8"],
+              "--at: N is given twice (N=4, N=8); give each axis once")]
+    capsys.readouterr()
+    for argv, expected in cases:
+        code, err = _run(capsys, argv)
+        assert code == 2 and err == f"icl-bench: error: {expected}\n", err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "c.toml", "run"]
