@@ -268,6 +268,10 @@ CASES = [
     Case("publish-parquet-status-null", edited(status=None), f"{PARQUET} column 'status' is null in 1 of 1 rows; expected text"),
     Case("publish-parquet-mse-text", edited(mse_vs_ols="0.5"), f"{PARQUET} column 'mse_vs_ols' holds '0.5' (str); expected numbers"),
     Case("publish-parquet-se-negative", edited(mse_vs_ols_se=-1.0), f"{PARQUET} column 'mse_vs_ols_se' holds -1.0; expected numbers >= 0"),
+    Case("publish-parquet-nonfinite-over-n", edited(n_nonfinite=999, n_prompts=16),  # headline: "(999 of 16 NaN)"
+         f"{PARQUET} column 'n_nonfinite' holds 999 in a row of n_prompts 16; expected at most n_prompts"),
+    Case("publish-parquet-sparsity-over-1", edited(weight_sparsity=5.0),
+         f"{PARQUET} column 'weight_sparsity' holds 5.0; expected a fraction in [0, 1] (or NaN)"),
     Case("publish-parquet-params-not-json", edited(solver_params="steps=4"),
          f"{PARQUET} column 'solver_params' holds 'steps=4', not a JSON object"),
     Case("publish-parquet-params-array", edited(solver_params="[4]"), f"{PARQUET} column 'solver_params' holds '[4]', not a JSON object"),

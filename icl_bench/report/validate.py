@@ -60,7 +60,7 @@ def check_table(table: pd.DataFrame, parquet: Path) -> pd.DataFrame:
     """`table` (read from `parquet`) with every result-schema column it has in its schema dtype.
 
     Checked: numeric columns hold numbers (integer columns whole numbers), NaN only where the
-    runner writes it (NAN_OK), metrics >= 0; text columns hold text, null only where older runs may have it
+    runner writes it (NAN_OK), metrics >= 0, weight_sparsity <= 1, n_nonfinite <= n_prompts; text columns hold text, null only where older runs may have it
     (TEXT_MAY_BE_NULL); status is one of STATUSES; solver_params and prompts are "" or a JSON
     object; grid axes, seed and n_prompts pass CHECKS. Columns the schema lacks are carried along
     unread; absent ones are the caller's business (aggregate.load_run: REQUIRED, BACKFILL).
@@ -75,7 +75,15 @@ def check_table(table: pd.DataFrame, parquet: Path) -> pd.DataFrame:
             _check_text(table[col], col, where)
         elif kind is not None:
             cast[col] = _numbers(table[col], col, kind, where)
-    return table.assign(**cast)
+    table = table.assign(**cast)
+    if "weight_sparsity" in table and (table["weight_sparsity"] > 1).any():  # a fraction of the weights
+        v = float(table["weight_sparsity"][table["weight_sparsity"] > 1].iloc[0])
+        raise ConfigError(f"RUN_DIR: {parquet} column 'weight_sparsity' holds {v!r}; expected a fraction in [0, 1] (or NaN)")
+    if {"n_nonfinite", "n_prompts"} <= set(table) and (table["n_nonfinite"] > table["n_prompts"]).any():
+        r = table[table["n_nonfinite"] > table["n_prompts"]].iloc[0]  # the headline read "(999 of 16 NaN)"
+        raise ConfigError(f"RUN_DIR: {parquet} column 'n_nonfinite' holds {r['n_nonfinite']:g} in a row of "
+                          f"n_prompts {r['n_prompts']:g}; expected at most n_prompts")
+    return table
 
 
 def _numbers(s: pd.Series, col: str, kind: str, where: str) -> pd.Series:
