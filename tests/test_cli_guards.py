@@ -37,7 +37,7 @@ def test_unwritable_publish_out_is_one_line(tmp_path, capsys, tiny_raw, monkeypa
 
     monkeypatch.setattr(icl_bench.report.publish.tempfile, "mkdtemp", denied)
     code, err = _run(capsys, ["publish", str(tmp_path / "run"), "--out", str(tmp_path / "pub")])
-    assert code == 2 and err == f"icl-bench: error: {tmp_path / 'pub'}: Permission denied\n"
+    assert code == 2 and err == f"icl-bench: error: --out: {tmp_path / 'pub'}: Permission denied\n"
 
 
 def test_bad_checkpoint_named_on_publish_is_exit_2(tmp_path, capsys, tiny_raw):
