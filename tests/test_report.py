@@ -555,8 +555,8 @@ def test_model_plots_draw_the_construction_and_its_probes_without_running_solver
     fig = model_plots.probe_scatter(models)
     assert len(fig.axes) == 3 and all("R² = 1.0000" in ax.get_title() or "R² = 0.99" in ax.get_title() for ax in fig.axes)
     # places and units in docs/design.md §5's words, not the trace's 0-based keys
-    assert "stream after layer 1, context tokens: slot" in fig.axes[0].get_title()
-    assert "layer-2 LayerNorm output, query token: slot" in fig.axes[2].get_title()
+    assert "\nstream after layer 1, context tokens\nslot " in fig.axes[0].get_title()
+    assert "\nlayer-2 LayerNorm output, query token\nslot " in fig.axes[2].get_title()
     assert [ax.get_xlabel().split("(")[-1] for ax in fig.axes] == ["x units)", "y units)", "y units)"]
     assert fig.axes[2].get_xlabel().startswith("closed form b_hat (u - x_bar)")
 

@@ -289,7 +289,7 @@ def probe_scatter(models: dict[str, dict], notes: list[str] | None = None) -> Fi
             ax.plot(line, f.slope * line + f.intercept, color="k", lw=0.8, label=f"slope {f.slope:.3g}")
             n_rows = f" ({f.n} of {tx.size} rows finite)" if f.n < tx.size else ""
             where = PROBE_PLACES.get(f.source, f.source)
-            ax.set_title(f"{label}\n{where}: slot {f.slot}, R² = {f.r2:.4f}{n_rows}", fontsize=7)
+            ax.set_title(f"{label}\n{where}\nslot {f.slot}, R² = {f.r2:.4f}{n_rows}", fontsize=7)
             ax.set_xlabel(f"closed form {f.target} ({'x' if key == 'centering.x' else 'y'} units)", fontsize=7)
             ax.set_ylabel(f"stream slot {f.slot} (model units)", fontsize=7)
             ax.legend(fontsize=6)
