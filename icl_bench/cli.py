@@ -190,7 +190,8 @@ def cmd_publish(args) -> int:
             raise ConfigError(f"--readme: {args.readme} is a folder; give the README file")
         if not Path(args.readme).is_file():
             raise ConfigError(f"--readme: no such file {args.readme!r}")
-        if Path(args.out).resolve() in Path(args.readme).resolve().parents:  # --force would delete it first
+        typed_and_real = lambda p: (Path(os.path.abspath(p)), Path(p).resolve())  # noqa: E731 (a link too)
+        if any(o in r.parents for o in typed_and_real(args.out) for r in typed_and_real(args.readme)):
             raise ConfigError(f"--readme: {args.readme} is inside --out {args.out}, which publish replaces; keep it outside")
         read_block(args.readme, "headline")
     seen = set()
@@ -267,7 +268,8 @@ def cmd_train(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} exists and is not a folder")
-    used = [f"{c.name}{s}" for c in cfgs for s in (".safetensors", ".json") if (out / f"{c.name}{s}").exists()]
+    used = [f"{c.name}{s}" for c in cfgs for s in (".safetensors", ".json")
+            if (out / f"{c.name}{s}").exists() or (out / f"{c.name}{s}").is_symlink()]
     if used and not args.force:  # like run / publish: a checkpoint is never overwritten silently
         raise ConfigError(f"--out: {out} already holds {', '.join(used)}; choose another folder or pass --force")
     for c in cfgs:  # e.g. a folder named m.json: refused now, not after the training
@@ -373,8 +375,10 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # (128 + 13, as `cat file | head` gives): never a success that hides errored cells
     except OSError as exc:  # an unwritable / unreadable path named on the command line: name its flag
         where = exc.filename if exc.filename is not None else "--out"
-        flag = next((f for f, v in zip(argv, argv[1:]) if f.startswith("--") and exc.filename is not None
-                     and (v == str(exc.filename) or v.startswith(f"{exc.filename}/"))), None)
+        given = [*zip(argv, argv[1:]), *(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)]
+        name = str(exc.filename)  # the flag's value, a folder above it, or a file below it
+        flag = next((f for f, v in given if f.startswith("--") and exc.filename is not None and (
+            v == name or v.startswith(f"{name}/") or name.startswith(f"{v.rstrip('/')}/"))), None)
         where = f"{flag}: {where}" if flag and where != "--out" else where
         print(f"icl-bench: error: {where}: {exc.strerror or type(exc).__name__}", file=sys.stderr)
         return 2

@@ -37,8 +37,10 @@ def run(capsys, tmp_path, argv, toml=None):
     ("[runs.a]\nd_model = 100000000\n", "runs.a.d_model: must be <= 256"),
     ("[runs.a]\nd_model = 256\nn_layers = 256\nn_heads = 256\n",  # each in range, together 69 GB
      "runs.a.d_model: n_layers * n_heads * 4 * d_model^2 = 17179869184 attention weights exceed 16777216"),
-    ("[runs.a]\nd_model = 64\nn_layers = 16\nn_heads = 16\nbatch_size = 4096\nN = [100]\n",
-     "runs.a.batch_size: batch_size * (N + 1) * n_layers * n_heads * 4 * d_model = 27111981056 activations exceed"),
+    ("[runs.a]\nd_model = 64\nn_layers = 1\nn_heads = 64\n",  # 2^20 weights, but the eager forward's folded maps: 256 GB
+     "runs.a.d_model: n_layers * n_heads^2 * d_model^4 = 68719476736 values of the folded attention maps exceed 134217728"),
+    ("[runs.a]\nd_model = 4\nn_layers = 2\nn_heads = 2\nbatch_size = 10000000\nN = [10]\n",
+     "runs.a.batch_size: batch_size * (N + 1) * n_layers * n_heads * 4 * d_model = 7040000000 activations exceed"),
     ("R = 1e300\n" + TINY, "train.R: R=1e+300 overflows float32"),
     ("R = 1e-300\n" + TINY, "train.R: R=1e-300 underflows float32 (min 1.18e-38)"),  # were RuntimeErrors in
     ("precondition_R = 1e308\n" + TINY, "train.precondition_R: 1e+308 is outside the float32 range"),  # precondition
@@ -138,6 +140,18 @@ def test_analyze_out_over_a_checkpoints_metadata_is_refused(capsys, tmp_path, mo
     assert (tmp_path / "m.json").read_bytes() == before
 
 
+def test_links_in_a_checkpoint_folder_are_refused_before_training(capsys, tmp_path):
+    """A dangling m.json link in --out passed the checks, both runs trained, then saving failed and
+    left m.safetensors alone; a live link would have been written through (found by a review)."""
+    (tmp_path / "c.toml").write_text("[runs.m]\n" + TINY)
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "m.json").symlink_to("/nonexistent/zz")
+    msg = run(capsys, tmp_path, ["train", "--config", tmp_path / "c.toml", "--out", tmp_path / "o"])
+    assert msg == f"--out: {tmp_path / 'o'} already holds m.json; choose another folder or pass --force\n"
+    msg = run(capsys, tmp_path, ["train", "--config", tmp_path / "c.toml", "--out", tmp_path / "o", "--force"])
+    assert msg == f"--out: {tmp_path / 'o' / 'm.json'} is a symbolic link, so the checkpoint would not be saved in place; remove it\n"
+
+
 def test_checkpoint_names_local_first_then_shipped_and_a_folder_never_hides_one(tmp_path, monkeypatch):
     """How `analyze NAME` and `publish --checkpoint NAME` find a checkpoint (found by a review: a
     folder named like a shipped model, e.g. made by `analyze trained-l1-R100 --out
@@ -158,6 +172,11 @@ def test_checkpoint_names_local_first_then_shipped_and_a_folder_never_hides_one(
     (tmp_path / "trained-nol1-R10").write_text("")  # e.g. `analyze trained-nol1-R10 > trained-nol1-R10`
     assert checkpoint_path("trained-l1-R100") == shipped  # files that are no checkpoint never hide one
     assert checkpoint_path("trained-nol1-R10") == str(models_dir() / "trained-nol1-R10")
+    (tmp_path / "trained-l1-R1000").symlink_to(tmp_path)  # a link to a folder hides nothing either
+    assert checkpoint_path("trained-l1-R1000") == str(models_dir() / "trained-l1-R1000")
+    (tmp_path / "other.json").write_text("{}")
+    (tmp_path / "trained-nol1-R100.json").symlink_to(tmp_path / "other.json")  # a live link to no checkpoint: a file
+    assert checkpoint_path("trained-nol1-R100") == str(models_dir() / "trained-nol1-R100")
     (tmp_path / "trained-l1-R10.safetensors").write_bytes(b"x")  # half a local pair: the local one, not shipped
     assert checkpoint_path("trained-l1-R10.json") == "trained-l1-R10.json"
     save_checkpoint(Transformer(TransformerConfig(n_layers=1, n_heads=1)), tmp_path / "trained-lsa-R10")

@@ -200,6 +200,7 @@ def test_odd_flags_are_named_in_their_one_line_errors(tmp_path, capsys, tiny_raw
     assert main(["run", "--config", "c.toml", "--out", "run", "--no-progress"]) == 0
     (tmp_path / "afile").write_text("x")
     cases = [(["publish", "run", "--out", "afile/sub"], "--out: afile: File exists"),
+             (["publish", "run", "--out=afile/sub"], "--out: afile: File exists"),
              (["run", "--config", "c.toml", "--out", "a" * 300], "--out: " + "a" * 300 + ": File name too long"),
              (["run", "--config", "c.toml", "--solver", ""], "--solver: empty name; give a solver's name (icl-bench list)"),
              (["publish", "run", "--out", "p", "--at", "N=4", "--at", "N=8"],

@@ -675,6 +675,10 @@ def test_publish_force_refuses_a_readme_inside_out(run_dir, tmp_path, monkeypatc
     assert capsys.readouterr().err == (f"icl-bench: error: --readme: {out / 'README.md'} is inside --out {out}, which "
                                        "publish replaces; keep it outside\n")
     assert sorted(p.name for p in out.rglob("*")) == before
+    (tmp_path / "README.md").write_text("<!-- headline:begin -->\nold\n<!-- headline:end -->\n")
+    (out / "RL.md").symlink_to(tmp_path / "README.md")  # a link inside --out is inside it too
+    assert main(["publish", str(run_dir), "--out", str(out), "--force", "--readme", str(out / "RL.md")]) == 2
+    assert "is inside --out" in capsys.readouterr().err and (out / "RL.md").is_symlink()
 
 
 def test_publish_names_d_when_the_runs_hold_several_and_says_what_it_left_out(tmp_path, monkeypatch):
@@ -964,3 +968,10 @@ def test_a_checkpoint_named_twice_is_drawn_once(tables, monkeypatch, tmp_path):
                      "probes it at its own)"] + [f"--checkpoint {n}: drawn once, as 'checkpoint trained-l1-R100'" for n in names[1:]]
     _, notes = model_plots.collect_models(table, {**setting, "R": 100.0}, names[:1], n_prompts=16)
     assert notes == []  # at its own R: nothing to say
+    (tmp_path / "lk").mkdir()  # links to the shipped pair reach the same file: drawn once too
+    for half in ("json", "safetensors"):
+        (tmp_path / "lk" / f"m.{half}").symlink_to(models_dir() / f"trained-l1-R100.{half}")
+    models, notes = model_plots.collect_models(table, setting, ["trained-l1-R100", "lk/m"], n_prompts=16)
+    assert len(models) == 2 and notes[-1] == "--checkpoint lk/m: drawn once, as 'checkpoint trained-l1-R100'"
+    _, notes = model_plots.collect_models(table, setting, ["trained-l1-R1000"], n_prompts=16)
+    assert notes == ["--checkpoint trained-l1-R1000: trained at R = 1000, probed at the report's R = 10"]  # no R = 1000 run

@@ -327,6 +327,11 @@ def test_bad_cache_or_out_paths_write_nothing(tmp_path, capsys):
     code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "o5", "--cache", tmp_path / "pub")
     assert code == 2 and err.startswith(f"icl-bench: error: --cache: {tmp_path / 'pub'} is a folder icl-bench publish wrote")
     assert not (tmp_path / "o5").exists() and [p.name for p in (tmp_path / "pub").iterdir()] == ["publish.json"]
+    code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "o5", "--cache", tmp_path / "pub" / "cache")
+    assert code == 2 and "is inside a folder icl-bench publish wrote" in err and not (tmp_path / "o5").exists()
+    (tmp_path / "bad" / "cells.sqlite").mkdir(parents=True)  # an unusable cache is refused before --out is made
+    code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "o6", "--cache", tmp_path / "bad")
+    assert code == 2 and err.startswith("icl-bench: error: --cache: ") and not (tmp_path / "o6").exists(), err
     assert _run(capsys, "--config", cfg, "--out", tmp_path / "run")[0] == 0  # a finished run ...
     before = _snapshot(tmp_path / "run")
     code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "o3", "--cache", tmp_path / "run")

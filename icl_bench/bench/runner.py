@@ -247,8 +247,9 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
     try:
         if cache is not None:  # first: a bad --cache must not leave a started run folder behind
             store.CellCache.check_path(cache, out)
-            if (Path(cache) / store.STORE_NAME).is_file():  # an existing cache is opened (and checked) now;
-                cache_db = store.CellCache(cache, RESULT_COLUMNS, out=out)  # a new one is not made before --out is accepted
+            db = Path(cache) / store.STORE_NAME  # an existing cache is opened (and checked) now; a new one
+            if db.exists() or db.is_symlink():  # is only made once --out is accepted
+                cache_db = store.CellCache(cache, RESULT_COLUMNS, out=out)
         if out is not None:
             out = Path(out)
             identity = {k: v for k, v in config.to_dict().items() if k != "executor"}  # any executor resumes

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sqlite3
 import zlib
 from datetime import datetime, timezone
@@ -230,22 +231,29 @@ class CellCache:
         """The path checks of __init__, without creating anything (run them before --out is made).
 
         Raises:
-            ConfigError: DIR is empty, a file, a run folder, the --out folder or inside it, or a
-                folder that `icl-bench publish` wrote.
+            ConfigError: DIR is empty, a file, a run folder, the --out folder or inside it, a
+                folder that `icl-bench publish` wrote or one inside it, or a new cache that cannot
+                be created there (its nearest existing folder is not writable).
         """
         if not str(folder).strip():
             raise ConfigError("--cache: empty path; give a folder")
         folder = Path(folder)
         if folder.exists() and not folder.is_dir():
             raise ConfigError(f"--cache: {folder} is a file, not a folder")
-        if (folder / "publish.json").is_file():  # `publish --force` replaces that folder, cache and all
-            raise ConfigError(f"--cache: {folder} is a folder icl-bench publish wrote (it replaces it with --force); "
-                              "a cell cache needs a folder of its own")
+        published = next((p for p in (folder.resolve(), *folder.resolve().parents) if (p / "publish.json").is_file()), None)
+        if published is not None:  # `publish --force` replaces that folder, cache and all
+            raise ConfigError(f"--cache: {folder} is {'inside ' if published != folder.resolve() else ''}a folder "
+                              "icl-bench publish wrote (it replaces it with --force); a cell cache needs a folder of its own")
         run_files = [n for n in (CONFIG_NAME, LOCK_NAME, "metadata.json") if (folder / n).exists()]
         inside = out is not None and (folder.resolve() == Path(out).resolve() or Path(out).resolve() in folder.resolve().parents)
         if run_files or inside:
             raise ConfigError(f"--cache: {folder} is a run folder or inside one ({', '.join(run_files) or 'the --out folder'}); "
                               "a cell cache needs a folder of its own")
+        db = folder / STORE_NAME  # a cache to be made: where it goes must take it (checked before --out is made)
+        if not (db.exists() or db.is_symlink()):
+            base = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+            if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
+                raise ConfigError(f"--cache: cannot create a cell cache in {folder} ({base} is not a writable folder)")
 
     def __init__(self, folder: str | Path, columns, out: str | Path | None = None):
         self.check_path(folder, out)

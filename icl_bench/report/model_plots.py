@@ -128,26 +128,32 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
         if not model.cfg.layernorm:
             notes.append(f"{label}: no LayerNorm weights, not drawn beside the LayerNorm construction")
             continue
-        if stem_of(path).resolve() in drawn:  # two settings of one solver serving the same file
-            notes.append(f"{label}: drawn once, as {drawn[stem_of(path).resolve()]!r}")
+        if _file_key(path) in drawn:  # two settings of one solver serving the same file
+            notes.append(f"{label}: drawn once, as {drawn[_file_key(path)]!r}")
             continue
-        drawn[stem_of(path).resolve()] = f"{label} ({Path(path).stem})"
+        drawn[_file_key(path)] = f"{label} ({Path(path).stem})"
         add(f"{label} ({Path(path).stem})", model)
     for path in checkpoints:  # as the user gave them: a path or a shipped model's name
         try:
             resolved = checkpoint_path(str(path), "--checkpoint")
-            if stem_of(resolved).resolve() in drawn:  # e.g. trained-l1-R100 and trained-l1-R100.json
-                notes.append(f"--checkpoint {path}: drawn once, as {drawn[stem_of(resolved).resolve()]!r}")
+            if _file_key(resolved) in drawn:  # e.g. trained-l1-R100 and trained-l1-R100.json, or links to it
+                notes.append(f"--checkpoint {path}: drawn once, as {drawn[_file_key(resolved)]!r}")
                 continue
             model, meta = load_checkpoint(resolved)
-            drawn[stem_of(resolved).resolve()] = f"checkpoint {path}"
+            drawn[_file_key(resolved)] = f"checkpoint {path}"
             add(f"checkpoint {path}", model)
             if isinstance(meta.get("R"), (int, float)) and float(meta["R"]) != R:  # its probes at another R
-                notes.append(f"--checkpoint {path}: trained at R = {meta['R']:g}, probed at the report's R = {R:g} "
-                             f"(--at R={meta['R']:g} probes it at its own)")
+                own = float(meta["R"]) in set(table.loc[table["status"] == "ok", "R"].astype(float))
+                notes.append(f"--checkpoint {path}: trained at R = {meta['R']:g}, probed at the report's R = {R:g}"
+                             + (f" (--at R={meta['R']:g} probes it at its own)" if own else ""))
         except Exception as exc:
             notes.append(f"--checkpoint {path}: not drawn ({type(exc).__name__}: {exc})")
     return models, notes
+
+
+def _file_key(path) -> Path:
+    """What makes two checkpoint names one model: the weights file they reach, links followed."""
+    return Path(f"{stem_of(path)}.safetensors").resolve()
 
 
 def _short(v: float) -> str:

@@ -71,13 +71,15 @@ def check_writable(stem: str | Path, key: str = "--out") -> None:
     Raises:
         ConfigError (naming `key`): `<stem>.safetensors` or `<stem>.json` exists and is not a
             regular file (a folder of that name made training fail only after it had run, and
-            left half a pair), or a parent of `stem` is a file.
+            left half a pair), is a symbolic link (dangling or not), or a parent of `stem` is a file.
     """
     blocked = next((p for p in Path(stem).parents if p.exists() and not p.is_dir()), None)
     if blocked is not None:
         raise ConfigError(f"{key}: {blocked} is a file, so {stem}.safetensors cannot be written; give another folder")
     for suffix in (".safetensors", ".json"):
         p = Path(f"{stem}{suffix}")
+        if p.is_symlink():  # a dangling one fails after training; a live one would be written through
+            raise ConfigError(f"{key}: {p} is a symbolic link, so the checkpoint would not be saved in place; remove it")
         if p.exists() and not p.is_file():
             raise ConfigError(f"{key}: {p} exists and is not a file, so the checkpoint cannot be saved there; remove it")
 
@@ -154,8 +156,8 @@ def checkpoint_path(name: str, key: str = "CHECKPOINT") -> str:
 
     A name with a folder in it as typed ("./m", "runs/m") is a path. A bare name ("m", "m.json",
     "m.safetensors") is a local checkpoint when m.safetensors is a file in the current folder, or
-    m.json is one and reads as a checkpoint's metadata, or either is a symbolic link (a dangling
-    one too: load_checkpoint then says it is missing, not a shipped model silently); else the shipped model of stem m in
+    m.json is one and reads as a checkpoint's metadata, or either is a dangling symbolic link
+    (load_checkpoint then says where it points, rather than a shipped model standing in); else the shipped model of stem m in
     resources.models_dir() (e.g. trained-l1-R100); else itself when something of that name is here
     (load_checkpoint then says what is wrong with it). So a folder, or another file (e.g. an
     `analyze --out trained-l1-R100.json`), never hides a shipped model.
@@ -174,8 +176,8 @@ def checkpoint_path(name: str, key: str = "CHECKPOINT") -> str:
             return name  # a path: load_checkpoint says what is wrong with it
         if Path(f"{stem}.safetensors").is_file() or (Path(f"{stem}.json").is_file() and _reads_as_meta(stem)):
             return name
-        if any(Path(p).is_symlink() for p in (name, f"{stem}.json", f"{stem}.safetensors")):
-            return name  # a link put here on purpose, even a dangling one: load_checkpoint says so
+        if any(Path(p).is_symlink() and not Path(p).exists() for p in (f"{stem}.json", f"{stem}.safetensors")):
+            return name  # a dangling link put here on purpose: load_checkpoint says so, not the shipped model
         if Path(f"{resources.models_dir() / stem}.json").is_file():
             return str(resources.models_dir() / stem)
     except OSError as exc:  # e.g. a name longer than the file system allows
