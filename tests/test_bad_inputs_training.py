@@ -38,7 +38,7 @@ def run(capsys, tmp_path, argv, toml=None):
     ("[runs.a]\nd_model = 256\nn_layers = 256\nn_heads = 256\n",  # each in range, together 69 GB
      "runs.a.d_model: n_layers * n_heads * 4 * d_model^2 = 17179869184 attention weights exceed 16777216"),
     ("[runs.a]\nd_model = 64\nn_layers = 1\nn_heads = 64\n",  # 2^20 weights, but the eager forward's folded maps: 256 GB
-     "runs.a.d_model: n_layers * n_heads^2 * d_model^4 = 68719476736 values of the folded attention maps exceed 134217728"),
+     "runs.a.d_model: n_layers * n_heads^2 * d_model^4 = 68719476736 values of the folded attention maps exceed 134217728; lower d_model, n_heads or n_layers"),
     ("[runs.a]\nd_model = 4\nn_layers = 2\nn_heads = 2\nbatch_size = 10000000\nN = [10]\n",
      "runs.a.batch_size: batch_size * (N + 1) * n_layers * n_heads * 4 * d_model = 7040000000 activations exceed"),
     ("R = 1e300\n" + TINY, "train.R: R=1e+300 overflows float32"),

@@ -329,6 +329,14 @@ def test_bad_cache_or_out_paths_write_nothing(tmp_path, capsys):
     assert not (tmp_path / "o5").exists() and [p.name for p in (tmp_path / "pub").iterdir()] == ["publish.json"]
     code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "o5", "--cache", tmp_path / "pub" / "cache")
     assert code == 2 and "is inside a folder icl-bench publish wrote" in err and not (tmp_path / "o5").exists()
+    (tmp_path / "dang").symlink_to(tmp_path / "nowhere")  # nor a dangling link (or one above the cache), nor a loop
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    for cache, msg in (("dang", f"dang is a symbolic link to {tmp_path / 'nowhere'}, which is missing"),
+                       ("dang/sub", f"dang is a symbolic link to {tmp_path / 'nowhere'}, which is missing"),
+                       ("loop", "cannot use ")):
+        code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "o6", "--cache", tmp_path / cache)
+        assert code == 2 and err.startswith(f"icl-bench: error: --cache: ") and msg in err, err
+        assert not (tmp_path / "o6").exists() and "Traceback" not in err
     (tmp_path / "bad" / "cells.sqlite").mkdir(parents=True)  # an unusable cache is refused before --out is made
     code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "o6", "--cache", tmp_path / "bad")
     assert code == 2 and err.startswith("icl-bench: error: --cache: ") and not (tmp_path / "o6").exists(), err

@@ -232,12 +232,20 @@ class CellCache:
 
         Raises:
             ConfigError: DIR is empty, a file, a run folder, the --out folder or inside it, a
-                folder that `icl-bench publish` wrote or one inside it, or a new cache that cannot
-                be created there (its nearest existing folder is not writable).
+                folder that `icl-bench publish` wrote or one inside it, a dangling symbolic link
+                (or one above it) or a link loop, or a new cache that cannot be created there (its
+                nearest existing folder is not writable).
         """
         if not str(folder).strip():
             raise ConfigError("--cache: empty path; give a folder")
         folder = Path(folder)
+        try:
+            folder.resolve()
+        except (RuntimeError, OSError) as exc:  # e.g. a link to itself (Python 3.11: RuntimeError)
+            raise ConfigError(f"--cache: cannot use {folder} ({' '.join(str(exc).split())[:120]})") from None
+        dangling = next((p for p in (folder, *folder.absolute().parents) if p.is_symlink() and not p.exists()), None)
+        if dangling is not None:  # it would be created only after --out, and fail there
+            raise ConfigError(f"--cache: {dangling} is a symbolic link to {os.readlink(dangling)}, which is missing")
         if folder.exists() and not folder.is_dir():
             raise ConfigError(f"--cache: {folder} is a file, not a folder")
         published = next((p for p in (folder.resolve(), *folder.resolve().parents) if (p / "publish.json").is_file()), None)

@@ -108,7 +108,7 @@ class TrainConfig(ConfigModel):
         folded = self.n_layers * self.n_heads**2 * self.d_model**4  # Attention.folded_map's K per layer
         if folded > MAX_VALUES:
             raise problem(f"n_layers * n_heads^2 * d_model^4 = {folded} values of the folded attention maps exceed "
-                          f"{MAX_VALUES}; lower d_model or n_heads", key="d_model")
+                          f"{MAX_VALUES}; lower d_model, n_heads or n_layers", key="d_model")
         for key in ("batch_size", "eval_prompts"):  # one batch of prompts must fit in memory
             if getattr(self, key) * (max(self.N) + 1) > MAX_VALUES:
                 raise problem(f"{key} * (N + 1) = {getattr(self, key) * (max(self.N) + 1)} prompt values exceed "
