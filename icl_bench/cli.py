@@ -29,6 +29,9 @@ from icl_bench.config_base import MAX_SEED
 from icl_bench.errors import ConfigError, RunAborted
 
 
+PATH_FLAGS = ("--out", "--cache", "--readme", "--config", "--data", "--checkpoint")  # flags that name a path
+
+
 def _packaged(kind: str) -> str:
     """The packaged configs a command runs, for its --config help (icl_bench/configs/*.toml)."""
     return ", ".join(resources.config_names(kind))
@@ -377,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         where = exc.filename if exc.filename is not None else "--out"
         given = [*zip(argv, argv[1:]), *(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)]
         name = str(exc.filename)  # the flag's value, a folder above it, or a file below it
-        flag = next((f for f, v in given if f.startswith("--") and exc.filename is not None and (
+        flag = next((f for f, v in given if f in PATH_FLAGS and exc.filename is not None and (
             v == name or v.startswith(f"{name}/") or name.startswith(f"{v.rstrip('/')}/"))), None)
         where = f"{flag}: {where}" if flag and where != "--out" else where
         print(f"icl-bench: error: {where}: {exc.strerror or type(exc).__name__}", file=sys.stderr)
