@@ -936,6 +936,13 @@ def test_headline_names_a_missing_cell_instead_of_printing_nan():
                            {"noise": 0.1, "R": 100.0, "dtype": "float32", "device": "cpu", "d": 1, "ood": "none"})
     assert head.set_index("series").loc["b", "N=10"] == "(no ok cell)"
     assert "nan" not in report.to_markdown(head)
+    # with the run's table, a series that errored at every N (and an N where nothing was ok) are
+    # rows and columns of their own; it used to vanish from the headline without a note
+    table = pd.DataFrame(rows + [dict(cell, solver="c", series="c", series_rank=2, N=n, status="error") for n in (10, 30)])
+    head = report.headline(report.aggregate(table[table.status == "ok"]), {"noise": 0.1, "R": 100.0, "dtype": "float32",
+                           "device": "cpu", "d": 1, "ood": "none"}, table).set_index("series")
+    assert list(head.index) == ["a", "b", "c"] and list(head.columns) == ["N=10", "N=20", "N=30"]
+    assert (head.loc["c"] == "(no ok cell)").all() and (head["N=30"] == "(no ok cell)").all()
 
 
 def test_seeds_above_2_to_the_53_publish_exactly(run_dir, tmp_path):

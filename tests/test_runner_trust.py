@@ -405,3 +405,17 @@ def test_a_ctrl_c_swallowed_by_a_c_callback_still_stops_the_run(tmp_path, monkey
     finally:
         signal.signal(signal.SIGINT, old)
     assert len(calls) == 1 and len(CellStore(tmp_path / "run", RESULT_COLUMNS, resume=True).load()) == 1
+
+
+def test_the_no_answer_warning_names_the_parameter_setting(capsys):
+    """`mean-y: no finite prediction in 2 of 12 cells` did not say which shift answered nothing,
+    and counted every shift's cells (found by a plugin author's tryout)."""
+    from icl_bench.bench.runner import NO_ANSWER
+    from icl_bench.report.run_summary import cell_warnings
+
+    rows = [dict(solver="mean-y", solver_params=f'{{"shift": {s}}}', N=n, R=100.0, dtype="float64", status="ok",
+                 message=f"{NO_ANSWER}: NaN/inf on all 16 well-posed prompts" if s == 5 else "")
+            for s in (1, 5) for n in (10, 20)]
+    cell_warnings(pd.DataFrame(rows))
+    err = capsys.readouterr().err
+    assert err.startswith(f"icl-bench: WARNING: mean-y shift=5: {NO_ANSWER} in 2 of 2 cells (e.g. N=10"), err

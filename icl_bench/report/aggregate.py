@@ -357,20 +357,26 @@ def select(df: pd.DataFrame, setting: dict, axes) -> pd.DataFrame:
 NO_CELL = "(no ok cell)"  # a headline entry with nothing to average: skipped, errored or not run
 
 
-def headline(summary: pd.DataFrame, setting: dict) -> pd.DataFrame:
+def headline(summary: pd.DataFrame, setting: dict, table: pd.DataFrame | None = None) -> pd.DataFrame:
     """Mean MSE vs OLS "mean [CI low, CI high]" by series (rows) x N (columns) at `setting`
     (noise, R, dtype, device fixed), "(k of n NaN)" appended where k predictions were not finite
     (the mean is over the others), NO_CELL where a series has no ok cell at that N (not a bare
-    nan, which would read as a NaN answer). Empty when no ok cell matches."""
-    at = select(summary, setting, tuple(a for a in AXES if a != "N"))
+    nan, which would read as a NaN answer). With the run's `table` (every status, load_runs'
+    series), the series and N it ran at the setting without an ok cell are rows / columns of
+    NO_CELL too: a series that errored everywhere is not silently absent. Empty when no ok cell
+    matches."""
+    fixed = tuple(a for a in AXES if a != "N")
+    at = select(summary, setting, fixed)
     if at.empty:
         return pd.DataFrame()
+    ran = select(table, setting, fixed) if table is not None else at
     bad = at["n_nonfinite"] if "n_nonfinite" in at else pd.Series(0, index=at.index)
     text = at.assign(cell=[f"{m:.3g} [{lo:.3g}, {hi:.3g}]" + (f" ({int(k)} of {int(n)} NaN)" if k > 0 else "")
                            for m, lo, hi, k, n in zip(at["mse_vs_ols"], at["mse_vs_ols_ci_low"],
                                                       at["mse_vs_ols_ci_high"], bad, at["n_prompts"])])
     wide = text.pivot_table(index="series", columns="N", values="cell", aggfunc="first")
-    wide = wide.reindex([s for s in series_order(at) if s in wide.index]).fillna(NO_CELL)
+    wide = wide.reindex(index=series_order(pd.concat([at, ran])), columns=sorted(set(at["N"]) | set(ran["N"])))
+    wide = wide.astype(object).fillna(NO_CELL)  # (a column added for an N with no ok cell is float)
     wide.columns = [f"N={n}" for n in wide.columns]
     return wide.reset_index()
 

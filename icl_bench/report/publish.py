@@ -192,7 +192,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     setting = report.representative(table, at)
     _check_out(out, runs, force)
     summary = report.aggregate(table)
-    head = report.headline(summary, setting)
+    head = report.headline(summary, setting, table)
     headline_at = {k: v for k, v in setting.items() if k != "N"}
     varied = coverage.varied_axes(table)  # d / ood are named when the runs hold more than one value
     command = command_line(runs, out, at, checkpoints, force, readme)

@@ -63,9 +63,10 @@ def cell_warnings(table: pd.DataFrame) -> None:
     broken = table[(table.status == "skipped") & table.message.str.contains("failed to load", regex=False)]
     for solver, rows in broken.groupby("solver"):
         print(f"icl-bench: WARNING: solver {solver!r} skipped ({len(rows)} cells): {rows.message.iloc[0]}", file=sys.stderr)
+    table = report.add_series(table)  # "mean-y shift=5", not "mean-y": which parameter setting answered nothing
     silent = table[(table.status == "ok") & table.message.str.startswith(NO_ANSWER)]
-    for solver, rows in silent.groupby("solver"):
-        print(f"icl-bench: WARNING: {solver}: {NO_ANSWER} in {len(rows)} of {int((table.solver == solver).sum())} cells "
+    for series, rows in silent.groupby("series"):
+        print(f"icl-bench: WARNING: {series}: {NO_ANSWER} in {len(rows)} of {int((table.series == series).sum())} cells "
               f"(e.g. N={rows.N.iloc[0]} R={rows.R.iloc[0]} {rows.dtype.iloc[0]}: {rows.message.iloc[0]})", file=sys.stderr)
     errors = table[table.status == "error"]
     for _, r in errors.head(5).iterrows():
