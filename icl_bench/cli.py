@@ -148,11 +148,16 @@ def cmd_run(args) -> int:
         note = data_summary(cfg.data)[2]
         if note:
             print(f"icl-bench: {note}", file=sys.stderr)
+    started = datetime.now().timestamp()
     try:
         table = _run_matrix(cfg, out, resume=args.resume, progress=not args.no_progress, cache=args.cache)
     except ConfigError as exc:  # e.g. an unreachable --scheduler, found when the cluster is joined
         raise flag_named(exc) from None
     except (KeyboardInterrupt, RunAborted) as exc:
+        meta = out / "metadata.json"  # written last: this run's table is complete (e.g. a Ctrl-C while
+        if meta.is_file() and meta.stat().st_mtime >= started:  # a Dask cluster shuts down)
+            print(f"icl-bench: interrupted after the run had finished; its table is complete in {out}", file=sys.stderr)
+            return 130 if isinstance(exc, KeyboardInterrupt) else 1
         what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"error: {flag_named(exc)}"
         kept = (f"; the finished cells are kept in {out}. Resume with:\n  {_resume_command(args.argv, out)}"
                 if out.is_dir() else f" before {out} was made")  # (no resume line for a folder never made)

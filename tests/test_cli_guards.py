@@ -210,3 +210,22 @@ def test_odd_flags_are_named_in_their_one_line_errors(tmp_path, capsys, tiny_raw
         code, err = _run(capsys, argv)
         assert code == 2 and err == f"icl-bench: error: {expected}\n", err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "c.toml", "run"]
+
+
+def test_ctrl_c_while_a_finished_run_shuts_down_says_it_is_complete(tmp_path, capsys, tiny_raw, monkeypatch):
+    """A Ctrl-C while a Dask cluster shut down, after metadata.json was written, offered a resume
+    as if cells were lost (found by a tryout of the Dask executor)."""
+    import icl_bench.cli as cli
+
+    real = cli._run_matrix
+
+    def finished_then_ctrl_c(*a, **k):
+        real(*a, **k)
+        raise KeyboardInterrupt  # as from the executor's close()
+
+    monkeypatch.setattr(cli, "_run_matrix", finished_then_ctrl_c)
+    (tmp_path / "c.toml").write_text(tomli_w.dumps(tiny_raw))
+    code = main(["run", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / "run"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 130 and err == (f"icl-bench: interrupted after the run had finished; its table is complete in "
+                                   f"{tmp_path / 'run'}\n"), err
