@@ -203,9 +203,9 @@ CASES = [
     Case("toml-data-missing-file", toml(lambda r: _set(r, {"path": "no/such.csv", "x": "x", "y": "y"}, "data")), "data.path: no such file"),
     Case("toml-data-missing-key", toml(lambda r: _set(r, {"path": "matplotlib:msft.csv", "x": "Open"}, "data")), "data.y: not given; the column of targets, one of: Date, Open"),
     Case("toml-data-missing-column", toml(lambda r: _set(r, {**MSFT, "y": "Shut"}, "data")), "data.y: no column 'Shut' in msft.csv; columns: Date, Open"),
-    Case("toml-data-text-column", toml(lambda r: _set(r, {**MSFT, "x": "Date"}, "data")), "data.x: column 'Date' is not numeric"),
+    Case("toml-data-text-column", toml(lambda r: _set(r, {**MSFT, "x": "Date"}, "data")), "data.x: column 'Date' is not numeric (data row 1: "),
     Case("toml-data-too-few-rows", toml(lambda r: (_set(r, MSFT, "data"), _set(r, [100], "grid", "N"))),
-         "grid.N: N=100 needs at least 101 rows of data; msft.csv has 65"),
+         "grid.N: N=100 needs at least 101 rows with finite x and y; msft.csv has 65"),
     # ---- TOML files that are not TOML ----
     Case("toml-invalid", toml(text="seed = ["), "--config: bad.toml is not valid TOML"),
     Case("toml-not-utf8", toml(text=b"seed = '\xff\xfe'"), "--config: bad.toml is not UTF-8 text"),
@@ -239,13 +239,15 @@ CASES = [
     # ---- CSV data ----
     Case("csv-missing", csv(None), "--data: no such file"),
     Case("csv-empty-file", csv(""), "--data: cannot read"),
-    Case("csv-header-only", csv("x,y\n"), "grid.N: N=4 needs at least 5 rows of data; data.csv has 0"),
+    Case("csv-header-only", csv("x,y\n"), "grid.N: N=4 needs at least 5 rows with finite x and y; data.csv has 0"),
     Case("csv-not-utf8", csv(b"x,y\n1,\xff\xfe\n2,3\n"), "--data: cannot read"),
     Case("csv-binary", csv(bytes(range(256)) * 4), "--data: cannot read"),
     Case("csv-ragged", csv("x,y\n1,2\n3,4,5,6\n"), "--data: cannot read"),
-    Case("csv-text-column", csv("x,y\n" + "a,1\n" * 8), "--x: column 'x' is not numeric"),
+    Case("csv-one-text-cell", csv("x,y\n" + "1,1\n" * 4 + "abc,2\n" + "3,3\n" * 4),
+         "--x: column 'x' is not numeric (data row 5: 'abc'); accepted: numbers"),  # it named no row
+    Case("csv-text-column", csv("x,y\n" + "a,1\n" * 8), "--x: column 'x' is not numeric (data row 1: 'a'); accepted: numbers, and empty, NaN or inf cells"),
     Case("csv-missing-column", csv(ROWS, y="z"), "--y: no column 'z' in data.csv; columns: x, y"),
-    Case("csv-no-finite-rows", csv("x,y\n" + "nan,1\n1,inf\n" * 6), "--data: N=4 needs at least 5 rows with finite x and y"),
+    Case("csv-no-finite-rows", csv("x,y\n" + "nan,1\n1,inf\n" * 6), "grid.N: N=4 needs at least 5 rows with finite x and y; data.csv has 0 (of 12 rows)"),
     # compressed CSV is read by its name's ending (.gz, .zip, ...); a damaged one is refused in one line
     Case("csv-gz-plain-text", csv(ROWS, name="data.csv.gz"), "--data: cannot read"),
     Case("csv-gz-binary", csv(gzip.compress(bytes(range(256)) * 4), name="data.csv.gz"), "--data: cannot read"),

@@ -91,13 +91,15 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
         if col not in frame.columns:
             raise ConfigError(f"data.{k}: no column {col!r} in {path.name}; columns: {columns}")
         if len(frame) and not pd.api.types.is_numeric_dtype(frame[col]):
-            raise ConfigError(f"data.{k}: column {col!r} is not numeric")
+            text = frame[col].notna() & pd.to_numeric(frame[col], errors="coerce").isna()  # the cells that are no number
+            row = int(np.flatnonzero(text.to_numpy())[0]) if text.any() else 0
+            raise ConfigError(f"data.{k}: column {col!r} is not numeric (data row {row + 1}: {frame[col].iloc[row]!r}); "
+                              "accepted: numbers, and empty, NaN or inf cells, whose rows are dropped")
     n = max(Ns)
-    if n + 1 > len(frame):
-        raise ConfigError(f"grid.N: N={n} needs at least {n + 1} rows of data; {path.name} has {len(frame)}")
     finite = int((np.isfinite(frame[src.x].to_numpy(float)) & np.isfinite(frame[src.y].to_numpy(float))).sum())
     if n + 1 > finite:  # rows with NaN / inf are dropped (data_summary): enough must remain
-        raise ConfigError(f"data.path: N={n} needs at least {n + 1} rows with finite x and y; {path.name} has {finite}")
+        raise ConfigError(f"grid.N: N={n} needs at least {n + 1} rows with finite x and y; {path.name} has {finite}"
+                          + (f" (of {len(frame)} rows)" if finite < len(frame) else ""))
     return src
 
 
