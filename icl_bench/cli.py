@@ -385,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         where = exc.filename if exc.filename is not None else "--out"
         given = [*zip(argv, argv[1:]), *(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)]
         name = str(exc.filename)  # the flag's value, a folder above it, or a file below it
-        flag = next((f for f, v in given if f in PATH_FLAGS and exc.filename is not None and (
+        full = lambda f: next((p for p in PATH_FLAGS if len(f) > 3 and p.startswith(f)), None)  # noqa: E731 (--ou)
+        flag = next((full(f) for f, v in given if full(f) and exc.filename is not None and (
             v == name or v.startswith(f"{name}/") or name.startswith(f"{v.rstrip('/')}/"))), None)
         where = f"{flag}: {where}" if flag and where != "--out" else where
         print(f"icl-bench: error: {where}: {exc.strerror or type(exc).__name__}", file=sys.stderr)

@@ -245,7 +245,7 @@ CASES = [
     Case("csv-ragged", csv("x,y\n1,2\n3,4,5,6\n"), "--data: cannot read"),
     Case("csv-one-text-cell", csv("x,y\n" + "1,1\n" * 4 + "abc,2\n" + "3,3\n" * 4),
          "--x: column 'x' is not numeric (data row 5: 'abc'); accepted: numbers"),  # it named no row
-    Case("csv-text-column", csv("x,y\n" + "a,1\n" * 8), "--x: column 'x' is not numeric (data row 1: 'a'); accepted: numbers, and empty, NaN or inf cells"),
+    Case("csv-text-column", csv("x,y\n" + "a,1\n" * 8), "--x: column 'x' is not numeric (data row 1: 'a'); accepted: numbers (inf too), and cells pandas reads as missing"),
     Case("csv-missing-column", csv(ROWS, y="z"), "--y: no column 'z' in data.csv; columns: x, y"),
     Case("csv-no-finite-rows", csv("x,y\n" + "nan,1\n1,inf\n" * 6), "grid.N: N=4 needs at least 5 rows with finite x and y; data.csv has 0 (of 12 rows)"),
     # compressed CSV is read by its name's ending (.gz, .zip, ...); a damaged one is refused in one line

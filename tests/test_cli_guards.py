@@ -202,6 +202,7 @@ def test_odd_flags_are_named_in_their_one_line_errors(tmp_path, capsys, tiny_raw
     cases = [(["publish", "run", "--out", "afile/sub"], "--out: afile: File exists"),
              (["publish", "run", "--out=afile/sub"], "--out: afile: File exists"),
              (["run", "--config", "c.toml", "--out", "a" * 300], "--out: " + "a" * 300 + ": File name too long"),
+             (["run", "--config", "c.toml", "--ou", "a" * 300], "--out: " + "a" * 300 + ": File name too long"),
              (["run", "--config", "c.toml", "--solver", ""], "--solver: empty name; give a solver's name (icl-bench list)"),
              (["publish", "run", "--out", "p", "--at", "N=4", "--at", "N=8"],
               "--at: N is given twice (N=4, N=8); give each axis once")]

@@ -943,6 +943,12 @@ def test_headline_names_a_missing_cell_instead_of_printing_nan():
                            "device": "cpu", "d": 1, "ood": "none"}, table).set_index("series")
     assert list(head.index) == ["a", "b", "c"] and list(head.columns) == ["N=10", "N=20", "N=30"]
     assert (head.loc["c"] == "(no ok cell)").all() and (head["N=30"] == "(no ok cell)").all()
+    # a run with no ok cell at the setting is left out of the headline (a note says so): it adds no row or N
+    table = pd.concat([table.assign(run="A"), pd.DataFrame([dict(cell, solver="d", series="d", series_rank=3, N=300,
+                                                                 status="error", run="B")])])
+    head = report.headline(report.aggregate(table[table.status == "ok"]), {"noise": 0.1, "R": 100.0, "dtype": "float32",
+                           "device": "cpu", "d": 1, "ood": "none"}, table).set_index("series")
+    assert list(head.index) == ["a", "b", "c"] and list(head.columns) == ["N=10", "N=20", "N=30"]
 
 
 def test_seeds_above_2_to_the_53_publish_exactly(run_dir, tmp_path):

@@ -93,8 +93,10 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
         if len(frame) and not pd.api.types.is_numeric_dtype(frame[col]):
             text = frame[col].notna() & pd.to_numeric(frame[col], errors="coerce").isna()  # the cells that are no number
             row = int(np.flatnonzero(text.to_numpy())[0]) if text.any() else 0
-            raise ConfigError(f"data.{k}: column {col!r} is not numeric (data row {row + 1}: {frame[col].iloc[row]!r}); "
-                              "accepted: numbers, and empty, NaN or inf cells, whose rows are dropped")
+            cell = str(frame[col].iloc[row])
+            raise ConfigError(f"data.{k}: column {col!r} is not numeric (data row {row + 1}: "
+                              f"{cell[:40] + ('...' if len(cell) > 40 else '')!r}); accepted: numbers (inf too), "
+                              "and cells pandas reads as missing (empty, NaN, nan, NA, null), whose rows are dropped")
     n = max(Ns)
     finite = int((np.isfinite(frame[src.x].to_numpy(float)) & np.isfinite(frame[src.y].to_numpy(float))).sum())
     if n + 1 > finite:  # rows with NaN / inf are dropped (data_summary): enough must remain

@@ -66,7 +66,8 @@ def cell_warnings(table: pd.DataFrame) -> None:
     table = report.add_series(table)  # "mean-y shift=5", not "mean-y": which parameter setting answered nothing
     silent = table[(table.status == "ok") & table.message.str.startswith(NO_ANSWER)]
     for series, rows in silent.groupby("series"):
-        print(f"icl-bench: WARNING: {series}: {NO_ANSWER} in {len(rows)} of {int((table.series == series).sum())} cells "
+        ran = int(((table.series == series) & (table.status != "skipped")).sum())  # skipped cells did not answer
+        print(f"icl-bench: WARNING: {series}: {NO_ANSWER} in {len(rows)} of the {ran} cells it ran "
               f"(e.g. N={rows.N.iloc[0]} R={rows.R.iloc[0]} {rows.dtype.iloc[0]}: {rows.message.iloc[0]})", file=sys.stderr)
     errors = table[table.status == "error"]
     for _, r in errors.head(5).iterrows():
