@@ -988,3 +988,12 @@ def test_a_checkpoint_named_twice_is_drawn_once(tables, monkeypatch, tmp_path):
     assert len(models) == 2 and notes[-1] == "--checkpoint lk/m: drawn once, as 'checkpoint trained-l1-R100'"
     _, notes = model_plots.collect_models(table, setting, ["trained-l1-R1000"], n_prompts=16)
     assert notes == ["--checkpoint trained-l1-R1000: trained at R = 1000, probed at the report's R = 10"]  # no R = 1000 run
+
+
+def test_grid_differences_name_a_csv_runs_noise_as_n_a():
+    """A CSV run's noise is all NaN: the note read "rcsv: , n/a" (found by a review)."""
+    from icl_bench.report.coverage import grid_differences
+
+    t = pd.DataFrame({"run": ["rcsv", "gen", "gen"], "noise": [math.nan, 0.0, 0.1]})
+    t = t.assign(**{a: 1 for a in ("N", "R", "dtype", "device", "d", "ood")})
+    assert grid_differences(t) == ["the runs have different noise grids: rcsv: n/a; gen: 0, 0.1"]

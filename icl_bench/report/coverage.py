@@ -18,8 +18,9 @@ FIXED = ("noise", "R", "dtype", "device", "d", "ood")  # the headline fixes thes
 
 
 def _values(s: pd.Series) -> str:
-    vals = sorted(s.dropna().unique().tolist())
-    return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in vals) + (", n/a" if s.isna().any() else "")
+    """The distinct values of an axis, "n/a" for NaN (a CSV run's noise): "0, 0.1", "n/a"."""
+    vals = [f"{v:g}" if isinstance(v, float) else str(v) for v in sorted(s.dropna().unique().tolist())]
+    return ", ".join(vals + (["n/a"] if s.isna().any() else []))
 
 
 def _fmt(v) -> str:
