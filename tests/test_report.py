@@ -778,6 +778,13 @@ def test_console_summary_is_at_one_setting_with_skip_reasons_grouped(run_dir):
     mse = ok[ok.solver_params == json.dumps({"steps": 4})].mse_vs_ols.mean()
     assert line.split()[2:5] == ["16", "0", "0"] and f"{mse:.3g}" in line
     assert "8 cells not ok, by reason:" in text and "  error x8 [test-fails]: RuntimeError: boom at N=12" in text
+    assert "NaN predictions" not in text  # every prediction finite: no such column
+    first = (table.status == "ok") & (table.N == 5) & (table.noise == 0) & (table.R == 10) & (table.dtype == "float32")
+    first &= table.solver == "ols"
+    table.loc[first[first].index[:1], "n_nonfinite"] = 3  # the mean was over the others: said beside it
+    line = next(ln for ln in console_summary(table).splitlines() if ln.startswith("ols "))
+    n = int(table[first].n_prompts.sum())
+    assert line.rstrip().endswith(f"3 of {n}"), line
 
 
 def _cli(capsys, *args):

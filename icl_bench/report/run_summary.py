@@ -33,8 +33,11 @@ def console_summary(table: pd.DataFrame) -> str:
     counts = table.groupby("series").agg(
         ok=("status", lambda s: int((s == "ok").sum())), skipped=("status", lambda s: int((s == "skipped").sum())),
         error=("status", lambda s: int((s == "error").sum())))
-    here = at.groupby("series").agg(mse_vs_ols=("mse_vs_ols", "mean"), prompts_per_s=("prompts_per_s", "median"))
-    out = counts.join(here, how="left").reindex(report.series_order(table))
+    here = at.groupby("series").agg(mse_vs_ols=("mse_vs_ols", "mean"), prompts_per_s=("prompts_per_s", "median"),
+                                    nan=("n_nonfinite", "sum"), of=("n_prompts", "sum"))
+    if (here["nan"] > 0).any():  # the mean is over the finite predictions: say how many were not
+        here["NaN predictions"] = [f"{int(k)} of {int(n)}" if k > 0 else "-" for k, n in zip(here["nan"], here["of"])]
+    out = counts.join(here.drop(columns=["nan", "of"]), how="left").reindex(report.series_order(table))
     where = report.setting_text(setting, report.AXES, _fmt, varied_axes(table))
     lines = [f"cells per series (whole run); MSE vs OLS (y units², mean over seeds) and prompts/s at {where}:",
              out.to_string(float_format=lambda v: f"{v:.3g}", na_rep="-")]
