@@ -113,7 +113,7 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
             models[label] = {"weights": model.weight_matrices(), "trace": {"tokens": tokens, **model.probe(tokens)}}
 
     add(f"construction (R={R:g})", build_construction(R))
-    drawn = {}  # resolved checkpoint stem -> its label: one model is drawn once, however it was named
+    drawn = {}  # weights file reached (_file_key) -> its label: one model is drawn once, however it was named
     at = select(table[table["status"] == "ok"], setting, ("N", "noise", "R", "d"))
     for (solver, params), _ in at.groupby(["solver", "solver_params"]):
         label = f"{solver} {params}" if params not in ("", "{}") else solver
