@@ -4,21 +4,33 @@ Public API (docs/design.md §3):
     sample_prompts, make_batch, PromptSpec, PromptBatch, Dist   -- the shared prompt generator
     Solver, Param, SkipCell, register_solver, get_solver, list_solvers -- solvers and registry
     run_matrix                                                   -- the benchmark matrix runner
+
+The names are imported on first use (PEP 562), so `import icl_bench` loads neither torch nor
+pandas: the `icl-bench` command starts inside its own error handling (a Ctrl-C while torch loads
+is "icl-bench: interrupted", not a traceback), and `from icl_bench import Solver` works as usual.
 """
-from icl_bench.prompts.generator import Dist, PromptBatch, PromptSpec, make_batch, sample_prompts
-from icl_bench.solvers.registry import get_solver, list_solvers, register_solver
-from icl_bench.solvers.base import Param, SkipCell, Solver
+from importlib import import_module
 
 __version__ = "0.1.0"
+_HOME = {  # public name -> the module that defines it
+    **dict.fromkeys(("Dist", "PromptBatch", "PromptSpec", "make_batch", "sample_prompts"), "icl_bench.prompts.generator"),
+    **dict.fromkeys(("get_solver", "list_solvers", "register_solver"), "icl_bench.solvers.registry"),
+    **dict.fromkeys(("Param", "SkipCell", "Solver"), "icl_bench.solvers.base"),
+    "run_matrix": "icl_bench.bench.runner",
+}
 __all__ = [
     "Dist", "PromptBatch", "PromptSpec", "make_batch", "sample_prompts",
     "Param", "SkipCell", "Solver", "get_solver", "list_solvers", "register_solver", "run_matrix",
 ]
 
 
-def __getattr__(name):  # run_matrix pulls in pandas/pyarrow: import it only when asked for
-    if name == "run_matrix":
-        from icl_bench.bench.runner import run_matrix
-
-        return run_matrix
+def __getattr__(name):
+    if name in _HOME:
+        value = getattr(import_module(_HOME[name]), name)
+        globals()[name] = value  # looked up once
+        return value
     raise AttributeError(f"module 'icl_bench' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_HOME])

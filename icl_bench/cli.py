@@ -27,6 +27,7 @@ from pathlib import Path
 from icl_bench import resources
 from icl_bench.config_base import MAX_SEED
 from icl_bench.errors import ConfigError, RunAborted
+from icl_bench.startup import load_libraries
 
 
 PATH_FLAGS = ("--out", "--cache", "--readme", "--config", "--data", "--checkpoint")  # flags that name a path
@@ -365,6 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `icl-bench` console script; returns the exit code."""
     try:
+        if load_libraries():  # a Ctrl-C while numpy / torch loaded: held back until they are whole
+            raise KeyboardInterrupt
         argv = list(sys.argv[1:] if argv is None else argv)
         try:
             args = build_parser().parse_args(argv)

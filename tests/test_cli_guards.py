@@ -230,3 +230,24 @@ def test_ctrl_c_while_a_finished_run_shuts_down_says_it_is_complete(tmp_path, ca
     err = capsys.readouterr().err
     assert code == 130 and err == (f"icl-bench: interrupted after the run had finished; its table is complete in "
                                    f"{tmp_path / 'run'}\n"), err
+
+
+def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C during `import torch` (the first second of every command) left numpy / torch
+    half-imported and printed unrelated tracebacks (RecursionError, a C++ abort); it is held back
+    until the libraries are loaded, then the command stops with its usual line (found by a review).
+    `import icl_bench.cli` itself loads neither torch nor pandas, so main() is running by then."""
+    import subprocess
+
+    from icl_bench import startup
+
+    code = "import sys, icl_bench.cli; print('torch' in sys.modules, 'pandas' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False False\n"
+    (tmp_path / "slow_lib.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nx = sum(range(10**5))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(startup, "LIBRARIES", ("slow_lib",))
+    assert main(["list"]) == 130
+    assert capsys.readouterr().err == "icl-bench: interrupted\n"
+    import slow_lib
+
+    assert slow_lib.x == sum(range(10**5))  # the import ran to its end

@@ -13,7 +13,7 @@ PKG = ROOT / "icl_bench"
 MAX_LINES = 400
 # stage of each top-level part of the package: a module may import only from its own stage or a
 # lower one (foundation modules are stage 0; cli is the top)
-STAGES = {"errors": 0, "files": 0, "provenance": 0, "config_base": 0, "resources": 0,
+STAGES = {"errors": 0, "files": 0, "provenance": 0, "config_base": 0, "resources": 0, "startup": 0,
           "prompts": 1, "solvers": 2, "bench": 3, "analysis": 4, "training": 5, "report": 6,
           "cli": 7, "__main__": 7, "__init__": 7}
 SIBLINGS_APART = {("bench", "training"), ("training", "bench")}
