@@ -118,6 +118,11 @@ def test_a_dangling_link_named_like_a_shipped_checkpoint_is_an_error_not_the_shi
     msg = run(capsys, tmp_path, ["analyze", "trained-nol1-R10"])
     assert msg.rstrip() == f"checkpoint: metadata file trained-nol1-R10.json is a link to {tmp_path / 'gone.json'}, which is missing"
     (tmp_path / "trained-nol1-R10.json").unlink()
+    (tmp_path / "trained-nol1-R10.safetensors").symlink_to("gone.safetensors")  # only the weights' link: named too
+    msg = run(capsys, tmp_path, ["analyze", "trained-nol1-R10"])
+    assert msg.rstrip() == ("checkpoint: metadata file trained-nol1-R10.json is missing, and weights file "
+                            "trained-nol1-R10.safetensors is a link to gone.safetensors, which is missing")
+    (tmp_path / "trained-nol1-R10.safetensors").unlink()
     for half in ("json", "safetensors"):
         shutil.copy(models_dir() / f"trained-nol1-R10.{half}", tmp_path)
     (tmp_path / "trained-nol1-R10.safetensors").unlink()

@@ -95,6 +95,10 @@ def read_meta(path: str | Path) -> dict:
                               "<stem>.json: give its stem or either file")
         if jpath.is_symlink():  # a dangling link: say where it points
             raise ConfigError(f"checkpoint: metadata file {jpath} is a link to {os.readlink(jpath)}, which is missing")
+        spath = Path(str(stem) + ".safetensors")
+        if spath.is_symlink() and not spath.exists():  # the half that was put here is a dangling link
+            raise ConfigError(f"checkpoint: metadata file {jpath} is missing, and weights file {spath} is a link to "
+                              f"{os.readlink(spath)}, which is missing")
         raise ConfigError(f"checkpoint: metadata file {jpath} is missing; a checkpoint is <stem>.safetensors + <stem>.json")
     try:
         meta = json.loads(jpath.read_text())
