@@ -9,7 +9,8 @@ The names are imported on first use (PEP 562), so `import icl_bench` loads neith
 pandas: the `icl-bench` command starts inside its own error handling (a Ctrl-C while torch loads
 is "icl-bench: interrupted", not a traceback), and `from icl_bench import Solver` works as usual.
 """
-from importlib import import_module
+from importlib import import_module as _import_module
+from importlib.util import find_spec as _find_spec
 
 __version__ = "0.1.0"
 _HOME = {  # public name -> the module that defines it
@@ -26,11 +27,16 @@ __all__ = [
 
 def __getattr__(name):
     if name in _HOME:
-        value = getattr(import_module(_HOME[name]), name)
+        value = getattr(_import_module(_HOME[name]), name)
         globals()[name] = value  # looked up once
         return value
+    if not name.startswith("_") and _find_spec(f"{__name__}.{name}") is not None:  # a submodule
+        if name in ("prompts", "solvers"):  # icl_bench.solvers.registry: what `import icl_bench` used to load
+            for module in set(_HOME.values()) - {"icl_bench.bench.runner"}:
+                _import_module(module)
+        return _import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'icl_bench' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted([*globals(), *_HOME])
+    return sorted([*__all__, "__version__"])

@@ -15,20 +15,31 @@ from importlib import import_module
 LIBRARIES = ("numpy", "torch", "pandas", "pyarrow", "scipy.linalg", "numba")
 
 
+def _preload() -> None:
+    """Import each of LIBRARIES that imports; one that fails (numba is optional, or a version
+    clash) is left to the code that needs it, which reports it as it always did."""
+    for name in LIBRARIES:
+        try:
+            import_module(name)
+        except Exception:  # noqa: BLE001 (not ours to report here)
+            pass
+
+
 def load_libraries() -> bool:
     """Import LIBRARIES; True when a Ctrl-C (SIGINT) came meanwhile (the caller stops then).
 
-    From a thread other than the main one (no signal handlers there) they are just imported.
+    SIGINT is held back only where Python's default handler is in place, from the main thread: a
+    process started with SIGINT ignored (a background job), or a program with its own handler,
+    keeps it.
     """
-    if threading.current_thread() is not threading.main_thread():
-        for name in LIBRARIES:
-            import_module(name)
+    mine = threading.current_thread() is threading.main_thread()
+    if not mine or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        _preload()
         return False
     seen: list[int] = []
-    old = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
     try:
-        for name in LIBRARIES:
-            import_module(name)
+        _preload()
     finally:
-        signal.signal(signal.SIGINT, old)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     return bool(seen)

@@ -1,4 +1,5 @@
 """Guards found by a new-user review: limits, unwritable paths, plugins that exit, bad --checkpoint."""
+import signal
 import sys
 
 import pytest
@@ -251,3 +252,17 @@ def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path, monkeypatch, caps
     import slow_lib
 
     assert slow_lib.x == sum(range(10**5))  # the import ran to its end
+    # found by the review of that change: a library that fails to import (numba is optional) is
+    # left to the code that needs it; a SIGINT the process ignores (a background job) stays ignored
+    monkeypatch.setattr(startup, "LIBRARIES", ("no_such_library_here", "slow_lib"))
+    capsys.readouterr()
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        del sys.modules["slow_lib"]
+        assert startup.load_libraries() is False
+        assert main(["list"]) == 0 and capsys.readouterr().err == ""
+    finally:
+        signal.signal(signal.SIGINT, old)
+    code = "import icl_bench; print(icl_bench.solvers.registry.get_solver.__module__, 'import_module' in dir(icl_bench))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out == "icl_bench.solvers.registry False\n"  # subpackages as attributes, as before the lazy names
