@@ -152,11 +152,14 @@ def cmd_run(args) -> int:
     started = datetime.now().timestamp()
     try:
         table = _run_matrix(cfg, out, resume=args.resume, progress=not args.no_progress, cache=args.cache)
+        print(console_summary(table))
+        print(f"wrote {out / 'results.parquet'}, results.csv, metadata.json ({len(table)} cells)")
+        cell_warnings(table)
     except ConfigError as exc:  # e.g. an unreachable --scheduler, found when the cluster is joined
         raise flag_named(exc) from None
     except (KeyboardInterrupt, RunAborted) as exc:
-        meta = out / "metadata.json"  # written last: this run's table is complete (e.g. a Ctrl-C while
-        if meta.is_file() and meta.stat().st_mtime >= started:  # a Dask cluster shuts down)
+        meta = out / "metadata.json"  # written last: this run's table is complete (a Ctrl-C while a Dask
+        if meta.is_file() and meta.stat().st_mtime >= started:  # cluster shuts down, or the summary prints)
             print(f"icl-bench: interrupted after the run had finished; its table is complete in {out}", file=sys.stderr)
             return 130 if isinstance(exc, KeyboardInterrupt) else 1
         what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"error: {flag_named(exc)}"
@@ -164,13 +167,6 @@ def cmd_run(args) -> int:
                 if out.is_dir() else f" before {out} was made")  # (no resume line for a folder never made)
         print(f"icl-bench: {what}{kept}", file=sys.stderr)
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
-    try:
-        print(console_summary(table))
-        print(f"wrote {out / 'results.parquet'}, results.csv, metadata.json ({len(table)} cells)")
-        cell_warnings(table)
-    except KeyboardInterrupt:  # the table is written: nothing to resume
-        print(f"icl-bench: interrupted after the run had finished; its table is complete in {out}", file=sys.stderr)
-        return 130
     return 1 if (table.status == "error").any() else 0
 
 
@@ -385,13 +381,13 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # of a writer killed by SIGPIPE
         return 141  # (128 + 13, as `cat file | head` gives): never a success that hides errored cells
     except OSError as exc:  # an unwritable / unreadable path named on the command line: name its flag
-        where = exc.filename if exc.filename is not None else "--out"
-        given = [*zip(argv, argv[1:]), *(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)]
-        name = str(exc.filename)  # the flag's value, a folder above it, or a file below it
-        full = lambda f: next((p for p in PATH_FLAGS if len(f) > 3 and p.startswith(f)), None)  # noqa: E731 (--ou)
-        flag = next((full(f) for f, v in given if full(f) and exc.filename is not None and (
-            v == name or v.startswith(f"{name}/") or name.startswith(f"{v.rstrip('/')}/"))), None)
-        where = f"{flag}: {where}" if flag and where != "--out" else where
+        where = "--out"
+        if exc.filename is not None:  # the flag whose value is that path, a folder above it or a file below it
+            name, given = str(exc.filename), [*zip(argv, argv[1:]), *(a.split("=", 1) for a in argv if "=" in a)]
+            full = lambda f: next((p for p in PATH_FLAGS if len(f) > 3 and p.startswith(f)), None)  # noqa: E731 (--ou)
+            flag = next((full(f) for f, v in given if full(f) and (
+                v == name or v.startswith(f"{name}/") or name.startswith(f"{v.rstrip('/')}/"))), None)
+            where = f"{flag}: {name}" if flag else name
         print(f"icl-bench: error: {where}: {exc.strerror or type(exc).__name__}", file=sys.stderr)
         return 2
 

@@ -59,6 +59,12 @@ def write_atomic(path: str | Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def blocking_file(path: str | Path) -> Path | None:
+    """The first folder above `path` that exists as something other than a folder (so `path`
+    cannot be created), or None."""
+    return next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
+
+
 def jsonable(v: Any) -> Any:
     """`v` with NaN / inf -> None and numpy / torch scalars and arrays -> Python numbers / lists."""
     if isinstance(v, float):

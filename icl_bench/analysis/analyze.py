@@ -39,7 +39,7 @@ from icl_bench.analysis.representation import representation_similarity
 from icl_bench.analysis.similarity import alignment_json, similarity
 from icl_bench.bench.metrics import prediction_metrics
 from icl_bench.errors import ConfigError
-from icl_bench.files import jsonable
+from icl_bench.files import blocking_file, jsonable
 from icl_bench.prompts.generator import MAX_VALUES, PromptSpec, sample_prompts
 from icl_bench.solvers.checkpoint import load_checkpoint, read_meta, stem_of
 from icl_bench.solvers.ln_closed_form import build_construction
@@ -167,7 +167,7 @@ def check_out(out: str) -> None:
         raise ConfigError(f"--out: must name a .json file (got {out!r})")
     if Path(out).is_dir():
         raise ConfigError(f"--out: {out} is a folder; give a .json file")
-    blocked = next((p for p in Path(out).parents if p.exists() and not p.is_dir()), None)
+    blocked = blocking_file(out)
     if blocked is not None:  # checked before the analysis runs, not after
         raise ConfigError(f"--out: {blocked} is a file, so {out} cannot be written; give another path")
     try:

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import signal
-import threading
 import time
 import traceback
 from contextlib import contextmanager
@@ -34,6 +32,7 @@ import torch
 from tqdm import tqdm
 
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
+from icl_bench.startup import sigint_recorded
 from icl_bench.bench import hostload, schema, store
 from icl_bench.bench.cells import Cell, cell_prompts, expand_cells, same_matrix
 from icl_bench.bench.config import Executor, MatrixConfig
@@ -190,32 +189,6 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
-@contextmanager
-def _ctrl_c_seen():
-    """A list that records every SIGINT while the cells run, for the loop to check after each cell.
-
-    Ctrl-C raises KeyboardInterrupt in whatever Python code runs at that moment; during a numba
-    compile that is llvmlite's ctypes callback, which prints "Exception ignored" and carries on, so
-    the run went on to exit 0. The handler still raises (the usual Ctrl-C) and also records the
-    signal. Installed only over Python's default handler, from the main thread.
-    """
-    seen: list[int] = []
-
-    def handler(signum, frame):
-        seen.append(signum)
-        raise KeyboardInterrupt
-
-    ours = threading.current_thread() is threading.main_thread()
-    if not ours or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield seen
-        return
-    signal.signal(signal.SIGINT, handler)
-    try:
-        yield seen
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: bool = False,
                progress: bool = True, executor: Executor | None = None,
                cache: str | Path | None = None) -> pd.DataFrame:
@@ -277,7 +250,7 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
                 work = partial(run_cell_task, threads=config.timing.threads, exclusive=ex_cfg.exclusive_timing,
                                executor="dask")
             bar = tqdm(total=len(cells), initial=reused, unit="cell", disable=not progress, dynamic_ncols=True)
-            with _ctrl_c_seen() as seen:
+            with sigint_recorded(reraise=True) as seen:
                 for cell, row, failure in ex.results(todo, work):
                     if row is None:
                         row = failed_row(cell, *failure)
@@ -289,7 +262,7 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
                     rows[key] = row
                     bar.set_postfix_str(cell.describe(), refresh=False)
                     bar.update()
-                    if seen:  # a Ctrl-C that a C callback swallowed (see _ctrl_c_seen)
+                    if seen:  # a Ctrl-C that a C callback swallowed (startup.py)
                         raise KeyboardInterrupt
             bar.close()
             table = schema.table([rows[key] for key in keys])

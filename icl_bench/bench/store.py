@@ -240,7 +240,7 @@ class CellCache:
             raise ConfigError("--cache: empty path; give a folder")
         folder = Path(folder)
         try:
-            folder.resolve()
+            real = folder.resolve()
         except (RuntimeError, OSError) as exc:  # e.g. a link to itself (Python 3.11: RuntimeError)
             raise ConfigError(f"--cache: cannot use {folder} ({' '.join(str(exc).split())[:120]})") from None
         dangling = next((p for p in (folder, *folder.absolute().parents) if p.is_symlink() and not p.exists()), None)
@@ -248,12 +248,12 @@ class CellCache:
             raise ConfigError(f"--cache: {dangling} is a symbolic link to {os.readlink(dangling)}, which is missing")
         if folder.exists() and not folder.is_dir():
             raise ConfigError(f"--cache: {folder} is a file, not a folder")
-        published = next((p for p in (folder.resolve(), *folder.resolve().parents) if (p / "publish.json").is_file()), None)
+        published = next((p for p in (real, *real.parents) if (p / "publish.json").is_file()), None)
         if published is not None:  # `publish --force` replaces that folder, cache and all
-            raise ConfigError(f"--cache: {folder} is {'inside ' if published != folder.resolve() else ''}a folder "
+            raise ConfigError(f"--cache: {folder} is {'inside ' if published != real else ''}a folder "
                               "icl-bench publish wrote (it replaces it with --force); a cell cache needs a folder of its own")
         run_files = [n for n in (CONFIG_NAME, LOCK_NAME, "metadata.json") if (folder / n).exists()]
-        inside = out is not None and (folder.resolve() == Path(out).resolve() or Path(out).resolve() in folder.resolve().parents)
+        inside = out is not None and (real == Path(out).resolve() or Path(out).resolve() in real.parents)
         if run_files or inside:
             raise ConfigError(f"--cache: {folder} is a run folder or inside one ({', '.join(run_files) or 'the --out folder'}); "
                               "a cell cache needs a folder of its own")

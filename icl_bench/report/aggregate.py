@@ -369,9 +369,11 @@ def headline(summary: pd.DataFrame, setting: dict, table: pd.DataFrame | None = 
     at = select(summary, setting, fixed)
     if at.empty:
         return pd.DataFrame()
-    ran = select(table, setting, fixed) if table is not None else at
-    if "run" in ran and "run" in table:  # only the runs the headline shows: a left-out run adds no row or N
-        ran = ran[ran["run"].isin(select(table[table["status"] == "ok"], setting, fixed)["run"])]
+    ran = at
+    if table is not None:
+        ran = select(table, setting, fixed)
+        if "run" in ran:  # only the runs the headline shows: a left-out run adds no row or N
+            ran = ran[ran["run"].isin(ran.loc[ran["status"] == "ok", "run"])]
     bad = at["n_nonfinite"] if "n_nonfinite" in at else pd.Series(0, index=at.index)
     text = at.assign(cell=[f"{m:.3g} [{lo:.3g}, {hi:.3g}]" + (f" ({int(k)} of {int(n)} NaN)" if k > 0 else "")
                            for m, lo, hi, k, n in zip(at["mse_vs_ols"], at["mse_vs_ols_ci_low"],

@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 
 from icl_bench import provenance, resources
 from icl_bench.errors import ConfigError
-from icl_bench.files import dumps
+from icl_bench.files import blocking_file, dumps
 from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
 FORMAT = "icl-bench-checkpoint"
@@ -73,7 +73,7 @@ def check_writable(stem: str | Path, key: str = "--out") -> None:
             regular file (a folder of that name made training fail only after it had run, and
             left half a pair), is a symbolic link (dangling or not), or a parent of `stem` is a file.
     """
-    blocked = next((p for p in Path(stem).parents if p.exists() and not p.is_dir()), None)
+    blocked = blocking_file(stem)
     if blocked is not None:
         raise ConfigError(f"{key}: {blocked} is a file, so {stem}.safetensors cannot be written; give another folder")
     for suffix in (".safetensors", ".json"):

@@ -26,8 +26,9 @@ TRAINED_SOLVERS = ("", "trained-l1", "trained-nol1", "trained-lsa", "trained-l1-
 AUG_MAX = 1e6  # largest augmentation scale / shift: (1e6 x)^2 stays far inside float32 for x ~ N(0, 1)
 MAX_WIDTH = 256  # d_model, n_layers, n_heads each: far beyond the 4 / 2 / 2 of the paper
 # together they are bounded too: 256 of each is ~1.7e10 weights (69 GB in float32)
-MAX_PARAMS = 2**24  # attention weights n_layers * n_heads * 4 * d_model^2 (the paper's model: 256); and the
-# eager forward's folded maps (solvers/transformer.py: Attention.folded_map), n_heads^2 * d_model^4 values a layer
+MAX_PARAMS = 2**24  # attention weights n_layers * n_heads * 4 * d_model^2 (the paper's model: 256); the eager
+# forward's folded maps (solvers/transformer.py: Attention.folded_map, n_heads^2 * d_model^4 values a layer) are
+# bounded by MAX_VALUES over all layers
 MAX_ACTIVATIONS = MAX_VALUES  # batch_size * (N + 1) * n_layers * n_heads * 4 * d_model: q, k, v, out per head
 # training derives its per-step prompt seeds as seed * 10^6 + step (+ up to 7 * 10^8, training/augment.py):
 # steps <= 10^6 keeps each run's prompt seeds inside its own block of 10^6, so two training seeds never
