@@ -16,7 +16,6 @@ Exit codes (every subcommand):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shlex
@@ -25,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 
 from icl_bench import resources
-from icl_bench.config_base import MAX_SEED
+from icl_bench.cli_models import cmd_analyze, cmd_sweep, cmd_train
 from icl_bench.errors import ConfigError, RunAborted
 from icl_bench.startup import load_libraries
 
@@ -60,6 +59,7 @@ def _param_flag_hint(message: str, argv: list[str]) -> str:
 
 
 def cmd_list(args) -> int:
+    """Print every registered solver, its parameters (config keys) and origin; exit 0."""
     from icl_bench.solvers.registry import conflicts, list_solvers
 
     for info in list_solvers():
@@ -94,6 +94,7 @@ def _resume_command(argv: list[str], out: Path) -> str:
 
 
 def cmd_run(args) -> int:
+    """Run a matrix into --out and print its summary; 0 if no cell errored, else 1."""
     from icl_bench.bench.config import parse_config
     from icl_bench.config_base import read_toml
     from icl_bench.report.run_summary import cell_warnings, console_summary
@@ -171,6 +172,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_publish(args) -> int:
+    """Aggregate run folders into --out (tables, plots, index.html), optionally a README block."""
     from icl_bench.report.docblock import read_block, replace_block
     from icl_bench.report.publish import publish
 
@@ -216,91 +218,8 @@ def cmd_publish(args) -> int:
     return 0
 
 
-def cmd_analyze(args) -> int:
-    """Print the headline numbers, the sparsity per parameter and the alignment of a checkpoint;
-    write every number to --out as standard JSON."""
-    from icl_bench.analysis.analyze import HEADLINE, LABELS, analyze_checkpoint, check_out
-    from icl_bench.files import write_json
-    from icl_bench.solvers.checkpoint import checkpoint_path
-
-    if args.out is not None:
-        check_out(args.out)
-    if not 0 <= args.seed <= MAX_SEED:
-        raise ConfigError(f"--seed: must be an integer in [0, {MAX_SEED}] (got {args.seed})")
-    path = checkpoint_path(args.checkpoint)
-    try:
-        result = analyze_checkpoint(path, n_prompts=args.n_prompts, seed=args.seed, N=args.N)
-    except ConfigError as exc:  # name the flag the user typed, not the argument it set
-        msg = str(exc)
-        for key, flag in (("n_prompts:", "--n-prompts:"), ("N:", "--N:"), ("seed:", "--seed:")):
-            msg = flag + msg[len(key):] if msg.startswith(key) else msg
-        raise ConfigError(msg) from None
-    if path != args.checkpoint:  # a shipped model: its place in the package, not this machine's path
-        result["checkpoint"] = f"icl_bench/models/{Path(path).name}"
-    fmt = lambda v: "nan" if v is None or v != v else f"{v:.4g}"  # noqa: E731
-    for k in HEADLINE:
-        print(f"{k:26s} {fmt(float(result[k])) if k in result else 'nan'} {LABELS.get(k, '')}".rstrip())
-    print(f"{'state (functional LN)':26s} {result.get('ln.state')}\n{'fingerprint verdict':26s} {result.get('fp.verdict')} "
-          f"(closest gd: K={result.get('fp.gd_steps')}, distance {fmt(result.get('fp.gd_distance'))})")
-    print(f"{'per matrix':26s} sparsity   l1         hoyer")
-    for name, v in json.loads(result["per_matrix"]).items():
-        print(f"  {name:24s} {fmt(v['sparsity']):10s} {fmt(v['l1']):10s} {fmt(v['hoyer'])}")
-    print(f"{'alignment':26s} {result['alignment']}")
-    if args.out is not None:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        write_json(args.out, result, sort_keys=True)  # atomic: an old file survives a crash intact
-        print(f"wrote {args.out}")
-    return 0
-
-
-def cmd_train(args) -> int:
-    """Train every selected run of --config one after another (one process, one thread each)."""
-    from icl_bench.config_base import read_toml
-    from icl_bench.training.config import MAX_STEPS, TrainConfig, load_runs
-    from icl_bench.training.train import train_and_save
-    from icl_bench.solvers.checkpoint import check_writable
-
-    if args.steps is not None and not 1 <= args.steps <= MAX_STEPS:
-        raise ConfigError(f"--steps: must be an integer >= 1 and <= {MAX_STEPS} (got {args.steps})")
-    path = resources.config_path(args.config)
-    resources.check_kind(read_toml(path), args.config, "train")
-    runs = load_runs(path, args.run)
-    cfgs = [TrainConfig.from_dict(d, where=f"runs.{d['name']}" if "name" in d else "train")
-            for d in runs]  # every run is validated before hours of training, not after
-    cfgs = [c.model_copy(update={"progress": c.progress and not args.no_progress}) for c in cfgs]
-    if args.steps is not None:  # a quick check of a packaged config: fewer steps, same recipe
-        cfgs = [c.model_copy(update={"steps": args.steps, "eval_every": min(c.eval_every, args.steps)}) for c in cfgs]
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out: {out} exists and is not a folder")
-    used = [f"{c.name}{s}" for c in cfgs for s in (".safetensors", ".json")
-            if (out / f"{c.name}{s}").exists() or (out / f"{c.name}{s}").is_symlink()]
-    if used and not args.force:  # like run / publish: a checkpoint is never overwritten silently
-        raise ConfigError(f"--out: {out} already holds {', '.join(used)}; choose another folder or pass --force")
-    for c in cfgs:  # e.g. a folder named m.json: refused now, not after the training
-        check_writable(out / c.name)
-    out.mkdir(parents=True, exist_ok=True)  # an OSError here is one line, exit 2 (main)
-    for cfg in cfgs:
-        stem = train_and_save(cfg, out)
-        meta = json.loads(Path(f"{stem}.json").read_text())["metrics"]
-        num = lambda k, f: "nan" if meta.get(k) is None else format(meta[k], f)  # noqa: E731 (null = NaN: diverged)
-        print(f"{cfg.name}: {meta['step']} steps, held-out MSE vs OLS {num('eval_mse_vs_ols', '.3e')} "
-              f"({num('eval_rel_mse', '.2%')} of var(OLS)), sparsity {num('sparsity', '.2f')} -> {stem}.safetensors", flush=True)
-    return 0
-
-
-def cmd_sweep(args) -> int:
-    """Train an l1 sweep (lambda grid x seeds) and write its tables."""
-    from icl_bench.config_base import read_toml
-    from icl_bench.training.sweep import run_sweep
-
-    path = resources.config_path(args.config)
-    resources.check_kind(read_toml(path), args.config, "sweep")
-    run_sweep(path, reuse=args.reuse, progress=not args.no_progress)
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of every subcommand; each sets `func`, its handler."""
     p = _Parser(prog="icl-bench", description="Benchmark in-context learning algorithms for linear regression.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("list", help="list solvers, their parameters and where they come from").set_defaults(func=cmd_list)

@@ -100,10 +100,12 @@ class PromptBatch:
 
     @property
     def B(self) -> int:
+        """Prompts in the batch."""
         return self.x.shape[0]
 
     @property
     def N(self) -> int:
+        """Context length: examples per prompt, the query not counted."""
         return self.x.shape[1]
 
     @property
@@ -113,10 +115,12 @@ class PromptBatch:
 
     @property
     def dtype(self) -> torch.dtype:
+        """The dtype of x, y and tokens (float32 or float64)."""
         return self.x.dtype
 
     @property
     def device(self) -> torch.device:
+        """The device the tensors live on."""
         return self.x.device
 
     def tensors(self) -> dict[str, torch.Tensor]:

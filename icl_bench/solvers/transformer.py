@@ -40,6 +40,13 @@ LN_SUMS = ("torch", "slots")  # order of LayerNorm's mean over the d_model slots
 
 @dataclass(frozen=True)
 class TransformerConfig:
+    """Shape and options of a `Transformer` (docs/design.md §4); frozen, so it can key caches.
+
+    Raises ValueError (one line naming the field and the accepted values) for an unknown `keys`,
+    `readout` or `ln_sum`, a size below 1, a "flatten" readout without N >= 2, or an `ln_eps`
+    that is not a finite number >= 0.
+    """
+
     d_in: int = 3  # token width: (x, y, R)
     d_model: int = 4  # residual stream width
     n_layers: int = 2  # number of blocks L
@@ -79,6 +86,7 @@ class TransformerConfig:
             raise ValueError(f"N: this model's flatten readout needs N={self.N}, got prompts with N={T - 1}")
 
     def to_dict(self) -> dict:
+        """The fields by name (plain Python values), as checkpoint metadata stores them."""
         return asdict(self)
 
 
