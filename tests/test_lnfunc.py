@@ -1,6 +1,6 @@
 """Functional LayerNorm tests reproduce the construction's values (docs/design.md §9 numbers:
 layer-2 slope 1.000, layer-1 slope 0, freezes ~0 / ~0.06 at N = 20) and stay quiet on gd-lsa
-(no LayerNorm) and on random weights."""
+(no LayerNorm), on random weights and on a division by the raw second moment."""
 import math
 
 import pytest
@@ -20,6 +20,29 @@ def test_construction_values(R):
     assert r["ln0.freeze"] < 1e-5 and 0.04 <= r["ln1.freeze"] <= 0.08, r
     assert r["effective_R"] == pytest.approx(R) and r["rel_mse"] < 1e-5
     assert r["state"] == "layer-2 division"
+
+
+def _uncentred(R: float):
+    """The construction with layer 1's centring off (its LN gain 0): layer 2 then divides Σ x y by
+    the raw second moment Σ x² (least squares through the origin), not by Cxx."""
+    model = build_construction(R)
+    with torch.no_grad():
+        model.blocks[0].ln.weight.zero_()
+    return model
+
+
+def test_a_division_by_the_raw_second_moment_is_not_the_division():
+    """Known negative against the known positive at the test's N = 20: the raw moment explains the
+    uncentred model's std (R² 1.000 > 0.945), Cxx the construction's (1.000 > 0.945). At N = 40 the
+    negative also passes slope, R² and freeze (log Cxx and log mean x² correlate closer still);
+    only the comparison with the raw moment's R² rejects it there."""
+    neg = ln_functional(_uncentred(100.0), 100.0, N=20, n_prompts=1024)
+    pos = ln_functional(build_construction(100.0), 100.0, N=20, n_prompts=1024)
+    assert neg["ln1.r2_raw"] > 0.999 > neg["ln1.r2"] and neg["state"] == "neither", neg
+    assert pos["ln1.r2"] > 0.999 > pos["ln1.r2_raw"] and pos["state"] == "layer-2 division", pos
+    r = ln_functional(_uncentred(100.0), 100.0, N=40, n_prompts=1024)
+    assert r["ln1.slope"] >= 0.95 and r["ln1.r2"] >= 0.9 and r["ln1.freeze"] >= 0.03, r
+    assert r["ln1.r2_raw"] > 0.999 > r["ln1.r2"] and r["state"] == "neither", r
 
 
 def test_unfrozen_forward_is_the_model():
@@ -45,14 +68,15 @@ def test_random_weights_do_not_divide(seed):
 
 
 def test_state_names_each_case():
-    div = {"slope": 1.0, "r2": 0.99, "freeze": 0.06}
-    none = {"slope": 0.1, "r2": 0.2, "freeze": 0.001}
+    div = {"slope": 1.0, "r2": 0.99, "r2_raw": 0.95, "freeze": 0.06}
+    none = {"slope": 0.1, "r2": 0.2, "r2_raw": 0.2, "freeze": 0.001}
     mk = lambda a, b: {"has_layernorm": True, **{f"ln0.{k}": v for k, v in a.items()}, **{f"ln1.{k}": v for k, v in b.items()}}  # noqa: E731
     assert state(mk(none, div)) == "layer-2 division"
     assert state(mk(div, none)) == "layer-1 division"
     assert state(mk({"slope": 0.5, "r2": 0.9, "freeze": 0.01}, none)) == "layer-1 scale normaliser"
     assert state(mk(none, none)) == "neither"
     assert state(mk(none, {**div, "freeze": 0.01})) == "neither"  # slope alone is not reliance
+    assert state(mk(none, {**div, "r2_raw": 0.995})) == "neither"  # tracks the raw moment better
     assert state({"has_layernorm": False}) == "neither"
     assert ANY_ACCURATE_MODEL == ("probe.division",) and math.isfinite(div["slope"])
 

@@ -65,7 +65,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "known.csv", index=False)
     cols = ["solver", "fp.identity", "fp.x*0.1", "fp.x*10", "fp.x+5", "fp.x+20", "fp.y*10", "fp.y*1+5", "fp.verdict",
-            "fp.gd_steps", "fp.gd_distance", "ln.ln0.slope", "ln.ln1.slope", "ln.ln1.r2", "ln.ln0.freeze",
+            "fp.gd_steps", "fp.gd_distance", "ln.ln0.slope", "ln.ln1.slope", "ln.ln1.r2", "ln.ln1.r2_raw", "ln.ln0.freeze",
             "ln.ln1.freeze", "ln.effective_R", "ln.state"]
     text = ["# Fingerprint and functional LayerNorm tests of the known solvers", "",
             "Regenerate: `python -m benchmarks.experiments.mechanism_known` (R = 100, N = 20, noise 0.1, float64).", "",

@@ -204,6 +204,7 @@ def analyze_checkpoint(path: str | Path, **kwargs) -> dict:
 HEADLINE = ("mse_vs_ols", "sparsity", "l1", "hoyer", "similarity", "repr.layer0.r2_mean", "repr.layer1.r2_mean",
             "repr.layer1.query_r2.s3", "repr.layer1.gp", "probe.centering.x.r2", "probe.centering.y.r2",
             "probe.division.r2", "probe.division.slope", "ln.rel_mse", "ln.ln0.slope", "ln.ln0.r2", "ln.ln0.freeze",
-            "ln.ln1.slope", "ln.ln1.r2", "ln.ln1.freeze", "ln.effective_R", "fp.identity", "fp.x*10", "fp.x+5", "fp.y*10")
+            "ln.ln1.slope", "ln.ln1.r2", "ln.ln1.r2_raw", "ln.ln1.freeze", "ln.effective_R", "fp.identity", "fp.x*10", "fp.x+5", "fp.y*10")
 # printed beside a headline number: probes that every accurate model passes are not mechanism tests
 LABELS = {k: "(passed by any accurate model: not a mechanism test)" for k in ("probe.division.r2", "probe.division.slope")}
+LABELS["ln.ln1.r2_raw"] = "(R^2 on log mean x^2: must stay below ln.ln1.r2 for a division by Cxx)"

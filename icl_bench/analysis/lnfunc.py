@@ -8,6 +8,12 @@ Weights can implement one function in many ways, so these tests look at what the
                             (Cxx = the context's variance of x) over prompts. The construction
                             (icl_bench.solvers.ln_closed_form): slope 0 in layer 1 (std R/sqrt2), slope
                             1.000 with R^2 1.000 in layer 2 (std R Cxx/sqrt2): layer 2 divides by Cxx.
+    ln{i}.r2_raw            R^2 of the same log std on log of the raw second moment mean(x^2). On
+                            these prompts (x ~ N(0, 1), N = 20) log Cxx and log mean(x^2) correlate
+                            at ~0.97, so slope and R^2 alone cannot tell a division by the centred
+                            variance from one by the raw moment (regression through the origin):
+                            the construction has r2 1.000 > r2_raw 0.946; the construction with
+                            layer 1's centring switched off (its LN gain 0) r2 0.946 < r2_raw 1.000.
     ln{i}.freeze            relative MSE vs OLS after replacing LayerNorm i's std, at every token,
                             by its median over prompts (per token position): how much the model
                             relies on that division. The construction at N = 20, x ~ N(0, 1):
@@ -17,8 +23,8 @@ Weights can implement one function in many ways, so these tests look at what the
 
 State (the thresholds are the success criterion of docs/mechanism.md; `state` names the first
 that holds):
-    layer-2 division          ln1 (layer 2): slope >= 0.95, R^2 >= 0.9, freeze >= 0.03
-    layer-1 division          ln0 (layer 1): slope >= 0.95, R^2 >= 0.9, freeze >= 0.03
+    layer-2 division          ln1 (layer 2): slope >= 0.95, R^2 >= 0.9, R^2 > r2_raw, freeze >= 0.03
+    layer-1 division          ln0 (layer 1): slope >= 0.95, R^2 >= 0.9, R^2 > r2_raw, freeze >= 0.03
     layer-1 scale normaliser  ln0: |slope - 0.5| <= 0.15 with R^2 >= 0.5 (std ~ sqrt(Cxx)), and
                               layer 2 not dividing (a stuck state seen in training)
     neither                   otherwise (also: a model without LayerNorm)
@@ -99,7 +105,7 @@ def ln_functional(model: Transformer, R: float, *, N: int | None = None, n_promp
         R: the prompts' constant; N: context length (default: the flatten readout's N, else 20).
         n_prompts, noise, seed: the analysis prompts (x, slope, intercept ~ N(0, 1)).
     Returns:
-        {"rel_mse", "ln{i}.slope", "ln{i}.r2", "ln{i}.freeze" per LayerNorm i (0-based: ln0 is
+        {"rel_mse", "ln{i}.slope", "ln{i}.r2", "ln{i}.r2_raw", "ln{i}.freeze" per LayerNorm i (0-based: ln0 is
         layer 1), "effective_R", "state", "has_layernorm"}; the ln entries are absent when
         the model has no LayerNorm.
     """
@@ -110,10 +116,12 @@ def ln_functional(model: Transformer, R: float, *, N: int | None = None, n_promp
     batch = sample_prompts(PromptSpec(N=N, noise=float(noise), R=float(R)), n_prompts, seed=seed, dtype="float64")
     ols = batch.ols_prediction  # (B,)
     log_cxx = torch.log(batch.x.var(1, unbiased=False))  # (B,)
+    log_m2 = torch.log(batch.x.pow(2).mean(1))  # (B,) the raw (uncentred) second moment
     pred, stds = run_with_ln_std(m, batch.tokens)
     out = {"rel_mse": _rel_mse(pred, ols), "effective_R": effective_R(m, float(R)), "has_layernorm": bool(stds)}
     for i, std in stds.items():
         out[f"ln{i}.slope"], out[f"ln{i}.r2"] = _fit(log_cxx, torch.log(std[:, -1]))
+        out[f"ln{i}.r2_raw"] = _fit(log_m2, torch.log(std[:, -1]))[1]
         frozen_pred, _ = run_with_ln_std(m, batch.tokens, {i: std.median(0).values})
         out[f"ln{i}.freeze"] = _rel_mse(frozen_pred, ols)
     out["state"] = state(out)
@@ -121,8 +129,10 @@ def ln_functional(model: Transformer, R: float, *, N: int | None = None, n_promp
 
 
 def _divides(r: dict, i: int) -> bool:
+    """LayerNorm i divides by the centred variance Cxx (the thresholds of the module docstring)."""
     s, r2, f = r.get(f"ln{i}.slope", math.nan), r.get(f"ln{i}.r2", math.nan), r.get(f"ln{i}.freeze", math.nan)
-    return s >= SLOPE_MIN and r2 >= R2_MIN and f >= FREEZE_MIN
+    raw = r.get(f"ln{i}.r2_raw", math.nan)  # NaN (a constant std) never beats r2
+    return s >= SLOPE_MIN and r2 >= R2_MIN and not raw >= r2 and f >= FREEZE_MIN
 
 
 def state(r: dict) -> str:
