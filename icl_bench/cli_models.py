@@ -35,7 +35,7 @@ def cmd_analyze(args) -> int:
     for k in HEADLINE:
         print(f"{k:26s} {fmt(float(result[k])) if k in result else 'nan'} {LABELS.get(k, '')}".rstrip())
     print(f"{'state (functional LN)':26s} {result.get('ln.state')}\n{'fingerprint verdict':26s} {result.get('fp.verdict')} "
-          f"(closest gd: K={result.get('fp.gd_steps')}, distance {fmt(result.get('fp.gd_distance'))})")
+          f"(closest gd: K={result.get('fp.gd_steps')}, lr {result.get('fp.gd_lr')}, distance {fmt(result.get('fp.gd_distance'))})")
     print(f"{'per matrix':26s} sparsity   l1         hoyer")
     for name, v in json.loads(result["per_matrix"]).items():
         print(f"  {name:24s} {fmt(v['sparsity']):10s} {fmt(v['l1']):10s} {fmt(v['hoyer'])}")

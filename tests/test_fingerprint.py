@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from icl_bench.analysis.fingerprint import (CLOSED_FORM_TOL, DIVERGED, GD_STEPS, Transform, classify, default_prompts,
-                                   profile, relative_mse, transforms)
+from icl_bench.analysis.fingerprint import (CLOSED_FORM_TOL, DIVERGED, GD_LRS, Transform, classify, default_prompts,
+                                   gd_reference, profile, relative_mse, transforms)
 from icl_bench.solvers.registry import get_solver
 
 
@@ -17,7 +17,7 @@ def batch():
 
 @pytest.fixture(scope="module")
 def gd_profiles(batch):
-    return {k: profile(get_solver("gd", steps=k), batch) for k in GD_STEPS}
+    return gd_reference(batch)
 
 
 def test_maps_keep_ols_as_least_squares_says(batch):
@@ -42,7 +42,25 @@ def test_closed_forms_are_closed_form_like(name, params, R, gd_profiles):
 def test_gd_is_gd_like_at_its_K(name, K, batch, gd_profiles):
     fp = classify(profile(get_solver(name, steps=K), batch), gd_profiles)
     assert fp.verdict == "GD-like" and fp.gd_steps == K and fp.gd_distance < 1e-6, (fp.gd_steps, fp.gd_distance)
+    assert fp.gd_lr == 0.4  # the solvers' default step size
     assert fp.scores["x*10"] >= 100 * fp.scores["identity"]  # scaled up, GD degrades or diverges
+
+
+@pytest.mark.parametrize("lr", GD_LRS)
+@pytest.mark.parametrize("K", [4, 16, 64])
+def test_gd_at_another_step_size_is_gd_like_at_its_K_and_lr(K, lr, batch, gd_profiles):
+    """GD is GD at any stable step size: compared with gd at 0.4 only, lr 0.8 at K = 16 and 64 read
+    'neither' and lr 0.1 at K = 16 read as K = 4."""
+    fp = classify(profile(get_solver("gd-lsa", steps=K, lr=lr), batch), gd_profiles)
+    assert fp.verdict == "GD-like" and (fp.gd_steps, fp.gd_lr) == (K, lr) and fp.gd_distance < 1e-6, fp.row()
+
+
+def test_one_step_size_alone_misses_gd_at_another():
+    """Why the step sizes are a grid (the control of the test above): gd-lsa at lr 0.8, K = 16,
+    against gd at lr 0.4 alone."""
+    b = default_prompts(n_prompts=256, seed=3)
+    fp = classify(profile(get_solver("gd-lsa", steps=16, lr=0.8), b), gd_reference(b, lrs=(0.4,)))
+    assert fp.verdict == "neither" or fp.gd_steps != 16, fp.row()
 
 
 class MeanOfY:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from icl_bench.analysis.fingerprint import GD_STEPS, classify, default_prompts, profile
+from icl_bench.analysis.fingerprint import classify, default_prompts, gd_reference, profile
 from icl_bench.analysis.lnfunc import ln_functional
 from icl_bench.solvers.checkpoint import load_checkpoint
 from icl_bench.solvers.gd_lsa import build_gd_construction
@@ -37,7 +37,7 @@ def main() -> None:
     torch.set_num_threads(1)
     R = 100.0
     batch = default_prompts(R=R, n_prompts=1024)
-    gd = {k: profile(get_solver("gd", steps=k), batch) for k in GD_STEPS}
+    gd = gd_reference(batch)
     rows = []
 
     def add(name, solver, model=None):
@@ -65,7 +65,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "known.csv", index=False)
     cols = ["solver", "fp.identity", "fp.x*0.1", "fp.x*10", "fp.x+5", "fp.x+20", "fp.y*10", "fp.y*1+5", "fp.verdict",
-            "fp.gd_steps", "fp.gd_distance", "ln.ln0.slope", "ln.ln1.slope", "ln.ln1.r2", "ln.ln1.r2_raw", "ln.ln0.freeze",
+            "fp.gd_steps", "fp.gd_lr", "fp.gd_distance", "ln.ln0.slope", "ln.ln1.slope", "ln.ln1.r2", "ln.ln1.r2_raw", "ln.ln0.freeze",
             "ln.ln1.freeze", "ln.effective_R", "ln.state"]
     text = ["# Fingerprint and functional LayerNorm tests of the known solvers", "",
             "Regenerate: `python -m benchmarks.experiments.mechanism_known` (R = 100, N = 20, noise 0.1, float64).", "",

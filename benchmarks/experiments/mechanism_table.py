@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from icl_bench.analysis.fingerprint import GD_STEPS, classify, default_prompts, profile, transforms
+from icl_bench.analysis.fingerprint import classify, default_prompts, gd_reference, profile, transforms
 from icl_bench.analysis.lnfunc import ln_functional
 from icl_bench.analysis.similarity import similarity
 from icl_bench.solvers.checkpoint import load_checkpoint
@@ -73,7 +73,7 @@ def analyse(path: Path, gd_cache: dict, n_prompts: int) -> dict:
     batch = default_prompts(N=N, R=R, n_prompts=1024)
     key = (R, N)
     if key not in gd_cache:
-        gd_cache[key] = {k: profile(get_solver("gd", steps=k), batch) for k in GD_STEPS}
+        gd_cache[key] = gd_reference(batch)
     fp = classify(profile(_ModelSolver(model.double()), batch), gd_cache[key])
     row.update(fp.row())
     x_maps = [t.name for t in transforms() if t.name.startswith("x")]

@@ -20,9 +20,12 @@ puts lr above 2 / lambda_max and it diverges, a scale-down slows it).
 Verdict (thresholds below, checked on the known solvers by tests/test_fingerprint.py):
     closed-form-like  every score (the identity included) <= CLOSED_FORM_TOL;
     GD-like           otherwise, if the score profile matches the `gd` baseline's at some K in
-                      GD_STEPS on the same prompts: mean over the maps of |log10 score -
-                      log10 score_gd(K)| <= GD_TOL (scores floored at FLOOR), K = the best match;
-    neither           otherwise.
+                      GD_STEPS and step size lr in GD_LRS on the same prompts: mean over the maps
+                      of |log10 score - log10 score_gd(K, lr)| <= GD_TOL (scores floored at
+                      FLOOR), (K, lr) = the best match;
+    neither           otherwise. "neither" does not rule out every form of GD: plain GD from
+                      w = 0 on [1, x] at a step size outside GD_LRS, or GD on preconditioned or
+                      centred data, has another profile (docs/analysis.md).
 """
 from __future__ import annotations
 
@@ -38,7 +41,8 @@ X_SHIFTS = (-5.0, -1.0, 1.0, 5.0, 20.0)
 Y_MAPS = ((0.1, 0.0), (10.0, 0.0), (1.0, -5.0), (1.0, 5.0))
 CLOSED_FORM_TOL = 0.05  # max relative MSE vs OLS over the maps for "closed-form-like"
 GD_TOL = 0.5  # max mean |log10 ratio| to the gd profile for "GD-like" (a factor ~3 per map)
-GD_STEPS = (1, 2, 4, 8, 16, 32, 64, 128)  # the K tried for the gd baseline (its default lr)
+GD_STEPS = (1, 2, 4, 8, 16, 32, 64, 128)  # the K tried for the gd baseline
+GD_LRS = (0.1, 0.2, 0.4, 0.8)  # its step sizes tried (0.4: gd's default; stable while lr < 2 / lambda_max)
 DIVERGED = 1e6  # the score of a map where the solver returns NaN / inf or worse than this
 FLOOR = 1e-8  # scores below this are equal for the profile match (rounding-level agreement)
 
@@ -106,28 +110,39 @@ class Fingerprint:
     verdict: str  # "closed-form-like", "GD-like" or "neither"
     gd_steps: int | None  # the best-matching K (None if no gd profile was computed)
     gd_distance: float  # profile distance to gd at that K (NaN if none)
-    gd_profiles: dict[int, dict[str, float]] = field(default_factory=dict)
+    gd_profiles: dict = field(default_factory=dict)  # (K, lr) or K -> profile
+    gd_lr: float | None = None  # the best-matching step size (None if the profiles were keyed by K only)
 
     def row(self) -> dict:
-        """Flat dict for a table: fp.<map>, fp.verdict, fp.gd_steps, fp.gd_distance."""
+        """Flat dict for a table: fp.<map>, fp.verdict, fp.gd_steps, fp.gd_lr, fp.gd_distance."""
         return {**{f"fp.{k}": v for k, v in self.scores.items()}, "fp.verdict": self.verdict,
-                "fp.gd_steps": self.gd_steps, "fp.gd_distance": self.gd_distance}
+                "fp.gd_steps": self.gd_steps, "fp.gd_lr": self.gd_lr, "fp.gd_distance": self.gd_distance}
 
 
-def classify(scores: dict[str, float], gd_profiles: dict[int, dict[str, float]]) -> Fingerprint:
-    """The verdict of the module docstring from a solver's scores and gd's profiles per K."""
+def gd_reference(batch: PromptBatch, maps: list[Transform] | None = None, *, steps=GD_STEPS,
+                 lrs=GD_LRS) -> dict[tuple[int, float], dict[str, float]]:
+    """(K, lr) -> the `gd` baseline's profile on `batch` (masked key set), for K in steps, lr in lrs."""
+    from icl_bench.solvers.registry import get_solver  # the gd baseline (baselines/gd.py)
+
+    return {(k, lr): profile(get_solver("gd", steps=k, lr=lr), batch, maps) for lr in lrs for k in steps}
+
+
+def classify(scores: dict[str, float], gd_profiles: dict) -> Fingerprint:
+    """The verdict of the module docstring from a solver's scores and gd's profiles, keyed by
+    (K, lr) (gd_reference) or by K alone (one step size, as the multivariate fingerprint's)."""
     best_k, best_d = None, math.nan
     for k, prof in gd_profiles.items():
         d = profile_distance(scores, prof)
         if best_k is None or d < best_d:
             best_k, best_d = k, d
+    best_k, lr = best_k if isinstance(best_k, tuple) else (best_k, None)
     if max(scores.values()) <= CLOSED_FORM_TOL:
         verdict = "closed-form-like"
     elif best_k is not None and best_d <= GD_TOL:
         verdict = "GD-like"
     else:
         verdict = "neither"
-    return Fingerprint(scores, verdict, best_k, best_d, gd_profiles)
+    return Fingerprint(scores, verdict, best_k, best_d, gd_profiles, lr)
 
 
 def default_prompts(*, N: int = 20, R: float = 100.0, n_prompts: int = 1024, noise: float = 0.1,
@@ -136,20 +151,16 @@ def default_prompts(*, N: int = 20, R: float = 100.0, n_prompts: int = 1024, noi
     return sample_prompts(PromptSpec(N=N, noise=float(noise), R=float(R)), n_prompts, seed=seed, dtype=dtype)
 
 
-def fingerprint(solver, batch: PromptBatch | None = None, *, gd_steps=GD_STEPS) -> Fingerprint:
+def fingerprint(solver, batch: PromptBatch | None = None, *, gd_steps=GD_STEPS, gd_lrs=GD_LRS) -> Fingerprint:
     """Score `solver` under every map and classify it against the `gd` baseline on the same prompts.
 
     Args:
         solver: any object with predict(PromptBatch) -> (B,) tensor (a registered Solver).
         batch: the prompts (default: `default_prompts()`, N = 20, R = 100, 1024 prompts, float64).
-        gd_steps: the K tried for gd (its default lr, masked key set).
+        gd_steps, gd_lrs: the K and step sizes tried for gd (masked key set).
     Returns:
-        Fingerprint (scores per map, verdict, best-matching K and its distance).
+        Fingerprint (scores per map, verdict, best-matching K and lr, and its distance).
     """
-    from icl_bench.solvers.registry import get_solver  # the gd baseline (baselines/gd.py)
-
     batch = default_prompts() if batch is None else batch
     maps = transforms()
-    scores = profile(solver, batch, maps)
-    gd_profiles = {k: profile(get_solver("gd", steps=k), batch, maps) for k in gd_steps}
-    return classify(scores, gd_profiles)
+    return classify(profile(solver, batch, maps), gd_reference(batch, maps, steps=gd_steps, lrs=gd_lrs))
