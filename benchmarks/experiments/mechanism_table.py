@@ -23,7 +23,6 @@ from icl_bench.analysis.lnfunc import ln_functional
 from icl_bench.analysis.similarity import similarity
 from icl_bench.solvers.checkpoint import load_checkpoint
 from icl_bench.solvers.ln_closed_form import build_construction
-from icl_bench.solvers.registry import get_solver
 from icl_bench.training.augment import exact_zero_fraction
 
 SUCCESS = ("rel_mse <= 1e-2, ln1.slope >= 0.95, ln1.r2 >= 0.9, ln1.r2 > ln1.r2_raw, ln1.freeze >= 0.03, "
@@ -47,38 +46,31 @@ class _ModelSolver:
         return self.model(batch.tokens.to(next(self.model.parameters()).dtype))
 
 
-def _ln(model, R: float, N: int, n_prompts: int) -> dict:
-    """The functional LayerNorm tests of a checkpoint at the table's prompts."""
-    return ln_functional(model, R, N=N, n_prompts=n_prompts)
-
-
-def _ln_update(row: dict, path: Path, n_prompts: int) -> dict:
-    """A cached row written before the tests had ln{i}.r2_raw: redo only the LayerNorm tests (the
-    fingerprint and the similarity do not depend on them), then the success flag."""
-    model, meta = load_checkpoint(path)
+def functional(model, R: float, gd_cache: dict, n_prompts: int) -> dict:
+    """The functional columns of a row: LayerNorm tests, fingerprint (against gd over K and lr)
+    and the success flag's inputs; the cheap part of `analyse`."""
     N = model.cfg.N if model.cfg.readout == "flatten" else 20
-    row.update(_ln(model, float(meta["R"]), N, n_prompts))
-    row["success"] = success(row)
-    return row
-
-
-def analyse(path: Path, gd_cache: dict, n_prompts: int) -> dict:
-    model, meta = load_checkpoint(path)
-    name = path.name.removesuffix(".json")
-    m = re.match(r"(.+)-s(\d+)$", name)
-    R, N = float(meta["R"]), (model.cfg.N if model.cfg.readout == "flatten" else 20)
-    row = {"recipe": m.group(1), "seed": int(m.group(2)), "R": R, "readout": model.cfg.readout,
-           "steps": meta["train_config"]["steps"], "l1_prox": meta["train_config"].get("l1_prox", 0.0)}
-    row.update(_ln(model, R, N, n_prompts))
+    row = ln_functional(model, R, N=N, n_prompts=n_prompts)
     batch = default_prompts(N=N, R=R, n_prompts=1024)
-    key = (R, N)
-    if key not in gd_cache:
-        gd_cache[key] = gd_reference(batch)
-    fp = classify(profile(_ModelSolver(model.double()), batch), gd_cache[key])
+    if (R, N) not in gd_cache:
+        gd_cache[(R, N)] = gd_reference(batch)
+    fp = classify(profile(_ModelSolver(model.double()), batch), gd_cache[(R, N)])
     row.update(fp.row())
     x_maps = [t.name for t in transforms() if t.name.startswith("x")]
     row["fp.max_x"] = max(fp.scores[k] for k in x_maps)
     row["fp.max_y"] = max(v for k, v in fp.scores.items() if k.startswith("y"))
+    return row
+
+
+def analyse(path: Path, gd_cache: dict, n_prompts: int) -> dict:
+    """One row of the table for the checkpoint at `path` (the module docstring's columns)."""
+    model, meta = load_checkpoint(path)
+    name = path.name.removesuffix(".json")
+    m = re.match(r"(.+)-s(\d+)$", name)
+    R = float(meta["R"])
+    row = {"recipe": m.group(1), "seed": int(m.group(2)), "R": R, "readout": model.cfg.readout,
+           "steps": meta["train_config"]["steps"], "l1_prox": meta["train_config"].get("l1_prox", 0.0)}
+    row.update(functional(model, R, gd_cache, n_prompts))
     try:
         row["similarity"] = similarity(model.double(), build_construction(R, model.cfg.keys), seed=0)[0]
     except Exception as exc:  # a model the similarity cannot align (reported, not hidden)
@@ -86,6 +78,11 @@ def analyse(path: Path, gd_cache: dict, n_prompts: int) -> dict:
     row["exact_zero"] = exact_zero_fraction(model)
     row["success"] = success(row)
     return row
+
+
+def _stale(row: dict) -> bool:
+    """A cached row written before the LayerNorm tests had r2_raw or the fingerprint had its lr grid."""
+    return "fp.gd_lr" not in row or ("ln1.r2_raw" not in row and row.get("ln1.r2") is not None)
 
 
 def write_table(out: Path, n_prompts: int = 4096) -> pd.DataFrame:
@@ -96,8 +93,10 @@ def write_table(out: Path, n_prompts: int = 4096) -> pd.DataFrame:
         cache = out / "rows" / path.name  # one analysed row per checkpoint, redone if the checkpoint is newer
         if cache.exists() and cache.stat().st_mtime >= path.stat().st_mtime:
             rows.append(json.loads(cache.read_text()))
-            if "ln1.r2_raw" not in rows[-1] and rows[-1].get("ln1.r2") is not None:
-                rows[-1] = _ln_update(rows[-1], path, n_prompts)
+            if _stale(rows[-1]):  # redo the functional columns only (the similarity is the slow part)
+                model, meta = load_checkpoint(path)
+                rows[-1].update(functional(model, float(meta["R"]), gd_cache, n_prompts))
+                rows[-1]["success"] = success(rows[-1])
                 cache.write_text(json.dumps(rows[-1], allow_nan=True))
             continue
         rows.append(analyse(path, gd_cache, n_prompts))
@@ -110,6 +109,7 @@ def write_table(out: Path, n_prompts: int = 4096) -> pd.DataFrame:
     summary = df.groupby("recipe").agg(R=("R", "first"), readout=("readout", "first"), seeds=("seed", "count"),
                                        successes=("success", "sum"),
                                        closed_form_like=("fp.verdict", lambda v: int((v == "closed-form-like").sum())),
+                                       gd_like=("fp.verdict", lambda v: int((v == "GD-like").sum())),
                                        median_rel_mse=("rel_mse", "median"), median_exact_zero=("exact_zero", "median"),
                                        median_similarity=("similarity", "median")).reset_index()
     text = ["# Mechanism seed table", "",
