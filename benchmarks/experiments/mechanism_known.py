@@ -5,6 +5,8 @@
 
 Prompts: N = 20, noise 0.1, R = 100, float64; fingerprint on 1024 prompts (seed 0), LayerNorm
 tests on 4096 (seed 0). Checkpoints: the R = 100 ones in icl_bench/models/ (the shipped ones).
+Controls: the construction with layer 1's centring off (its LayerNorm divides by the raw second
+moment, not by Cxx) and gd at step sizes other than its default 0.4.
 """
 from __future__ import annotations
 
@@ -51,9 +53,15 @@ def main() -> None:
     add("ols", get_solver("ols"))
     add("scipy-lstsq", get_solver("scipy-lstsq"))
     add("ln-closed-form", get_solver("ln-closed-form"), build_construction(R))
+    unc = build_construction(R)  # negative control: layer 1's centring off, so layer 2 divides by mean x^2
+    with torch.no_grad():
+        unc.blocks[0].ln.weight.zero_()
+    add("ln-closed-form, centring off", Bare(unc), unc)
     for k in (1, 4, 16):
         add(f"gd K={k}", get_solver("gd", steps=k))
         add(f"gd-lsa K={k}", get_solver("gd-lsa", steps=k), build_gd_construction(k, 0.4, R))
+    add("gd K=16, lr 0.8", get_solver("gd", steps=16, lr=0.8))
+    add("gd K=16, lr 0.1", get_solver("gd", steps=16, lr=0.1))
     for seed in (0, 1, 2):
         m = init_model(TrainConfig(R=R, seed=seed))
         add(f"random init (seed {seed})", Bare(m), m)
