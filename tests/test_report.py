@@ -1004,3 +1004,18 @@ def test_grid_differences_name_a_csv_runs_noise_as_n_a():
     t = pd.DataFrame({"run": ["rcsv", "gen", "gen"], "noise": [math.nan, 0.0, 0.1]})
     t = t.assign(**{a: 1 for a in ("N", "R", "dtype", "device", "d", "ood")})
     assert grid_differences(t) == ["the runs have different noise grids: rcsv: n/a; gen: 0, 0.1"]
+
+
+def test_probe_prompts_shrink_at_large_N(tables):
+    """A run at N = 100 000 publishes: the probe traces hold every stream of every token, and 512
+    prompts there asked for 3.3 GB in one tensor (a traceback). The prompts shrink to at most
+    PROBE_TOKENS tokens, with a note; the construction's probes still fit."""
+    from icl_bench.report import model_plots
+
+    table, _, setting = tables
+    models, notes = model_plots.collect_models(table, {**setting, "N": 100_000})
+    (trace,) = [m["trace"] for m in models.values()]
+    assert trace["tokens"].shape == (2, 100_001, 3)
+    assert notes == [f"probes at N=100000 drawn from 2 prompts (at most {model_plots.PROBE_TOKENS} tokens)"]
+    small, notes = model_plots.collect_models(table, setting)  # the default matrix's N: all 512 prompts
+    assert next(iter(small.values()))["trace"]["tokens"].shape[0] == 512 and notes == []

@@ -89,6 +89,9 @@ def _fitting_checkpoint(solver: str, params: str, R: float, N: int) -> Path | No
     return fits[0] if fits else None
 
 
+PROBE_TOKENS = 2**18  # tokens of the probe prompts at most: n_prompts shrinks at large N (a trace holds every stream)
+
+
 def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts: int = 512, seed: int = 0):
     """The transformers to draw, from code and checkpoint files only (no solver is re-run): the
     LayerNorm construction at the setting's R, the checkpoint each trained-* solver with ok cells
@@ -96,7 +99,9 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
     checkpoint file reached twice (trained-l1-R100 and trained-l1-R100.json) is drawn once.
 
     The probe traces are the models' forward passes on `n_prompts` prompts drawn at the setting
-    (N, noise, R; standard-normal x, slope, intercept; float64) with `seed`.
+    (N, noise, R; standard-normal x, slope, intercept; float64) with `seed`; fewer where
+    n_prompts (N + 1) would exceed PROBE_TOKENS (at least 2 prompts; a note says how many), so a
+    run at N = 100 000 publishes in bounded memory.
 
     Returns:
         (models, notes): models = label -> {"weights": dict, "trace": dict} (trace: the model's
@@ -105,6 +110,9 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
     notes, models = [], {}
     R, N = float(setting["R"]), int(setting["N"])
     noise = float(setting["noise"]) if np.isfinite(float(setting["noise"])) else 0.0
+    if n_prompts * (N + 1) > PROBE_TOKENS:
+        n_prompts = max(2, PROBE_TOKENS // (N + 1))
+        notes.append(f"probes at N={N} drawn from {n_prompts} prompts (at most {PROBE_TOKENS} tokens)")
     tokens = sample_prompts(PromptSpec(N=N, noise=noise, R=R), n_prompts, seed=seed, dtype="float64").tokens
 
     def add(label: str, model) -> None:
