@@ -161,6 +161,13 @@ CASES = [
     Case("toml-R-text", toml(lambda r: _set(r, ["big"], "grid", "R")), "grid.R: expected a number"),
     Case("toml-R-overflows-float32", toml(lambda r: (_set(r, [1e39], "grid", "R"), _set(r, ["float32"], "grid", "dtype"))),
          "grid.R: R=1e+39 overflows float32 (max 3.4e+38)"),
+    # R rounding to 0 (or a subnormal) in float32: gd-lsa's cells were RuntimeError rows, exit 1
+    Case("toml-R-underflows-float32", toml(lambda r: (_set(r, [1e-300, 10.0], "grid", "R"), _set(r, ["float32"], "grid", "dtype"))),
+         "grid.R: R=1e-300 underflows float32 (min 1.18e-38)"),
+    # 10^8 cells were a MemoryError in expand_cells (or the machine's memory) before anything was checked
+    Case("toml-too-many-cells", toml(lambda r: (_set(r, list(range(2, 1002)), "grid", "N"),
+                                              _set(r, [0.001 * i for i in range(1001)], "grid", "noise"))),
+         "grid: 1001000 grid points x 1 solver settings = 1001000 cells, more than 1000000"),
     Case("toml-dtype-unknown", toml(lambda r: _set(r, ["float16"], "grid", "dtype")), "grid.dtype: unknown value 'float16'; accepted: float32, float64"),
     Case("toml-device-unknown", toml(lambda r: _set(r, ["tpu"], "grid", "device")), "grid.device: unknown value 'tpu'; accepted: cpu, cuda"),
     Case("toml-grid-empty", toml(lambda r: _set(r, [], "grid", "N")), "grid.N: empty list"),

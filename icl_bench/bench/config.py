@@ -20,19 +20,21 @@ that names the key and the accepted values, before anything is written to disk.
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 from pydantic import BeforeValidator, Field, ValidationInfo, create_model, field_validator, model_validator
 
 from icl_bench.bench.axes import AXES
-from icl_bench.config_base import (FLOAT_MAX, MAX_SEED, MAX_THREADS, ConfigModel, axis_list, choice, flag, integer,
+from icl_bench.config_base import (FLOAT_MAX, FLOAT_TINY, MAX_SEED, MAX_THREADS, ConfigModel, axis_list, choice, flag, integer,
                                    number, problem, read_toml, text, validate)
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.data import DataSource, check_source
 from icl_bench.prompts.generator import DISTRIBUTIONS, MAX_VALUES, Dist
 
 MAX_PROMPTS = 2**24  # n_prompts and batch_size: torch.quantile (abs_err_* metrics) takes <= 2**24 values
+MAX_CELLS = 10**6  # cells of one matrix: each is an object in memory before the first runs (~1 KB)
 EXECUTORS = ("local", "dask")
 
 Grid = create_model(  # one field per axis of bench/axes.py, in that order
@@ -161,6 +163,8 @@ class MatrixConfig(ConfigModel):
             for R in g.R:
                 if R > FLOAT_MAX[dtype]:
                     raise problem(f"R={R:g} overflows {dtype} (max {FLOAT_MAX[dtype]:.3g}); lower R or drop {dtype}", key="grid.R")
+                if R < FLOAT_TINY[dtype]:  # rounds to 0 or a subnormal in the tokens: no constant to divide by
+                    raise problem(f"R={R:g} underflows {dtype} (min {FLOAT_TINY[dtype]:.3g}); raise R or drop {dtype}", key="grid.R")
         if not self.solvers and not self.all_solvers:  # nothing would run: an empty run publish refuses
             if "solvers" in (info.context or {}).get("given", ()):
                 raise problem("empty table; name at least one solver, remove [solvers] or set all_solvers = true", key="solvers")
@@ -185,6 +189,11 @@ def parse_config(raw: dict, *, base_dir: Path | None = None) -> MatrixConfig:
     updates = {}
     if cfg.solvers:
         updates["solvers"] = {name: _solver_grid(name, params) for name, params in raw["solvers"].items()}
+    points = math.prod(len(cfg.grid[a.name]) for a in AXES)
+    sets = sum(len(v) for v in updates.get("solvers", {}).values()) or 1  # all_solvers adds one per other solver
+    if points * sets > MAX_CELLS:  # refused before expand_cells builds them all (10^8 cells: a MemoryError)
+        raise ConfigError(f"grid: {points} grid points x {sets} solver settings = {points * sets} cells, more than "
+                          f"{MAX_CELLS}; split the matrix into several configs")
     if cfg.data is not None:
         updates["data"] = check_source(cfg.data, cfg.grid.N, base_dir)
     return cfg.model_copy(update=updates) if updates else cfg
