@@ -298,3 +298,40 @@ def test_store_gives_back_exactly_what_was_put(tmp_path):
     assert r["x"] == 0.1 + 0.2 and math.isnan(r["nan"]) and r["inf"] == -math.inf and r["n"] == 2**62
     assert r["flag"] == 1 and r["np"] == 1.5 and r["t"] == 7 and r["status"] == "ok"
     assert [type(r[c]) for c in ("x", "n", "np", "t")] == [float, int, float, int]
+
+
+class _FullDisk:
+    """A sqlite3 connection whose inserts fail as on a full disk (everything else passes through)."""
+
+    def __init__(self, db, fail_after: int):
+        self.db, self.left = db, fail_after
+
+    def execute(self, sql, *args):
+        if sql.lstrip().startswith("INSERT"):
+            self.left -= 1
+            if self.left < 0:
+                raise sqlite3.OperationalError("database or disk is full")
+        return self.db.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self.db, name)
+
+
+def test_a_full_disk_mid_run_is_one_line_and_the_stored_cells_resume(tmp_path, monkeypatch, capsys):
+    """The disk filling up after some cells were stored was an 18-line sqlite3 traceback; it is
+    one line naming --out's store (exit 2), and --resume reuses the cells stored before it."""
+    from icl_bench.cli import main
+
+    connect = sqlite3.connect
+    monkeypatch.setattr(store.sqlite3, "connect", lambda *a, **k: _FullDisk(connect(*a, **k), fail_after=3))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(tomli_w.dumps({**SLOW, "n_prompts": 16, "batch_size": 16, "grid": {**SLOW["grid"], "N": [4, 5, 6, 7, 8]},
+                                  "solvers": {"ols": {}}}))
+    out = tmp_path / "run"
+    assert main(["run", "--config", str(cfg), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"icl-bench: error: --out: {out / 'cells.sqlite'}: database or disk is full; the cells stored "
+                   "before it are kept (--resume continues)"], err
+    monkeypatch.setattr(store.sqlite3, "connect", connect)
+    assert main(["run", "--config", str(cfg), "--out", str(out), "--no-progress", "--resume"]) == 0
+    assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == 3

@@ -31,6 +31,7 @@ fsync, rename, fsync of the folder (icl_bench/files.py); metadata.json holds sta
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -58,6 +59,16 @@ def _checksum(key: str, values: list) -> int:
     """CRC-32 of the key and the row's values: their repr (exact for floats; NaN, which SQLite
     stores as NULL, is read back as NaN before the check)."""
     return zlib.crc32(repr((key, values)).encode())
+
+
+def _write(db: sqlite3.Connection, path: Path, sql: str, params: tuple) -> None:
+    """db.execute(sql, params); a full disk (or another write failure) is an OSError naming the
+    file, so the command line reports it in one line under the flag whose folder holds it."""
+    try:
+        db.execute(sql, params)
+    except sqlite3.OperationalError as exc:
+        code = errno.ENOSPC if "full" in str(exc) else errno.EIO
+        raise OSError(code, f"{exc}; the cells stored before it are kept (--resume continues)", str(path)) from None
 
 
 class CellStore:
@@ -100,7 +111,7 @@ class CellStore:
     def put(self, key: str, row: dict) -> None:
         """Store one finished row (one committed, fsynced transaction)."""
         values = [_plain(row[c]) for c in self.columns]
-        self._db.execute(self._insert, (key, *values, _checksum(key, values)))
+        _write(self._db, self.out / STORE_NAME, self._insert, (key, *values, _checksum(key, values)))
 
     def load(self) -> dict[str, dict]:
         """Every valid stored row of a finished cell: key -> {column: value}. A row whose CRC
@@ -302,8 +313,8 @@ class CellCache:
         if row.get("status") != "ok":
             return
         values = [_plain(row[c]) for c in self.columns]
-        self._db.execute(f"INSERT OR REPLACE INTO cells (key, {self._cols}, crc) VALUES "
-                         f"({', '.join('?' * (len(self.columns) + 2))})", (key, *values, _checksum(key, values)))
+        _write(self._db, self.folder / STORE_NAME, f"INSERT OR REPLACE INTO cells (key, {self._cols}, crc) VALUES "
+               f"({', '.join('?' * (len(self.columns) + 2))})", (key, *values, _checksum(key, values)))
 
     def close(self) -> None:
         if self._db is not None:
