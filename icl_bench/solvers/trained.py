@@ -113,7 +113,7 @@ class TrainedSolver(Solver):
         have = ", ".join(sorted({f"R={m.get('R')}" + (f",N={m['model_config'].get('N')}" if m.get("model_config", {}).get("readout") == "flatten" else "")
                                  for _, m in found})) or "none"
         raise SkipCell(f"{self.name}: no checkpoint for R={R:g}, N={N} in {self.models_dir} (available: {have}); "
-                       "train one with `icl-bench train` (docs/training.md)")
+                       "train one with `icl-bench train --out DIR` and set models_dir = DIR (docs/training.md)")
 
     def input_files(self) -> list[Path]:
         """Every checkpoint file (.json and .safetensors) in models_dir made for this solver: a
