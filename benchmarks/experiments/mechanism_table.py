@@ -108,6 +108,7 @@ def write_table(out: Path, n_prompts: int = 4096) -> pd.DataFrame:
             "state", "fp.x+5", "fp.x*10", "fp.max_x", "fp.max_y", "fp.verdict", "similarity", "exact_zero", "success"]
     summary = df.groupby("recipe").agg(R=("R", "first"), readout=("readout", "first"), seeds=("seed", "count"),
                                        successes=("success", "sum"),
+                                       layer2_division=("state", lambda v: int((v == "layer-2 division").sum())),
                                        closed_form_like=("fp.verdict", lambda v: int((v == "closed-form-like").sum())),
                                        gd_like=("fp.verdict", lambda v: int((v == "GD-like").sum())),
                                        median_rel_mse=("rel_mse", "median"), median_exact_zero=("exact_zero", "median"),
