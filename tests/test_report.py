@@ -559,6 +559,7 @@ def test_model_plots_draw_the_construction_and_its_probes_without_running_solver
     assert "\nlayer-2 LayerNorm output, query token\nslot " in fig.axes[2].get_title()
     assert [ax.get_xlabel().split("(")[-1] for ax in fig.axes] == ["x units)", "y units)", "y units)"]
     assert fig.axes[2].get_xlabel().startswith("closed form b_hat (u - x_bar)")
+    assert "passed by any accurate model: not a mechanism test" in fig._suptitle.get_text()  # docs/analysis.md
 
 
 def test_probe_scatter_leaves_out_a_model_it_cannot_fit_with_a_note(tables):

@@ -307,6 +307,7 @@ def probe_scatter(models: dict[str, dict], notes: list[str] | None = None) -> Fi
             ax.set_xlabel(f"closed form {f.target} ({'x' if key == 'centering.x' else 'y'} units)", fontsize=7)
             ax.set_ylabel(f"stream slot {f.slot} (model units)", fontsize=7)
             ax.legend(fontsize=6)
-    fig.suptitle("LayerNorm probes: stream slot vs the closed form's statistic", fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.suptitle("LayerNorm probes: stream slot vs the closed form's statistic (the division column is passed by "
+                 "any accurate model: not a mechanism test; icl-bench analyze's ln.state is)", fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     return fig
