@@ -143,7 +143,11 @@ def section(table: pd.DataFrame) -> dict:
                 "table": pd.DataFrame(), "source": ""}
     rows = ood_rows(table)
     if rows.empty or (rows["ood"] == "none").all():
-        return {"status": "The runs have an 'ood' column but no ok out-of-distribution rows.",
+        only_none = bool((table["ood"] == "none").all())
+        why = ("every row is in-distribution (ood = none): the matrix has no out-of-distribution axis. "
+               "`icl-bench run --config ood` adds x-shift / x-scale rows to judge solvers from"
+               if only_none else "no ok out-of-distribution rows")
+        return {"status": f"The runs have an 'ood' column but {why}.",
                 "table": pd.DataFrame(), "source": ""}
     tab = verdicts(rows)
     source = "thresholds of icl_bench/report/mechanism.py on the stored x-shift / x-scale rows"
