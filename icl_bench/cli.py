@@ -126,8 +126,8 @@ def cmd_run(args) -> int:
              "exclusive_timing": True if args.exclusive_timing else None}
     if any(v is not None for v in flags.values()):  # flags override the config's [executor] table
         given = raw.get("executor", {}) if isinstance(raw.get("executor"), dict) else {}
-        if args.scheduler and args.executor is None:
-            flags["kind"] = "dask"  # --scheduler alone means: run on that cluster
+        if (args.scheduler or args.workers is not None) and args.executor is None:
+            flags["kind"] = "dask"  # --scheduler / --workers alone mean: run on that cluster / a LocalCluster
         raw["executor"] = {**given, **{k: v for k, v in flags.items() if v is not None}}
     named = [("data.path:", "--data:", args.data), ("data.x:", "--x:", args.data), ("data.y:", "--y:", args.data),
              ("executor.kind:", "--executor:", args.executor), ("executor.scheduler:", "--scheduler:", args.scheduler),
@@ -237,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--executor", help="where cells run: local (default, this process) or dask (docs/scale-out.md)")
     run.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler to use, e.g. tcp://host:8786 "
                      "(implies --executor dask; without it, dask starts a LocalCluster)")
-    run.add_argument("--workers", type=int, metavar="N", help="worker processes of the dask LocalCluster (default 2)")
+    run.add_argument("--workers", type=int, metavar="N", help="worker processes of the dask LocalCluster (default 2; implies --executor dask)")
     run.add_argument("--exclusive-timing", action="store_true",
                      help="time at most one cell per machine at a time (others compute meanwhile)")
     run.set_defaults(func=cmd_run)

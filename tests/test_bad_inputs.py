@@ -199,6 +199,11 @@ CASES = [
     Case("toml-timing-seconds", toml(lambda r: _set(r, 0.0, "timing", "max_seconds")), "timing.max_seconds: must be finite and > 0"),
     Case("toml-executor-kind", toml(lambda r: _set(r, "ray", "executor", "kind")),
          "executor.kind: unknown value 'ray'; accepted: local, dask"),
+    # 1024 LocalCluster processes on a 2-core machine ran no cell in 5 minutes
+    Case("toml-executor-too-many-workers", toml(lambda r: (_set(r, "dask", "executor", "kind"),
+                                                          _set(r, 64 * (os.cpu_count() or 1), "executor", "n_workers"))),
+         f"executor.n_workers: {64 * (os.cpu_count() or 1)} LocalCluster processes on this machine's {os.cpu_count()} CPUs; "
+         f"at most {4 * (os.cpu_count() or 1)}"),
     Case("toml-executor-key", toml(lambda r: _set(r, 2, "executor", "workers")),
          "executor.workers: unknown key; accepted: kind, scheduler, n_workers, exclusive_timing, retries"),
     Case("toml-executor-scheduler-local", toml(lambda r: _set(r, "tcp://h:8786", "executor", "scheduler")),

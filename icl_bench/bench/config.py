@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -86,6 +87,10 @@ class Executor(ConfigModel):
     def _scheduler_needs_dask(self) -> "Executor":
         if self.scheduler and self.kind != "dask":
             raise problem('only with kind = "dask"', key="scheduler")
+        most = 4 * (os.cpu_count() or 1)  # 1024 processes on 2 cores ran no cell in 5 minutes
+        if self.kind == "dask" and not self.scheduler and self.n_workers > most:
+            raise problem(f"{self.n_workers} LocalCluster processes on this machine's {os.cpu_count()} CPUs; "
+                          f"at most {most} (a larger cluster: start it yourself and pass its scheduler)", key="n_workers")
         return self
 
 
