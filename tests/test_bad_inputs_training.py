@@ -157,6 +157,18 @@ def test_links_in_a_checkpoint_folder_are_refused_before_training(capsys, tmp_pa
     assert msg == f"--out: {tmp_path / 'o' / 'm.json'} is a symbolic link, so the checkpoint would not be saved in place; remove it\n"
 
 
+@pytest.mark.parametrize("name", ["x.json", "x.safetensors"])
+def test_a_run_named_with_a_checkpoint_suffix_does_not_overwrite_its_pair(capsys, tmp_path, name):
+    """name = "x.json" saves x.safetensors + x.json (the suffix is dropped), but the check looked for
+    x.json.json, so an existing x pair was replaced without --force (found by a review)."""
+    (tmp_path / "o").mkdir()
+    for half in ("x.json", "x.safetensors"):
+        (tmp_path / "o" / half).write_text("an earlier checkpoint")
+    msg = run(capsys, tmp_path, ["train", "--config", tmp_path / "c.toml", "--out", tmp_path / "o"], f'name = "{name}"\n' + TINY)
+    assert msg == f"--out: {tmp_path / 'o'} already holds x.safetensors, x.json; choose another folder or pass --force\n"
+    assert all((tmp_path / "o" / half).read_text() == "an earlier checkpoint" for half in ("x.json", "x.safetensors"))
+
+
 def test_checkpoint_names_local_first_then_shipped_and_a_folder_never_hides_one(tmp_path, monkeypatch):
     """How `analyze NAME` and `publish --checkpoint NAME` find a checkpoint (found by a review: a
     folder named like a shipped model, e.g. made by `analyze trained-l1-R100 --out
