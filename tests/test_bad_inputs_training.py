@@ -46,6 +46,10 @@ def run(capsys, tmp_path, argv, toml=None):
     ("precondition_R = 1e308\n" + TINY, "train.precondition_R: 1e+308 is outside the float32 range"),  # precondition
     ("R = 1e-30\nprecondition_R = 1e10\n" + TINY, "train.precondition_R: precondition_R / R = 1e+10 / 1e-30 is outside the float32"),
     ("dtype = 'float64'\nR = 1e-300\nprecondition_R = 1e10\n" + TINY, "train.precondition_R: precondition_R / R = 1e+10 / 1e-300 is outside the float64"),
+    ('[defaults]\n' + TINY + '[runs.a]\nname = "x"\nseed = 1\n[runs.b]\nname = "x"\nseed = 2\n',  # b overwrote a's pair
+     "runs.b.name: runs 'a' and 'b' both save the checkpoint x; give each run its own name"),
+    ('[defaults]\n' + TINY + '[runs.x]\n[runs.y]\nname = "x.json"\n',  # saved as x.safetensors + x.json too
+     "runs.y.name: runs 'x' and 'y' both save the checkpoint x; give each run its own name"),
     ("[runs.a]\nsteps = 10000000000\n", "runs.a.steps: must be <= 1000000"),
     ("[runs.a]\nsteps = 1000001\n", "runs.a.steps: must be <= 1000000"),  # seed 0's steps 10^6.. were seed 1's prompts
     ("progress = 'yes'\n" + TINY, "train.progress: expected true or false"),
