@@ -90,5 +90,5 @@ def cmd_sweep(args) -> int:
 
     path = resources.config_path(args.config)
     resources.check_kind(read_toml(path), args.config, "sweep")
-    run_sweep(path, reuse=args.reuse, progress=not args.no_progress)
+    run_sweep(path, reuse=args.reuse, progress=not args.no_progress, force=args.force)
     return 0
