@@ -52,7 +52,7 @@ def cmd_train(args) -> int:
     from icl_bench.config_base import read_toml
     from icl_bench.training.config import MAX_STEPS, TrainConfig, load_runs
     from icl_bench.training.train import train_and_save
-    from icl_bench.solvers.checkpoint import check_writable
+    from icl_bench.solvers.checkpoint import check_writable, stem_of
 
     if args.steps is not None and not 1 <= args.steps <= MAX_STEPS:
         raise ConfigError(f"--steps: must be an integer >= 1 and <= {MAX_STEPS} (got {args.steps})")
@@ -67,8 +67,8 @@ def cmd_train(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} exists and is not a folder")
-    used = [f"{c.name}{s}" for c in cfgs for s in (".safetensors", ".json")
-            if (out / f"{c.name}{s}").exists() or (out / f"{c.name}{s}").is_symlink()]
+    pairs = [Path(f"{stem_of(out / c.name)}{s}") for c in cfgs for s in (".safetensors", ".json")]  # as saved:
+    used = [p.name for p in pairs if p.exists() or p.is_symlink()]  # name "x.json" saves x.json + x.safetensors
     if used and not args.force:  # like run / publish: a checkpoint is never overwritten silently
         raise ConfigError(f"--out: {out} already holds {', '.join(used)}; choose another folder or pass --force")
     for c in cfgs:  # e.g. a folder named m.json: refused now, not after the training
@@ -90,5 +90,5 @@ def cmd_sweep(args) -> int:
 
     path = resources.config_path(args.config)
     resources.check_kind(read_toml(path), args.config, "sweep")
-    run_sweep(path, reuse=args.reuse, progress=not args.no_progress)
+    run_sweep(path, reuse=args.reuse, progress=not args.no_progress, force=args.force)
     return 0

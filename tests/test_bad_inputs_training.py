@@ -46,6 +46,10 @@ def run(capsys, tmp_path, argv, toml=None):
     ("precondition_R = 1e308\n" + TINY, "train.precondition_R: 1e+308 is outside the float32 range"),  # precondition
     ("R = 1e-30\nprecondition_R = 1e10\n" + TINY, "train.precondition_R: precondition_R / R = 1e+10 / 1e-30 is outside the float32"),
     ("dtype = 'float64'\nR = 1e-300\nprecondition_R = 1e10\n" + TINY, "train.precondition_R: precondition_R / R = 1e+10 / 1e-300 is outside the float64"),
+    ('[defaults]\n' + TINY + '[runs.a]\nname = "x"\nseed = 1\n[runs.b]\nname = "x"\nseed = 2\n',  # b overwrote a's pair
+     "runs.b.name: runs 'a' and 'b' both save the checkpoint x; give each run its own name"),
+    ('[defaults]\n' + TINY + '[runs.x]\n[runs.y]\nname = "x.json"\n',  # saved as x.safetensors + x.json too
+     "runs.y.name: runs 'x' and 'y' both save the checkpoint x; give each run its own name"),
     ("[runs.a]\nsteps = 10000000000\n", "runs.a.steps: must be <= 1000000"),
     ("[runs.a]\nsteps = 1000001\n", "runs.a.steps: must be <= 1000000"),  # seed 0's steps 10^6.. were seed 1's prompts
     ("progress = 'yes'\n" + TINY, "train.progress: expected true or false"),
@@ -155,6 +159,18 @@ def test_links_in_a_checkpoint_folder_are_refused_before_training(capsys, tmp_pa
     assert msg == f"--out: {tmp_path / 'o'} already holds m.json; choose another folder or pass --force\n"
     msg = run(capsys, tmp_path, ["train", "--config", tmp_path / "c.toml", "--out", tmp_path / "o", "--force"])
     assert msg == f"--out: {tmp_path / 'o' / 'm.json'} is a symbolic link, so the checkpoint would not be saved in place; remove it\n"
+
+
+@pytest.mark.parametrize("name", ["x.json", "x.safetensors"])
+def test_a_run_named_with_a_checkpoint_suffix_does_not_overwrite_its_pair(capsys, tmp_path, name):
+    """name = "x.json" saves x.safetensors + x.json (the suffix is dropped), but the check looked for
+    x.json.json, so an existing x pair was replaced without --force (found by a review)."""
+    (tmp_path / "o").mkdir()
+    for half in ("x.json", "x.safetensors"):
+        (tmp_path / "o" / half).write_text("an earlier checkpoint")
+    msg = run(capsys, tmp_path, ["train", "--config", tmp_path / "c.toml", "--out", tmp_path / "o"], f'name = "{name}"\n' + TINY)
+    assert msg == f"--out: {tmp_path / 'o'} already holds x.safetensors, x.json; choose another folder or pass --force\n"
+    assert all((tmp_path / "o" / half).read_text() == "an earlier checkpoint" for half in ("x.json", "x.safetensors"))
 
 
 def test_checkpoint_names_local_first_then_shipped_and_a_folder_never_hides_one(tmp_path, monkeypatch):

@@ -266,3 +266,42 @@ def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path, monkeypatch, caps
     code = "import icl_bench; print(icl_bench.solvers.registry.get_solver.__module__, 'import_module' in dir(icl_bench))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out == "icl_bench.solvers.registry False\n"  # subpackages as attributes, as before the lazy names
+
+
+def test_publish_force_deletes_only_what_an_earlier_publish_wrote(tmp_path, capsys, tiny_raw):
+    """publish --force replaced all of --out: a --checkpoint it was drawing from there, and models or
+    notes put there after the earlier publish, were deleted (found by a review). publish.json now
+    lists its files; --force refuses anything else, and a --checkpoint inside --out is refused."""
+    import json
+
+    from icl_bench.solvers.checkpoint import save_checkpoint
+    from icl_bench.solvers.transformer import Transformer, TransformerConfig
+
+    (tmp_path / "c.toml").write_text(tomli_w.dumps(tiny_raw))
+    assert main(["run", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    pub = tmp_path / "pub"
+    assert main(["publish", str(tmp_path / "run"), "--out", str(pub)]) == 0
+    files = json.loads((pub / "publish.json").read_text())["files"]
+    assert files == sorted(p.relative_to(pub).as_posix() for p in pub.rglob("*") if p.is_file())
+    save_checkpoint(Transformer(TransformerConfig()), pub / "ck" / "m")  # written there after the publish
+    capsys.readouterr()
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    forced = ["publish", str(tmp_path / "run"), "--out", str(pub), "--force"]
+    code, err = _run(capsys, forced + ["--checkpoint", str(pub / "ck" / "m")])
+    assert code == 2 and err == (f"icl-bench: error: --checkpoint: {pub / 'ck' / 'm'} is inside --out {pub}, which "
+                                 "publish replaces; keep it outside\n")
+    code, err = _run(capsys, forced)
+    assert code == 2 and err == (f"icl-bench: error: --out: {pub} holds ck, which icl-bench publish did not write there; "
+                                 "--force would delete it: move it out or choose another folder\n")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    info = json.loads((pub / "publish.json").read_text())
+    del info["files"]  # a publish.json of before the list: publish's own file names
+    (pub / "publish.json").write_text(json.dumps(info))
+    (pub / "ck").rename(tmp_path / "ck")
+    (pub / "plots" / "mine.png").write_bytes(b"a plot of mine")
+    code, err = _run(capsys, forced)
+    assert code == 2 and err.startswith(f"icl-bench: error: --out: {pub} holds plots/mine.png, which"), err
+    assert (pub / "plots" / "mine.png").read_bytes() == b"a plot of mine"
+    (pub / "plots" / "mine.png").unlink()
+    assert main(forced + ["--checkpoint", str(tmp_path / "ck" / "m")]) == 0  # drawn from outside: fine
+    assert (tmp_path / "ck" / "m.safetensors").is_file() and "plots/weights.png" in json.loads((pub / "publish.json").read_text())["files"]

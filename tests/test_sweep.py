@@ -121,3 +121,57 @@ def test_reuse_and_train_refuse_unusable_checkpoint_files_before_training(tmp_pa
     assert capsys.readouterr().err == (f"icl-bench: error: --out: {tmp_path / 't' / 'm.safetensors'} exists and is not a "
                                        "file, so the checkpoint cannot be saved there; remove it\n")
     assert [p.name for p in (tmp_path / "t").iterdir()] == ["m.safetensors"]
+
+
+SMALL = """
+[sweep]
+l1 = [0.0]
+out = "{out}"
+eval_prompts = 16
+analysis_prompts = 8
+[train]
+steps = 2
+batch_size = 16
+eval_every = 1
+eval_prompts = 16
+progress = false
+"""
+
+
+def _files(root):
+    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_sweep_refuses_to_overwrite_tables_and_checkpoints_without_force(tmp_path, capsys, monkeypatch):
+    """A sweep replaced a user's <out>.md / <out>.csv, and without --reuse retrained over an earlier
+    sweep's checkpoints (found by a review); like train / run / publish it now refuses, before any
+    training, unless --force. With --reuse the tables are rewritten only if a sweep wrote them."""
+    import icl_bench.training.sweep as sweep_mod
+
+    trained = []
+    real = sweep_mod.train_and_save
+    monkeypatch.setattr(sweep_mod, "train_and_save", lambda run, out: trained.append(run.name) or real(run, out))
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(SMALL.format(out=tmp_path / "notes"))
+    (tmp_path / "notes.md").write_text("MY NOTES\n")
+    before = _files(tmp_path)
+    for flags, what in (([], "already exists"), (["--reuse"], "exists and is not a table written by icl-bench sweep")):
+        assert main(["sweep", "--config", str(cfg), "--no-progress", *flags]) == 2
+        assert capsys.readouterr().err == (f"icl-bench: error: sweep.out: {tmp_path / 'notes.md'} {what}; choose "
+                                           "another out, or pass --force to overwrite it\n")
+    assert _files(tmp_path) == before and not trained and not (tmp_path / "notes_models").exists()
+    assert main(["sweep", "--config", str(cfg), "--force", "--no-progress"]) == 0  # the user asked: replaced
+    assert (tmp_path / "notes.md").read_text().startswith("# l1 sweep (R = ") and trained == ["l1-0-seed0"]
+    before = _files(tmp_path)
+    assert main(["sweep", "--config", str(cfg), "--no-progress"]) == 2  # an earlier sweep's checkpoints
+    assert capsys.readouterr().err == (f"icl-bench: error: sweep.out: {tmp_path / 'notes_models' / 'l1-0-seed0.safetensors'} "
+                                       "already exists; pass --reuse to use the saved checkpoints, --force to retrain over "
+                                       "them, or choose another out\n")
+    assert _files(tmp_path) == before and len(trained) == 1
+    assert main(["sweep", "--config", str(cfg), "--reuse", "--no-progress"]) == 0  # its own tables: rewritten
+    (tmp_path / "notes.csv").write_text("MY NUMBERS\n")
+    assert main(["sweep", "--config", str(cfg), "--reuse", "--no-progress"]) == 2
+    assert "notes.csv exists and is not a table written by icl-bench sweep" in capsys.readouterr().err
+    assert (tmp_path / "notes.csv").read_text() == "MY NUMBERS\n"
+    assert main(["sweep", "--config", str(cfg), "--reuse", "--force", "--no-progress"]) == 0
+    assert (tmp_path / "notes.csv").read_text().startswith("l1,seed,R,steps,") and len(trained) == 1  # reused

@@ -92,3 +92,12 @@ def test_cli_trains_and_saves(tmp_path, capsys):
     assert main(["--config", str(path), "--out", str(tmp_path / "m"), "--no-progress"]) == 0
     assert (tmp_path / "m" / "tiny.safetensors").is_file() and "tiny: 5 steps" in capsys.readouterr().out
     assert main(["--config", str(tmp_path / "nope.toml")]) == 2
+
+
+def test_a_run_selected_twice_trains_once(tmp_path, capsys):
+    """`--run a --run a` trained a twice, the second overwriting the first's checkpoint."""
+    path = tmp_path / "t.toml"
+    path.write_text('[defaults]\nsteps = 2\nbatch_size = 16\neval_every = 1\neval_prompts = 16\n[runs.a]\n[runs.b]\n')
+    assert main(["--config", str(path), "--out", str(tmp_path / "m"), "--run", "a", "--run", "a", "--no-progress"]) == 0
+    assert capsys.readouterr().out.count("a: 2 steps") == 1
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["a.json", "a.safetensors"]

@@ -12,15 +12,19 @@ Writes into DIR (nothing else, nothing typed by hand):
     mechanism.csv    relative error under x shift / scale and the verdict (when the runs have OOD rows)
     results.csv      every input row, stacked, with its run folder
     plots/*.png      mse_vs_n, mse_vs_r, gd_steps, throughput, weights, probes (each when possible)
-    publish.json     inputs, the representative setting, notes (skipped plots and why), versions
+    publish.json     inputs, the representative setting, notes (skipped plots and why), versions,
+                     and the files written (so a later --force deletes nothing else)
 Everything is first written to a hidden temporary folder beside DIR and moved into place at the
-end, so DIR never holds a half-written report. A non-empty DIR is refused unless force=True.
+end, so DIR never holds a half-written report. A non-empty DIR is refused unless force=True, and
+even then unless an earlier publish wrote it and it holds nothing else; a --checkpoint inside DIR
+is refused.
 Folders are made 0o755 and files 0o644 (mkdtemp's 0o700 would make the report private).
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
 import shutil
 import tempfile
@@ -43,19 +47,60 @@ PLOT_TITLES = {
 }
 
 
-def _check_out(out: Path, runs: list[Path], force: bool) -> None:
+# What publish writes (relative to --out), for a publish.json of before it listed its "files".
+OWN_FILES = {"index.html", "report.md", "headline.md", "summary.csv", "summary.md", "failures.csv", "failures.md",
+             "sparsity.csv", "sparsity.md", "scaling.csv", "mechanism.csv", "results.csv", "publish.json",
+             *(f"plots/{name}.png" for name in PLOT_TITLES)}
+
+
+def _not_published(out: Path) -> str | None:
+    """The first path under `out` (relative, in sorted order) that the publish which wrote `out`
+    did not write (publish.json's "files"; OWN_FILES when it has none), or None. Links are never its."""
+    try:
+        files = json.loads((out / "publish.json").read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        files = None
+    own = set(files) if isinstance(files, list) and all(isinstance(f, str) for f in files) else OWN_FILES
+    dirs = {"plots"} | {str(Path(f).parent) for f in own}
+    for root, subdirs, names in os.walk(out):  # links to folders are listed, not followed
+        subdirs.sort()
+        rel = Path(root).relative_to(out)
+        for name in sorted(names) + subdirs:
+            path = (rel / name).as_posix()
+            is_dir = name in subdirs and not (Path(root) / name).is_symlink()
+            if (path not in dirs) if is_dir else (path not in own or (Path(root) / name).is_symlink()):
+                return path
+    return None
+
+
+def _check_out(out: Path, runs: list[Path], force: bool, checkpoints=()) -> None:
+    from icl_bench.solvers.checkpoint import checkpoint_path, stem_of
+
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} exists and is not a folder")
     for run in runs:
         r, o = run.resolve(), out.resolve()
         if r == o or o in r.parents or r in o.parents:
             raise ConfigError(f"--out: {out} overlaps the run folder {run}; choose a folder outside it")
+    outs = (Path(os.path.abspath(out)), out.resolve())  # as typed and with links followed
+    for name in checkpoints:  # --force would delete it with the old report (as --readme, cli.py)
+        try:
+            stem = stem_of(checkpoint_path(str(name), "--checkpoint"))
+        except ConfigError:
+            continue  # not a checkpoint: a note (the command line refuses it before publish)
+        files = [Path(os.path.abspath(stem)), *(Path(f"{stem}{s}").resolve() for s in (".safetensors", ".json"))]
+        if any(o in f.parents for o in outs for f in files):
+            raise ConfigError(f"--checkpoint: {name} is inside --out {out}, which publish replaces; keep it outside")
     if out.is_dir() and any(out.iterdir()):
         if not force:
             raise ConfigError(f"--out: {out} is not empty; pass --force to replace it")
         if not (out / "publish.json").is_file():  # --force never deletes a folder publish did not write
             raise ConfigError(f"--out: {out} is not a folder written by icl-bench publish (no publish.json); "
                               "--force only replaces such a folder")
+        other = _not_published(out)
+        if other is not None:  # nor what was put there after it (a run folder, a model, notes)
+            raise ConfigError(f"--out: {out} holds {other}, which icl-bench publish did not write there; --force would "
+                              "delete it: move it out or choose another folder")
     if out.resolve() == Path.cwd().resolve():
         raise ConfigError(f"--out: {out} is the current folder; choose a subfolder")
 
@@ -190,7 +235,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     runs, out = [Path(r) for r in run_dirs], Path(out)
     table, metas = report.load_runs(runs)  # read-only: bad run folders and --at values first
     setting = report.representative(table, at)
-    _check_out(out, runs, force)
+    _check_out(out, runs, force, checkpoints)
     summary = report.aggregate(table)
     head = report.headline(summary, setting, table)
     headline_at = {k: v for k, v in setting.items() if k != "N"}
@@ -235,7 +280,8 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         (tmp / "report.md").write_text(_report_md(ctx))
         (tmp / "index.html").write_text(_index_html(ctx))
         info = {"command": command, "runs": [str(r) for r in runs], "setting": setting, "notes": notes, "left_out": gaps,
-                "generated_at": ctx["generated_at"], "ci": "95 % delta-method log interval (icl_bench/report/aggregate.py)"}
+                "generated_at": ctx["generated_at"], "ci": "95 % delta-method log interval (icl_bench/report/aggregate.py)",
+                "files": sorted([p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file()] + ["publish.json"])}
         from icl_bench.provenance import package_versions
 
         info["packages"] = package_versions()

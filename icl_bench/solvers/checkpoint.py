@@ -66,13 +66,15 @@ def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None
 
 
 def check_writable(stem: str | Path, key: str = "--out") -> None:
-    """Before training: both files of the pair `stem` can be written as files.
+    """Before training: both files of the pair `stem` can be written as files (a .safetensors /
+    .json suffix is dropped, as save_checkpoint drops it).
 
     Raises:
         ConfigError (naming `key`): `<stem>.safetensors` or `<stem>.json` exists and is not a
             regular file (a folder of that name made training fail only after it had run, and
             left half a pair), is a symbolic link (dangling or not), or a parent of `stem` is a file.
     """
+    stem = stem_of(stem)
     blocked = blocking_file(stem)
     if blocked is not None:
         raise ConfigError(f"{key}: {blocked} is a file, so {stem}.safetensors cannot be written; give another folder")

@@ -17,6 +17,7 @@ from icl_bench.config_base import (FLOAT_MAX, FLOAT_TINY, MAX_SEED, MAX_THREADS,
                                    integer, number, problem, read_toml, validate)
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.generator import MAX_VALUES
+from icl_bench.solvers.checkpoint import stem_of
 from icl_bench.solvers.transformer import KEY_SETS, READOUTS, TransformerConfig
 
 SCHEDULES = ("onecycle", "cosine", "constant")
@@ -163,9 +164,11 @@ def prox_window(cfg: "TrainConfig") -> bool:
 def load_runs(path: str | Path, names: list[str] | None = None) -> list[dict]:
     """The runs of a training TOML: `[defaults]` + one `[runs.NAME]` table each -> list of dicts.
 
-    A file with no [runs] table is one run (its top-level keys). `names` selects runs by name.
+    A file with no [runs] table is one run (its top-level keys). `names` selects runs by name (a
+    repeated name once).
     Raises:
-        ConfigError: a missing / unreadable / invalid file, or an unknown run name.
+        ConfigError: a missing / unreadable / invalid file, an unknown run name, or two selected
+            runs whose names save one checkpoint (`name` "x" and "x.json" included).
     """
     doc = read_toml(path)
     if "runs" not in doc:
@@ -188,7 +191,14 @@ def load_runs(path: str | Path, names: list[str] | None = None) -> list[dict]:
         missing = [n for n in names if n not in runs]
         if missing:
             raise ConfigError(f"--run: unknown run {missing[0]!r}; accepted: {', '.join(runs)}")
-        return [runs[n] for n in names]
+        runs = {n: runs[n] for n in dict.fromkeys(names)}  # `--run a --run a` trains a once
+    saves: dict[str, str] = {}  # checkpoint stem -> the run that saves it
+    for key, run in runs.items():  # two runs saving one pair: the second would overwrite the first
+        stem = stem_of(run["name"]).name if isinstance(run.get("name"), str) else None
+        if stem in saves:
+            raise ConfigError(f"runs.{key}.name: runs {saves[stem]!r} and {key!r} both save the checkpoint {stem}; "
+                              "give each run its own name")
+        saves[stem] = key
     return list(runs.values())
 
 

@@ -11,7 +11,8 @@ Config (TOML; fields in training/config.py):
 Every run's checkpoint is saved under <out>_models/ (so --reuse can redo the table, e.g. once
 the analysis module changes, without retraining; it refuses, before any training, a saved
 checkpoint whose recorded train_config differs from the run the config now describes). Outputs: <out>.csv (one row per lambda x
-seed) and <out>.md (mean and min..max over seeds per lambda). Columns: MSE vs OLS on fresh
+seed) and <out>.md (mean and min..max over seeds per lambda); without --force, existing tables (with
+--reuse: ones a sweep did not write) and (without --reuse) saved checkpoints are refused first. Columns: MSE vs OLS on fresh
 prompts (absolute and / var(OLS)), weight sparsity (solvers/sparsity.py), L1 norm, and whatever
 `icl_bench.analysis.analyze.analyze(model, R, seed=...)` returns (similarity to the construction,
 probe R^2, Hoyer sparsity).
@@ -27,6 +28,7 @@ import torch
 from icl_bench.analysis.analyze import analyze
 from icl_bench.prompts.generator import PromptSpec, sample_prompts
 from icl_bench.errors import ConfigError
+from icl_bench.files import write_atomic
 from icl_bench.solvers.checkpoint import check_writable, load_checkpoint, read_meta
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
 from icl_bench.training.config import Sweep, SweepConfig, TrainConfig, read_sweep, run_name
@@ -81,7 +83,7 @@ def markdown_table(df: pd.DataFrame) -> str:
 def write_tables(table: pd.DataFrame, out: Path, sweep: Sweep, command: str) -> None:
     """<out>.csv (every run) and <out>.md (summary by lambda, with the command that made it)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(f"{out}.csv", index=False)
+    write_atomic(f"{out}.csv", table.to_csv(index=False).encode())  # a crash leaves the old table whole
     summary = summarise(table)
     summary = summary[[c for c in MD_COLUMNS if c in summary.columns]]
     note = ("hoyer, similarity (to the LN construction, symmetry-invariant; ~0.35 for random weights, see "
@@ -94,7 +96,7 @@ def write_tables(table: pd.DataFrame, out: Path, sweep: Sweep, command: str) -> 
              f"(all parameters incl. LayerNorm). Means over seeds {sorted(set(table.seed))}; per-run rows in "
              f"`{out.name}.csv`. {note}", "",
              markdown_table(summary), ""]
-    Path(f"{out}.md").write_text("\n".join(lines))
+    write_atomic(f"{out}.md", "\n".join(lines).encode())
 
 
 RUNTIME_ONLY = ("progress", "threads")  # TrainConfig fields that do not change what a run learns
@@ -120,10 +122,37 @@ def check_reusable(run: TrainConfig, stem: Path) -> None:
                               f"the config now gives {value!r}; drop --reuse to retrain, or restore the setting")
 
 
-def run_sweep(config: str | Path, reuse: bool = False, progress: bool = True) -> pd.DataFrame:
+TABLE_HEADS = {".md": "# l1 sweep (R = ", ".csv": "l1,seed,R,steps,mse_vs_ols,rel_mse,"}  # how write_tables begins each
+
+
+def written_by_sweep(path: Path) -> bool:
+    """Whether the file `path` begins as write_tables begins a sweep's table (a regular file, not a link)."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(200).decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return first.startswith(TABLE_HEADS[path.suffix])
+
+
+def check_overwrite(out: Path, reuse: bool, force: bool) -> None:
+    """Raise ConfigError unless the tables <out>.md / <out>.csv may be written: absent, or force, or
+    (reuse) written by a sweep (written_by_sweep): a user's notes.md is never replaced silently."""
+    for path in (Path(f"{out}.md"), Path(f"{out}.csv")):
+        if force or not (path.exists() or path.is_symlink()) or (reuse and written_by_sweep(path)):
+            continue
+        what = "exists and is not a table written by icl-bench sweep" if reuse else "already exists"
+        raise ConfigError(f"sweep.out: {path} {what}; choose another out, or pass --force to overwrite it")
+
+
+def run_sweep(config: str | Path, reuse: bool = False, progress: bool = True, force: bool = False) -> pd.DataFrame:
     """Train (or, with reuse, reload) every lambda x seed run and write the tables; returns the
-    per-run table. Raises ConfigError for a bad config, or (reuse) a saved checkpoint trained
-    with other settings than the config's, before any training."""
+    per-run table. Raises ConfigError, before any training, for a bad config, (reuse) a saved
+    checkpoint trained with other settings than the config's, or, unless force, a checkpoint it
+    would train over (without reuse) or a table it would overwrite (with reuse: one that is not a
+    sweep's own, see written_by_sweep)."""
     cfg = read_sweep(config)
     sweep = cfg.sweep
     out = Path(sweep.out)
@@ -134,8 +163,14 @@ def run_sweep(config: str | Path, reuse: bool = False, progress: bool = True) ->
         if run.name in reused:
             check_reusable(run, models / run.name)
             load_checkpoint(models / run.name)
-        else:
-            check_writable(models / run.name, "sweep.out")
+            continue
+        check_writable(models / run.name, "sweep.out")
+        old = [p for p in (Path(f"{models / run.name}{s}") for s in (".safetensors", ".json")) if p.exists()]
+        # like train, a checkpoint is never trained over silently (with reuse only a lone .json is: a missing one)
+        if old and not (force or reuse):
+            raise ConfigError(f"sweep.out: {old[0]} already exists; pass --reuse to use the saved checkpoints, "
+                              "--force to retrain over them, or choose another out")
+    check_overwrite(out, reuse, force)
     rows = []
     for run in runs:
         stem = models / run.name
