@@ -40,6 +40,16 @@ def test_sweep_writes_tables_and_reuses(tmp_path):
     pd.testing.assert_frame_equal(again, table)
 
 
+def test_reuse_says_what_it_trains_because_it_was_missing(tmp_path, capsys):
+    """--reuse in a folder without the checkpoints trained all of them and said nothing."""
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(TINY.format(out=tmp_path / "l1"))
+    run_sweep(str(cfg), reuse=True, progress=False)
+    assert f"--reuse: 0 of 2 checkpoints found in {tmp_path / 'l1_models'}; training the other 2" in capsys.readouterr().out
+    run_sweep(str(cfg), reuse=True, progress=False)
+    assert "--reuse:" not in capsys.readouterr().out  # every one found: nothing to say
+
+
 @pytest.mark.parametrize("text, field", [
     ("[sweep]\nl1 = []\n", "sweep.l1"),
     ("[sweep]\nl1 = [-1.0]\n", "sweep.l1"),

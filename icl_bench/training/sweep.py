@@ -171,6 +171,9 @@ def run_sweep(config: str | Path, reuse: bool = False, progress: bool = True, fo
             raise ConfigError(f"sweep.out: {old[0]} already exists; pass --reuse to use the saved checkpoints, "
                               "--force to retrain over them, or choose another out")
     check_overwrite(out, reuse, force)
+    if reuse and len(reused) < len(runs):  # --reuse trains what is missing: said, not done silently
+        print(f"--reuse: {len(reused)} of {len(runs)} checkpoints found in {models}; training the other "
+              f"{len(runs) - len(reused)}", flush=True)
     rows = []
     for run in runs:
         stem = models / run.name
