@@ -33,12 +33,14 @@ def test_unwritable_publish_out_is_one_line(tmp_path, capsys, tiny_raw, monkeypa
     capsys.readouterr()
     import icl_bench.report.publish
 
-    def denied(*a, **k):
-        raise PermissionError(13, "Permission denied", str(tmp_path / "pub"))
+    for exc in (PermissionError(13, "Permission denied"), OSError(30, "Read-only file system")):
+        def denied(*a, exc=exc, **k):  # as mkdtemp raises it: naming the hidden folder beside --out
+            exc.filename = str(tmp_path / ".pub.k2x9q1.tmp")
+            raise exc
 
-    monkeypatch.setattr(icl_bench.report.publish.tempfile, "mkdtemp", denied)
-    code, err = _run(capsys, ["publish", str(tmp_path / "run"), "--out", str(tmp_path / "pub")])
-    assert code == 2 and err == f"icl-bench: error: --out: {tmp_path / 'pub'}: Permission denied\n"
+        monkeypatch.setattr(icl_bench.report.publish.tempfile, "mkdtemp", denied)
+        code, err = _run(capsys, ["publish", str(tmp_path / "run"), "--out", str(tmp_path / "pub")])
+        assert code == 2 and err == f"icl-bench: error: --out: {tmp_path / 'pub'}: {exc.strerror}\n"
 
 
 def test_bad_checkpoint_named_on_publish_is_exit_2(tmp_path, capsys, tiny_raw):

@@ -261,7 +261,10 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     one_source = summary["prompts"].nunique() <= 1  # then the long prompt-source JSON says nothing
     ctx["summary_shown"] = ctx["summary"].drop(columns=["prompts"] if one_source else [])
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as exc:  # named as --out, not as the hidden folder beside it (a read-only or full disk)
+        raise OSError(exc.errno, exc.strerror, str(out)) from None
     try:
         (tmp / "plots").mkdir()
         for name, fig in figs.items():
