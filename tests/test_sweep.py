@@ -40,6 +40,16 @@ def test_sweep_writes_tables_and_reuses(tmp_path):
     pd.testing.assert_frame_equal(again, table)
 
 
+def test_a_huge_lambda_names_its_run_without_a_plus(tmp_path):
+    """l1 = [1e308] was refused as 'train.name: bad name l1-1e+308-seed0', a field never written."""
+    from icl_bench.training.sweep import sweep_runs
+
+    assert run_name(1e308, 0) == "l1-1e308-seed0" and run_name(1e-05, 2) == "l1-1e-05-seed2"
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(TINY.format(out=tmp_path / "l1").replace("l1 = [0.0, 1e-3]", "l1 = [0.0, 1e308]"))
+    assert [r.name for r in sweep_runs(read_sweep(str(cfg)), False)] == ["l1-0-seed0", "l1-1e308-seed0"]
+
+
 def test_reuse_says_what_it_trains_because_it_was_missing(tmp_path, capsys):
     """--reuse in a folder without the checkpoints trained all of them and said nothing."""
     cfg = tmp_path / "s.toml"

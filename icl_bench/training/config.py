@@ -209,8 +209,9 @@ def _table(v: Any) -> dict:
 
 
 def run_name(lam: float, seed: int) -> str:
-    """The checkpoint stem of the sweep run (lambda, seed): lambda printed with `:g` (6 significant digits)."""
-    return f"l1-{lam:g}-seed{seed}"
+    """The checkpoint stem of the sweep run (lambda, seed): lambda printed with `:g` (6 significant
+    digits) without a '+' (not a file-stem character: 1e+16 is written 1e16; smaller lambdas have none)."""
+    return f"l1-{lam:g}-seed{seed}".replace("+", "")
 
 
 def _lambdas(v: Any) -> list[float]:
