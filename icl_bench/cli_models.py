@@ -57,9 +57,10 @@ def cmd_train(args) -> int:
     if args.steps is not None and not 1 <= args.steps <= MAX_STEPS:
         raise ConfigError(f"--steps: must be an integer >= 1 and <= {MAX_STEPS} (got {args.steps})")
     path = resources.config_path(args.config)
-    resources.check_kind(read_toml(path), args.config, "train")
+    doc = read_toml(path)
+    resources.check_kind(doc, args.config, "train")
     runs = load_runs(path, args.run)
-    cfgs = [TrainConfig.from_dict(d, where=f"runs.{d['name']}" if "name" in d else "train")
+    cfgs = [TrainConfig.from_dict(d, where=f"runs.{d['name']}" if "runs" in doc else "train")  # flat: one run, "train"
             for d in runs]  # every run is validated before hours of training, not after
     cfgs = [c.model_copy(update={"progress": c.progress and not args.no_progress}) for c in cfgs]
     if args.steps is not None:  # a quick check of a packaged config: fewer steps, same recipe
