@@ -125,11 +125,50 @@ def _frame(path: Path, data: bytes) -> pd.DataFrame:
     return pd.read_csv(io.BytesIO(data), compression=compression)
 
 
-def _read(source: DataSource) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(x, y) of the usable rows, and the 1-based data-row numbers of the dropped ones; parsed
-    once per file content (an edited file is parsed again, whatever its name or mtime)."""
+# sha256 hex digest -> the bytes it was computed over: the file content a run's cells draw from
+# (`snapshot`), so a file edited during the run cannot change them; the last few contents only
+_SNAPSHOTS: dict[str, bytes] = {}
+_KEEP = 4
+
+
+def _pin(digest: str, data: bytes) -> None:
+    _SNAPSHOTS.pop(digest, None)
+    _SNAPSHOTS[digest] = data
+    while len(_SNAPSHOTS) > _KEEP:
+        _SNAPSHOTS.pop(next(iter(_SNAPSHOTS)), None)
+
+
+def snapshot(source: DataSource) -> str:
+    """Read the file's bytes once, keep them in this process, and return their sha256 (the
+    cells' data_sha256): every later `_read(source, digest)` here draws from exactly these bytes,
+    whatever happens to the file meanwhile."""
     data = source.resolve().read_bytes()
-    return _parse(source, hashlib.sha256(data).hexdigest(), data)
+    digest = hashlib.sha256(data).hexdigest()
+    _pin(digest, data)
+    return digest
+
+
+def _read(source: DataSource, digest: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x, y) of the usable rows, and the 1-based data-row numbers of the dropped ones; parsed
+    once per file content (an edited file is parsed again, whatever its name or mtime).
+
+    digest: "" reads the file as it is now. Otherwise the content with that sha256: the bytes
+    `snapshot` kept in this process, or (in another process, e.g. a Dask worker) the file read
+    now, whose hash must equal `digest`; they are then kept, so the process reads them once.
+    Raises:
+        RuntimeError: the file's bytes no longer hash to `digest` (it was edited since the run
+            started); the cell becomes an error row, never a row of other data under that digest.
+    """
+    data = _SNAPSHOTS.get(digest) if digest else None
+    if data is None:
+        data = source.resolve().read_bytes()
+        now = hashlib.sha256(data).hexdigest()
+        if digest and now != digest:
+            raise RuntimeError(f"data.path: {source.path} changed since the run started (sha256 {now[:12]}..., "
+                               f"the run's cells are keyed by {digest[:12]}...); rerun to use the new content")
+        digest = now
+        _pin(digest, data)
+    return _parse(source, digest, data)
 
 
 @lru_cache(maxsize=4)
@@ -140,13 +179,14 @@ def _parse(source: DataSource, digest: str, data: bytes) -> tuple[np.ndarray, np
     return x[ok], y[ok], np.flatnonzero(~ok) + 1
 
 
-def _columns(source: DataSource) -> tuple[np.ndarray, np.ndarray]:
-    return _read(source)[:2]
+def _columns(source: DataSource, digest: str = "") -> tuple[np.ndarray, np.ndarray]:
+    return _read(source, digest)[:2]
 
 
-def data_summary(source: DataSource) -> tuple[int, int, str]:
-    """(rows in the file, rows dropped for a missing / NaN / inf x or y, one line saying so or "")."""
-    x, _, dropped = _read(source)
+def data_summary(source: DataSource, digest: str = "") -> tuple[int, int, str]:
+    """(rows in the file, rows dropped for a missing / NaN / inf x or y, one line saying so or "");
+    digest: the content read (see `_read`; "" = the file now)."""
+    x, _, dropped = _read(source, digest)
     n = len(x) + len(dropped)
     if not len(dropped):
         return n, 0, ""
@@ -186,7 +226,7 @@ def _draw_rows(rng: np.random.Generator, n_prompts: int, n_rows: int, k: int) ->
 
 
 def sample_data_prompts(source: DataSource, N: int, R: float, n_prompts: int, *, seed: int,
-                        dtype="float32", device="cpu") -> PromptBatch:
+                        dtype="float32", device="cpu", data_sha256: str = "") -> PromptBatch:
     """Draw `n_prompts` prompts of N context rows + 1 query row from a CSV file.
 
     Each prompt's rows are the first N + 1 of a seeded random permutation of the usable rows
@@ -195,10 +235,12 @@ def sample_data_prompts(source: DataSource, N: int, R: float, n_prompts: int, *,
     Returns:
         PromptBatch: x, y (B, N); x_query, y_query (B,) from the held-out row; the OLS reference
         from the context; truth fields NaN.
+    data_sha256: draw from the file content with this sha256 (`_read`; "" = the file now).
     Raises:
         ConfigError: the file has fewer than N + 1 rows.
+        RuntimeError: the file no longer has the content `data_sha256` names.
     """
-    xs, ys = _columns(source)
+    xs, ys = _columns(source, data_sha256)
     if len(xs) < N + 1:
         raise ConfigError(f"grid.N: N={N} needs at least {N + 1} usable rows of data; {source.path} has {len(xs)}")
     idx = _draw_rows(np.random.default_rng(seed), n_prompts, len(xs), N + 1)
