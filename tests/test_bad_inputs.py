@@ -243,6 +243,12 @@ CASES = [
     Case("csv-not-utf8", csv(b"x,y\n1,\xff\xfe\n2,3\n"), "--data: cannot read"),
     Case("csv-binary", csv(bytes(range(256)) * 4), "--data: cannot read"),
     Case("csv-ragged", csv("x,y\n1,2\n3,4,5,6\n"), "--data: cannot read"),
+    # every row one field more than the header: pandas took the first field as the index and ran with x = y's values
+    Case("csv-every-row-one-more-field", csv("x,y\n1,10,100\n2,20,205\n3,30,290\n4,40,410\n5,50,500\n6,60,590\n"),
+         "--data: cannot read '{tmp}/data.csv' as CSV (data rows with more fields than the header); accepted: "
+         "CSV text with as many fields in every row as in the header"),
+    Case("csv-first-row-one-more-field", csv("x,y\n1,2,3\n" + "4,5\n" * 6), "--data: cannot read '{tmp}/data.csv' "
+         "as CSV (data rows with more fields than the header)"),  # pandas dropped the 3
     Case("csv-one-text-cell", csv("x,y\n" + "1,1\n" * 4 + "abc,2\n" + "3,3\n" * 4),
          "--x: column 'x' is not numeric (data row 5: 'abc'); accepted: numbers"),  # it named no row
     Case("csv-text-column", csv("x,y\n" + "a,1\n" * 8), "--x: column 'x' is not numeric (data row 1: 'a'); accepted: numbers (inf too), and cells pandas reads as missing"),

@@ -176,3 +176,14 @@ def test_a_process_without_the_runs_bytes_refuses_an_edited_file(tmp_path):
     row = run_cell(cell.__class__(**{**cell.__dict__, "N": 7}))
     assert row["status"] == "error" and "data.path: " in row["message"], row
     assert "changed since the run started" in row["message"] and row["data_sha256"] == cell.data_sha256
+
+
+def test_an_empty_trailing_field_keeps_the_columns(tmp_path):
+    """`x,y` then rows `1,2,` (a delimiter at each line's end): pandas took the first field as the
+    index, so x read as 2 and y as empty (every row dropped); the columns now stay in place."""
+    path = tmp_path / "d.csv"
+    path.write_text("x,y\n" + "".join(f"{i},{2 * i + 1},\n" for i in range(8)))
+    source = check_source(DataSource(path=str(path), x="x", y="y"), [4])
+    xs, ys = data._columns(source)
+    np.testing.assert_array_equal(xs, np.arange(8.0))
+    np.testing.assert_array_equal(ys, 2 * np.arange(8.0) + 1)

@@ -15,6 +15,7 @@ import hashlib
 import io
 import lzma
 import tarfile
+import warnings
 import zipfile
 from functools import lru_cache
 from pathlib import Path
@@ -65,8 +66,9 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
 
     Raises:
         ConfigError: a missing or unreadable file, a missing or non-numeric column, or fewer
-            than max(Ns) + 1 rows (or rows with finite x and y); a damaged compressed file, or a
-            .zip / .tar holding several files, is unreadable; .zst needs the zstandard package.
+            than max(Ns) + 1 rows (or rows with finite x and y); a damaged compressed file, a
+            .zip / .tar holding several files, or rows with more fields than the header (ragged
+            rows, or every row one more: pandas would shift the columns) are unreadable; .zst needs the zstandard package.
     """
     if not src.path:
         raise ConfigError("data.path: not given; the CSV file whose rows are drawn as prompts")
@@ -80,9 +82,10 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
         frame = _frame(path, path.read_bytes())
     except _READ_ERRORS as exc:
         zst = isinstance(exc, ImportError) and path.name.lower().endswith(".zst")
-        why = "the zstandard package is not installed" if zst else type(exc).__name__
-        raise ConfigError(f"data.path: cannot read {str(path)!r} as CSV ({why}); accepted: CSV text, plain or "
-                          "compressed (.gz, .bz2, .xz, .zst, or a .zip / .tar[.gz|.bz2|.xz] holding one file)") from None
+        why = "the zstandard package is not installed" if zst else str(exc) if isinstance(exc, ExtraFields) \
+            else type(exc).__name__
+        raise ConfigError(f"data.path: cannot read {str(path)!r} as CSV ({why}); accepted: CSV text with as many "
+                          "fields in every row as in the header, plain or compressed (.gz, .bz2, .xz, .zst, or a .zip / .tar[.gz|.bz2|.xz] holding one file)") from None
     columns = ", ".join(map(str, frame.columns))
     for k, what in (("x", "inputs"), ("y", "targets")):
         col = getattr(src, k)
@@ -113,16 +116,27 @@ _COMPRESSION = {".tar": "tar", ".tar.gz": "tar", ".tar.bz2": "tar", ".tar.xz": "
 _READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, lzma.LZMAError, tarfile.TarError, ImportError)
 
 
+class ExtraFields(ValueError):
+    """Data rows have more (non-empty) fields than the header: pandas would otherwise take the first
+    field as the index and shift every column by one, or drop the extra fields."""
+
+
 def _frame(path: Path, data: bytes) -> pd.DataFrame:
     """The file's bytes `data` parsed as CSV, decompressed first if `path`'s name ends in one of
     _COMPRESSION (case-insensitive), as `pd.read_csv(path)` would.
 
     Raises:
-        one of _READ_ERRORS: the bytes are not (compressed) CSV text.
+        one of _READ_ERRORS: the bytes are not (compressed) CSV text; ExtraFields (a ValueError):
+            data rows with more fields than the header (an empty trailing field is fine).
     """
     name = path.name.lower()
     compression = next((c for ext, c in _COMPRESSION.items() if name.endswith(ext)), None)
-    return pd.read_csv(io.BytesIO(data), compression=compression)
+    with warnings.catch_warnings():  # index_col=False: a first field is never taken as the rows' index
+        warnings.simplefilter("error", pd.errors.ParserWarning)  # pandas would drop the extra fields
+        try:
+            return pd.read_csv(io.BytesIO(data), compression=compression, index_col=False)
+        except pd.errors.ParserWarning:
+            raise ExtraFields("data rows with more fields than the header") from None
 
 
 # sha256 hex digest -> the bytes it was computed over: the file content a run's cells draw from
