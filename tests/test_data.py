@@ -13,6 +13,7 @@ import tomli_w
 import torch
 
 from icl_bench.cli import main
+from icl_bench.errors import ConfigError
 from icl_bench.prompts import data
 from icl_bench.prompts.data import DataSource, check_source, data_summary, sample_data_prompts
 
@@ -187,3 +188,20 @@ def test_an_empty_trailing_field_keeps_the_columns(tmp_path):
     xs, ys = data._columns(source)
     np.testing.assert_array_equal(xs, np.arange(8.0))
     np.testing.assert_array_equal(ys, 2 * np.arange(8.0) + 1)
+
+
+def test_integers_beyond_64_bits_are_numbers(tmp_path):
+    """pandas leaves a column holding 99999999999999999999 untyped (Python ints; with a negative
+    value, text): it was refused as "not numeric (data row 1: '0')", naming a row that holds a
+    number. Every cell is a number, so the column reads as the same values written in float form."""
+    path = tmp_path / "d.csv"
+    rows = [f"{i},{2 * i + 1}" for i in range(11)] + ["99999999999999999999,5", "-1" + "0" * 400 + ",7", "3,-1"]
+    path.write_text("x,y\n" + "\n".join(rows) + "\n")
+    source = check_source(DataSource(path=str(path), x="x", y="y"), [4])
+    xs, ys = data._columns(source)
+    np.testing.assert_array_equal(xs, [*range(11), 1e20, 3.0])  # 10**400 overflows to -inf: its row is dropped
+    np.testing.assert_array_equal(ys, [*(2 * np.arange(11) + 1), 5.0, -1.0])
+    assert data_summary(source)[:2] == (14, 1)
+    path.write_text("x,y\n" + "\n".join(rows[:12]) + "\nabc,9\n")  # a cell that is no number is still named
+    with pytest.raises(ConfigError, match=r"^data\.x: column 'x' is not numeric \(data row 13: 'abc'\)"):
+        check_source(DataSource(path=str(path), x="x", y="y"), [4])

@@ -93,15 +93,15 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
             raise ConfigError(f"data.{k}: not given; the column of {what}, one of: {columns}")
         if col not in frame.columns:
             raise ConfigError(f"data.{k}: no column {col!r} in {path.name}; columns: {columns}")
-        if len(frame) and not pd.api.types.is_numeric_dtype(frame[col]):
-            text = frame[col].notna() & pd.to_numeric(frame[col], errors="coerce").isna()  # the cells that are no number
-            row = int(np.flatnonzero(text.to_numpy())[0]) if text.any() else 0
+        text = frame[col].notna() & _numbers(frame[col]).isna()  # the cells that are no number
+        if text.any():  # (a column of numbers pandas could not type, e.g. 99999999999999999999, is numbers)
+            row = int(np.flatnonzero(text.to_numpy())[0])
             cell = str(frame[col].iloc[row])
             raise ConfigError(f"data.{k}: column {col!r} is not numeric (data row {row + 1}: "
                               f"{cell[:40] + ('...' if len(cell) > 40 else '')!r}); accepted: numbers (inf too), "
                               "and cells pandas reads as missing (empty, NaN, nan, NA, null), whose rows are dropped")
     n = max(Ns)
-    finite = int((np.isfinite(frame[src.x].to_numpy(float)) & np.isfinite(frame[src.y].to_numpy(float))).sum())
+    finite = int((np.isfinite(_numbers(frame[src.x])) & np.isfinite(_numbers(frame[src.y]))).sum())
     if n + 1 > finite:  # rows with NaN / inf are dropped (data_summary): enough must remain
         raise ConfigError(f"grid.N: N={n} needs at least {n + 1} rows with finite x and y; {path.name} has {finite}"
                           + (f" (of {len(frame)} rows)" if finite < len(frame) else ""))
@@ -114,6 +114,15 @@ _COMPRESSION = {".tar": "tar", ".tar.gz": "tar", ".tar.bz2": "tar", ".tar.xz": "
 # what a damaged, compressed or non-CSV file raises: UnicodeDecodeError, pandas' ParserError /
 # EmptyDataError and zip's "several files" are ValueErrors; ImportError: .zst without zstandard
 _READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, lzma.LZMAError, tarfile.TarError, ImportError)
+
+
+def _numbers(col: pd.Series) -> pd.Series:
+    """The column as float64: NaN where a cell is missing or no number. A column pandas left as
+    text or Python ints (an integer beyond 64 bits, e.g. 99999999999999999999) is converted from
+    each cell's text, so it reads as the same number written 1e+20 does (10**400: inf)."""
+    if pd.api.types.is_numeric_dtype(col):
+        return col.astype(np.float64)
+    return pd.to_numeric(col.astype(str), errors="coerce").astype(np.float64)
 
 
 class ExtraFields(ValueError):
@@ -188,7 +197,7 @@ def _read(source: DataSource, digest: str = "") -> tuple[np.ndarray, np.ndarray,
 @lru_cache(maxsize=4)
 def _parse(source: DataSource, digest: str, data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     frame = _frame(source.resolve(), data)
-    x, y = frame[source.x].to_numpy(np.float64), frame[source.y].to_numpy(np.float64)
+    x, y = _numbers(frame[source.x]).to_numpy(), _numbers(frame[source.y]).to_numpy()
     ok = np.isfinite(x) & np.isfinite(y)
     return x[ok], y[ok], np.flatnonzero(~ok) + 1
 
