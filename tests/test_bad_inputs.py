@@ -288,6 +288,10 @@ CASES = [
     Case("publish-parquet-R-nan", edited(R=math.nan), f"{PARQUET} column 'R' is NaN or null in 1 of 1 rows; expected numbers"),
     Case("publish-parquet-seed-negative", edited(seed=-1), f"{PARQUET} column 'seed': must be >= 0 (got -1)"),
     Case("publish-parquet-solver-number", edited(solver=3.0), f"{PARQUET} column 'solver' holds 3.0 (float); expected text"),
+    Case("publish-metadata-nested-too-deep", damaged("metadata.json", b"[" * 1000 + b"]" * 1000),  # was a RecursionError
+         f"RUN_DIR: {RUN_AT}input-run/metadata.json cannot be read (JSON nested too deeply)"),
+    Case("publish-parquet-params-nested-too-deep", edited(solver_params="[" * 100_000 + "]" * 100_000),
+         f"{PARQUET} column 'solver_params' holds '{'[' * 56}..., JSON nested too deeply to read; expected the canonical JSON"),
     Case("publish-metadata-array", damaged("metadata.json", b"[]"),
          f"RUN_DIR: {RUN_AT}input-run/metadata.json holds a JSON array; expected a JSON object"),
     Case("publish-metadata-null", damaged("metadata.json", b"null"),
@@ -369,6 +373,8 @@ CASES += [
     ckpt("json-empty", _bytes(".json", b""), "checkpoint: {stem}.json is not valid JSON"),
     ckpt("json-invalid", _bytes(".json", b"{not json"), "checkpoint: {stem}.json is not valid JSON"),
     ckpt("json-list", _bytes(".json", b"[]"), "checkpoint: {stem}.json is not an icl-bench checkpoint"),
+    ckpt("json-nested-too-deep", _bytes(".json", b"[" * 100_000 + b"]" * 100_000),  # was a RecursionError
+         "checkpoint: {stem}.json is not valid JSON (nested too deeply to read)"),
     ckpt("integer-weights", lambda s: _weights(s, {k: v.to(torch.int32) for k, v in Transformer(GOOD).state_dict().items()}),
          "checkpoint: {stem}.safetensors tensors must share one floating dtype"),
     ckpt("R-not-a-number", _meta(lambda m: m.update(R="big")), "checkpoint: {stem} metadata has no valid R", api=False),
