@@ -255,6 +255,12 @@ CASES = [
     Case("csv-not-utf8", csv(b"x,y\n1,\xff\xfe\n2,3\n"), "--data: cannot read"),
     Case("csv-binary", csv(bytes(range(256)) * 4), "--data: cannot read"),
     Case("csv-ragged", csv("x,y\n1,2\n3,4,5,6\n"), "--data: cannot read"),
+    # every row one field more than the header: pandas took the first field as the index and ran with x = y's values
+    Case("csv-every-row-one-more-field", csv("x,y\n1,10,100\n2,20,205\n3,30,290\n4,40,410\n5,50,500\n6,60,590\n"),
+         "--data: cannot read '{tmp}/data.csv' as CSV (data rows with more fields than the header); accepted: "
+         "CSV text with as many fields in every row as in the header"),
+    Case("csv-first-row-one-more-field", csv("x,y\n1,2,3\n" + "4,5\n" * 6), "--data: cannot read '{tmp}/data.csv' "
+         "as CSV (data rows with more fields than the header)"),  # pandas dropped the 3
     Case("csv-one-text-cell", csv("x,y\n" + "1,1\n" * 4 + "abc,2\n" + "3,3\n" * 4),
          "--x: column 'x' is not numeric (data row 5: 'abc'); accepted: numbers"),  # it named no row
     Case("csv-text-column", csv("x,y\n" + "a,1\n" * 8), "--x: column 'x' is not numeric (data row 1: 'a'); accepted: numbers (inf too), and cells pandas reads as missing"),
@@ -294,6 +300,10 @@ CASES = [
     Case("publish-parquet-R-nan", edited(R=math.nan), f"{PARQUET} column 'R' is NaN or null in 1 of 1 rows; expected numbers"),
     Case("publish-parquet-seed-negative", edited(seed=-1), f"{PARQUET} column 'seed': must be >= 0 (got -1)"),
     Case("publish-parquet-solver-number", edited(solver=3.0), f"{PARQUET} column 'solver' holds 3.0 (float); expected text"),
+    Case("publish-metadata-nested-too-deep", damaged("metadata.json", b"[" * 1000 + b"]" * 1000),  # was a RecursionError
+         f"RUN_DIR: {RUN_AT}input-run/metadata.json cannot be read (JSON nested too deeply)"),
+    Case("publish-parquet-params-nested-too-deep", edited(solver_params="[" * 100_000 + "]" * 100_000),
+         f"{PARQUET} column 'solver_params' holds '{'[' * 56}..., JSON nested too deeply to read; expected the canonical JSON"),
     Case("publish-metadata-array", damaged("metadata.json", b"[]"),
          f"RUN_DIR: {RUN_AT}input-run/metadata.json holds a JSON array; expected a JSON object"),
     Case("publish-metadata-null", damaged("metadata.json", b"null"),
@@ -375,6 +385,8 @@ CASES += [
     ckpt("json-empty", _bytes(".json", b""), "checkpoint: {stem}.json is not valid JSON"),
     ckpt("json-invalid", _bytes(".json", b"{not json"), "checkpoint: {stem}.json is not valid JSON"),
     ckpt("json-list", _bytes(".json", b"[]"), "checkpoint: {stem}.json is not an icl-bench checkpoint"),
+    ckpt("json-nested-too-deep", _bytes(".json", b"[" * 100_000 + b"]" * 100_000),  # was a RecursionError
+         "checkpoint: {stem}.json is not valid JSON (nested too deeply to read)"),
     ckpt("integer-weights", lambda s: _weights(s, {k: v.to(torch.int32) for k, v in Transformer(GOOD).state_dict().items()}),
          "checkpoint: {stem}.safetensors tensors must share one floating dtype"),
     ckpt("R-not-a-number", _meta(lambda m: m.update(R="big")), "checkpoint: {stem} metadata has no valid R", api=False),

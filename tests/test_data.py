@@ -13,6 +13,7 @@ import tomli_w
 import torch
 
 from icl_bench.cli import main
+from icl_bench.errors import ConfigError
 from icl_bench.prompts import data
 from icl_bench.prompts.data import DataSource, check_source, data_summary, sample_data_prompts
 
@@ -113,3 +114,94 @@ def test_run_with_a_compressed_csv(tmp_path, capsys, ext):
     assert (table.status == "ok").all() and (table.n_nonfinite == 0).all()
     assert (table.data_sha256 == hashlib.sha256(path.read_bytes()).hexdigest()).all()  # the file's own bytes
     assert json.loads((out / "metadata.json").read_text())["data_rows_dropped"] == 2
+
+
+def _noisy_line(path, scale: float = 1.0, rows: int = 300) -> None:
+    x = np.arange(rows, dtype=float)
+    pd.DataFrame({"x": x * scale, "y": (2 * x + 1 + np.random.default_rng(3).normal(size=rows)) * scale}).to_csv(
+        path, index=False)
+
+
+def test_a_csv_edited_during_a_run_changes_no_cell(tmp_path, monkeypatch):
+    """Every cell draws from the bytes whose sha256 it records: the file was read again per grid
+    point, so cells after an edit computed the new content under the old data_sha256 (and
+    --resume / --cache then served those rows as the old content's)."""
+    from icl_bench.bench import runner
+    from icl_bench.bench.config import parse_config
+    from icl_bench.bench.runner import run_matrix
+
+    path = tmp_path / "data.csv"
+    raw = {"seed": 0, "n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1},
+           "grid": {"N": [4, 5, 6, 7], "dtype": ["float64"]}, "solvers": {"ols": {}},
+           "data": {"path": str(path), "x": "x", "y": "y"}}
+    _noisy_line(path)
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    clean = run_matrix(parse_config(raw), progress=False)
+    task = runner.run_cell_task
+
+    def edit_after_the_first_cell(cell, **kw):
+        row = task(cell, **kw)
+        _noisy_line(path, scale=1000.0)  # the same values x 1000
+        return row
+
+    _noisy_line(path)
+    cfg = parse_config(raw)
+    monkeypatch.setattr(runner, "run_cell_task", edit_after_the_first_cell)
+    table = run_matrix(cfg, progress=False)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() != before  # the file did change mid-run
+    assert (table.status == "ok").all() and (table.data_sha256 == before).all()
+    cols = ["N", "mse_vs_target", "abs_err_median", "mse_vs_ols"]
+    pd.testing.assert_frame_equal(table[cols], clean[cols])  # the edit reached no cell
+
+
+def test_a_process_without_the_runs_bytes_refuses_an_edited_file(tmp_path):
+    """A Dask worker has not the driver's bytes: it reads the file, and a file whose bytes no
+    longer hash to the cell's data_sha256 gives an error row, not the new data under the old hash."""
+    from icl_bench.bench.cells import expand_cells
+    from icl_bench.bench.config import parse_config
+    from icl_bench.bench.runner import run_cell
+
+    path = tmp_path / "data.csv"
+    _noisy_line(path)
+    cfg = parse_config({"seed": 0, "n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1},
+                        "grid": {"N": [4], "dtype": ["float64"]}, "solvers": {"ols": {}},
+                        "data": {"path": str(path), "x": "x", "y": "y"}})
+    (cell,) = expand_cells(cfg)
+    assert run_cell(cell)["status"] == "ok"
+    data._SNAPSHOTS.clear()  # another process (a Dask worker): only the file on disk
+    cell = cell.__class__(**{**cell.__dict__, "N": 5})  # a grid point no cache holds
+    assert run_cell(cell)["status"] == "ok"  # the same bytes: drawn, and kept for the next cells
+    _noisy_line(path, scale=1000.0)
+    assert run_cell(cell.__class__(**{**cell.__dict__, "N": 6}))["status"] == "ok"  # kept: never read again
+    data._SNAPSHOTS.clear()
+    row = run_cell(cell.__class__(**{**cell.__dict__, "N": 7}))
+    assert row["status"] == "error" and "data.path: " in row["message"], row
+    assert "changed since the run started" in row["message"] and row["data_sha256"] == cell.data_sha256
+
+
+def test_an_empty_trailing_field_keeps_the_columns(tmp_path):
+    """`x,y` then rows `1,2,` (a delimiter at each line's end): pandas took the first field as the
+    index, so x read as 2 and y as empty (every row dropped); the columns now stay in place."""
+    path = tmp_path / "d.csv"
+    path.write_text("x,y\n" + "".join(f"{i},{2 * i + 1},\n" for i in range(8)))
+    source = check_source(DataSource(path=str(path), x="x", y="y"), [4])
+    xs, ys = data._columns(source)
+    np.testing.assert_array_equal(xs, np.arange(8.0))
+    np.testing.assert_array_equal(ys, 2 * np.arange(8.0) + 1)
+
+
+def test_integers_beyond_64_bits_are_numbers(tmp_path):
+    """pandas leaves a column holding 99999999999999999999 untyped (Python ints; with a negative
+    value, text): it was refused as "not numeric (data row 1: '0')", naming a row that holds a
+    number. Every cell is a number, so the column reads as the same values written in float form."""
+    path = tmp_path / "d.csv"
+    rows = [f"{i},{2 * i + 1}" for i in range(11)] + ["99999999999999999999,5", "-1" + "0" * 400 + ",7", "3,-1"]
+    path.write_text("x,y\n" + "\n".join(rows) + "\n")
+    source = check_source(DataSource(path=str(path), x="x", y="y"), [4])
+    xs, ys = data._columns(source)
+    np.testing.assert_array_equal(xs, [*range(11), 1e20, 3.0])  # 10**400 overflows to -inf: its row is dropped
+    np.testing.assert_array_equal(ys, [*(2 * np.arange(11) + 1), 5.0, -1.0])
+    assert data_summary(source)[:2] == (14, 1)
+    path.write_text("x,y\n" + "\n".join(rows[:12]) + "\nabc,9\n")  # a cell that is no number is still named
+    with pytest.raises(ConfigError, match=r"^data\.x: column 'x' is not numeric \(data row 13: 'abc'\)"):
+        check_source(DataSource(path=str(path), x="x", y="y"), [4])

@@ -1023,3 +1023,29 @@ def test_probe_prompts_shrink_at_large_N(tables):
     assert notes == [f"probes at N=100000 drawn from 2 prompts (at most {model_plots.PROBE_TOKENS} tokens)"]
     small, notes = model_plots.collect_models(table, setting)  # the default matrix's N: all 512 prompts
     assert next(iter(small.values()))["trace"]["tokens"].shape[0] == 512 and notes == []
+
+
+def test_left_out_note_when_each_value_has_ok_cells_but_not_together():
+    """R = [1e-300, 10] x dtype = [float32, float64] where float32 at R = 1e-300 errors: the
+    representative setting (per-axis medians) has no ok cell, yet every value has some, so the note
+    read "its ok cells have  (publish it alone, ...)" with nothing listed, also for a run published
+    alone. It now says so and names an --at that has ok cells."""
+    from icl_bench.report.coverage import left_out
+
+    def rows(run, series, statuses):
+        return [{"run": run, "series": series, "status": st, "N": 10, "noise": 0.1, "R": R, "dtype": dt,
+                 "device": "cpu", "d": 1, "ood": "none"} for (R, dt), st in statuses.items()]
+
+    grid = {(1e-300, "float32"): "error", (1e-300, "float64"): "ok", (10.0, "float32"): "ok", (10.0, "float64"): "ok"}
+    setting = {"N": 10, "noise": 0.1, "R": 1e-300, "dtype": "float32", "device": "cpu", "d": 1, "ood": "none"}
+    alone = pd.DataFrame(rows("r5", "gd-lsa", grid))
+    (note,) = left_out(alone, setting)
+    assert note == ("run r5: left out of the headline and of the plots at noise = 0.1, R = 1e-300, dtype = float32, "
+                    "device = cpu: it has ok cells at each of these values but none at all of them together "
+                    "(choose the setting with --at, e.g. --at dtype=float64)")
+    two = pd.DataFrame(rows("r5", "gd-lsa", grid) + rows("other", "ols", {(1e-300, "float32"): "ok"}))
+    assert left_out(two, setting)[-1].endswith("(publish it alone, or choose the setting with --at, e.g. --at dtype=float64)")
+    series = pd.DataFrame(rows("r5", "gd-lsa", grid) + rows("r5", "ols", {(1e-300, "float32"): "ok"}))
+    assert left_out(series, setting) == ["series gd-lsa: not in the headline at noise = 0.1, R = 1e-300, dtype = float32, "
+                                         "device = cpu: it has ok cells at each of these values but none at all of them "
+                                         "together (e.g. --at dtype=float64)"]

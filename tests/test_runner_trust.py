@@ -347,7 +347,8 @@ def test_bad_cache_or_out_paths_write_nothing(tmp_path, capsys):
     assert _snapshot(tmp_path / "run") == before  # ... is not a cache: its store is left as it was
 
 
-@pytest.mark.parametrize("damage", ["foreign-table", "config-not-an-object", "results-is-a-folder"])
+@pytest.mark.parametrize("damage", ["foreign-table", "config-not-an-object", "config-nested-too-deep",
+                                    "results-is-a-folder"])
 def test_resume_into_a_damaged_folder_is_one_line_and_changes_nothing(tmp_path, capsys, damage):
     import sqlite3
 
@@ -359,12 +360,16 @@ def test_resume_into_a_damaged_folder_is_one_line_and_changes_nothing(tmp_path, 
             db.execute("CREATE TABLE cells (key TEXT PRIMARY KEY, foo)")
     elif damage == "config-not-an-object":
         (out / "config.json").write_text("[]")
+    elif damage == "config-nested-too-deep":  # was a RecursionError traceback from json
+        (out / "config.json").write_text("[" * 100_000 + "]" * 100_000)
     else:
         (out / "results.parquet").unlink()
         (out / "results.parquet").mkdir()
     before = _snapshot(out)
     code, _, err = _run(capsys, "--config", cfg, "--out", out, "--resume")
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    if damage == "config-nested-too-deep":
+        assert f"--resume: {out / 'config.json'} nests JSON too deeply to read" in err, err
     assert _snapshot(out) == before
 
 

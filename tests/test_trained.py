@@ -133,6 +133,12 @@ def test_checkpoint_lookup_in_a_missing_folder_or_a_file_finds_none(tmp_path):
     assert find_checkpoints(tmp_path / "file.json", "trained-nol1") == []
 
 
+def test_checkpoint_lookup_skips_json_nested_too_deeply_to_read(tmp_path):
+    """An unreadable .json beside the checkpoints is ignored (it raised RecursionError)."""
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert find_checkpoints(tmp_path, "trained-nol1") == []
+
+
 def test_checkpoint_paths_come_back_as_the_folder_was_spelled(tmp_path, monkeypatch):
     """A relative and an absolute spelling of one folder each get paths that exist from where
     they are used (the cache is keyed by the spelling too); "" is the working folder, as Path("")."""

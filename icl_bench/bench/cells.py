@@ -18,7 +18,7 @@ from pathlib import Path
 from icl_bench.bench.axes import AXES
 from icl_bench.bench.config import MatrixConfig
 from icl_bench.provenance import code_digest
-from icl_bench.prompts.data import DataSource, sample_data_prompts
+from icl_bench.prompts.data import DataSource, sample_data_prompts, snapshot
 from icl_bench.prompts.generator import Dist, PromptSpec, sample_prompts
 from icl_bench.prompts.multivariate import sample_prompts_mv
 from icl_bench.prompts.ood import apply_ood
@@ -139,7 +139,7 @@ def expand_cells(cfg: MatrixConfig) -> list[Cell]:
     if cfg.data is not None:
         source = json.dumps({"csv": cfg.data.model_dump()}, sort_keys=True)
         values["noise"] = [math.nan]  # real data has no synthetic noise
-        digest = hashlib.sha256(cfg.data.resolve().read_bytes()).hexdigest()
+        digest = snapshot(cfg.data)  # the file read once: every cell of this process draws from these bytes
     else:
         source = json.dumps({k: asdict(v) for k, v in cfg.prompts.items()}, sort_keys=True)
     cells = []
@@ -163,12 +163,14 @@ def cell_prompts(source: str, N: int, noise: float, R: float, n_prompts: int, se
     x (B, N, d) from icl_bench.prompts.multivariate (the distributions apply per coordinate). An
     `ood` map is applied to the in-distribution prompts of the same point (prompts/ood.py), so its
     rows pair with theirs; the maps are defined for one regressor (d > 1 with a map: SkipCell).
-    data_sha256: the cell's digest of the CSV file (Cell.data_sha256), part of the cache key
-    only: a file edited between two runs of one process is read again, not served from the cache."""
+    data_sha256: the cell's digest of the CSV file (Cell.data_sha256): its prompts are drawn from
+    the bytes with that digest (prompts.data._read: those expand_cells read, or in another process
+    the file if it still hashes so, else RuntimeError, an error row), never from a file edited since."""
     spec = json.loads(source)
     pseed = prompt_seed(seed, N, noise, R, d)
     if "csv" in spec:
-        batch = sample_data_prompts(DataSource(**spec["csv"]), N, R, n_prompts, seed=pseed, dtype=dtype, device=device)
+        batch = sample_data_prompts(DataSource(**spec["csv"]), N, R, n_prompts, seed=pseed, dtype=dtype, device=device,
+                                    data_sha256=data_sha256)
     elif d > 1:
         if ood != "none":
             raise SkipCell(f"ood map {ood!r} is defined for one regressor (d = 1); this cell has d = {d}")

@@ -273,7 +273,7 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
                 if config.data is not None:
                     from icl_bench.prompts.data import data_summary
 
-                    meta["data_rows_dropped"] = data_summary(config.data)[1]
+                    meta["data_rows_dropped"] = data_summary(config.data, cells[0].data_sha256 if cells else "")[1]
                 cells_db.write_results(table, meta)
     finally:
         ex.close()

@@ -201,6 +201,9 @@ def prepare(out: Path, *, resume: bool, config_json: str | None, same=None):
             rewrite = ok and old != new
         except (OSError, ValueError, TypeError, AttributeError):  # unreadable, or not a config's shape
             ok = False
+        except RecursionError:  # json recurses once per nested array / object
+            raise ConfigError(f"--resume: {saved} nests JSON too deeply to read: not the {CONFIG_NAME} of an "
+                              "icl-bench run; choose another --out") from None
         if not ok:
             raise ConfigError(f"--resume: {out} holds a run of another config ({CONFIG_NAME} differs); "
                               "resume it with that config or choose another --out")

@@ -15,6 +15,7 @@ import hashlib
 import io
 import lzma
 import tarfile
+import warnings
 import zipfile
 from functools import lru_cache
 from pathlib import Path
@@ -65,8 +66,9 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
 
     Raises:
         ConfigError: a missing or unreadable file, a missing or non-numeric column, or fewer
-            than max(Ns) + 1 rows (or rows with finite x and y); a damaged compressed file, or a
-            .zip / .tar holding several files, is unreadable; .zst needs the zstandard package.
+            than max(Ns) + 1 rows (or rows with finite x and y); a damaged compressed file, a
+            .zip / .tar holding several files, or rows with more fields than the header (ragged
+            rows, or every row one more: pandas would shift the columns) are unreadable; .zst needs the zstandard package.
     """
     if not src.path:
         raise ConfigError("data.path: not given; the CSV file whose rows are drawn as prompts")
@@ -80,9 +82,10 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
         frame = _frame(path, path.read_bytes())
     except _READ_ERRORS as exc:
         zst = isinstance(exc, ImportError) and path.name.lower().endswith(".zst")
-        why = "the zstandard package is not installed" if zst else type(exc).__name__
-        raise ConfigError(f"data.path: cannot read {str(path)!r} as CSV ({why}); accepted: CSV text, plain or "
-                          "compressed (.gz, .bz2, .xz, .zst, or a .zip / .tar[.gz|.bz2|.xz] holding one file)") from None
+        why = "the zstandard package is not installed" if zst else str(exc) if isinstance(exc, ExtraFields) \
+            else type(exc).__name__
+        raise ConfigError(f"data.path: cannot read {str(path)!r} as CSV ({why}); accepted: CSV text with as many "
+                          "fields in every row as in the header, plain or compressed (.gz, .bz2, .xz, .zst, or a .zip / .tar[.gz|.bz2|.xz] holding one file)") from None
     columns = ", ".join(map(str, frame.columns))
     for k, what in (("x", "inputs"), ("y", "targets")):
         col = getattr(src, k)
@@ -90,15 +93,15 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
             raise ConfigError(f"data.{k}: not given; the column of {what}, one of: {columns}")
         if col not in frame.columns:
             raise ConfigError(f"data.{k}: no column {col!r} in {path.name}; columns: {columns}")
-        if len(frame) and not pd.api.types.is_numeric_dtype(frame[col]):
-            text = frame[col].notna() & pd.to_numeric(frame[col], errors="coerce").isna()  # the cells that are no number
-            row = int(np.flatnonzero(text.to_numpy())[0]) if text.any() else 0
+        text = frame[col].notna() & _numbers(frame[col]).isna()  # the cells that are no number
+        if text.any():  # (a column of numbers pandas could not type, e.g. 99999999999999999999, is numbers)
+            row = int(np.flatnonzero(text.to_numpy())[0])
             cell = str(frame[col].iloc[row])
             raise ConfigError(f"data.{k}: column {col!r} is not numeric (data row {row + 1}: "
                               f"{cell[:40] + ('...' if len(cell) > 40 else '')!r}); accepted: numbers (inf too), "
                               "and cells pandas reads as missing (empty, NaN, nan, NA, null), whose rows are dropped")
     n = max(Ns)
-    finite = int((np.isfinite(frame[src.x].to_numpy(float)) & np.isfinite(frame[src.y].to_numpy(float))).sum())
+    finite = int((np.isfinite(_numbers(frame[src.x])) & np.isfinite(_numbers(frame[src.y]))).sum())
     if n + 1 > finite:  # rows with NaN / inf are dropped (data_summary): enough must remain
         raise ConfigError(f"grid.N: N={n} needs at least {n + 1} rows with finite x and y; {path.name} has {finite}"
                           + (f" (of {len(frame)} rows)" if finite < len(frame) else ""))
@@ -113,40 +116,100 @@ _COMPRESSION = {".tar": "tar", ".tar.gz": "tar", ".tar.bz2": "tar", ".tar.xz": "
 _READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, lzma.LZMAError, tarfile.TarError, ImportError)
 
 
+def _numbers(col: pd.Series) -> pd.Series:
+    """The column as float64: NaN where a cell is missing or no number. A column pandas left as
+    text or Python ints (an integer beyond 64 bits, e.g. 99999999999999999999) is converted from
+    each cell's text, so it reads as the same number written 1e+20 does (10**400: inf)."""
+    if pd.api.types.is_numeric_dtype(col):
+        return col.astype(np.float64)
+    return pd.to_numeric(col.astype(str), errors="coerce").astype(np.float64)
+
+
+class ExtraFields(ValueError):
+    """Data rows have more (non-empty) fields than the header: pandas would otherwise take the first
+    field as the index and shift every column by one, or drop the extra fields."""
+
+
 def _frame(path: Path, data: bytes) -> pd.DataFrame:
     """The file's bytes `data` parsed as CSV, decompressed first if `path`'s name ends in one of
     _COMPRESSION (case-insensitive), as `pd.read_csv(path)` would.
 
     Raises:
-        one of _READ_ERRORS: the bytes are not (compressed) CSV text.
+        one of _READ_ERRORS: the bytes are not (compressed) CSV text; ExtraFields (a ValueError):
+            data rows with more fields than the header (an empty trailing field is fine).
     """
     name = path.name.lower()
     compression = next((c for ext, c in _COMPRESSION.items() if name.endswith(ext)), None)
-    return pd.read_csv(io.BytesIO(data), compression=compression)
+    with warnings.catch_warnings():  # index_col=False: a first field is never taken as the rows' index
+        warnings.simplefilter("error", pd.errors.ParserWarning)  # pandas would drop the extra fields
+        try:
+            return pd.read_csv(io.BytesIO(data), compression=compression, index_col=False)
+        except pd.errors.ParserWarning:
+            raise ExtraFields("data rows with more fields than the header") from None
 
 
-def _read(source: DataSource) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(x, y) of the usable rows, and the 1-based data-row numbers of the dropped ones; parsed
-    once per file content (an edited file is parsed again, whatever its name or mtime)."""
+# sha256 hex digest -> the bytes it was computed over: the file content a run's cells draw from
+# (`snapshot`), so a file edited during the run cannot change them; the last few contents only
+_SNAPSHOTS: dict[str, bytes] = {}
+_KEEP = 4
+
+
+def _pin(digest: str, data: bytes) -> None:
+    _SNAPSHOTS.pop(digest, None)
+    _SNAPSHOTS[digest] = data
+    while len(_SNAPSHOTS) > _KEEP:
+        _SNAPSHOTS.pop(next(iter(_SNAPSHOTS)), None)
+
+
+def snapshot(source: DataSource) -> str:
+    """Read the file's bytes once, keep them in this process, and return their sha256 (the
+    cells' data_sha256): every later `_read(source, digest)` here draws from exactly these bytes,
+    whatever happens to the file meanwhile."""
     data = source.resolve().read_bytes()
-    return _parse(source, hashlib.sha256(data).hexdigest(), data)
+    digest = hashlib.sha256(data).hexdigest()
+    _pin(digest, data)
+    return digest
+
+
+def _read(source: DataSource, digest: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x, y) of the usable rows, and the 1-based data-row numbers of the dropped ones; parsed
+    once per file content (an edited file is parsed again, whatever its name or mtime).
+
+    digest: "" reads the file as it is now. Otherwise the content with that sha256: the bytes
+    `snapshot` kept in this process, or (in another process, e.g. a Dask worker) the file read
+    now, whose hash must equal `digest`; they are then kept, so the process reads them once.
+    Raises:
+        RuntimeError: the file's bytes no longer hash to `digest` (it was edited since the run
+            started); the cell becomes an error row, never a row of other data under that digest.
+    """
+    data = _SNAPSHOTS.get(digest) if digest else None
+    if data is None:
+        data = source.resolve().read_bytes()
+        now = hashlib.sha256(data).hexdigest()
+        if digest and now != digest:
+            raise RuntimeError(f"data.path: {source.path} changed since the run started (sha256 {now[:12]}..., "
+                               f"the run's cells are keyed by {digest[:12]}...); rerun to use the new content")
+        digest = now
+        _pin(digest, data)
+    return _parse(source, digest, data)
 
 
 @lru_cache(maxsize=4)
 def _parse(source: DataSource, digest: str, data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     frame = _frame(source.resolve(), data)
-    x, y = frame[source.x].to_numpy(np.float64), frame[source.y].to_numpy(np.float64)
+    x, y = _numbers(frame[source.x]).to_numpy(), _numbers(frame[source.y]).to_numpy()
     ok = np.isfinite(x) & np.isfinite(y)
     return x[ok], y[ok], np.flatnonzero(~ok) + 1
 
 
-def _columns(source: DataSource) -> tuple[np.ndarray, np.ndarray]:
-    return _read(source)[:2]
+def _columns(source: DataSource, digest: str = "") -> tuple[np.ndarray, np.ndarray]:
+    return _read(source, digest)[:2]
 
 
-def data_summary(source: DataSource) -> tuple[int, int, str]:
-    """(rows in the file, rows dropped for a missing / NaN / inf x or y, one line saying so or "")."""
-    x, _, dropped = _read(source)
+def data_summary(source: DataSource, digest: str = "") -> tuple[int, int, str]:
+    """(rows in the file, rows dropped for a missing / NaN / inf x or y, one line saying so or "");
+    digest: the content read (see `_read`; "" = the file now)."""
+    x, _, dropped = _read(source, digest)
     n = len(x) + len(dropped)
     if not len(dropped):
         return n, 0, ""
@@ -186,7 +249,7 @@ def _draw_rows(rng: np.random.Generator, n_prompts: int, n_rows: int, k: int) ->
 
 
 def sample_data_prompts(source: DataSource, N: int, R: float, n_prompts: int, *, seed: int,
-                        dtype="float32", device="cpu") -> PromptBatch:
+                        dtype="float32", device="cpu", data_sha256: str = "") -> PromptBatch:
     """Draw `n_prompts` prompts of N context rows + 1 query row from a CSV file.
 
     Each prompt's rows are the first N + 1 of a seeded random permutation of the usable rows
@@ -195,10 +258,12 @@ def sample_data_prompts(source: DataSource, N: int, R: float, n_prompts: int, *,
     Returns:
         PromptBatch: x, y (B, N); x_query, y_query (B,) from the held-out row; the OLS reference
         from the context; truth fields NaN.
+    data_sha256: draw from the file content with this sha256 (`_read`; "" = the file now).
     Raises:
         ConfigError: the file has fewer than N + 1 rows.
+        RuntimeError: the file no longer has the content `data_sha256` names.
     """
-    xs, ys = _columns(source)
+    xs, ys = _columns(source, data_sha256)
     if len(xs) < N + 1:
         raise ConfigError(f"grid.N: N={N} needs at least {N + 1} usable rows of data; {source.path} has {len(xs)}")
     idx = _draw_rows(np.random.default_rng(seed), n_prompts, len(xs), N + 1)

@@ -64,6 +64,22 @@ def grid_differences(table: pd.DataFrame) -> list[str]:
     return out
 
 
+def _absent(g: pd.DataFrame, setting: dict) -> tuple[str, str]:
+    """Why the ok rows `g` have none at `setting`, and "" or ", e.g. --at A=V": the values they have
+    of each FIXED axis whose setting value they lack ("its ok cells have R = 10; dtype = float64"),
+    or, when each value has ok rows but no row has them all, that, with the --at values of the
+    nearest ok setting."""
+    why = "; ".join(f"{a} = {_values(g[a])}" for a in FIXED if select(g, setting, (a,)).empty)
+    if why:
+        return f"its ok cells have {why}", ""
+    differ = pd.Series(0, index=g.index)  # per ok row: the FIXED axes on which it is not at the setting
+    for a in FIXED:
+        differ += ~g.index.isin(select(g, setting, (a,)).index)
+    near = g.loc[[differ.idxmin()]]  # the first ok row that differs from the setting on the fewest axes
+    flags = " ".join(f"--at {a}={_fmt(near[a].iloc[0])}" for a in FIXED if select(near, setting, (a,)).empty)
+    return "it has ok cells at each of these values but none at all of them together", f", e.g. {flags}"
+
+
 def left_out(table: pd.DataFrame, setting: dict) -> list[str]:
     """Notes on every run folder and series that the headline (at `setting`) does not show.
 
@@ -77,6 +93,7 @@ def left_out(table: pd.DataFrame, setting: dict) -> list[str]:
     ok = table[table["status"] == "ok"]
     at = setting_words(setting, FIXED, table)
     notes = [*grid_differences(table), *hidden_values(table, setting)]
+    alone = table["run"].nunique() == 1  # "publish it alone" is no advice then
     gone = set()  # runs already named as left out: their series need no second note
     for run, g in table.groupby("run", sort=False):
         mine = ok[ok["run"] == run]
@@ -84,12 +101,12 @@ def left_out(table: pd.DataFrame, setting: dict) -> list[str]:
             notes.append(f"run {run}: left out of every table and plot: it has no ok cells")
             gone.add(run)
         elif select(mine, setting, FIXED).empty:
-            why = "; ".join(f"{a} = {_values(mine[a])}" for a in FIXED if select(mine, setting, (a,)).empty)
-            notes.append(f"run {run}: left out of the headline and of the plots at {at}: its ok cells have {why} "
-                         f"(publish it alone, or choose the setting with --at)")
+            why, example = _absent(mine, setting)
+            hint = "choose the setting with --at" if alone else "publish it alone, or choose the setting with --at"
+            notes.append(f"run {run}: left out of the headline and of the plots at {at}: {why} ({hint}{example})")
             gone.add(run)
     for series, g in ok.groupby("series", sort=False):
         if select(g, setting, FIXED).empty and not set(g["run"]) <= gone:
-            why = "; ".join(f"{a} = {_values(g[a])}" for a in FIXED if select(g, setting, (a,)).empty)
-            notes.append(f"series {series}: not in the headline at {at}: its ok cells have {why}")
+            why, example = _absent(g, setting)
+            notes.append(f"series {series}: not in the headline at {at}: {why}" + (f" ({example[2:]})" if example else ""))
     return notes

@@ -45,6 +45,9 @@ def read_metadata(path: Path) -> dict | None:
         meta = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"RUN_DIR: {file} cannot be read ({exc})") from None
+    except RecursionError:  # json recurses once per nested array / object
+        raise ConfigError(f"RUN_DIR: {file} cannot be read (JSON nested too deeply); expected a JSON object "
+                          "(the metadata `icl-bench run` writes)") from None
     if not isinstance(meta, dict):
         raise ConfigError(f"RUN_DIR: {file} holds a JSON {_json_kind(meta)}; expected a JSON object "
                           "(the metadata `icl-bench run` writes)")
@@ -133,8 +136,9 @@ def _check_text(s: pd.Series, col: str, where: str) -> None:
     for v in s[~missing].unique().tolist():
         if col == "status" and v not in STATUSES:
             raise ConfigError(f"{where} holds {_shown(v)}; accepted: {', '.join(STATUSES)}")
-        if col in JSON_OBJECT and v != "" and not isinstance(_json(v), dict):
-            raise ConfigError(f"{where} holds {_shown(v)}, not a JSON object; expected {JSON_OBJECT[col]}")
+        if col in JSON_OBJECT and v != "" and not isinstance(decoded := _json(v), dict):
+            why = "JSON nested too deeply to read" if decoded is TOO_DEEP else "not a JSON object"
+            raise ConfigError(f"{where} holds {_shown(v)}, {why}; expected {JSON_OBJECT[col]}")
         if col in CHECKS:
             try:
                 CHECKS[col](v)
@@ -146,12 +150,17 @@ def _missing(v) -> bool:
     return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
 
 
+TOO_DEEP = object()  # _json's answer for JSON nested deeper than the decoder recurses
+
+
 def _json(text: str):
-    """The decoded JSON text, or None when it is not JSON."""
+    """The decoded JSON text, None when it is not JSON, TOO_DEEP when it nests too deeply to decode."""
     try:
         return json.loads(text)
     except ValueError:
         return None
+    except RecursionError:  # json recurses once per nested array / object
+        return TOO_DEEP
 
 
 def _shown(v, limit: int = 60) -> str:

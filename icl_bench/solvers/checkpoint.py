@@ -106,6 +106,8 @@ def read_meta(path: str | Path) -> dict:
         meta = json.loads(jpath.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"checkpoint: {jpath} is not valid JSON ({type(exc).__name__})") from None
+    except RecursionError:  # json recurses once per nested array / object
+        raise ConfigError(f"checkpoint: {jpath} is not valid JSON (nested too deeply to read)") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("model_config"), dict):
         raise ConfigError(f"checkpoint: {jpath} is not an icl-bench checkpoint (needs format={FORMAT!r} and model_config)")
     return meta

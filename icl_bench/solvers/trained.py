@@ -67,7 +67,7 @@ def find_checkpoints(models_dir: str | Path, solver: str) -> list[tuple[Path, di
     for path in paths:
         try:
             meta = json.loads(path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # not a checkpoint's metadata
             continue
         if isinstance(meta, dict) and meta.get("solver") == solver:
             out.append((path, meta))
