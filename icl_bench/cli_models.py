@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 from icl_bench import resources
@@ -91,5 +92,6 @@ def cmd_sweep(args) -> int:
 
     path = resources.config_path(args.config)
     resources.check_kind(read_toml(path), args.config, "sweep")
-    run_sweep(path, reuse=args.reuse, progress=not args.no_progress, force=args.force)
+    command = shlex.join(["icl-bench", *getattr(args, "argv", ["sweep", "--config", str(args.config)])])
+    run_sweep(path, reuse=args.reuse, progress=not args.no_progress, force=args.force, command=command)
     return 0

@@ -32,8 +32,10 @@ def test_sweep_writes_tables_and_reuses(tmp_path):
     csv = pd.read_csv(tmp_path / "out" / "l1.v1.csv")
     assert len(csv) == 2 and {"mse_vs_ols", "sparsity", "weight_l1"} <= set(csv.columns)
     assert {"similarity", "probe.division.r2", "hoyer"} <= set(csv.columns) and csv.similarity.between(0, 1).all()
+    # the mechanism test, not only probes any accurate model passes: the LayerNorm state per run, its share per lambda
+    assert {"ln.state", "fp.verdict", "ln.ln1.r2_raw"} <= set(csv.columns) and set(csv.layer2_division) <= {0, 1}
     md = (tmp_path / "out" / "l1.v1.md").read_text()
-    assert "Made by: `icl-bench sweep" in md and md.count("\n| 0") == 2
+    assert "Made by: `icl-bench sweep" in md and md.count("\n| 0") == 2 and "layer2_division |" in md
     models = sorted(p.name for p in (tmp_path / "out" / "l1.v1_models").glob("*.safetensors"))
     assert len(models) == 2
     again = run_sweep(str(cfg), reuse=True, progress=False)  # no retraining: identical weights -> same numbers

@@ -37,7 +37,7 @@ from icl_bench.training.train import train_and_save
 # Columns of the markdown summary (the CSV keeps every column analyze returns).
 MD_COLUMNS = ["l1", "seeds", "rel_mse", "rel_mse_range", "mse_vs_ols", "sparsity", "weight_l1", "hoyer", "similarity",
               "repr.layer0.r2_mean", "repr.layer1.r2_mean", "probe.centering.x.r2_stream", "probe.centering.y.r2_stream",
-              "probe.division.r2", "probe.division.r2_stream"]
+              "probe.division.r2", "probe.division.r2_stream", "ln.ln1.slope", "ln.ln1.freeze", "layer2_division"]
 
 
 def row_for(stem: Path, sweep: Sweep) -> dict:
@@ -57,6 +57,8 @@ def row_for(stem: Path, sweep: Sweep) -> dict:
     try:
         result = analyze(model, R, seed=int(meta["seed"]), n_prompts=sweep.analysis_prompts)
         row.update({k: v for k, v in result.items() if isinstance(v, (int, float)) and k not in row})
+        row.update({k: result[k] for k in ("ln.state", "fp.verdict") if k in result})  # the mechanism verdicts
+        row["layer2_division"] = int(result.get("ln.state") == "layer-2 division")  # its mean: the seeds' share
     except Exception as exc:  # record the failure in the table, keep the sweep
         row["analysis_error"] = f"{type(exc).__name__}: {exc}"
     return row
@@ -89,7 +91,10 @@ def write_tables(table: pd.DataFrame, out: Path, sweep: Sweep, command: str) -> 
     note = ("hoyer, similarity (to the LN construction, symmetry-invariant; ~0.35 for random weights, see "
             "results/similarity_calibration.md), repr.* (R^2 of linear maps to the construction's residual stream) "
             "and probe.* come from `icl_bench.analysis.analyze.analyze` "
-            f"(N = 20, {sweep.analysis_prompts} prompts).")
+            f"(N = 20, {sweep.analysis_prompts} prompts); the probes are passed by any accurate model, the "
+            "functional LayerNorm tests are the mechanism test: ln.ln1.slope (layer-2 LayerNorm std against "
+            "log Cxx; the construction 1.000), ln.ln1.freeze (construction 0.056) and layer2_division, the share "
+            "of seeds in the state 'layer-2 division' (docs/analysis.md).")
     lines = [f"# l1 sweep (R = {table.R.iloc[0]:g})", "", f"Made by: `{command}`", "",
              f"Evaluation: {sweep.eval_prompts} fresh prompts, N = {sweep.eval_N}, noise = {sweep.eval_noise}; "
              "rel_mse = MSE vs OLS / var(OLS prediction); sparsity = fraction of weights with |w| < 1e-3 max|w| "
@@ -147,12 +152,14 @@ def check_overwrite(out: Path, reuse: bool, force: bool) -> None:
         raise ConfigError(f"sweep.out: {path} {what}; choose another out, or pass --force to overwrite it")
 
 
-def run_sweep(config: str | Path, reuse: bool = False, progress: bool = True, force: bool = False) -> pd.DataFrame:
+def run_sweep(config: str | Path, reuse: bool = False, progress: bool = True, force: bool = False,
+              command: str | None = None) -> pd.DataFrame:
     """Train (or, with reuse, reload) every lambda x seed run and write the tables; returns the
     per-run table. Raises ConfigError, before any training, for a bad config, (reuse) a saved
     checkpoint trained with other settings than the config's, or, unless force, a checkpoint it
     would train over (without reuse) or a table it would overwrite (with reuse: one that is not a
-    sweep's own, see written_by_sweep)."""
+    sweep's own, see written_by_sweep). `command`: the command line the tables name (default: one
+    made from `config` and `reuse`)."""
     cfg = read_sweep(config)
     sweep = cfg.sweep
     out = Path(sweep.out)
@@ -183,6 +190,6 @@ def run_sweep(config: str | Path, reuse: bool = False, progress: bool = True, fo
         r = rows[-1]
         print(f"{run.name}: rel_mse {r['rel_mse']:.2e}, sparsity {r['sparsity']:.2f}", flush=True)
     table = pd.DataFrame(rows)
-    command = f"icl-bench sweep --config {config}" + (" --reuse" if reuse else "")
+    command = command or f"icl-bench sweep --config {config}" + (" --reuse" if reuse else "")
     write_tables(table, out, sweep, command)
     return table
