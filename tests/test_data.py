@@ -205,3 +205,9 @@ def test_integers_beyond_64_bits_are_numbers(tmp_path):
     path.write_text("x,y\n" + "\n".join(rows[:12]) + "\nabc,9\n")  # a cell that is no number is still named
     with pytest.raises(ConfigError, match=r"^data\.x: column 'x' is not numeric \(data row 13: 'abc'\)"):
         check_source(DataSource(path=str(path), x="x", y="y"), [4])
+
+
+def test_a_folder_as_data_path_is_named_a_folder(tmp_path):
+    """[data] path = a folder read 'no such file' though it exists (found by a review)."""
+    with pytest.raises(ConfigError, match=rf"^data.path: '{tmp_path}' is a folder; accepted: a CSV file"):
+        check_source(DataSource(path=str(tmp_path), x="x", y="y"), [4])

@@ -77,6 +77,8 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
         src = DataSource(path=str(base_dir / path), x=src.x, y=src.y)
         path = src.resolve()
     if not path.is_file():
+        if path.is_dir():  # was "no such file": it exists, as a folder
+            raise ConfigError(f"data.path: {str(path)!r} is a folder; accepted: a CSV file (plain or compressed)")
         raise ConfigError(f"data.path: no such file {str(path)!r}")
     try:
         frame = _frame(path, path.read_bytes())
