@@ -307,3 +307,13 @@ def test_publish_force_deletes_only_what_an_earlier_publish_wrote(tmp_path, caps
     (pub / "plots" / "mine.png").unlink()
     assert main(forced + ["--checkpoint", str(tmp_path / "ck" / "m")]) == 0  # drawn from outside: fine
     assert (tmp_path / "ck" / "m.safetensors").is_file() and "plots/weights.png" in json.loads((pub / "publish.json").read_text())["files"]
+
+
+def test_out_as_a_dangling_link_says_so(tmp_path, capsys, tiny_raw):
+    """--out a link to a folder that does not exist read '--out: cannot write to lnk (File exists)'."""
+    (tmp_path / "c.toml").write_text(tomli_w.dumps(tiny_raw))
+    (tmp_path / "lnk").symlink_to(tmp_path / "gone")
+    code, err = _run(capsys, ["run", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / "lnk"), "--no-progress"])
+    assert code == 2 and err == (f"icl-bench: error: --out: {tmp_path / 'lnk'} is a link to {tmp_path / 'gone'}, which does "
+                                 "not exist; create that folder or choose another --out\n")
+    assert not (tmp_path / "gone").exists() and (tmp_path / "lnk").is_symlink()

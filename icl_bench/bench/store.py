@@ -211,6 +211,9 @@ def prepare(out: Path, *, resume: bool, config_json: str | None, same=None):
         out.mkdir(parents=True, exist_ok=True)
         lock = open(out / LOCK_NAME, "a+b")
     except OSError as exc:
+        if out.is_symlink() and not out.exists():  # mkdir says "File exists" of a dangling link
+            raise ConfigError(f"--out: {out} is a link to {os.readlink(out)}, which does not exist; "
+                              "create that folder or choose another --out") from None
         raise ConfigError(f"--out: cannot write to {out} ({exc.strerror or type(exc).__name__})") from None
     if fcntl is not None:
         try:
