@@ -348,7 +348,7 @@ def test_bad_cache_or_out_paths_write_nothing(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("damage", ["foreign-table", "config-not-an-object", "config-nested-too-deep",
-                                    "results-is-a-folder"])
+                                    "config-empty", "config-null", "results-is-a-folder"])
 def test_resume_into_a_damaged_folder_is_one_line_and_changes_nothing(tmp_path, capsys, damage):
     import sqlite3
 
@@ -362,6 +362,8 @@ def test_resume_into_a_damaged_folder_is_one_line_and_changes_nothing(tmp_path, 
         (out / "config.json").write_text("[]")
     elif damage == "config-nested-too-deep":  # was a RecursionError traceback from json
         (out / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    elif damage in ("config-empty", "config-null"):  # both read "holds a run of another config"
+        (out / "config.json").write_text("" if damage == "config-empty" else "null")
     else:
         (out / "results.parquet").unlink()
         (out / "results.parquet").mkdir()
@@ -370,6 +372,10 @@ def test_resume_into_a_damaged_folder_is_one_line_and_changes_nothing(tmp_path, 
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     if damage == "config-nested-too-deep":
         assert f"--resume: {out / 'config.json'} nests JSON too deeply to read" in err, err
+    expected = {"config-empty": "cannot be read as JSON (JSONDecodeError): not an icl-bench run folder",
+                "config-null": "holds null, not a run config", "config-not-an-object": "holds a list, not a run config"}
+    if damage in expected:
+        assert f"--resume: {out / 'config.json'} {expected[damage]}" in err, err
     assert _snapshot(out) == before
 
 

@@ -197,13 +197,21 @@ def prepare(out: Path, *, resume: bool, config_json: str | None, same=None):
             raise ConfigError(f"--resume: {out} is not an icl-bench run folder (no {CONFIG_NAME}); choose another --out")
         try:
             old, new = json.loads(saved.read_text()), json.loads(config_json)
-            ok = isinstance(old, dict) and (same or (lambda a, b: a == b))(old, new)
-            rewrite = ok and old != new
-        except (OSError, ValueError, TypeError, AttributeError):  # unreadable, or not a config's shape
-            ok = False
+        except (OSError, ValueError) as exc:  # empty, binary, not JSON: it read "a run of another config"
+            raise ConfigError(f"--resume: {saved} cannot be read as JSON ({type(exc).__name__}): not an "
+                              "icl-bench run folder; choose another --out") from None
         except RecursionError:  # json recurses once per nested array / object
             raise ConfigError(f"--resume: {saved} nests JSON too deeply to read: not the {CONFIG_NAME} of an "
                               "icl-bench run; choose another --out") from None
+        if not isinstance(old, dict):  # null, a list, a number: not what run writes
+            kind = {type(None): "null", list: "a list", str: "a string", bool: "a boolean"}.get(type(old), "a number")
+            raise ConfigError(f"--resume: {saved} holds {kind}, not a run config: not an icl-bench run folder; "
+                              "choose another --out")
+        try:
+            ok = (same or (lambda a, b: a == b))(old, new)
+            rewrite = ok and old != new
+        except (TypeError, AttributeError, ValueError):  # a dict of another shape
+            ok = False
         if not ok:
             raise ConfigError(f"--resume: {out} holds a run of another config ({CONFIG_NAME} differs); "
                               "resume it with that config or choose another --out")
