@@ -211,3 +211,17 @@ def test_a_folder_as_data_path_is_named_a_folder(tmp_path):
     """[data] path = a folder read 'no such file' though it exists (found by a review)."""
     with pytest.raises(ConfigError, match=rf"^data.path: '{tmp_path}' is a folder; accepted: a CSV file"):
         check_source(DataSource(path=str(tmp_path), x="x", y="y"), [4])
+
+
+def test_missing_cells_in_a_column_pandas_left_as_text_are_dropped(tmp_path):
+    """An integer beyond 64 bits makes pandas keep a column as text, and then '' and 'nan' stay
+    strings: they were refused as 'not numeric (data row 3: '')' though the message lists them as
+    accepted (found by a review). They are missing values: their rows are dropped."""
+    rows = ["x,y", "0,99999999999999999999", "1,1.5", "2,", "3,nan"] + [f"{i},{2 * i}" for i in range(4, 24)]
+    (tmp_path / "d.csv").write_text("\n".join(rows) + "\n")
+    src = check_source(DataSource(path=str(tmp_path / "d.csv"), x="x", y="y"), [10])
+    n_rows, n_dropped, _ = data_summary(src)
+    assert (n_rows, n_dropped) == (24, 2)
+    (tmp_path / "e.csv").write_text("\n".join(rows + ["24,abc"]) + "\n")
+    with pytest.raises(ConfigError, match=r"^data.y: column 'y' is not numeric \(data row 25: 'abc'\)"):
+        check_source(DataSource(path=str(tmp_path / "e.csv"), x="x", y="y"), [10])

@@ -95,7 +95,7 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
             raise ConfigError(f"data.{k}: not given; the column of {what}, one of: {columns}")
         if col not in frame.columns:
             raise ConfigError(f"data.{k}: no column {col!r} in {path.name}; columns: {columns}")
-        text = frame[col].notna() & _numbers(frame[col]).isna()  # the cells that are no number
+        text = ~_missing(frame[col]) & _numbers(frame[col]).isna()  # the cells that are no number
         if text.any():  # (a column of numbers pandas could not type, e.g. 99999999999999999999, is numbers)
             row = int(np.flatnonzero(text.to_numpy())[0])
             cell = str(frame[col].iloc[row])
@@ -116,6 +116,18 @@ _COMPRESSION = {".tar": "tar", ".tar.gz": "tar", ".tar.bz2": "tar", ".tar.xz": "
 # what a damaged, compressed or non-CSV file raises: UnicodeDecodeError, pandas' ParserError /
 # EmptyDataError and zip's "several files" are ValueErrors; ImportError: .zst without zstandard
 _READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, lzma.LZMAError, tarfile.TarError, ImportError)
+
+
+# cells read as missing in a column pandas left as text (it does not mark them there: a column with
+# an integer beyond 64 bits keeps '' and 'nan' as strings); compared stripped and lower-cased
+MISSING = frozenset({"", "nan", "-nan", "na", "n/a", "<na>", "#n/a", "null", "none"})
+
+
+def _missing(col: pd.Series) -> pd.Series:
+    """True where a cell is missing: NaN, or (a text column) one of MISSING; its row is dropped."""
+    if pd.api.types.is_numeric_dtype(col):
+        return col.isna()
+    return col.isna() | col.astype(str).str.strip().str.lower().isin(MISSING)
 
 
 def _numbers(col: pd.Series) -> pd.Series:
