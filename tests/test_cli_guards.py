@@ -317,3 +317,30 @@ def test_out_as_a_dangling_link_says_so(tmp_path, capsys, tiny_raw):
     assert code == 2 and err == (f"icl-bench: error: --out: {tmp_path / 'lnk'} is a link to {tmp_path / 'gone'}, which does "
                                  "not exist; create that folder or choose another --out\n")
     assert not (tmp_path / "gone").exists() and (tmp_path / "lnk").is_symlink()
+
+
+def test_publish_force_over_odd_publish_json_or_an_unmovable_out(tmp_path, capsys, tiny_raw, monkeypatch):
+    """A publish.json nested too deeply was a RecursionError traceback under --force; an --out that
+    cannot be moved aside (a mount point: EBUSY) left an empty hidden '.old' folder behind, which the
+    next --force refused (found by a review). Now: a one-line error, and nothing left over."""
+    import errno
+    from pathlib import Path
+
+    (tmp_path / "c.toml").write_text(tomli_w.dumps(tiny_raw))
+    assert main(["run", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    pub = tmp_path / "pub"
+    assert main(["publish", str(tmp_path / "run"), "--out", str(pub)]) == 0
+    (pub / "publish.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert main(["publish", str(tmp_path / "run"), "--out", str(pub), "--force"]) == 0  # its own names: replaced
+    capsys.readouterr()
+    real = Path.rename
+
+    def busy(self, target):
+        if self == pub and str(target).endswith("previous"):
+            raise OSError(errno.EBUSY, "Device or resource busy", str(self))
+        return real(self, target)
+
+    monkeypatch.setattr(Path, "rename", busy)
+    code, err = _run(capsys, ["publish", str(tmp_path / "run"), "--out", str(pub), "--force"])
+    assert code == 2 and err == f"icl-bench: error: --out: {pub}: Device or resource busy\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml", "pub", "run"]  # no .pub.*.old, no .tmp

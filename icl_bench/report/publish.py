@@ -58,7 +58,7 @@ def _not_published(out: Path) -> str | None:
     did not write (publish.json's "files"; OWN_FILES when it has none), or None. Links are never its."""
     try:
         files = json.loads((out / "publish.json").read_text()).get("files")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # RecursionError: nested too deeply
         files = None
     own = set(files) if isinstance(files, list) and all(isinstance(f, str) for f in files) else OWN_FILES
     dirs = {"plots"} | {str(Path(f).parent) for f in own}
@@ -293,7 +293,11 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         old = None
         if out.exists():  # empty, or force: move it aside, move the new report in, then delete it
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-            out.rename(old / "previous")
+            try:
+                out.rename(old / "previous")
+            except BaseException:  # --out a mount point, or spelled with '..': nothing moved, nothing left
+                old.rmdir()
+                raise
         try:
             tmp.rename(out)
         except BaseException:
