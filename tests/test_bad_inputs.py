@@ -168,6 +168,14 @@ CASES = [
     Case("toml-too-many-cells", toml(lambda r: (_set(r, list(range(2, 1002)), "grid", "N"),
                                               _set(r, [0.001 * i for i in range(1001)], "grid", "noise"))),
          "grid: 1001000 grid points x 1 solver settings = 1001000 cells, more than 1000000"),
+    # every other registered solver counts with all_solvers (1 080 000 cells were built and run)
+    Case("toml-too-many-cells-all-solvers", toml(lambda r: (_set(r, True, "all_solvers"), _set(r, list(range(2, 152)), "grid", "N"),
+                                                          _set(r, [float(i) for i in range(1, 801)], "grid", "R"))),
+         "grid: 120000 grid points x "),
+    # a parameter list is counted before its repeats are checked (pairwise, that took hours for 10^6 values)
+    Case("toml-too-many-cells-param-list", toml(lambda r: (_set(r, list(range(2, 12)), "grid", "N"),
+                                                         _set(r, {"lr": [1e-6 * i for i in range(1, 100_002)]}, "solvers", "gd"))),
+         "grid: 10 grid points x 100002 solver settings = 1000020 cells, more than 1000000"),
     Case("toml-dtype-unknown", toml(lambda r: _set(r, ["float16"], "grid", "dtype")), "grid.dtype: unknown value 'float16'; accepted: float32, float64"),
     Case("toml-device-unknown", toml(lambda r: _set(r, ["tpu"], "grid", "device")), "grid.device: unknown value 'tpu'; accepted: cpu, cuda"),
     Case("toml-grid-empty", toml(lambda r: _set(r, [], "grid", "N")), "grid.N: empty list"),

@@ -27,6 +27,7 @@ def run(capsys, tmp_path, argv, toml=None):
 @pytest.mark.parametrize("toml, expected", [
     ('[runs."../evil"]\n' + TINY, "runs: bad run name '../evil'"),
     ('name = "../../evil"\n' + TINY, "train.name: bad name '../../evil'"),  # a flat config: was 'runs.../../evil.name
+    ('[runs.a]\nname = "../evil"\n' + TINY, "runs.a.name: bad name '../evil'"),  # its table, not its bad name
     ('[runs."a/b"]\n' + TINY, "runs: bad run name 'a/b'"),
     ('[runs.""]\n' + TINY, "runs: bad run name ''"),
     ("[runs]\n", "runs: empty table"),

@@ -87,6 +87,8 @@ class Executor(ConfigModel):
     def _scheduler_needs_dask(self) -> "Executor":
         if self.scheduler and self.kind != "dask":
             raise problem('only with kind = "dask"', key="scheduler")
+        if "n_workers" in self.model_fields_set and self.kind != "dask":  # a local run would ignore it
+            raise problem('only with kind = "dask" (the processes of its LocalCluster)', key="n_workers")
         most = 4 * (os.cpu_count() or 1)  # 1024 processes on 2 cores ran no cell in 5 minutes
         if self.kind == "dask" and not self.scheduler and self.n_workers > most:
             raise problem(f"{self.n_workers} LocalCluster processes on this machine's {os.cpu_count()} CPUs; "
@@ -113,7 +115,11 @@ def _solver_grid(name: str, params: Any) -> list[dict]:
             raise ConfigError(f"solvers.{name}.{k}: empty list; give at least one value")
         if k in declared:  # values that check to the same one (4 and 4, or 1 and 1.0 for a float) give one
             checked = [declared[k].check(name, k, x) for x in v]  # solver twice, under one row key
-            if any(a == b for i, a in enumerate(checked) for b in checked[:i]):
+            try:  # a set: linear in the list (all pairs took hours for 10^6 values)
+                repeated = len(set(checked)) < len(checked)
+            except TypeError:  # unhashable values: every pair
+                repeated = any(a == b for i, a in enumerate(checked) for b in checked[:i])
+            if repeated:
                 raise ConfigError(f"solvers.{name}.{k}: repeated values in {v!r}")
     combos = [dict(zip(axes, vals)) for vals in itertools.product(*axes.values())]
     for combo in combos:
@@ -183,6 +189,22 @@ class MatrixConfig(ConfigModel):
         return {k: getattr(self.prompts_, k).to_dist() for k in ("x", "slope", "intercept")}
 
 
+def _check_size(cfg: MatrixConfig, tables: dict) -> None:
+    """ConfigError when the matrix has more than MAX_CELLS cells: grid points x parameter sets (each
+    named solver's lists multiplied out; with all_solvers, one more per other registered solver),
+    counted before the cells, or the parameter lists' repeats, are built."""
+    from icl_bench.solvers.registry import known_names
+
+    points = math.prod(len(cfg.grid[a.name]) for a in AXES)
+    sets = sum(math.prod(len(v) if isinstance(v, list) else 1 for v in t.values()) if isinstance(t, dict) else 1
+               for t in tables.values())
+    if cfg.all_solvers:
+        sets += len(set(known_names()) - set(tables))
+    if points * sets > MAX_CELLS:  # 10^8 cells were a MemoryError in expand_cells
+        raise ConfigError(f"grid: {points} grid points x {sets} solver settings = {points * sets} cells, more than "
+                          f"{MAX_CELLS}; split the matrix into several configs")
+
+
 def parse_config(raw: dict, *, base_dir: Path | None = None) -> MatrixConfig:
     """Validate a config dict (as loaded from TOML) into a MatrixConfig.
 
@@ -191,14 +213,10 @@ def parse_config(raw: dict, *, base_dir: Path | None = None) -> MatrixConfig:
             parameter, empty grid, or a missing CSV file / column.
     """
     cfg = validate(MatrixConfig, raw, context={"given": tuple(raw) if isinstance(raw, dict) else ()})
+    _check_size(cfg, raw.get("solvers", {}) if cfg.solvers else {})  # before the parameter lists are checked
     updates = {}
     if cfg.solvers:
         updates["solvers"] = {name: _solver_grid(name, params) for name, params in raw["solvers"].items()}
-    points = math.prod(len(cfg.grid[a.name]) for a in AXES)
-    sets = sum(len(v) for v in updates.get("solvers", {}).values()) or 1  # all_solvers adds one per other solver
-    if points * sets > MAX_CELLS:  # refused before expand_cells builds them all (10^8 cells: a MemoryError)
-        raise ConfigError(f"grid: {points} grid points x {sets} solver settings = {points * sets} cells, more than "
-                          f"{MAX_CELLS}; split the matrix into several configs")
     if cfg.data is not None:
         updates["data"] = check_source(cfg.data, cfg.grid.N, base_dir)
     return cfg.model_copy(update=updates) if updates else cfg
