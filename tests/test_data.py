@@ -225,3 +225,10 @@ def test_missing_cells_in_a_column_pandas_left_as_text_are_dropped(tmp_path):
     (tmp_path / "e.csv").write_text("\n".join(rows + ["24,abc"]) + "\n")
     with pytest.raises(ConfigError, match=r"^data.y: column 'y' is not numeric \(data row 25: 'abc'\)"):
         check_source(DataSource(path=str(tmp_path / "e.csv"), x="x", y="y"), [10])
+
+
+def test_a_row_with_one_field_too_many_is_named_by_its_line(tmp_path):
+    """One row with a trailing comma read 'cannot read ... as CSV (ParserError)': no line to fix."""
+    (tmp_path / "d.csv").write_text("x,y\n" + "".join(f"{i},{i}\n" for i in range(31)) + "31,31,\n")
+    with pytest.raises(ConfigError, match=r"\(ParserError: .*Expected 2 fields in line 33, saw 3\); accepted: CSV text"):
+        check_source(DataSource(path=str(tmp_path / "d.csv"), x="x", y="y"), [5])

@@ -85,7 +85,8 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
     except _READ_ERRORS as exc:
         zst = isinstance(exc, ImportError) and path.name.lower().endswith(".zst")
         why = "the zstandard package is not installed" if zst else str(exc) if isinstance(exc, ExtraFields) \
-            else type(exc).__name__
+            else f"ParserError: {' '.join(str(exc).split())[:120]}" if isinstance(exc, pd.errors.ParserError) \
+            else type(exc).__name__  # the parser names the line ("Expected 2 fields in line 32, saw 3")
         raise ConfigError(f"data.path: cannot read {str(path)!r} as CSV ({why}); accepted: CSV text with as many "
                           "fields in every row as in the header, plain or compressed (.gz, .bz2, .xz, .zst, or a .zip / .tar[.gz|.bz2|.xz] holding one file)") from None
     columns = ", ".join(map(str, frame.columns))
