@@ -145,9 +145,9 @@ def cmd_run(args) -> int:
         raise flag_named(exc) from None
     out = Path(args.out) if args.out else Path("results/runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
     if cfg.data is not None:
-        from icl_bench.prompts.data import data_summary
+        from icl_bench.prompts.data import data_summary, snapshot
 
-        note = data_summary(cfg.data)[2]
+        note = data_summary(cfg.data, snapshot(cfg.data))[2]  # of the bytes checked, which the run uses
         if note:
             print(f"icl-bench: {note}", file=sys.stderr)
     started = datetime.now().timestamp()

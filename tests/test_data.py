@@ -232,3 +232,17 @@ def test_a_row_with_one_field_too_many_is_named_by_its_line(tmp_path):
     (tmp_path / "d.csv").write_text("x,y\n" + "".join(f"{i},{i}\n" for i in range(31)) + "31,31,\n")
     with pytest.raises(ConfigError, match=r"\(ParserError: .*Expected 2 fields in line 33, saw 3\); accepted: CSV text"):
         check_source(DataSource(path=str(tmp_path / "d.csv"), x="x", y="y"), [5])
+
+
+def test_a_file_swapped_after_its_check_is_not_what_the_run_reads(tmp_path):
+    """The file was read by the check, again for the dropped-rows note and again for the cells: a
+    file swapped in between ran on bytes that never passed the check (error rows with another
+    file's digest, found by a review). The run draws from the bytes the check accepted."""
+    good = "x,y\n" + "".join(f"{i},{2 * i}\n" for i in range(20))
+    path = tmp_path / "d.csv"
+    path.write_text(good)
+    src = check_source(DataSource(path=str(path), x="x", y="y"), [5])
+    path.write_text("x,y\n" + "".join(f"{i},abc\n" for i in range(20)))  # swapped after the check
+    digest = data.snapshot(src)
+    assert digest == hashlib.sha256(good.encode()).hexdigest()
+    assert data_summary(src, digest)[:2] == (20, 0)

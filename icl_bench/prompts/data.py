@@ -81,7 +81,8 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
             raise ConfigError(f"data.path: {str(path)!r} is a folder; accepted: a CSV file (plain or compressed)")
         raise ConfigError(f"data.path: no such file {str(path)!r}")
     try:
-        frame = _frame(path, path.read_bytes())
+        data = path.read_bytes()
+        frame = _frame(path, data)
     except _READ_ERRORS as exc:
         zst = isinstance(exc, ImportError) and path.name.lower().endswith(".zst")
         why = "the zstandard package is not installed" if zst else str(exc) if isinstance(exc, ExtraFields) \
@@ -108,6 +109,9 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
     if n + 1 > finite:  # rows with NaN / inf are dropped (data_summary): enough must remain
         raise ConfigError(f"grid.N: N={n} needs at least {n + 1} rows with finite x and y; {path.name} has {finite}"
                           + (f" (of {len(frame)} rows)" if finite < len(frame) else ""))
+    digest = hashlib.sha256(data).hexdigest()  # the bytes that passed these checks are the run's:
+    _pin(digest, data)  # `snapshot` and the note on dropped rows use them, not a later read
+    _CHECKED[str(path)] = digest
     return src
 
 
@@ -167,6 +171,7 @@ def _frame(path: Path, data: bytes) -> pd.DataFrame:
 # (`snapshot`), so a file edited during the run cannot change them; the last few contents only
 _SNAPSHOTS: dict[str, bytes] = {}
 _KEEP = 4
+_CHECKED: dict[str, str] = {}  # resolved path -> digest of the bytes check_source last accepted there
 
 
 def _pin(digest: str, data: bytes) -> None:
@@ -179,7 +184,11 @@ def _pin(digest: str, data: bytes) -> None:
 def snapshot(source: DataSource) -> str:
     """Read the file's bytes once, keep them in this process, and return their sha256 (the
     cells' data_sha256): every later `_read(source, digest)` here draws from exactly these bytes,
-    whatever happens to the file meanwhile."""
+    whatever happens to the file meanwhile. The bytes `check_source` accepted, if this process
+    checked the file: a file swapped between the check and the run is not read again."""
+    checked = _CHECKED.get(str(source.resolve()))
+    if checked in _SNAPSHOTS:
+        return checked
     data = source.resolve().read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     _pin(digest, data)
