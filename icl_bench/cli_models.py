@@ -34,7 +34,8 @@ def cmd_analyze(args) -> int:
         result["checkpoint"] = f"icl_bench/models/{Path(path).name}"
     fmt = lambda v: "nan" if v is None or v != v else f"{v:.4g}"  # noqa: E731
     for k in HEADLINE:
-        print(f"{k:26s} {fmt(float(result[k])) if k in result else 'nan'} {LABELS.get(k, '')}".rstrip())
+        none = "n/a (no LayerNorm)" if k.startswith("ln.ln") else "n/a"  # not computed: not in --out either
+        print(f"{k:26s} {fmt(float(result[k])) if k in result else none} {LABELS.get(k, '') if k in result else ''}".rstrip())
     print(f"{'state (functional LN)':26s} {result.get('ln.state')}\n{'fingerprint verdict':26s} {result.get('fp.verdict')} "
           f"(closest gd: K={result.get('fp.gd_steps')}, lr {result.get('fp.gd_lr')}, distance {fmt(result.get('fp.gd_distance'))})")
     print(f"{'per matrix':26s} sparsity   l1         hoyer")

@@ -223,3 +223,17 @@ def test_analyze_checkpoint_and_command(construction, tmp_path, capsys):
     assert main(["analyze", str(stem), "--out", str(tmp_path / "a.txt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("icl-bench: error:") for line in err)
+
+
+def test_analyze_of_a_model_without_layernorm_says_na_not_nan(tmp_path, capsys):
+    """Its ln.* headline lines printed 'nan' while --out had no such keys (found by a review): the
+    tests were not run (no LayerNorm), which 'nan' does not say."""
+    import icl_bench.solvers.checkpoint as ckpt
+    from icl_bench.cli import main
+
+    stem = ckpt.save_checkpoint(Transformer(TransformerConfig(layernorm=False)), tmp_path / "lsa", {"R": R, "N": 12, "seed": 0})
+    out = tmp_path / "a.json"
+    assert main(["analyze", str(stem), "--out", str(out), "--n-prompts", "64"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("ln.")}
+    assert lines["ln.ln1.slope"].split(None, 1)[1] == "n/a (no LayerNorm)" and "ln.ln1.slope" not in json.loads(out.read_text())
+    assert lines["ln.effective_R"].split()[1] != "n/a"  # computed for every model
