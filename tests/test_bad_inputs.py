@@ -193,6 +193,10 @@ CASES = [
          "solvers.gd.steps: repeated values in [4, 4]"),
     Case("toml-solver-param-repeat-coerced", toml(lambda r: _set(r, [0.5, 1, 1.0], "solvers", "gd", "lr")),
          "solvers.gd.lr: repeated values in [0.5, 1, 1.0]"),
+    # one folder spelled twice ran the same checkpoints twice, as two series (found by a review)
+    Case("toml-models-dir-repeat", toml(lambda r: _set(r, [str(Path(__file__).parent), str(Path(__file__).parent) + "/"],
+                                                     "solvers", "trained-l1", "models_dir")),
+         "solvers.trained-l1.models_dir: repeated values in "),
     Case("toml-models-dir-missing", toml(lambda r: _set(r, "no/such/models", "solvers", "trained-l1", "models_dir")),
          "solvers.trained-l1.models_dir: no such folder 'no/such/models'"),
     Case("toml-solvers-empty", toml(lambda r: _set(r, {}, "solvers")), "solvers: empty table"),

@@ -115,6 +115,8 @@ def _solver_grid(name: str, params: Any) -> list[dict]:
             raise ConfigError(f"solvers.{name}.{k}: empty list; give at least one value")
         if k in declared:  # values that check to the same one (4 and 4, or 1 and 1.0 for a float) give one
             checked = [declared[k].check(name, k, x) for x in v]  # solver twice, under one row key
+            if declared[k].same is not None:  # e.g. two spellings of one folder
+                checked = [declared[k].same(c) for c in checked]
             try:  # a set: linear in the list (all pairs took hours for 10^6 values)
                 repeated = len(set(checked)) < len(checked)
             except TypeError:  # unhashable values: every pair

@@ -18,7 +18,7 @@ import json
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 
@@ -130,6 +130,8 @@ class Param:
     min: float | None = None  # inclusive lower bound for numbers
     max: float | None = None  # inclusive upper bound for numbers
     gt: float | None = None  # exclusive lower bound for numbers (e.g. a step size > 0)
+    same: Callable[[Any], Any] | None = None  # a checked value -> its canonical form, for a list's
+    # repeat check (values of one form would run the same cells twice: a folder and its real path)
 
     def describe(self, name: str) -> str:
         """The parameter as `icl-bench list` shows it, a config key with its default, the accepted
