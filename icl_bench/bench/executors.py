@@ -81,6 +81,9 @@ class DaskExecutor:
         except ImportError:
             raise ConfigError(DASK_MISSING) from None
         self.cfg, self.cluster = cfg, None
+        # a lost scheduler is reported by the run in one line (RunAborted); distributed's client also
+        # logs its end of reconnecting as an ERROR, at a moment that races with our report
+        logging.getLogger("distributed.client").addFilter(_quiet_reconnect)
         if cfg.scheduler:
             try:
                 self.client = Client(cfg.scheduler, timeout=CONNECT_TIMEOUT)
@@ -192,8 +195,14 @@ class DaskExecutor:
             self.client.close()
         finally:
             log.setLevel(level)
+            log.removeFilter(_quiet_reconnect)
         if self.cluster is not None:
             self.cluster.close()
+
+
+def _quiet_reconnect(record: logging.LogRecord) -> bool:
+    """A logging filter: drop distributed's "Failed to reconnect to scheduler ..." (the run says it)."""
+    return not str(record.msg).startswith("Failed to reconnect to scheduler")
 
 
 def _window(workers: dict) -> int:
