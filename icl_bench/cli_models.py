@@ -59,12 +59,9 @@ def cmd_train(args) -> int:
     if args.steps is not None and not 1 <= args.steps <= MAX_STEPS:
         raise ConfigError(f"--steps: must be an integer >= 1 and <= {MAX_STEPS} (got {args.steps})")
     path = resources.config_path(args.config)
-    doc = read_toml(path)
-    resources.check_kind(doc, args.config, "train")
-    runs = load_runs(path, args.run)
-    tables = (list(dict.fromkeys(args.run)) if args.run else list(doc["runs"])) if "runs" in doc else ["train"]
-    cfgs = [TrainConfig.from_dict(d, where=f"runs.{t}" if "runs" in doc else t)  # its [runs.NAME] table, or "train"
-            for t, d in zip(tables, runs)]  # every run is validated before hours of training, not after
+    resources.check_kind(read_toml(path), args.config, "train")
+    cfgs = [TrainConfig.from_dict(d, where=where)  # every run is validated before hours of training, not after
+            for where, d in load_runs(path, args.run, labelled=True)]
     cfgs = [c.model_copy(update={"progress": c.progress and not args.no_progress}) for c in cfgs]
     if args.steps is not None:  # a quick check of a packaged config: fewer steps, same recipe
         cfgs = [c.model_copy(update={"steps": args.steps, "eval_every": min(c.eval_every, args.steps)}) for c in cfgs]

@@ -109,9 +109,8 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
     if n + 1 > finite:  # rows with NaN / inf are dropped (data_summary): enough must remain
         raise ConfigError(f"grid.N: N={n} needs at least {n + 1} rows with finite x and y; {path.name} has {finite}"
                           + (f" (of {len(frame)} rows)" if finite < len(frame) else ""))
-    digest = hashlib.sha256(data).hexdigest()  # the bytes that passed these checks are the run's:
-    _pin(digest, data)  # `snapshot` and the note on dropped rows use them, not a later read
-    _CHECKED[str(path)] = digest
+    _CHECKED[str(path)] = _pin(data)  # the bytes that passed these checks are the run's: `snapshot`
+    # and the note on dropped rows use them, not a later read
     return src
 
 
@@ -149,9 +148,11 @@ class ExtraFields(ValueError):
     field as the index and shift every column by one, or drop the extra fields."""
 
 
+@lru_cache(maxsize=2)
 def _frame(path: Path, data: bytes) -> pd.DataFrame:
     """The file's bytes `data` parsed as CSV, decompressed first if `path`'s name ends in one of
-    _COMPRESSION (case-insensitive), as `pd.read_csv(path)` would.
+    _COMPRESSION (case-insensitive), as `pd.read_csv(path)` would. Cached: the config check and
+    the prompts parse the same bytes once (callers only read the frame).
 
     Raises:
         one of _READ_ERRORS: the bytes are not (compressed) CSV text; ExtraFields (a ValueError):
@@ -174,11 +175,15 @@ _KEEP = 4
 _CHECKED: dict[str, str] = {}  # resolved path -> digest of the bytes check_source last accepted there
 
 
-def _pin(digest: str, data: bytes) -> None:
+def _pin(data: bytes, digest: str = "") -> str:
+    """Keep `data` (the last _KEEP contents) under its sha256 hex digest (`digest` if already
+    computed), which it returns."""
+    digest = digest or hashlib.sha256(data).hexdigest()
     _SNAPSHOTS.pop(digest, None)
     _SNAPSHOTS[digest] = data
     while len(_SNAPSHOTS) > _KEEP:
         _SNAPSHOTS.pop(next(iter(_SNAPSHOTS)), None)
+    return digest
 
 
 def snapshot(source: DataSource) -> str:
@@ -189,10 +194,7 @@ def snapshot(source: DataSource) -> str:
     checked = _CHECKED.get(str(source.resolve()))
     if checked in _SNAPSHOTS:
         return checked
-    data = source.resolve().read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    _pin(digest, data)
-    return digest
+    return _pin(source.resolve().read_bytes())
 
 
 def _read(source: DataSource, digest: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -213,8 +215,7 @@ def _read(source: DataSource, digest: str = "") -> tuple[np.ndarray, np.ndarray,
         if digest and now != digest:
             raise RuntimeError(f"data.path: {source.path} changed since the run started (sha256 {now[:12]}..., "
                                f"the run's cells are keyed by {digest[:12]}...); rerun to use the new content")
-        digest = now
-        _pin(digest, data)
+        digest = _pin(data, now)
     return _parse(source, digest, data)
 
 

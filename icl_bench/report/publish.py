@@ -73,7 +73,13 @@ def _not_published(out: Path) -> str | None:
     return None
 
 
-def _check_out(out: Path, runs: list[Path], force: bool, checkpoints=()) -> None:
+def _inside(path, out: Path) -> bool:
+    """Whether `path` lies inside `out`, each as typed or with its links followed."""
+    spellings = lambda p: (Path(os.path.abspath(p)), Path(p).resolve())  # noqa: E731
+    return any(o in p.parents for o in spellings(out) for p in spellings(path))
+
+
+def _check_out(out: Path, runs: list[Path], force: bool, checkpoints=(), readme=None) -> None:
     from icl_bench.solvers.checkpoint import checkpoint_path, stem_of
 
     if out.exists() and not out.is_dir():
@@ -82,14 +88,14 @@ def _check_out(out: Path, runs: list[Path], force: bool, checkpoints=()) -> None
         r, o = run.resolve(), out.resolve()
         if r == o or o in r.parents or r in o.parents:
             raise ConfigError(f"--out: {out} overlaps the run folder {run}; choose a folder outside it")
-    outs = (Path(os.path.abspath(out)), out.resolve())  # as typed and with links followed
-    for name in checkpoints:  # --force would delete it with the old report (as --readme, cli.py)
+    if readme and _inside(readme, out):  # --force would delete it before its block is rewritten
+        raise ConfigError(f"--readme: {readme} is inside --out {out}, which publish replaces; keep it outside")
+    for name in checkpoints:  # --force would delete it with the old report
         try:
             stem = stem_of(checkpoint_path(str(name), "--checkpoint"))
         except ConfigError:
             continue  # not a checkpoint: a note (the command line refuses it before publish)
-        files = [Path(os.path.abspath(stem)), *(Path(f"{stem}{s}").resolve() for s in (".safetensors", ".json"))]
-        if any(o in f.parents for o in outs for f in files):
+        if any(_inside(f, out) for f in (stem, f"{stem}.safetensors", f"{stem}.json")):
             raise ConfigError(f"--checkpoint: {name} is inside --out {out}, which publish replaces; keep it outside")
     if out.is_dir() and any(out.iterdir()):
         if not force:
@@ -226,7 +232,8 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         force: replace a non-empty `out` (only after the new report is complete).
         at: representative setting overrides, axis -> value text (report.representative).
         checkpoints: trained-model checkpoint paths to draw beside the construction.
-        readme: the README whose headline block the caller then updates (named in the command only).
+        readme: the README whose headline block the caller then updates (named in the command;
+            refused inside `out`, which --force would delete first).
     Returns:
         {"out": Path, "files": [relative paths], "notes": [str], "setting": dict}.
     Raises:
@@ -235,7 +242,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     runs, out = [Path(r) for r in run_dirs], Path(out)
     table, metas = report.load_runs(runs)  # read-only: bad run folders and --at values first
     setting = report.representative(table, at)
-    _check_out(out, runs, force, checkpoints)
+    _check_out(out, runs, force, checkpoints, readme)
     summary = report.aggregate(table)
     head = report.headline(summary, setting, table)
     headline_at = {k: v for k, v in setting.items() if k != "N"}

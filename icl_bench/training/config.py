@@ -161,8 +161,10 @@ def prox_window(cfg: "TrainConfig") -> bool:
     return math.floor(cfg.l1_stop * cfg.steps) > math.floor(cfg.l1_start * cfg.steps)
 
 
-def load_runs(path: str | Path, names: list[str] | None = None) -> list[dict]:
-    """The runs of a training TOML: `[defaults]` + one `[runs.NAME]` table each -> list of dicts.
+def load_runs(path: str | Path, names: list[str] | None = None, *, labelled: bool = False) -> list:
+    """The runs of a training TOML: `[defaults]` + one `[runs.NAME]` table each -> list of dicts
+    (with `labelled`, of (where, dict): the table a run's fields are named under in errors,
+    "runs.NAME", or "train" for a file with no [runs] table).
 
     A file with no [runs] table is one run (its top-level keys). `names` selects runs by name (a
     repeated name once).
@@ -199,6 +201,8 @@ def load_runs(path: str | Path, names: list[str] | None = None) -> list[dict]:
             raise ConfigError(f"runs.{key}.name: runs {saves[stem]!r} and {key!r} both save the checkpoint {stem}; "
                               "give each run its own name")
         saves[stem] = key
+    if labelled:
+        return [("train" if "runs" not in doc else f"runs.{key}", run) for key, run in runs.items()]
     return list(runs.values())
 
 
