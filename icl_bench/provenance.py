@@ -10,6 +10,8 @@ import hashlib
 import importlib.util
 import platform
 import subprocess
+import sys
+import uuid
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -63,18 +65,24 @@ def device_info() -> dict:
 
 @functools.cache
 def source_digest(top: str) -> str:
-    """sha256 (hex) over the relative paths and bytes of the .py files of the top-level package
-    or module `top` as installed (a package: every .py file under it); "" when it cannot be found.
-    Computed once per process: the code a process runs is the code it imported."""
+    """sha256 (hex) over the relative paths and bytes of the source of the top-level package or
+    module `top` as installed (a package: every .py file under it; a module: its file). A module
+    that import cannot find but that is loaded (a script's `__main__`) is hashed from its
+    `__file__`; one with no source file (an interactive session, `python -c`) gets a digest new in every process, so its
+    cells are never reused from another process's store or cache. Computed once per process:
+    the code a process runs is the code it imported."""
     try:
         spec = importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        return ""
-    if spec is None:
-        return ""
-    roots = [Path(p) for p in (spec.submodule_search_locations or [])]
+    except (ImportError, ValueError):  # ValueError: loaded without a __spec__, as a script's __main__
+        spec = None
+    roots = [Path(p) for p in (spec.submodule_search_locations or [])] if spec is not None else []
+    origin = spec.origin if spec is not None and not roots else None
+    if not roots and not (origin and Path(origin).is_file()):  # no source import knows: the loaded module's
+        origin = getattr(sys.modules.get(top), "__file__", None)
+        if not (origin and Path(origin).is_file()):
+            return f"no source file: {uuid.uuid4().hex}"
     files = sorted((f.relative_to(r).as_posix(), f) for r in roots for f in r.rglob("*.py")) if roots else \
-        ([(Path(spec.origin).name, Path(spec.origin))] if spec.origin and spec.origin.endswith(".py") else [])
+        [(Path(origin).name, Path(origin))]
     h = hashlib.sha256()
     for rel, path in files:
         h.update(rel.encode() + b"\0")

@@ -4,8 +4,10 @@ reported, dirty data is announced, `train` refuses to overwrite, Ctrl-C says how
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import json
 import sys
+import types
 
 import numpy as np
 import pandas as pd
@@ -110,6 +112,38 @@ def test_cell_cache_and_resume_see_an_edited_solver(tmp_path, capsys, monkeypatc
     a, b = (pd.read_parquet(tmp_path / d / "results.parquet") for d in "ab")
     assert json.loads((tmp_path / "b" / "metadata.json").read_text())["n_cells_reused"] == 0
     assert (b.mse_vs_ols > a.mse_vs_ols * 100).all()
+
+
+@pytest.mark.parametrize("spec", [False, True])
+def test_a_script_plugin_is_hashed_from_its_file(tmp_path, monkeypatch, spec):
+    """A solver defined in a script lives in `__main__`, which import cannot find (no __spec__,
+    or one without a file to search): its digest comes from the script's bytes, so an edited
+    script gets new cells from the cache, and an unchanged one keeps its digest."""
+    script = tmp_path / "script.py"
+    script.write_text("X = 1\n")
+    module = types.ModuleType("test_script_main")
+    module.__file__ = str(script)
+    module.__spec__ = importlib.machinery.ModuleSpec("test_script_main", None) if spec else None
+    monkeypatch.setitem(sys.modules, "test_script_main", module)
+    digests = []
+    for text in ("X = 1\n", "X = 1\n", "X = 2\n"):
+        script.write_text(text)
+        source_digest.cache_clear()  # a new process
+        digests.append(source_digest("test_script_main"))
+    source_digest.cache_clear()
+    assert digests[0] == digests[1] != digests[2] and "" not in digests
+
+
+def test_a_plugin_without_a_source_file_is_never_reused_across_processes(monkeypatch):
+    """A solver typed into an interactive session has no file to hash: its digest is new in
+    every process (never "", which would let a later session reuse cells of other code)."""
+    monkeypatch.setitem(sys.modules, "test_typed_main", types.ModuleType("test_typed_main"))
+    first = source_digest("test_typed_main")
+    assert source_digest("test_typed_main") == first  # stable within one process
+    source_digest.cache_clear()
+    second = source_digest("test_typed_main")
+    source_digest.cache_clear()
+    assert first and second and first != second
 
 
 def test_a_cell_without_a_well_posed_prompt_is_skipped_with_its_reason(tmp_path, capsys):
