@@ -155,5 +155,15 @@ def test_cli_data_flags(tmp_path, capsys):
     assert json.loads(table.prompts[0])["csv"]["x"] == "Open" and math.isnan(table.mse_vs_truth[0])
 
 
+def test_batch_size_is_the_size_of_the_calls(tmp_path):
+    """batch_size records the prompts per predict() call: with fewer prompts than the config's
+    batch_size the one call holds n_prompts of them, and the row says so."""
+    raw = {"n_prompts": 24, "batch_size": 64, "grid": {"N": [6]}, "solvers": {"ols": {}}, "timing": {"repeats": 1}}
+    table = run_matrix(parse_config(raw), progress=False)
+    assert (table.status == "ok").all() and (table.batch_size == 24).all()
+    table = run_matrix(parse_config(dict(raw, batch_size=10)), progress=False)
+    assert (table.batch_size == 10).all()
+
+
 def test_every_column_listed_once():
     assert len(COLUMNS) == len(set(COLUMNS))

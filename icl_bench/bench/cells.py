@@ -150,7 +150,7 @@ def expand_cells(cfg: MatrixConfig) -> list[Cell]:
                 text = json.dumps(params, sort_keys=True)
                 cells.append(Cell(
                     solver=name, solver_params=text, **at, seed=cfg.seed,
-                    n_prompts=cfg.n_prompts, batch_size=cfg.batch_size, prompts=source,
+                    n_prompts=cfg.n_prompts, batch_size=min(cfg.batch_size, cfg.n_prompts), prompts=source,
                     repeats=cfg.timing.repeats, max_seconds=cfg.timing.max_seconds, data_sha256=digest,
                     inputs_sha256=inputs[(name, text)], code_sha256=code[name], optional=name in optional))
     return cells
