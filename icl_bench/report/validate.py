@@ -66,7 +66,7 @@ def check_table(table: pd.DataFrame, parquet: Path) -> pd.DataFrame:
     runner writes it (NAN_OK), metrics >= 0, weight_sparsity <= 1, n_nonfinite <= n_prompts; text columns hold text, null only where older runs may have it
     (TEXT_MAY_BE_NULL); status is one of STATUSES; solver_params and prompts are "" or a JSON
     object; grid axes, seed and n_prompts pass CHECKS. Columns the schema lacks are carried along
-    unread; absent ones are the caller's business (aggregate.load_run: REQUIRED, BACKFILL).
+    unread; absent ones are the caller's business (load.load_run: REQUIRED, BACKFILL).
     Raises:
         ConfigError: one line naming `parquet`, the column, a bad value and what was expected.
     """
