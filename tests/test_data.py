@@ -246,3 +246,36 @@ def test_a_file_swapped_after_its_check_is_not_what_the_run_reads(tmp_path):
     digest = data.snapshot(src)
     assert digest == hashlib.sha256(good.encode()).hexdigest()
     assert data_summary(src, digest)[:2] == (20, 0)
+
+
+def test_ill_posed_csv_windows_are_not_counted_as_failures(tmp_path, capsys):
+    """x in {0, 1}: a context of N = 3 rows is constant (ill-posed, no least-squares answer) about
+    a quarter of the time. Every solver answers NaN there, as it must: the row counts those prompts
+    in n_ill_posed, not as failures, the headline flags no NaN and says how many prompts were
+    ill-posed, and the MSE vs OLS is pooled over the prompts it was taken over."""
+    from icl_bench.report import aggregate as report
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 2, size=2000).astype(float)
+    pd.DataFrame({"x": x, "y": 2 * x + rng.normal(size=2000)}).to_csv(tmp_path / "d.csv", index=False)
+    raw = {"n_prompts": 128, "batch_size": 128, "timing": {"repeats": 1}, "grid": {"N": [3, 20], "dtype": ["float64"]},
+           "data": {"path": str(tmp_path / "d.csv"), "x": "x", "y": "y"}, "solvers": {"ols": {}, "gd": {}}}
+    for seed in (0, 1):  # two seeds: two draws of windows, pooled by publish
+        (tmp_path / "c.toml").write_text(tomli_w.dumps(dict(raw, seed=seed)))
+        assert main(["run", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / f"s{seed}"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "NaN predictions" not in out
+    table, _ = report.load_runs([tmp_path / "s0", tmp_path / "s1"])
+    short = table[table.N == 3]
+    k = short.n_ill_posed
+    assert (k > 10).all() and (k < 64).all() and (short.n_nonfinite == k).all() and (short.n_nonfinite_well_posed == 0).all()
+    assert (table[table.N == 20].n_ill_posed == 0).all()
+    summary = report.aggregate(table)
+    gd = summary[(summary.solver == "gd") & (summary.N == 3)].iloc[0]
+    rows = short[short.solver == "gd"]
+    expected = float((rows.mse_vs_ols * (128 - rows.n_ill_posed)).sum() / (256 - rows.n_ill_posed.sum()))
+    assert gd.mse_vs_ols == pytest.approx(expected, rel=1e-12) and gd.n_ill_posed == rows.n_ill_posed.sum()
+    assert main(["publish", str(tmp_path / "s0"), str(tmp_path / "s1"), "--out", str(tmp_path / "pub")]) == 0
+    headline = (tmp_path / "pub" / "headline.md").read_text()
+    assert " NaN)" not in headline
+    assert "ill-posed prompts" in headline and f"N=3: {int(rows.n_ill_posed.sum())} of 256" in headline

@@ -782,9 +782,17 @@ def test_console_summary_is_at_one_setting_with_skip_reasons_grouped(run_dir):
     assert "NaN predictions" not in text  # every prediction finite: no such column
     first = (table.status == "ok") & (table.N == 5) & (table.noise == 0) & (table.R == 10) & (table.dtype == "float32")
     first &= table.solver == "ols"
-    table.loc[first[first].index[:1], "n_nonfinite"] = 3  # the mean was over the others: said beside it
-    line = next(ln for ln in console_summary(table).splitlines() if ln.startswith("ols "))
+    table.loc[first[first].index[:1], ["n_nonfinite", "n_nonfinite_well_posed"]] = 3  # the mean was over the
+    line = next(ln for ln in console_summary(table).splitlines() if ln.startswith("ols "))  # others: said beside it
     n = int(table[first].n_prompts.sum())
+    assert line.rstrip().endswith(f"3 of {n}"), line
+    table.loc[first[first].index[:1], "n_ill_posed"] = 2  # well-posed prompts only: 3 failed of n - 2
+    line = next(ln for ln in console_summary(table).splitlines() if ln.startswith("ols "))
+    assert line.rstrip().endswith(f"3 of {n - 2}"), line
+    table.loc[first[first].index[:1], ["n_ill_posed", "n_nonfinite_well_posed"]] = [3, 0]  # NaN where ill-posed
+    assert "NaN predictions" not in console_summary(table)  # is the right answer, not a failure
+    old = table.drop(columns=["n_ill_posed", "n_nonfinite_well_posed"])  # a run from before the columns:
+    line = next(ln for ln in console_summary(old).splitlines() if ln.startswith("ols "))  # every NaN counts
     assert line.rstrip().endswith(f"3 of {n}"), line
 
 

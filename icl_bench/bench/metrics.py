@@ -1,7 +1,8 @@
 """Per-cell metrics: prediction errors against OLS / truth / target (weight sparsity: solvers/sparsity.py).
 
 Errors are computed in float64 over the prompts where both the prediction and the reference are
-finite; the non-finite predictions are counted (`n_nonfinite`), never silently averaged.
+finite; the non-finite predictions are counted (`n_nonfinite`; of those, the ones on prompts that
+have a least-squares answer in `n_nonfinite_well_posed`), never silently averaged.
 """
 from __future__ import annotations
 
@@ -34,7 +35,10 @@ def prediction_metrics(pred: torch.Tensor, batch: PromptBatch) -> dict[str, floa
     Returns:
         mse_vs_ols, mse_vs_truth (vs y_query_clean; NaN for real data), mse_vs_target
         (vs the noisy y_query), abs_err_median and abs_err_p99 (quantiles of |pred - ols|),
-        n_nonfinite (number of non-finite predictions), and mse_vs_ols_se, mse_vs_truth_se (the
+        n_nonfinite (number of non-finite predictions), n_ill_posed (prompts whose OLS reference is
+        not finite: ill-posed, no least-squares answer; a solver answers NaN there),
+        n_nonfinite_well_posed (non-finite predictions on the other prompts: the solver's own
+        failures), and mse_vs_ols_se, mse_vs_truth_se (the
         standard error of those two means over the prompts: std of the squared errors / sqrt(n);
         used by the report for confidence intervals). Units: squared units of y, units of y.
     Raises:
@@ -58,4 +62,6 @@ def prediction_metrics(pred: torch.Tensor, batch: PromptBatch) -> dict[str, floa
         "abs_err_median": q(0.5),
         "abs_err_p99": q(0.99),
         "n_nonfinite": int((~torch.isfinite(p)).sum()),
+        "n_ill_posed": int((~torch.isfinite(ols)).sum()),
+        "n_nonfinite_well_posed": int((~torch.isfinite(p) & torch.isfinite(ols)).sum()),
     }

@@ -38,7 +38,7 @@ from icl_bench.bench.cells import Cell, cell_prompts, expand_cells, same_matrix
 from icl_bench.bench.config import Executor, MatrixConfig
 from icl_bench.bench.executors import make_executor, worker_name
 from icl_bench.bench.metrics import prediction_metrics
-from icl_bench.bench.schema import CELL_COLUMNS, COLUMNS, METRIC_COLUMNS, RESULT_COLUMNS
+from icl_bench.bench.schema import CELL_COLUMNS, COLUMNS, METRIC_COLUMNS, NO_COUNTS, RESULT_COLUMNS
 from icl_bench.bench.timing import sync, time_passes
 from icl_bench.files import dumps
 from icl_bench.solvers.base import SkipCell
@@ -118,7 +118,7 @@ def run_cell(cell: Cell, timing_slot=None) -> dict:
     """
     row = {c: math.nan for c in COLUMNS}
     row.update({k: getattr(cell, k) for k in CELL_COLUMNS})
-    row.update(status="ok", message="", n_nonfinite=-1, started_at=datetime.now(timezone.utc).isoformat(),
+    row.update(status="ok", message="", **NO_COUNTS, started_at=datetime.now(timezone.utc).isoformat(),
                executor="local", worker="local")
     t0 = time.perf_counter()
     try:
@@ -143,12 +143,12 @@ def run_cell(cell: Cell, timing_slot=None) -> dict:
     except SkipCell as exc:
         row.update(status="skipped", message=str(exc))
     except SolverLoadError as exc:  # a plugin that does not import: skipped unless asked for by name
-        row.update({c: math.nan for c in METRIC_COLUMNS}, n_nonfinite=-1)
+        row.update({c: math.nan for c in METRIC_COLUMNS}, **NO_COUNTS)
         row.update(status="skipped" if cell.optional else "error", message=str(exc))
     except (Exception, SystemExit) as exc:  # one failing cell is a row, never the end of the run
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         where = f" ({Path(frame.filename).name}:{frame.lineno})"
-        row.update({c: math.nan for c in METRIC_COLUMNS}, n_nonfinite=-1)  # no half-computed numbers
+        row.update({c: math.nan for c in METRIC_COLUMNS}, **NO_COUNTS)  # no half-computed numbers
         row.update(status="error", message=" ".join(f"{type(exc).__name__}: {exc}{where}".splitlines()))
     row["elapsed_s"] = time.perf_counter() - t0
     return row
@@ -163,7 +163,7 @@ def failed_row(cell: Cell, status: str, message: str) -> dict:
     """The row of a cell the executor could not run (a worker died under it, no GPU worker...)."""
     row = {c: math.nan for c in COLUMNS}
     row.update({k: getattr(cell, k) for k in CELL_COLUMNS})
-    row.update(status=status, message=message, n_nonfinite=-1, started_at=datetime.now(timezone.utc).isoformat(),
+    row.update(status=status, message=message, **NO_COUNTS, started_at=datetime.now(timezone.utc).isoformat(),
                executor="dask", worker="")
     return row
 

@@ -30,6 +30,8 @@ SCHEMA: tuple[tuple[str, str], ...] = (
     ("mse_vs_ols_se", "float64"), ("mse_vs_truth_se", "float64"),  # standard errors over the prompts
     ("executor", "object"), ("worker", "object"),  # where the cell ran: local / dask, the worker's address
     ("concurrency", "float64"),  # cells running on that machine while it was timed (NaN: not timed)
+    ("n_ill_posed", "int64"),  # prompts whose OLS reference is not finite (no least-squares answer; -1 as above)
+    ("n_nonfinite_well_posed", "int64"),  # of n_nonfinite, those on the other prompts (-1 as above)
 )
 COLUMNS: list[str] = [c for c, _ in SCHEMA]
 DTYPES: dict[str, str] = dict(SCHEMA)
@@ -40,6 +42,7 @@ RESULT_COLUMNS = tuple(c for c in COLUMNS if c not in CELL_COLUMNS)
 METRIC_COLUMNS = ("mse_vs_ols", "mse_vs_truth", "mse_vs_target", "abs_err_median", "abs_err_p99",
                   "prompts_per_s", "weight_sparsity", "weight_l1", "mse_vs_ols_se", "mse_vs_truth_se")
 STATUSES = ("ok", "error", "skipped")
+NO_COUNTS = {"n_nonfinite": -1, "n_ill_posed": -1, "n_nonfinite_well_posed": -1}  # a row without predictions
 
 
 def from_json(row: dict) -> dict:

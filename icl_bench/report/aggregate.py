@@ -17,8 +17,8 @@ squared error m_i over its n_i prompts and that mean's standard error se_i = sd 
 averaged first (not counted twice); runs whose rows of one cell and seed differ in n_prompts, in
 the CSV's bytes or in the solver's input files (load.REPEAT_SAME) did not, and are refused
 (`load_runs`). Distinct seeds draw independent prompts, so all prompts of a group are one i.i.d.
-sample: the pooled mean is m = sum(n_i m_i) / n with n = sum(n_i) (n_i the seed's finite
-predictions, n_prompts - n_nonfinite: its mean was taken over those) and its
+sample: the pooled mean is m = sum(n_i m_i) / n with n = sum(n_i) (n_i the prompts the seed's
+mean was taken over, where its prediction and the reference are finite: `scored`) and its
 standard error se = sqrt(sum(n_i^2 se_i^2)) / n. The 95 % interval is taken for log(m) by the
 delta method (se of log m ~ se / m) and mapped back: [m / f, m * f], f = exp(t * se / m), t the
 0.975 quantile of Student's t with n - 1 degrees of freedom (scipy.stats). Squared errors are
@@ -42,6 +42,7 @@ from icl_bench.report.load import AXES, BACKFILL, KEYS, check_repeats, load_run
 from icl_bench.report.validate import at_value
 
 LEVEL = 0.95  # confidence level of the intervals
+COUNTS = ("n_nonfinite", "n_ill_posed", "n_nonfinite_well_posed")  # summed over seeds in the summary
 
 
 def load_runs(paths) -> tuple[pd.DataFrame, dict[str, dict | None]]:
@@ -114,12 +115,21 @@ def series_order(df: pd.DataFrame) -> list[str]:
     return df.sort_values("series_rank")["series"].drop_duplicates().tolist()
 
 
+def scored(group: pd.DataFrame, metric: str) -> pd.Series:
+    """Per row, the prompts `metric`'s mean was taken over: those where the prediction and the
+    reference are finite (metrics.py). vs OLS: the well-posed prompts less the solver's non-finite
+    answers there (failed_answers); vs truth (always finite): n_prompts - n_nonfinite."""
+    if metric == "mse_vs_ols":
+        bad, of = failed_answers(group)
+        return of - bad
+    return group["n_prompts"].astype(float) - (group["n_nonfinite"].astype(float).fillna(0.0)
+                                               if "n_nonfinite" in group else 0.0)
+
+
 def _pooled(group: pd.DataFrame, metric: str) -> pd.Series:
     """Pooled mean, standard error and 95 % CI of one metric over a group's per-seed rows
     (see the module docstring for the method)."""
-    n = group["n_prompts"].astype(float)
-    if "n_nonfinite" in group:  # each seed's mean is over its finite predictions only
-        n = n - group["n_nonfinite"].astype(float).fillna(0.0)
+    n = scored(group, metric)  # each seed's mean is over the prompts it scored only
     group, n = group[n > 0], n[n > 0]  # a seed with no finite prediction has no mean to pool
     m, se = group[metric].astype(float), group[f"{metric}_se"].astype(float)
     total = n.sum()
@@ -143,12 +153,13 @@ def aggregate(table: pd.DataFrame) -> pd.DataFrame:
     Args:
         table: stacked result rows (load_runs).
     Returns:
-        DataFrame with KEYS, "series", n_seeds, n_prompts (summed over seeds), n_nonfinite,
+        DataFrame with KEYS, "series", n_seeds, n_prompts and COUNTS (summed over seeds; a count
+        is NaN where a run from before its column contributes),
         mse_vs_ols (squared units of y) with _se, _ci_low, _ci_high; the same for mse_vs_truth;
         prompts_per_s (median over every timed row, prompts per second). Sorted by KEYS.
     """
     ok = table[table["status"] == "ok"]
-    cols = ["mse_vs_ols", "mse_vs_ols_se", "mse_vs_truth", "mse_vs_truth_se", "n_prompts", "n_nonfinite"]
+    cols = ["mse_vs_ols", "mse_vs_ols_se", "mse_vs_truth", "mse_vs_truth_se", "n_prompts", *COUNTS]
     cols = [c for c in cols if c in ok.columns]
     if ok.empty:
         return pd.DataFrame(columns=[*KEYS, "series", "n_seeds", "n_prompts", "mse_vs_ols", "mse_vs_truth", "prompts_per_s"])
@@ -158,8 +169,9 @@ def aggregate(table: pd.DataFrame) -> pd.DataFrame:
     for key, g in per_seed.groupby([*KEYS, "series", "series_rank"], dropna=False, sort=True):
         row = dict(zip([*KEYS, "series", "series_rank"], key))
         row.update(n_seeds=int(g["seed"].nunique()), n_prompts=int(g["n_prompts"].sum()))
-        if "n_nonfinite" in g:
-            row["n_nonfinite"] = int(g["n_nonfinite"].sum())
+        for c in COUNTS:  # NaN where a run from before the column has the row
+            if c in g:
+                row[c] = int(round(g[c].sum())) if g[c].notna().all() else math.nan
         for metric in ("mse_vs_ols", "mse_vs_truth"):
             row.update(_pooled(g, metric).to_dict())
         rows.append(row)
@@ -283,15 +295,40 @@ def headline(summary: pd.DataFrame, setting: dict, table: pd.DataFrame | None = 
         ran = select(table, setting, fixed)
         if "run" in ran:  # only the runs the headline shows: a left-out run adds no row or N
             ran = ran[ran["run"].isin(ran.loc[ran["status"] == "ok", "run"])]
-    bad = at["n_nonfinite"] if "n_nonfinite" in at else pd.Series(0, index=at.index)
+    bad, of = failed_answers(at)
     text = at.assign(cell=[f"{m:.3g} [{lo:.3g}, {hi:.3g}]" + (f" ({int(k)} of {int(n)} NaN)" if k > 0 else "")
                            for m, lo, hi, k, n in zip(at["mse_vs_ols"], at["mse_vs_ols_ci_low"],
-                                                      at["mse_vs_ols_ci_high"], bad, at["n_prompts"])])
+                                                      at["mse_vs_ols_ci_high"], bad, of)])
     wide = text.pivot_table(index="series", columns="N", values="cell", aggfunc="first")
     wide = wide.reindex(index=series_order(pd.concat([at, ran])), columns=sorted(set(at["N"]) | set(ran["N"])))
     wide = wide.astype(object).fillna(NO_CELL)  # (a column added for an N with no ok cell is float)
     wide.columns = [f"N={n}" for n in wide.columns]
     return wide.reset_index()
+
+
+def failed_answers(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """(non-finite predictions on well-posed prompts, well-posed prompts) per summary or result
+    row: a NaN on an ill-posed prompt is the right answer, not a failure. Rows from runs before
+    n_ill_posed / n_nonfinite_well_posed existed count every prompt (n_nonfinite of n_prompts)."""
+    n = rows["n_prompts"].astype(float)
+    bad = rows["n_nonfinite"].astype(float).fillna(0.0) if "n_nonfinite" in rows else pd.Series(0.0, index=rows.index)
+    if {"n_ill_posed", "n_nonfinite_well_posed"} <= set(rows):
+        exact = rows["n_ill_posed"].notna() & rows["n_nonfinite_well_posed"].notna()
+        bad = bad.where(~exact, rows["n_nonfinite_well_posed"].astype(float))
+        n = n.where(~exact, n - rows["n_ill_posed"].astype(float))
+    return bad, n
+
+
+def ill_posed_note(summary: pd.DataFrame, setting: dict) -> list[str]:
+    """One line when prompts of the headline's setting are ill-posed (no least-squares answer, e.g.
+    x constant over a CSV window): no series is scored on them, and their NaN is not counted."""
+    at = select(summary, setting, tuple(a for a in AXES if a != "N"))
+    if "n_ill_posed" not in at or not (at["n_ill_posed"] > 0).any():
+        return []
+    per_n = at[at["n_ill_posed"] > 0].groupby("N").agg(k=("n_ill_posed", "max"), n=("n_prompts", "max"))
+    where = ", ".join(f"N={n}: {int(r.k)} of {int(r.n)}" for n, r in per_n.iterrows())
+    return [f"ill-posed prompts (no least-squares answer, e.g. x constant over the context: a solver answers NaN "
+            f"there, and the MSE vs OLS leaves them out) at {where}"]
 
 
 def to_markdown(df: pd.DataFrame) -> str:

@@ -250,14 +250,15 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     command = command_line(runs, out, at, checkpoints, force, readme)
     gaps = coverage.left_out(table, setting)
     silent = report.no_answer_notes(table)  # NaN in the table must come with its reason
+    ill = report.ill_posed_note(summary, setting)
     headline_md = "\n".join([
         f"### Mean MSE vs OLS [95 % CI] by solver and N ({_setting_text(headline_at, varied)})", "",
-        report.to_markdown(head), *[f"Warning: {n}." for n in silent],
+        report.to_markdown(head), *[f"Warning: {n}." for n in silent], *[f"Note: {n}." for n in ill],
         *([f"Left out: {'; '.join(gaps)}.", ""] if gaps else []),
         f"Made by `{command}`{'' if force else ' (add --force to regenerate into the same folder)'}; "
         "the 95 % CI method is described in icl_bench/report/aggregate.py.", ""])
     figs, notes = _figures(table, summary, setting, checkpoints)
-    notes = silent + notes
+    notes = silent + ill + notes
     ctx = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command,
            "headline": head, "headline_md": headline_md, "headline_at": headline_at, "plots": list(figs),
            "notes": notes, "failures": report.failure_summary(table), "sparsity": report.sparsity(table),

@@ -33,9 +33,10 @@ def console_summary(table: pd.DataFrame) -> str:
     counts = table.groupby("series").agg(
         ok=("status", lambda s: int((s == "ok").sum())), skipped=("status", lambda s: int((s == "skipped").sum())),
         error=("status", lambda s: int((s == "error").sum())))
-    here = at.groupby("series").agg(mse_vs_ols=("mse_vs_ols", "mean"), prompts_per_s=("prompts_per_s", "median"),
-                                    nan=("n_nonfinite", "sum"), of=("n_prompts", "sum"))
-    if (here["nan"] > 0).any():  # the mean is over the finite predictions: say how many were not
+    bad, of = report.failed_answers(at)  # a NaN on an ill-posed prompt is the right answer
+    here = at.assign(nan=bad, of=of).groupby("series").agg(
+        mse_vs_ols=("mse_vs_ols", "mean"), prompts_per_s=("prompts_per_s", "median"), nan=("nan", "sum"), of=("of", "sum"))
+    if (here["nan"] > 0).any():  # the mean is over the scored predictions: say how many failed
         here["NaN predictions"] = [f"{int(k)} of {int(n)}" if k > 0 else "-" for k, n in zip(here["nan"], here["of"])]
     out = counts.join(here.drop(columns=["nan", "of"]), how="left").reindex(report.series_order(table))
     where = report.setting_text(setting, report.AXES, _fmt, varied_axes(table))
