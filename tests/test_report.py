@@ -628,6 +628,16 @@ def test_scaling_exponents_ln_closed_form_r_minus_4_and_ols_flat(tmp_path, table
     # a known slope is recovered with its interval; points at the floor are left out
     got = scaling.fit_exponent([10, 100, 1000, 1e4], [1e-2, 1e-4 * 1.1, 1e-6, 1e-40], "float64")
     assert got["n_points"] == 3 and got["n_floor"] == 1 and got["exponent"] == pytest.approx(-2, abs=0.05)
+    # a NaN MSE (no prompt answered) is neither a fitted point nor "at float floor"
+    got = scaling.fit_exponent([10, 100, 1000, 1e4], [1e-2, 1e-4, math.nan, 1e-40], "float64")
+    assert (got["n_points"], got["n_floor"], got["n_nan"]) == (2, 1, 1)
+    fits = pd.DataFrame([{"series": s, "dtype": "float64", "vs": "R", "N": 10, "R": math.nan, "noise": 0.1, "device": "cpu", "d": 1,
+                          "ood": "none", **scaling.fit_exponent([10, 100, 1000], m, "float64")}
+                         for s, m in (("never", [math.nan] * 3), ("exact", [1e-40, 1e-40, math.nan]),
+                                      ("mixed", [1e-2, 1e-4, math.nan]))])
+    shown = scaling.scaling_at(fits, {"N": 10, "noise": 0.1, "R": 10, "device": "cpu", "d": 1, "ood": "none"},
+                               ["never", "exact", "mixed"]).set_index("series")["exponent vs R"]
+    assert shown.to_dict() == {"never": "no finite MSE", "exact": "at float floor (1 NaN)", "mixed": "-2.00 (2 pts, 1 NaN)"}
 
 
 def test_publishing_runs_with_different_grids_names_what_it_left_out(run_dir, tmp_path, monkeypatch, solvers):

@@ -41,13 +41,14 @@ def fit_exponent(v, mse, dtype: str) -> dict:
         v: grid values (R or N), positive. mse: mean MSE vs OLS at those values (y units²).
     Returns:
         {"exponent", "ci_low", "ci_high", "n_points" (used), "n_floor" (left out: at or below the
-        floor, or not finite)}; exponent NaN when fewer than 2 points remain, interval NaN when
-        fewer than 3.
+        floor), "n_nan" (left out: no finite MSE, e.g. a solver that answered no prompt)};
+        exponent NaN when fewer than 2 points remain, interval NaN when fewer than 3.
     """
     v, m = np.asarray(v, dtype=float), np.asarray(mse, dtype=float)
-    good = np.isfinite(v) & (v > 0) & np.isfinite(m) & (m > float_floor(dtype))
-    out = {"exponent": math.nan, "ci_low": math.nan, "ci_high": math.nan,
-           "n_points": int(good.sum()), "n_floor": int((~good).sum())}
+    usable = np.isfinite(v) & (v > 0) & np.isfinite(m)
+    good = usable & (m > float_floor(dtype))
+    out = {"exponent": math.nan, "ci_low": math.nan, "ci_high": math.nan, "n_points": int(good.sum()),
+           "n_floor": int((usable & ~good).sum()), "n_nan": int((~usable).sum())}
     if good.sum() < 2 or len(set(v[good])) < 2:
         return out
     lx, ly = np.log(v[good]), np.log(m[good])
@@ -66,7 +67,7 @@ def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
         summary: report.aggregate output (mse_vs_ols per series and cell).
     Returns:
         columns series, solver, solver_params, vs, N, noise, R, dtype, device, d, ood (the fixed
-        axes; the fitted axis is NaN), exponent, ci_low, ci_high, n_points, n_floor, max_mse.
+        axes; the fitted axis is NaN), exponent, ci_low, ci_high, n_points, n_floor, n_nan, max_mse.
     """
     rows = []
     keys = ["series", "solver", "solver_params", "prompts", "N", "noise", "R", "dtype", "device", "d", "ood"]
@@ -79,21 +80,25 @@ def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
             row.update(fit_exponent(g[vs], g["mse_vs_ols"], key[fixed.index("dtype")]))
             row["max_mse"] = float(g["mse_vs_ols"].max())
             rows.append(row)
-    cols = [*keys, "vs", "exponent", "ci_low", "ci_high", "n_points", "n_floor", "max_mse"]
+    cols = [*keys, "vs", "exponent", "ci_low", "ci_high", "n_points", "n_floor", "n_nan", "max_mse"]
     return pd.DataFrame(rows, columns=cols).drop(columns="prompts")
 
 
 def scaling_at(fits: pd.DataFrame, setting: dict, order: list[str]) -> pd.DataFrame:
     """The page's table: per series and dtype, "p [low, high] (n)" vs R (at setting's N, noise,
-    device, d, ood) and vs N (at its R, noise, device, d, ood); "floor" when every point is at the
-    float floor."""
+    device, d, ood) and vs N (at its R, noise, device, d, ood); "at float floor" when every point
+    with a finite MSE is at the float floor, "no finite MSE" when none has one."""
     def text(r) -> str:
         if r is None:
             return ""
+        nan = f"{r['n_nan']} NaN" if r["n_nan"] else ""
         if not math.isfinite(r["exponent"]):
-            return "at float floor" if r["n_points"] == 0 else f"({r['n_points']} point above floor)"
+            if r["n_points"] == 0:
+                what = "at float floor" if r["n_floor"] else "no finite MSE"
+                return f"{what} ({nan})" if nan and r["n_floor"] else what
+            return f"({r['n_points']} point above floor{', ' + nan if nan else ''})"
         ci = f" [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if math.isfinite(r["ci_low"]) else ""
-        dropped = f", {r['n_floor']} at floor" if r["n_floor"] else ""
+        dropped = "".join(f", {d}" for d in (f"{r['n_floor']} at floor" if r["n_floor"] else "", nan) if d)
         return f"{r['exponent']:.2f}{ci} ({r['n_points']} pts{dropped})"
 
     def pick(df, vs, axes):
