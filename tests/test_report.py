@@ -364,6 +364,7 @@ def twins_summary(tmp_path_factory):
 
 
 def test_identical_series_are_overlaid_and_named_and_one_value_axes_are_centred(twins_summary):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     from icl_bench.report import plots, style
@@ -394,6 +395,15 @@ def test_identical_series_are_overlaid_and_named_and_one_value_axes_are_centred(
     assert _legend(fig) == ["gd", "gd-lsa (= gd)", "ols (no steps)"]
     with pytest.raises(plots.PlotSkipped, match=r"steps did not vary \(gd steps=4, gd-lsa steps=4\)"):
         plots.gd_steps(summary[summary.solver_params == '{"steps": 4}'], setting)
+    # gd-lsa left at its default steps records no parameters: it is a point at that K (16), not a
+    # level line "(no steps)" that claimed its error at every K; the one-panel title is wrapped
+    one = summary[summary.N == 8]  # one panel: the narrowest figure, where the title was cut off
+    default = one[one.solver == "gd-lsa"].head(1).assign(solver_params="{}", series="gd-lsa")
+    fig = plots.gd_steps(pd.concat([one[one.solver != "gd-lsa"], default]), setting)
+    lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
+    assert "gd-lsa (no steps)" not in lines and list(lines["gd-lsa"].get_xdata()) == [16.0]
+    box = fig._suptitle.get_window_extent(FigureCanvasAgg(fig).get_renderer())  # in pixels
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.width, (box, fig._suptitle.get_text())
 
 
 def test_series_that_coincide_on_the_plot_are_marked_with_their_difference():

@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from icl_bench.report import style
 from icl_bench.report.aggregate import select, series_order
 from icl_bench.report.coverage import setting_words, varied_axes
+from icl_bench.solvers.registry import get_solver_class
 
 MSE_OLS_LABEL = "MSE vs OLS prediction (y units²)"
 MSE_TRUTH_LABEL = "MSE vs truth a + b·u (y units²)"
@@ -79,7 +80,7 @@ def _finish(fig: Figure, panels: list, xlabel: str, ylabel: str, title: str, not
         leg = fig.legend(list(seen.values()), list(seen), fontsize=7, title=legend_title, title_fontsize=7,
                          loc="center right", bbox_to_anchor=(1 - 0.05 / width, 0.5))
         reserve = leg.get_window_extent(FigureCanvasAgg(fig).get_renderer()).width / fig.dpi + 0.2
-    fig.suptitle(title, fontsize=10, y=1 - 0.06 / height, va="top")
+    fig.suptitle(style.wrap_note(title, width, fontsize=10)[0], fontsize=10, y=1 - 0.06 / height, va="top")
     text, lines = style.wrap_note(note, width)
     fig.text(0.01, 0.01, text, fontsize=7, color="0.3", va="bottom")
     fig.tight_layout(rect=(0, min(0.4, (0.14 * lines + 0.06) / height), 1 - reserve / width, 1), h_pad=0.6)
@@ -161,9 +162,18 @@ def mse_vs_r(summary: pd.DataFrame, setting: dict) -> Figure:
                           f"Error vs embedding constant R ({setting_words(setting, axes, summary)})")
 
 
-def _steps(params: str):
+def _steps(solver: str, params: str):
+    """The `steps` a series ran: its parameter, else the default of a solver that declares one
+    (a solver left at its default records no parameters); None for a solver without steps or one
+    this process cannot load."""
     d = json.loads(params) if params else {}
-    return d.get("steps") if isinstance(d, dict) else None
+    if isinstance(d, dict) and "steps" in d:
+        return d["steps"]
+    try:
+        declared = get_solver_class(solver).params.get("steps")
+    except Exception:  # a plugin not installed where the report is made: drawn as a level line
+        return None
+    return declared.default if declared is not None else None
 
 
 def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
@@ -174,11 +184,11 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     single value per solver (the message says which)."""
     axes = ("noise", "R", "dtype", "device", "d", "ood")
     d = select(summary, setting, axes).copy()
-    d["steps"] = [_steps(p) for p in d["solver_params"]]
+    d["steps"] = [_steps(s, p) for s, p in zip(d["solver"], d["solver_params"])]
     stepped = d[d["steps"].notna()].copy()
     if stepped.empty:
         raise PlotSkipped(f"gd_steps: no solver in the runs set a `steps` parameter (e.g. [solvers.gd-lsa] steps = "
-                          f"[1, 4, 16]; a solver at its default steps records none) with ok cells at "
+                          f"[1, 4, 16]) with ok cells at "
                           f"{setting_words(setting, axes, summary)}")
     stepped["steps"] = stepped["steps"].astype(float)
     varied = stepped.groupby("solver")["steps"].nunique()
@@ -230,7 +240,8 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     if twins:
         note += "; " + style.twins_note(twins)
     return _finish(fig, panels, LABELS["steps"], MSE_OLS_LABEL,
-                   f"GD steps vs error; horizontal lines: solvers without steps ({setting_words(setting, axes, summary)})", note)
+                   f"GD steps vs error{'; horizontal lines: solvers without steps' if len(refs) else ''} "
+                   f"({setting_words(setting, axes, summary)})", note)
 
 
 def throughput(table: pd.DataFrame) -> Figure:

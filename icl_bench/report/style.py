@@ -197,5 +197,7 @@ def _thin(v: list[float], log: bool, max_ticks: int = 8) -> list[float]:
 def wrap_note(text: str, width_in: float, fontsize: float = 7) -> tuple[str, int]:
     """`text` wrapped to a figure `width_in` inches wide; returns (text, number of lines)."""
     chars = max(int(width_in * 72 / (0.55 * fontsize)) - 4, 20)
-    lines = [ln for para in text.split("\n") for ln in (textwrap.wrap(para, chars, break_on_hyphens=False) or [""])]
+    text = text.replace(" = ", "\0=\0")  # "noise = 0.1" stays on one line
+    lines = [ln.replace("\0", " ") for para in text.split("\n")
+             for ln in (textwrap.wrap(para, chars, break_on_hyphens=False) or [""])]
     return "\n".join(lines), len(lines)
