@@ -11,7 +11,7 @@ Exit codes (every subcommand):
          by name ([solvers.NAME] or --solver) that fails to import counts as an error.
     2    bad input (config, flags, data, checkpoints, a used --out): one line
          `icl-bench: error: <field>: <problem>`, no traceback, nothing written.
-    130  interrupted (Ctrl-C); `run` prints the command that resumes it.
+    130  interrupted (Ctrl-C); `run` prints the command that resumes it. 143: the same on SIGTERM.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from pathlib import Path
 from icl_bench import resources
 from icl_bench.cli_models import cmd_analyze, cmd_sweep, cmd_train
 from icl_bench.errors import ConfigError, RunAborted
-from icl_bench.startup import load_libraries
+from icl_bench.startup import Terminated, load_libraries, sigterm_as_interrupt
 
 
 PATH_FLAGS = ("--out", "--cache", "--readme", "--config", "--data", "--checkpoint")  # flags that name a path
@@ -162,12 +162,12 @@ def cmd_run(args) -> int:
         meta = out / "metadata.json"  # written last: this run's table is complete (a Ctrl-C while a Dask
         if meta.is_file() and meta.stat().st_mtime >= started:  # cluster shuts down, or the summary prints)
             print(f"icl-bench: interrupted after the run had finished; its table is complete in {out}", file=sys.stderr)
-            return 130 if isinstance(exc, KeyboardInterrupt) else 1
-        what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"error: {flag_named(exc)}"
+            return _interrupt_code(exc) if isinstance(exc, KeyboardInterrupt) else 1
+        what = _interrupted(exc) if isinstance(exc, KeyboardInterrupt) else f"error: {flag_named(exc)}"
         kept = (f"; the finished cells are kept in {out}. Resume with:\n  {_resume_command(args.argv, out)}"
                 if out.is_dir() else f" before {out} was made")  # (no resume line for a folder never made)
         print(f"icl-bench: {what}{kept}", file=sys.stderr)
-        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+        return _interrupt_code(exc) if isinstance(exc, KeyboardInterrupt) else 1
     return 1 if (table.status == "error").any() else 0
 
 
@@ -277,6 +277,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _interrupted(exc: KeyboardInterrupt) -> str:
+    return "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+
+
+def _interrupt_code(exc: KeyboardInterrupt) -> int:
+    """128 + the signal's number, as a shell reports a process that signal stopped: 143 / 130."""
+    return 143 if isinstance(exc, Terminated) else 130
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `icl-bench` console script; returns the exit code."""
     try:
@@ -288,13 +297,14 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             raise ConfigError(f"{exc}{_param_flag_hint(str(exc), argv)}") from None
         args.argv = argv  # for messages that repeat the command (the resume line)
-        return args.func(args)
+        with sigterm_as_interrupt():  # `kill` / a batch time limit: stopped as on Ctrl-C, with the resume line
+            return args.func(args)
     except ConfigError as exc:
         print(f"icl-bench: error: {' '.join(str(exc).splitlines())}", file=sys.stderr)  # always one line
         return 2
-    except KeyboardInterrupt:
-        print("icl-bench: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print(f"icl-bench: {_interrupted(exc)}", file=sys.stderr)
+        return _interrupt_code(exc)
     except BrokenPipeError:  # stdout closed early (`icl-bench list | head`): no message, the exit code
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # of a writer killed by SIGPIPE
         return 141  # (128 + 13, as `cat file | head` gives): never a success that hides errored cells

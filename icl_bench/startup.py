@@ -8,7 +8,8 @@ numpy.linalg, or an abort in torch's C++ code), each with a long traceback. `loa
 Ctrl-C there becomes the CLI's usual "icl-bench: interrupted" (exit 130) once they are loaded
 (about 1.3 s). A KeyboardInterrupt raised inside a C callback (llvmlite's, during a numba
 compile) is printed and dropped by ctypes; the runner's cell loop records SIGINT too
-(`sigint_recorded(reraise=True)`) and stops after the cell.
+(`sigint_recorded(reraise=True)`) and stops after the cell. SIGTERM stops a command the same way
+once the libraries are loaded (`sigterm_as_interrupt`), with exit code 143.
 """
 from __future__ import annotations
 
@@ -45,6 +46,30 @@ def sigint_recorded(reraise: bool):
         yield seen
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, a batch scheduler's time limit): the command stops as on Ctrl-C (finished
+    cells kept, the resume line printed) and exits with 143 (128 + 15)."""
+
+
+@contextmanager
+def sigterm_as_interrupt():
+    """While the block runs, SIGTERM raises Terminated in the main thread instead of killing the
+    process silently. Installed only from the main thread over the default action; the earlier
+    handler comes back after the block."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def load_libraries() -> bool:

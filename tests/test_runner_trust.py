@@ -452,6 +452,40 @@ def test_a_ctrl_c_swallowed_by_a_c_callback_still_stops_the_run(tmp_path, monkey
     assert len(calls) == 1 and len(CellStore(tmp_path / "run", RESULT_COLUMNS, resume=True).load()) == 1
 
 
+def test_sigterm_stops_a_run_like_ctrl_c_with_the_resume_line(tmp_path, capsys):
+    """`kill` (or a batch scheduler's time limit) used to end a run silently with exit 143 and no
+    word of how to resume (found by a new-user tryout). Now the finished cells are kept, the
+    resume line is printed, and --resume completes the run."""
+    import os
+    import signal
+
+    sent = []
+
+    @register_solver("test-sigterm")
+    class SendsSigterm(Solver):
+        """Answers like OLS; the process receives SIGTERM once, in its cell at N = 6."""
+        params = {}
+
+        def predict(self, batch):
+            if batch.N == 6 and not sent:
+                sent.append(True)  # first: the handler raises as soon as the signal arrives
+                os.kill(os.getpid(), signal.SIGTERM)
+            return batch.ols_prediction.to(batch.dtype)
+
+    cfg, out = _cfg(tmp_path, dict(RAW, solvers={"test-sigterm": {}})), tmp_path / "run"
+    try:
+        code, _, err = _run(capsys, "--config", cfg, "--out", out)
+        assert code == 143 and "icl-bench: terminated (SIGTERM); the finished cells are kept in" in err, err
+        assert "--resume" in err and "Traceback" not in err
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # main() leaves the process as it found it
+        code, _, err = _run(capsys, "--config", cfg, "--out", out, "--resume")
+    finally:
+        REGISTRY.unregister("test-sigterm")
+    assert code == 0, err
+    assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == 1
+    assert (pd.read_parquet(out / "results.parquet").status == "ok").all()
+
+
 def test_the_no_answer_warning_names_the_parameter_setting(capsys):
     """`mean-y: no finite prediction in 2 of 12 cells` did not say which shift answered nothing,
     and counted every shift's cells (found by a plugin author's tryout)."""
