@@ -23,7 +23,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from icl_bench import resources
+from icl_bench import __version__, resources
 from icl_bench.cli_models import cmd_analyze, cmd_sweep, cmd_train
 from icl_bench.errors import ConfigError, RunAborted
 from icl_bench.startup import Terminated, load_libraries, sigterm_as_interrupt
@@ -39,6 +39,9 @@ def _packaged(kind: str) -> str:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2 (argparse prints usage + message by default)
+        if message == "the following arguments are required: command":  # a bare `icl-bench`
+            commands = next(a.choices for a in self._actions if isinstance(a, argparse._SubParsersAction))
+            message = f"command: give one of {', '.join(commands)} (icl-bench --help; icl-bench COMMAND --help)"
         raise ConfigError(message)
 
 
@@ -122,6 +125,9 @@ def cmd_run(args) -> int:
         raise ConfigError("--scheduler: empty address; give the scheduler's, e.g. tcp://host:8786")
     if args.resume and not args.out:
         raise ConfigError("--resume: needs --out DIR, the folder of the run to continue")
+    for flag, value in (("--workers", args.workers), ("--scheduler", args.scheduler)):
+        if value is not None and args.executor == "local":  # (the config's key would be named otherwise)
+            raise ConfigError(f"{flag}: only with --executor dask, not --executor local")
     flags = {"kind": args.executor, "scheduler": args.scheduler, "n_workers": args.workers,
              "exclusive_timing": True if args.exclusive_timing else None}
     if any(v is not None for v in flags.values()):  # flags override the config's [executor] table
@@ -131,7 +137,8 @@ def cmd_run(args) -> int:
         raw["executor"] = {**given, **{k: v for k, v in flags.items() if v is not None}}
     named = [("data.path:", "--data:", args.data), ("data.x:", "--x:", args.data), ("data.y:", "--y:", args.data),
              ("executor.kind:", "--executor:", args.executor), ("executor.scheduler:", "--scheduler:", args.scheduler),
-             ("executor.n_workers:", "--workers:", args.workers)]
+             ("executor.n_workers:", "--workers:", args.workers),
+             *((f"solvers.{name}:", "--solver:", name) for name in args.solver or [])]
 
     def flag_named(exc: Exception) -> ConfigError:  # name the flag the user typed, not the config key it set
         msg = str(exc)
@@ -218,6 +225,7 @@ def cmd_publish(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every subcommand; each sets `func`, its handler."""
     p = _Parser(prog="icl-bench", description="Benchmark in-context learning algorithms for linear regression.")
+    p.add_argument("--version", action="version", version=f"icl-bench {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("list", help="list solvers, their parameters and where they come from").set_defaults(func=cmd_list)
     run = sub.add_parser("run", help="run a benchmark matrix (default: the packaged default matrix)")

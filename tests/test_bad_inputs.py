@@ -250,11 +250,13 @@ CASES = [
     Case("toml-matrix-config-to-sweep", lambda tmp: ["sweep", "--config", "default"],
          "--config: 'default' is a matrix config; run it with `icl-bench run --config default`", out=False),
     # ---- CLI flags ----
-    Case("cli-no-command", lambda tmp: [], "the following arguments are required: command", out=False),
+    Case("cli-no-command", lambda tmp: [], "command: give one of list, run, publish, report, analyze, train, sweep "
+         "(icl-bench --help; icl-bench COMMAND --help)", out=False),
     Case("cli-unknown-command", lambda tmp: ["frobnicate"], "argument command: invalid choice: 'frobnicate'"),
     Case("cli-unknown-flag", flags("--frobnicate"), "unrecognized arguments: --frobnicate"),
     Case("cli-flag-without-value", lambda tmp: ["run", "--config"], "argument --config: expected one argument"),
-    Case("cli-solver-unknown", flags("--solver", "nope"), "solvers.nope: unknown name 'nope'"),
+    Case("cli-solver-unknown", flags("--solver", "nope"), "--solver: unknown name 'nope'"),  # the flag, not solvers.nope
+    Case("cli-second-solver-unknown", flags("--solver", "gd", "--solver", "nope"), "--solver: unknown name 'nope'"),
     Case("cli-solver-parameter-as-flag", flags("--solver", "gd-lsa", "--steps", "4"),
          "unrecognized arguments: --steps 4; steps is a solver parameter: a key of the config's [solvers.NAME] table"),
     Case("cli-data-without-columns", flags("--data", "matplotlib:msft.csv"), "--data: needs --x COLUMN and --y COLUMN"),

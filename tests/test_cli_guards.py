@@ -348,3 +348,14 @@ def test_publish_force_over_odd_publish_json_or_an_unmovable_out(tmp_path, capsy
     code, err = _run(capsys, ["publish", str(tmp_path / "run"), "--out", str(pub), "--force"])
     assert code == 2 and err == f"icl-bench: error: --out: {pub}: Device or resource busy\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml", "pub", "run"]  # no .pub.*.old, no .tmp
+
+
+def test_version_is_the_installed_distributions(capsys):
+    """`icl-bench --version` answers (it was an error) with the installed distribution's version."""
+    from importlib.metadata import version
+
+    from icl_bench.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"icl-bench {version('icl-bench')}"

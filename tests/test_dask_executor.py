@@ -275,7 +275,8 @@ def test_bad_executor_flags_exit_2_and_write_nothing(tmp_path, monkeypatch, caps
              (["--scheduler", " "], "icl-bench: error: --scheduler: empty address"),  # was: a local run
              # --workers alone means a LocalCluster (it was ignored: a local run); too many for this machine
              ([f"--workers={4 * (os.cpu_count() or 1) + 1}"], f"--workers: {4 * (os.cpu_count() or 1) + 1} LocalCluster processes"),
-             (["--workers", "2", "--executor", "local"], '--workers: only with kind = "dask"')]  # was ignored
+             (["--workers", "2", "--executor", "local"], "--workers: only with --executor dask, not --executor local"),
+             (["--scheduler", "tcp://127.0.0.1:1", "--executor", "local"], "--scheduler: only with --executor dask")]
     for flags, expected in cases:  # the flag the user typed is named, not the config key it set
         out = tmp_path / "o"
         assert main(["run", "--config", str(cfg), "--out", str(out), "--no-progress", *flags]) == 2
