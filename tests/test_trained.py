@@ -91,6 +91,22 @@ def test_flatten_checkpoint_is_chosen_by_N(tmp_path):
         solver.check_batch(sample_prompts(PromptSpec(N=100, R=10.0), 4, seed=0))
 
 
+def test_two_checkpoints_that_fit_one_cell_are_an_error_naming_both(tmp_path):
+    """Two trained-nol1 checkpoints at R = 100 in one folder: the first by name answered, silently
+    (found by a new-user tryout). Now the cell is an error row that names both; a checkpoint at
+    another R, or another solver's, is no rival."""
+    torch.manual_seed(0)
+    for name, solver, R in (("tiny", "trained-nol1", 100.0), ("tiny2", "trained-nol1", 100.0),
+                            ("other-r", "trained-nol1", 10.0), ("other-solver", "trained-lsa", 100.0)):
+        save_checkpoint(Transformer(TransformerConfig()), tmp_path / name, {"solver": solver, "R": R})
+    solver = get_solver("trained-nol1", models_dir=str(tmp_path))
+    assert solver.checkpoint_for(10.0, 10).name == "other-r.json"
+    with pytest.raises(ValueError, match=r"trained-nol1: 2 checkpoints in .* fit R=100, N=10 \(tiny.json, tiny2.json\)"):
+        solver.checkpoint_for(100.0, 10)
+    (tmp_path / "tiny2.json").unlink()
+    assert solver.checkpoint_for(100.0, 10).name == "tiny.json"
+
+
 def test_shipped_trained_l1_divides_in_layer_2_and_noaug_does_not():
     """The functional LayerNorm tests (docs/analysis.md) on the shipped R = 100 checkpoints: the
     mechanism recipe's trained-l1 divides by Cxx in layer 2; the earlier one (noaug) does not."""

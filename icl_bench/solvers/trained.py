@@ -106,9 +106,18 @@ class TrainedSolver(Solver):
         return Path(self.values["models_dir"]) if self.values["models_dir"] else resources.models_dir()
 
     def checkpoint_for(self, R: float, N: int) -> Path:
-        """The JSON path of the checkpoint that fits a cell; SkipCell with the reason if none."""
+        """The JSON path of the checkpoint that fits a cell; SkipCell with the reason if none.
+
+        Raises:
+            ValueError: more than one checkpoint of this solver in models_dir fits (the cell is an
+                error row naming them: which one answered would otherwise be a silent choice).
+        """
         found = find_checkpoints(self.models_dir, self.name)
         fits = [p for p, meta in found if checkpoint_fits(meta, R, N)]
+        if len(fits) > 1:
+            raise ValueError(f"{self.name}: {len(fits)} checkpoints in {self.models_dir} fit R={R:g}, N={N} "
+                             f"({', '.join(p.name for p in fits)}); keep one per R (and N, for a flatten readout) in "
+                             "models_dir, or give each model a folder of its own")
         if fits:
             return fits[0]
         have = ", ".join(sorted({f"R={m.get('R')}" + (f",N={m['model_config'].get('N')}" if m.get("model_config", {}).get("readout") == "flatten" else "")
