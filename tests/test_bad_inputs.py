@@ -198,7 +198,7 @@ CASES = [
                                                      "solvers", "trained-l1", "models_dir")),
          "solvers.trained-l1.models_dir: repeated values in "),
     Case("toml-models-dir-missing", toml(lambda r: _set(r, "no/such/models", "solvers", "trained-l1", "models_dir")),
-         "solvers.trained-l1.models_dir: no such folder 'no/such/models'"),
+         "solvers.trained-l1.models_dir: no such folder 'no/such/models' (relative to the current folder, "),
     Case("toml-solvers-empty", toml(lambda r: _set(r, {}, "solvers")), "solvers: empty table"),
     Case("toml-no-solver", toml(lambda r: (r.pop("solvers"), _set(r, False, "all_solvers"))),  # ran 0 cells, exit 0
          "solvers: no solver to run; add a [solvers.NAME] table, pass --solver NAME or set all_solvers = true"),

@@ -97,7 +97,8 @@ class TrainedSolver(Solver):
     def __init__(self, **values):
         super().__init__(**values)
         if self.values["models_dir"] and not self.models_dir.is_dir():  # a typo must not read as "no model"
-            raise ConfigError(f"solvers.{self.name}.models_dir: no such folder {self.values['models_dir']!r}")
+            where = "" if os.path.isabs(self.values["models_dir"]) else f" (relative to the current folder, {os.getcwd()})"
+            raise ConfigError(f"solvers.{self.name}.models_dir: no such folder {self.values['models_dir']!r}{where}")
         self._cache: dict[tuple, Transformer] = {}  # (json path, dtype, device) -> model
         self._last: Transformer | None = None
 
