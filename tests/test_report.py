@@ -124,6 +124,8 @@ def test_publish_writes_markdown_csv_png_and_html(published):
     head = (published / "headline.md").read_text()
     assert f"icl-bench publish {published.parent / 'seed0'} --out {published}`" in head  # --force was not passed
     assert f"--out {published}</code> (add <code>--force</code> to regenerate" in page
+    assert "`" not in page and "<code>icl-bench run --config ood</code>" in page  # notes' code spans, as report.md's
+    assert "`icl-bench run --config ood`" in md
     assert oct((published).stat().st_mode & 0o777) == "0o755" and oct((published / "plots").stat().st_mode & 0o777) == "0o755"
     assert {oct(p.stat().st_mode & 0o777) for p in published.rglob("*") if p.is_file()} == {"0o644"}
     assert not [p for p in published.parent.iterdir() if p.name.startswith(".")]  # no temp folders left

@@ -157,6 +157,7 @@ def _index_html(ctx: dict) -> str:
 
     env = jinja2.Environment(loader=jinja2.PackageLoader("icl_bench.report", "templates"),
                              autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)
+    env.filters["code"] = _inline_code
     runs = []
     for run, meta in ctx["runs"].items():
         r = {"path": run, "meta": meta}
@@ -175,6 +176,17 @@ def _index_html(ctx: dict) -> str:
         plots=[{"name": n, "title": PLOT_TITLES[n]} for n in ctx["plots"]], notes=ctx["notes"],
         failures=_html_table(ctx["failures"]), sparsity=_html_table(ctx["sparsity"]),
         summary=_html_table(ctx["summary_shown"]), runs=runs)
+
+
+def _inline_code(text: str):
+    """A note's markdown `code` spans as <code> (the text escaped first): notes are written once,
+    for report.md and index.html alike."""
+    import markupsafe
+
+    parts = str(markupsafe.escape(text)).split("`")
+    if len(parts) % 2 == 0:  # an unpaired backtick: left as it is
+        return markupsafe.Markup("`".join(parts))
+    return markupsafe.Markup("".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts)))
 
 
 def _run_facts(meta: dict) -> dict:
