@@ -29,6 +29,22 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
     return mechanism.section(frame)["table"].set_index("series")
 
 
+GD = {1: {"none": 0.4, "x_shift=5": 50.0, "x_scale=10": 900.0},  # as gd measures them (results/ood)
+      4: {"none": 0.05, "x_shift=5": 5e7, "x_scale=10": 2e13},
+      16: {"none": 2e-4, "x_shift=5": 6e32, "x_scale=10": 3e57}}
+
+
+def test_a_solver_without_steps_is_compared_with_the_gd_series_closest_in_error():
+    """A trained model has no steps parameter; it was compared with the first gd series (steps=1)
+    whatever its errors, so a solver that is gd with 16 steps read "neither"."""
+    frame = rows(*[("gd", {"steps": k}, e, {}) for k, e in GD.items()], ("gd16-fixed", {}, GD[16], {}))
+    got = table(frame).loc["gd16-fixed"]
+    assert got["verdict"] == "GD-like" and "gd steps=16" in got["why"], got["why"]
+    # with steps, the gd series at the same steps as before
+    frame = rows(*[("gd", {"steps": k}, e, {}) for k, e in GD.items()], ("gd-lsa", {"steps": 4}, GD[4], {}))
+    assert "gd steps=4 (the same steps)" in table(frame).loc["gd-lsa steps=4", "why"]
+
+
 def test_a_verdict_holds_in_every_cell_not_on_the_mean_over_cells():
     """The thresholds were applied to the mean over every cell: 0.019 under x + 5 at N = 10 and
     1e-4 at N = 100 averaged to under 0.01 and read closed-form-like."""

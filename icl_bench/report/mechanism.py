@@ -24,8 +24,9 @@ well, is `icl-bench analyze`'s):
                       x_scale cell with 0.1 ≤ S ≤ 10 has ≤ SCALE_TOL (invariant, like OLS);
     GD-like           not invariant, and in every such cell its error is within GD_BAND decades
                       of the `gd` baseline's in the cell of the same grid point and map, for the
-                      gd series at the same steps (the closest steps otherwise; without steps,
-                      the first gd series);
+                      gd series at the same steps (the closest steps otherwise); a solver without
+                      a steps parameter (a trained model) is compared with the gd series closest
+                      in error (smallest mean |log10 ratio| over the cells both have);
     neither           otherwise;  "no OOD rows" when the solver has no finite such cell.
 """
 from __future__ import annotations
@@ -155,7 +156,8 @@ def _decades(mine: dict, ref: dict) -> dict:
 
 def _reference(steps, tested: dict, gd: dict) -> tuple[str | None, str]:
     """The gd series to compare with and why: at the same steps (the closest steps otherwise, ties
-    to the one closest in error); without steps, the first gd series."""
+    to the one closest in error); for a solver without steps (a trained model) the gd series whose
+    errors are closest, the smallest mean |log10 ratio| over the cells both have."""
     dist = {s: np.mean(np.abs(list(d.values()))) for s, (_, c) in gd.items() if (d := _decades(tested, c))}
     if not dist:
         return None, ""
@@ -163,7 +165,8 @@ def _reference(steps, tested: dict, gd: dict) -> tuple[str | None, str]:
     if isinstance(steps, (int, float)) and steps > 0 and ks:
         best = min(ks, key=lambda s: (abs(math.log(ks[s] / steps)), dist[s]))
         return best, "the same steps" if ks[best] == steps else "the closest steps"
-    return next(iter(dist)), "the first gd series"
+    best = min(dist, key=dist.get)
+    return best, f"the gd setting closest in error, mean {dist[best]:.2g} decades"
 
 
 def _verdict(r: pd.Series, mine: dict, gd: dict, where) -> tuple[str, str]:
