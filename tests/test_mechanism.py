@@ -75,3 +75,14 @@ def test_a_series_is_read_only_where_it_has_ood_rows():
     assert got.loc["ols", "none"] == pytest.approx(5e-32, rel=1e-9, abs=0) and got.loc["ols", "verdict"] == "closed-form-like"
     assert got.loc["ln-closed-form", "verdict"] == "no OOD rows" and pd.isna(got.loc["ln-closed-form", "none"])
     assert got.loc["gd", "verdict"] == "no OOD rows"
+
+
+def test_the_section_says_what_the_relative_error_divides_by_and_what_is_judged():
+    """It said E[(OLS prediction)^2]; it divides by E[(a + b u)^2] of the in-distribution generator,
+    which under student-t or outliers is not the OLS prediction's second moment (about 4 and 6
+    against 2), so only the x maps are judged."""
+    sec = mechanism.section(rows(("ols", {}, {"none": 5e-32, "x_shift=5": 7e-32, "student-t=3": 6e-32}, {})))
+    assert "MSE vs OLS / E[(a + b·u)²]" in sec["status"] and "in-distribution generator" in sec["status"]
+    assert "OLS prediction" not in sec["status"] + sec["source"]
+    assert "the x maps only" in sec["source"] and "student-t and outlier columns are shown, not judged" in sec["source"]
+    assert mechanism.__doc__.count("E[(OLS prediction)^2]") == 1  # named only to say it is not the denominator
