@@ -175,13 +175,15 @@ def _reference(steps, tested: dict, gd: dict) -> tuple[str | None, str]:
 
 def _verdict(r: pd.Series, mine: dict, gd: dict, where) -> tuple[str, str]:
     """(verdict, reason) of one series from its cells {(grid point, OOD value): relative error}."""
-    tested = {k: v for k, v in mine.items() if not math.isnan(_tol(k[1])) and np.isfinite(v)}
+    tested = {k: v for k, v in mine.items() if not math.isnan(_tol(k[1]))}
     if not tested:
-        return "no OOD rows", "no finite x-shift / x-scale cells for this solver"
-    bad = {k: v / _tol(k[1]) for k, v in tested.items() if v > _tol(k[1])}
+        return "no OOD rows", "no x-shift / x-scale cells in the judged range for this solver"
+    # an inf or NaN error (overflow, no finite answer) fails its cell: it is not left out of the test
+    bad = {k: v / _tol(k[1]) if math.isfinite(v) else math.inf for k, v in tested.items() if not v <= _tol(k[1])}
     if not bad:
         return "closed-form-like", (f"each of its {len(tested)} x-shift / x-scale cells (grid point × map) within "
-                                    f"tolerance: ≤ {SHIFT_TOL} under shifts, ≤ {SCALE_TOL} under scales")
+                                    f"tolerance: ≤ {SHIFT_TOL} under shifts |T| ≤ {MAX_SHIFT:g}, ≤ {SCALE_TOL} under "
+                                    f"scales {SCALE_RANGE[0]:g} ≤ S ≤ {SCALE_RANGE[1]:g}")
     worst = max(bad, key=bad.get)
     not_inv = f"not invariant ({where(worst)}: {tested[worst]:.2g} > {_tol(worst[1])})"
     if r["solver"] == "gd":
@@ -214,8 +216,10 @@ def section(table: pd.DataFrame) -> dict:
         return {"status": f"The runs have an 'ood' column but {why}.",
                 "table": pd.DataFrame(), "source": ""}
     tab = verdicts(rows)
-    source = ("thresholds of icl_bench/report/mechanism.py, applied in every x-shift / x-scale cell (the x maps "
-              "only: they leave the OLS answer unchanged; the student-t and outlier columns are shown, not judged)")
+    source = (f"thresholds of icl_bench/report/mechanism.py, applied in every cell of an x shift with |T| ≤ "
+              f"{MAX_SHIFT:g} or an x scale with {SCALE_RANGE[0]:g} ≤ S ≤ {SCALE_RANGE[1]:g} (the x maps only: they "
+              "leave the OLS answer unchanged; larger maps and the student-t and outlier columns are shown, not "
+              "judged); an inf or NaN error fails its cell")
     status = (f"{rows['ood'].nunique()} OOD values, {tab.shape[0]} series. Each entry is the largest relative error "
               "over the series' cells at the grid points where it has OOD rows (a cell: one N, noise, R, dtype, device, "
               "d and prompt source; mean over its seeds and runs); relative error = MSE vs OLS / E[(a + b·u)²], the "
