@@ -42,6 +42,21 @@ def test_sweep_writes_tables_and_reuses(tmp_path):
     pd.testing.assert_frame_equal(again, table)
 
 
+def test_summary_says_how_many_seeds_its_shares_are_of_and_counts_nan_predictions():
+    """A seed whose analysis failed left layer2_division's mean over the others while `seeds`
+    counted it, and predictions left out of mse_vs_ols were not counted (found by a review)."""
+    from icl_bench.training.sweep import summarise
+
+    table = pd.DataFrame({"l1": [0.0, 0.0, 1e-3], "seed": [0, 1, 0], "rel_mse": [1e-3, 2e-3, 1e-3],
+                          "n_nonfinite": [0, 3, 0], "layer2_division": [1.0, None, 0.0],
+                          "analysis_error": [None, "RuntimeError: boom", None]})
+    got = summarise(table).set_index("l1")
+    assert got.loc[0.0, "seeds"] == 2 and got.loc[0.0, "analysed"] == 1 and got.loc[0.0, "layer2_division"] == 1.0
+    assert got.loc[0.0, "n_nonfinite"] == 3 and got.loc[1e-3, "n_nonfinite"] == 0
+    clean = summarise(table.assign(n_nonfinite=0, analysis_error=None))
+    assert "analysed" not in clean and "n_nonfinite" not in clean  # the published table keeps its columns
+
+
 def test_a_huge_lambda_names_its_run_without_a_plus(tmp_path):
     """l1 = [1e308] was refused as 'train.name: bad name l1-1e+308-seed0', a field never written."""
     from icl_bench.training.sweep import sweep_runs

@@ -35,7 +35,7 @@ from icl_bench.training.config import Sweep, SweepConfig, TrainConfig, read_swee
 from icl_bench.training.train import train_and_save
 
 # Columns of the markdown summary (the CSV keeps every column analyze returns).
-MD_COLUMNS = ["l1", "seeds", "rel_mse", "rel_mse_range", "mse_vs_ols", "sparsity", "weight_l1", "hoyer", "similarity",
+MD_COLUMNS = ["l1", "seeds", "analysed", "n_nonfinite", "rel_mse", "rel_mse_range", "mse_vs_ols", "sparsity", "weight_l1", "hoyer", "similarity",
               "repr.layer0.r2_mean", "repr.layer1.r2_mean", "probe.centering.x.r2_stream", "probe.centering.y.r2_stream",
               "probe.division.r2", "probe.division.r2_stream", "ln.ln1.slope", "ln.ln1.freeze", "layer2_division"]
 
@@ -53,6 +53,7 @@ def row_for(stem: Path, sweep: Sweep) -> dict:
     w = model.weight_matrices()
     row = {"l1": meta["train_config"]["l1"], "seed": meta["seed"], "R": R, "steps": meta["metrics"]["step"],
            "mse_vs_ols": mse, "rel_mse": mse / float(batch.ols_prediction.var()),
+           "n_nonfinite": int((~ok).sum()),  # prompts left out of mse_vs_ols: its mean is over the others
            "sparsity": weight_sparsity(w), "weight_l1": weight_l1(w)}
     try:
         result = analyze(model, R, seed=int(meta["seed"]), n_prompts=sweep.analysis_prompts)
@@ -65,10 +66,18 @@ def row_for(stem: Path, sweep: Sweep) -> dict:
 
 
 def summarise(table: pd.DataFrame) -> pd.DataFrame:
-    """Per lambda: mean over seeds of every numeric column, plus min..max of rel_mse."""
+    """Per lambda: mean over seeds of every numeric column (a seed whose analysis failed adds
+    nothing to the analysis columns), plus min..max of rel_mse; `n_nonfinite` summed over seeds
+    and shown, like `analysed` (the seeds with an analysis), only where it is not the obvious."""
     num = table.drop(columns=["seed"]).select_dtypes("number")
     out = num.groupby("l1").mean()
     out.insert(0, "seeds", table.groupby("l1")["seed"].count())
+    if "n_nonfinite" in table:
+        out["n_nonfinite"] = table.groupby("l1")["n_nonfinite"].sum()
+        if not out["n_nonfinite"].any():
+            out = out.drop(columns="n_nonfinite")
+    if "analysis_error" in table and table["analysis_error"].notna().any():  # the shares are of these seeds
+        out.insert(1, "analysed", table.groupby("l1")["analysis_error"].apply(lambda s: int(s.isna().sum())))
     rng = table.groupby("l1")["rel_mse"].agg(["min", "max"])
     out.insert(out.columns.get_loc("rel_mse") + 1, "rel_mse_range", [f"{a:.2e}..{b:.2e}" for a, b in rng.values])
     return out.reset_index()
