@@ -121,3 +121,23 @@ def test_styles_keep_a_marker_per_parameter_set_and_a_line_style_per_source():
     one_a, one_b, four_a, four_b = (st[s] for s in report.series_order(report.add_series(rows)))
     assert one_a["marker"] == one_b["marker"] != four_a["marker"] == four_b["marker"]  # steps=1 circle on both
     assert one_a["linestyle"] == four_a["linestyle"] != one_b["linestyle"] == four_b["linestyle"]
+
+
+def test_a_long_legend_widens_the_figure_and_stays_off_the_note():
+    n = 14
+    path = '{{"csv": {{"path": "/data/a-rather-long-file-name-{}.csv", "x": "x", "y": "y"}}}}'
+    summary = pd.DataFrame([{"solver": "", "solver_params": "{}", "prompts": path.format(i), "N": N, "noise": 0.1,
+                             "R": 100.0, "dtype": "float64", "device": "cpu", "d": 1, "ood": "none",
+                             "mse_vs_ols": (i + 1) * N, "mse_vs_ols_ci_low": 0.5, "mse_vs_ols_ci_high": 2e3}
+                            for i in range(n) for N in (4, 8)])
+    summary["solver"] = [f"solver-with-a-long-name-{i % 2}" for i in range(n) for _ in (4, 8)]
+    summary = report.add_series(summary)
+    setting = {"N": 4, "noise": 0.1, "R": 100.0, "dtype": "float64", "device": "cpu", "d": 1, "ood": "none"}
+    fig = plots.mse_vs_n(summary, setting)
+    renderer = fig.canvas.get_renderer()
+    (ax,) = [x for x in fig.axes if x.get_visible()]
+    assert ax.get_window_extent(renderer).width / fig.dpi > 2.5  # the panel is not squeezed by the legend
+    legend = fig.legends[0].get_window_extent(renderer)
+    note = fig.texts[-1].get_window_extent(renderer)
+    title = fig._suptitle.get_window_extent(renderer)
+    assert legend.y0 >= note.y1 and legend.y1 <= title.y0 and legend.x1 <= fig.bbox.x1
