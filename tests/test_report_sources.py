@@ -11,7 +11,7 @@ import pytest
 from icl_bench.bench.config import parse_config
 from icl_bench.bench.runner import run_matrix
 from icl_bench.report import aggregate as report
-from icl_bench.report import coverage, plots, scaling, style
+from icl_bench.report import coverage, mechanism, plots, scaling, style
 from icl_bench.report.sources import source_labels
 
 GRID = {"N": [4, 8], "R": [100.0], "dtype": ["float64"], "device": ["cpu"]}
@@ -141,3 +141,16 @@ def test_a_long_legend_widens_the_figure_and_stays_off_the_note():
     note = fig.texts[-1].get_window_extent(renderer)
     title = fig._suptitle.get_window_extent(renderer)
     assert legend.y0 >= note.y1 and legend.y1 <= title.y0 and legend.x1 <= fig.bbox.x1
+
+
+def test_mechanism_compares_with_gd_on_the_same_prompt_source():
+    rows = []
+    for src, gd_errs in (("A", (0.1, 4.0, 2.0)), ("B", (0.1, 400.0, 200.0))):
+        for solver, errs in (("gd", gd_errs), ("trained-l1", (0.1, 3.0, 2.5))):
+            for ood, e in zip(("none", "x_shift=5", "x_scale=10"), errs):
+                rows.append({"solver": solver, "solver_params": '{"steps": 4}' if solver == "gd" else "{}",
+                             "prompts": src, "ood": ood, "status": "ok", "mse_vs_ols": e, "rel_mse_vs_ols": e})
+    got = mechanism.section(report.add_series(pd.DataFrame(rows)))["table"].set_index("series")
+    assert got.loc["trained-l1 · A", "verdict"] == "GD-like"
+    assert "gd · A" in got.loc["trained-l1 · A", "why"]
+    assert got.loc["trained-l1 · B", "verdict"] == "neither"  # 100 times below gd on B: not GD-like

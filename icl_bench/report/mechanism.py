@@ -18,8 +18,8 @@ icl_bench.analysis.fingerprint, which re-runs a solver on y maps as well, is `ic
     closed-form-like  every x_shift with |T| ≤ 5 has relative error ≤ SHIFT_TOL and every x_scale
                       with 0.1 ≤ S ≤ 10 has ≤ SCALE_TOL (invariant, like OLS);
     GD-like           not invariant, and its errors are within GD_BAND decades of the `gd`
-                      baseline's at the same steps (or, without steps, the closest K) on every
-                      shift / scale row that both have;
+                      baseline's at the same steps (or, without steps, the closest K) on the
+                      same prompt source, on every shift / scale row that both have;
     neither           otherwise;  "no OOD rows" when the solver has none.
 """
 from __future__ import annotations
@@ -93,16 +93,17 @@ def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
     verdict with its reason (see the module docstring). `rows` from ood_rows()."""
     if rows.empty:
         return pd.DataFrame()
-    mean = rows.groupby(["series", "solver", "solver_params", "ood"], sort=False)["rel_err"].mean().reset_index()
-    wide = mean.pivot_table(index=["series", "solver", "solver_params"], columns="ood", values="rel_err").reset_index()
+    index = ["series", "solver", "solver_params", *(["prompts"] if "prompts" in rows else [])]
+    mean = rows.groupby([*index, "ood"], sort=False)["rel_err"].mean().reset_index()
+    wide = mean.pivot_table(index=index, columns="ood", values="rel_err").reset_index()
     if "series_rank" in rows:  # the report's series order (numbers numerically: steps 1, 4, 16), not text order
         rank = rows.groupby("series")["series_rank"].min()
         wide = wide.sort_values("series", key=lambda s: s.map(rank), kind="stable").reset_index(drop=True)
-    ood_cols = sorted([c for c in wide.columns if c not in ("series", "solver", "solver_params")], key=_ood_order)
+    ood_cols = sorted([c for c in wide.columns if c not in index], key=_ood_order)
     gd = wide[wide["solver"] == "gd"]
     out = []
-    for _, r in wide.iterrows():
-        v, why = _verdict(r, ood_cols, gd)
+    for _, r in wide.iterrows():  # compared with gd on the same prompt source (series of two sources differ)
+        v, why = _verdict(r, ood_cols, gd[gd["prompts"] == r["prompts"]] if "prompts" in index else gd)
         out.append({"series": r["series"], **{c: r[c] for c in ood_cols}, "verdict": v, "why": why})
     return pd.DataFrame(out)
 
