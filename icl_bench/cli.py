@@ -23,7 +23,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from icl_bench import __version__, resources
+from icl_bench import resources
 from icl_bench.cli_models import cmd_analyze, cmd_sweep, cmd_train
 from icl_bench.errors import ConfigError, RunAborted
 from icl_bench.startup import Terminated, load_libraries, sigterm_as_interrupt
@@ -224,8 +224,10 @@ def cmd_publish(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every subcommand; each sets `func`, its handler."""
+    from icl_bench.provenance import package_versions
+
     p = _Parser(prog="icl-bench", description="Benchmark in-context learning algorithms for linear regression.")
-    p.add_argument("--version", action="version", version=f"icl-bench {__version__}")
+    p.add_argument("--version", action="version", version=f"icl-bench {package_versions()['icl-bench']}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("list", help="list solvers, their parameters and where they come from").set_defaults(func=cmd_list)
     run = sub.add_parser("run", help="run a benchmark matrix (default: the packaged default matrix)")

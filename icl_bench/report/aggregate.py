@@ -39,6 +39,7 @@ from scipy import stats
 
 from icl_bench.errors import ConfigError
 from icl_bench.report.load import AXES, BACKFILL, KEYS, check_repeats, load_run
+from icl_bench.report.sources import source_labels
 from icl_bench.report.validate import at_value
 
 LEVEL = 0.95  # confidence level of the intervals
@@ -62,14 +63,21 @@ def load_runs(paths) -> tuple[pd.DataFrame, dict[str, dict | None]]:
 
 def add_series(table: pd.DataFrame) -> pd.DataFrame:
     """Add "series" (the solver name plus every parameter that tells its rows apart from other
-    series) and "series_rank" (sort order: by solver, then by those parameter values, numbers
-    numerically).
+    series, plus the prompt source when the table holds several) and "series_rank" (sort order: by
+    solver, then by those parameter values, numbers numerically, then by source in order of first
+    appearance).
 
     A parameter is shown in a label when its value differs between any two series that have it:
     between parameter sets of one solver ("gd-lsa steps=4" beside "gd-lsa steps=16") or between
     solvers ("gd steps=8" beside "gd-lsa steps=4", even if gd ran with one value only). A solver
-    whose parameters all agree with every other series keeps its plain name ("ols").
+    whose parameters all agree with every other series keeps its plain name ("ols"). Rows of
+    different prompt sources (the `prompts` column: two CSV files, or [prompts] tables) are
+    different series, "gd steps=4 · d2.csv x→y" (sources.source_labels); with one source (or no
+    `prompts` column) the labels name no source.
     """
+    prompts = table["prompts"].fillna("").astype(str) if "prompts" in table else pd.Series("", index=table.index)
+    source = source_labels(prompts)
+    first = {p: i for i, p in enumerate(source)}  # sources in order of first appearance
     sets = {}
     for solver, params in table.groupby("solver")["solver_params"]:
         for p in params.unique():
@@ -77,13 +85,15 @@ def add_series(table: pd.DataFrame) -> pd.DataFrame:
             sets[(solver, p)] = d if isinstance(d, dict) else {}
     names = {k for d in sets.values() for k in d}
     shown = {k for k in names if len({json.dumps(d[k], sort_keys=True) for d in sets.values() if k in d}) > 1}
+    keys = list(zip(table["solver"], table["solver_params"], prompts))
     labels, order = {}, []
-    for (solver, p), d in sets.items():
-        keys = sorted(k for k in d if k in shown)
-        labels[(solver, p)] = f"{solver} {' '.join(f'{k}={_value(d[k])}' for k in keys)}".strip()
-        order.append(((solver, tuple(_sort_key(d[k]) for k in keys)), (solver, p)))
+    for solver, p, src in dict.fromkeys(keys):
+        d = sets[(solver, p)]
+        shown_keys = sorted(k for k in d if k in shown)
+        label = f"{solver} {' '.join(f'{k}={_value(d[k])}' for k in shown_keys)}".strip()
+        labels[(solver, p, src)] = f"{label} · {source[src]}" if source[src] else label
+        order.append(((solver, tuple(_sort_key(d[k]) for k in shown_keys), first[src]), (solver, p, src)))
     rank = {key: i for i, (_, key) in enumerate(sorted(order, key=lambda o: o[0]))}
-    keys = list(zip(table["solver"], table["solver_params"]))
     return table.assign(series=[labels[k] for k in keys], series_rank=[rank[k] for k in keys])
 
 

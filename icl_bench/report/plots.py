@@ -33,6 +33,7 @@ LABELS = {
     "steps": "GD steps K (= LSA layers)",
     "prompts_per_s": "throughput (prompts / s)",
 }
+LEGEND_ROOM = 2.2  # inches a figure keeps for its legend; a wider legend widens the figure
 
 
 class PlotSkipped(Exception):
@@ -52,7 +53,7 @@ def _panels(data: pd.DataFrame, col: str, col_title: str, width: float = 3.6, he
     nrows = math.ceil(len(values) / max_cols)
     ncols = math.ceil(len(values) / nrows)  # 4 panels: 2 x 2, not 3 + 1
     n_series = data["series"].nunique() if "series" in data else 0
-    fig = Figure(figsize=(width * ncols + 2.2, max(height * nrows, 1.3 + 0.16 * n_series)))
+    fig = Figure(figsize=(width * ncols + LEGEND_ROOM, max(height * nrows, 1.3 + 0.16 * n_series)))
     grid = fig.subplots(nrows, ncols, sharey=sharey, squeeze=False)
     for ax in grid.ravel()[len(values):]:
         ax.set_visible(False)
@@ -76,14 +77,23 @@ def _finish(fig: Figure, panels: list, xlabel: str, ylabel: str, title: str, not
             seen.setdefault(lab, h)
     width, height = fig.get_size_inches()
     reserve = 0.1  # inches kept free at the right for the legend
+    leg = None
     if seen:
         leg = fig.legend(list(seen.values()), list(seen), fontsize=7, title=legend_title, title_fontsize=7,
-                         loc="center right", bbox_to_anchor=(1 - 0.05 / width, 0.5))
-        reserve = leg.get_window_extent(FigureCanvasAgg(fig).get_renderer()).width / fig.dpi + 0.2
-    fig.suptitle(style.wrap_note(title, width, fontsize=10)[0], fontsize=10, y=1 - 0.06 / height, va="top")
+                         loc="center right")
+        box = leg.get_window_extent(FigureCanvasAgg(fig).get_renderer())
+        reserve = box.width / fig.dpi + 0.2
+        if reserve > LEGEND_ROOM:  # long labels ("gd steps=4 · d2.csv x→y"): widen, not squeeze the panels
+            width += reserve - LEGEND_ROOM
     text, lines = style.wrap_note(note, width)
+    foot = 0.14 * lines + 0.06  # inches the note takes at the bottom
+    if leg is not None:  # the legend stands between the title (0.35 in) and the note, the figure as tall as all need
+        height = max(height, box.height / fig.dpi + foot + 0.45)
+        fig.set_size_inches(width, height)
+        leg.set_bbox_to_anchor((1 - 0.05 / width, (foot + (height - 0.35 - foot) / 2) / height), transform=fig.transFigure)
+    fig.suptitle(style.wrap_note(title, width, fontsize=10)[0], fontsize=10, y=1 - 0.06 / height, va="top")
     fig.text(0.01, 0.01, text, fontsize=7, color="0.3", va="bottom")
-    fig.tight_layout(rect=(0, min(0.4, (0.14 * lines + 0.06) / height), 1 - reserve / width, 1), h_pad=0.6)
+    fig.tight_layout(rect=(0, min(0.4, foot / height), 1 - reserve / width, 1), h_pad=0.6)
     return fig
 
 

@@ -5,7 +5,8 @@ first "-": gd and gd-lsa are one family, trained-l1 / -nol1 / -lsa another), eac
 family gets its own shade of that colour, and the parameter set of a solver (steps = 1, 4, 16)
 gets its own marker (a solver with a single parameter set takes its family's k-th marker instead,
 so one-setting solvers of a family, e.g. trained-*, differ in marker too); solvers of one family
-also differ in line style. Series whose plotted numbers
+also differ in line style, and so do the prompt sources of one solver when the runs hold several
+(report.add_series: "gd steps=4 · d2.csv x→y"). Series whose plotted numbers
 coincide on the plot (gd and gd-lsa run the same iterations; they agree to VISUAL_RTOL, 1 %) are
 drawn on top of each other: the later one with larger open markers and a dotted line, its legend
 label says "= <the other>", and the figure note names the pair with their largest relative
@@ -51,11 +52,16 @@ def series_styles(series: pd.DataFrame) -> dict[str, dict]:
         series: one row per series with columns "series", "solver", "series_rank" (report.add_series).
     Colours: one tab10 hue per family (fixed for the built-in families, KNOWN_FAMILIES; the
     others in order of appearance), shades of it per solver;
-    line style: by solver within its family; marker: by the rank of the parameter set within its
-    solver (so gd steps=4 and gd-lsa steps=4 share one), or, for a solver run with one parameter set,
-    by the solver within its family (the four trained-* solvers: four markers, not four circles).
+    line style: by solver within its family (and by prompt source within the solver when the rows
+    hold several `prompts`); marker: by the rank of the parameter set (solver_params) within its
+    solver (so gd steps=4 and gd-lsa steps=4 share one, whatever their source), or, for a solver
+    run with one parameter set, by the solver within its family (the four trained-* solvers: four
+    markers, not four circles).
     """
     rows = series.drop_duplicates("series").sort_values("series_rank")
+    params = rows["solver_params"] if "solver_params" in rows else rows["series"]  # (a table of labels only)
+    source = rows["prompts"].fillna("") if "prompts" in rows else pd.Series("", index=rows.index)
+    sources = list(dict.fromkeys(source))  # several: each its line style within a solver
     families = list(dict.fromkeys(family(s) for s in rows["solver"]))
     tab = sns.color_palette(FAMILY_PALETTE, 10)
     free = [c for i, c in enumerate(tab) if i not in KNOWN_FAMILIES.values()]
@@ -68,11 +74,12 @@ def series_styles(series: pd.DataFrame) -> dict[str, dict]:
         solvers = list(dict.fromkeys(s for s in rows["solver"] if family(s) == fam))
         shades = _shades(colour, len(solvers))  # darkest first; one solver keeps the family colour
         for k, (solver, shade) in enumerate(zip(solvers, shades)):
-            mine = rows[rows["solver"] == solver]["series"].tolist()
-            for i, s in enumerate(mine):  # one parameter set: the solver's own marker (k) in its family
-                m = i if len(mine) > 1 else k
-                out[s] = {"color": shade, "marker": MARKERS[m % len(MARKERS)],
-                          "linestyle": DASHES[k % len(DASHES)], "family": fam}
+            mine = rows[rows["solver"] == solver]
+            sets = list(dict.fromkeys(params[mine.index]))  # its parameter sets, in series order
+            for s, p, src in zip(mine["series"], params[mine.index], source[mine.index]):
+                m = sets.index(p) if len(sets) > 1 else k  # one parameter set: the solver's own marker (k) in its family
+                dash = DASHES[(k * len(sources) + sources.index(src)) % len(DASHES)]
+                out[s] = {"color": shade, "marker": MARKERS[m % len(MARKERS)], "linestyle": dash, "family": fam}
     return out
 
 
