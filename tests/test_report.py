@@ -348,6 +348,12 @@ def test_series_labels_carry_every_distinguishing_parameter():
                       "solver_params": ['{"models_dir": ""}', '{"models_dir": "my models"}', '{"models_dir": "m"}']})
     assert sorted(add_series(t).series) == ['trained-l1 models_dir=""', 'trained-l1 models_dir="my models"',
                                             "trained-l1 models_dir=m"]
+    # runs of gd at its default steps and at steps = 4, published together: both read "gd" (one
+    # series, two sets of numbers); a parameter set in one and left out in the other is shown
+    t = pd.DataFrame({"solver": ["gd", "gd", "ols"], "solver_params": ["{}", '{"steps": 4}', "{}"]})
+    assert add_series(t).series.tolist() == ["gd", "gd steps=4", "ols"]
+    t = pd.DataFrame({"solver": ["x", "x"], "solver_params": ["[1]", "[2]"]})  # not a dict (a foreign table): the JSON
+    assert add_series(t).series.tolist() == ["x [1]", "x [2]"]
 
 
 @pytest.fixture(scope="module")

@@ -85,6 +85,8 @@ def add_series(table: pd.DataFrame) -> pd.DataFrame:
             sets[(solver, p)] = d if isinstance(d, dict) else {}
     names = {k for d in sets.values() for k in d}
     shown = {k for k in names if len({json.dumps(d[k], sort_keys=True) for d in sets.values() if k in d}) > 1}
+    shown |= {k for solver in {s for s, _ in sets} for k in names  # set in one run, left at its default in another
+              if len({k in d for (s, _), d in sets.items() if s == solver}) > 1}
     keys = list(zip(table["solver"], table["solver_params"], prompts))
     labels, order = {}, []
     for solver, p, src in dict.fromkeys(keys):
@@ -93,6 +95,12 @@ def add_series(table: pd.DataFrame) -> pd.DataFrame:
         label = f"{solver} {' '.join(f'{k}={_value(d[k])}' for k in shown_keys)}".strip()
         labels[(solver, p, src)] = f"{label} · {source[src]}" if source[src] else label
         order.append(((solver, tuple(_sort_key(d[k]) for k in shown_keys), first[src]), (solver, p, src)))
+    taken = {}  # a label two settings would share (parameters that are no dict): their JSON tells them apart
+    for key, label in labels.items():
+        taken.setdefault(label, []).append(key)
+    for label, same in taken.items():
+        for solver, p, src in same if len(same) > 1 else ():
+            labels[(solver, p, src)] = f"{label} {p or '{}'}"
     rank = {key: i for i, (_, key) in enumerate(sorted(order, key=lambda o: o[0]))}
     return table.assign(series=[labels[k] for k in keys], series_rank=[rank[k] for k in keys])
 
