@@ -154,3 +154,21 @@ def test_mechanism_compares_with_gd_on_the_same_prompt_source():
     assert got.loc["trained-l1 · A", "verdict"] == "GD-like"
     assert "gd · A" in got.loc["trained-l1 · A", "why"]
     assert got.loc["trained-l1 · B", "verdict"] == "neither"  # 100 times below gd on B: not GD-like
+
+
+def test_one_csv_path_with_other_bytes_is_two_series(tmp_path):
+    """The CSV was edited between two runs of other seeds: the same `prompts` JSON, other data.
+    Same-seed repeats were refused, but other seeds were pooled as one sample of one source."""
+    runs = []
+    for seed, scale in ((0, 1.0), (1, 5.0)):
+        data = _csv(tmp_path / "d.csv", scale, seed=seed)  # rewritten in place
+        raw = {**BASE, "seed": seed, "grid": GRID, "data": {"path": str(data), "x": "x", "y": "y"}}
+        run_matrix(parse_config(raw), tmp_path / f"run{seed}", progress=False)
+        runs.append(tmp_path / f"run{seed}")
+    table, _ = report.load_runs(runs)
+    sha = [pd.read_parquet(r / "results.parquet").data_sha256.iloc[0][:8] for r in runs]
+    summary = report.aggregate(table)
+    assert report.series_order(summary) == [f"gd · data sha256 {h}" for h in sha]
+    assert (summary.n_seeds == 1).all()  # each series holds its own run: never the two pooled
+    same, _ = report.load_runs([runs[0], runs[0]])  # one file's bytes twice: one series, no label
+    assert set(report.aggregate(same).series) == {"gd"}

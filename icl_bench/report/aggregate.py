@@ -72,11 +72,19 @@ def add_series(table: pd.DataFrame) -> pd.DataFrame:
     solvers ("gd steps=8" beside "gd-lsa steps=4", even if gd ran with one value only). A solver
     whose parameters all agree with every other series keeps its plain name ("ols"). Rows of
     different prompt sources (the `prompts` column: two CSV files, or [prompts] tables) are
-    different series, "gd steps=4 · d2.csv x→y" (sources.source_labels); with one source (or no
-    `prompts` column) the labels name no source.
+    different series, "gd steps=4 · d2.csv x→y" (sources.source_labels), and so are rows of one
+    CSV path whose bytes differ (`data_sha256`: "· d.csv x→y (data sha256 1a2b3c4d)"); with one
+    source (or no `prompts` column) the labels name no source. A parameter set in one run and left
+    at its default in another is shown ("gd" beside "gd steps=4").
     """
     prompts = table["prompts"].fillna("").astype(str) if "prompts" in table else pd.Series("", index=table.index)
     source = source_labels(prompts)
+    if "data_sha256" in table:  # one CSV path, other bytes (the file was edited between runs): other data
+        sha = table["data_sha256"].fillna("").astype(str)
+        edited = sha.groupby(prompts).transform(lambda s: s[s != ""].nunique() > 1).astype(bool) & (sha != "")
+        for p, h in dict.fromkeys(zip(prompts[edited], sha[edited])):  # (in order of first appearance)
+            source[f"{p}\0{h}"] = f"{source[p]} (data sha256 {h[:8]})" if source[p] else f"data sha256 {h[:8]}"
+        prompts = prompts.where(~edited, prompts + "\0" + sha)
     first = {p: i for i, p in enumerate(source)}  # sources in order of first appearance
     sets = {}
     for solver, params in table.groupby("solver")["solver_params"]:
