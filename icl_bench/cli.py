@@ -21,6 +21,7 @@ import re
 import shlex
 import sys
 from datetime import datetime
+from importlib.metadata import version
 from pathlib import Path
 
 from icl_bench import resources
@@ -224,10 +225,8 @@ def cmd_publish(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every subcommand; each sets `func`, its handler."""
-    from icl_bench.provenance import package_versions
-
     p = _Parser(prog="icl-bench", description="Benchmark in-context learning algorithms for linear regression.")
-    p.add_argument("--version", action="version", version=f"icl-bench {package_versions()['icl-bench']}")
+    p.add_argument("--version", action="version", version=f"icl-bench {version('icl-bench')}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("list", help="list solvers, their parameters and where they come from").set_defaults(func=cmd_list)
     run = sub.add_parser("run", help="run a benchmark matrix (default: the packaged default matrix)")
@@ -296,12 +295,20 @@ def _interrupt_code(exc: KeyboardInterrupt) -> int:
     return 143 if isinstance(exc, Terminated) else 130
 
 
+HELP = {"-h", "--help", "--version"}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `icl-bench` console script; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if HELP.intersection(argv):  # answered before torch & co load (2 s): argparse prints and exits 0
+        try:
+            build_parser().parse_args(argv)
+        except ConfigError:  # a bad command line around the flag: reported below, as any other
+            pass
     try:
         if load_libraries():  # a Ctrl-C while numpy / torch loaded: held back until they are whole
             raise KeyboardInterrupt
-        argv = list(sys.argv[1:] if argv is None else argv)
         try:
             args = build_parser().parse_args(argv)
         except ConfigError as exc:

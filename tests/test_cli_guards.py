@@ -359,3 +359,16 @@ def test_version_is_the_installed_distributions(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--version"])
     assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"icl-bench {version('icl-bench')}"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["--version"]])
+def test_help_and_version_answer_without_loading_torch(argv):
+    """`icl-bench --help` took 2 s: every command loaded numpy, torch, pandas, scipy and numba first."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom icl_bench.cli import main\ntry:\n    main(%r)\nexcept SystemExit as e:\n"
+            "    assert e.code == 0, e.code\nprint('torch' in sys.modules, 'numba' in sys.modules)" % (argv,))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False False", out.stdout
