@@ -139,7 +139,7 @@ def cmd_run(args) -> int:
     named = [("data.path:", "--data:", args.data), ("data.x:", "--x:", args.data), ("data.y:", "--y:", args.data),
              ("executor.kind:", "--executor:", args.executor), ("executor.scheduler:", "--scheduler:", args.scheduler),
              ("executor.n_workers:", "--workers:", args.workers),
-             *((f"solvers.{name}:", "--solver:", name) for name in args.solver or [])]
+             *((f"solvers.{name}: unknown name", "--solver: unknown name", name) for name in args.solver or [])]
 
     def flag_named(exc: Exception) -> ConfigError:  # name the flag the user typed, not the config key it set
         msg = str(exc)

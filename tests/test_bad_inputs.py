@@ -257,6 +257,8 @@ CASES = [
     Case("cli-flag-without-value", lambda tmp: ["run", "--config"], "argument --config: expected one argument"),
     Case("cli-solver-unknown", flags("--solver", "nope"), "--solver: unknown name 'nope'"),  # the flag, not solvers.nope
     Case("cli-second-solver-unknown", flags("--solver", "gd", "--solver", "nope"), "--solver: unknown name 'nope'"),
+    Case("cli-solver-with-a-bad-config-table", lambda tmp: [*toml(lambda r: _set(r, 3, "solvers", "gd"))(tmp), "--solver",
+         "gd"], "solvers.gd: must be a table of parameters"),  # the config's own error, not --solver's
     Case("cli-solver-parameter-as-flag", flags("--solver", "gd-lsa", "--steps", "4"),
          "unrecognized arguments: --steps 4; steps is a solver parameter: a key of the config's [solvers.NAME] table"),
     Case("cli-data-without-columns", flags("--data", "matplotlib:msft.csv"), "--data: needs --x COLUMN and --y COLUMN"),

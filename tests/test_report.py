@@ -411,7 +411,25 @@ def test_identical_series_are_overlaid_and_named_and_one_value_axes_are_centred(
     lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
     assert "gd-lsa (no steps)" not in lines and list(lines["gd-lsa"].get_xdata()) == [16.0]
     box = fig._suptitle.get_window_extent(FigureCanvasAgg(fig).get_renderer())  # in pixels
+    assert plots._steps("gd-lsa", "{}") == 16 and plots._steps("no-such-solver", "{}") is None
     assert box.x0 >= 0 and box.x1 <= fig.bbox.width, (box, fig._suptitle.get_text())
+
+
+def test_a_steps_default_that_is_no_number_is_no_point_on_the_k_axis(monkeypatch):
+    """A plugin whose `steps` defaults to "auto" crashed publish (float("auto")) once defaults were
+    read; such a default (or a bool) gives no K: the series is a level line, as before."""
+    from icl_bench.report import plots
+    from icl_bench.solvers.base import Param
+
+    class Auto:
+        params = {"steps": Param("auto", "K or auto", choices=("auto", "4"))}
+
+    class Flag:
+        params = {"steps": Param(True, "on / off")}
+
+    monkeypatch.setattr(plots, "get_solver_class", {"auto-k": Auto, "flag-k": Flag}.__getitem__)
+    assert plots._steps("auto-k", "{}") is None and plots._steps("flag-k", "{}") is None
+    assert plots._steps("auto-k", '{"steps": 4}') == 4
 
 
 def test_series_that_coincide_on_the_plot_are_marked_with_their_difference():

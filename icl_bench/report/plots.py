@@ -183,7 +183,8 @@ def _steps(solver: str, params: str):
         declared = get_solver_class(solver).params.get("steps")
     except Exception:  # a plugin not installed where the report is made: drawn as a level line
         return None
-    return declared.default if declared is not None else None
+    k = declared.default if declared is not None else None
+    return k if isinstance(k, (int, float)) and not isinstance(k, bool) else None  # "auto": no point on a K axis
 
 
 def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
