@@ -99,3 +99,18 @@ def test_an_inf_or_nan_cell_fails_the_invariance_test(failed):
     whole = rows(("whole", {}, {"none": 1e-6, "x_shift=5": 1e-4, "x_scale=10": 1e-4, "x_shift=20": 0.04}, {}))
     assert "|T| ≤ 5" in table(whole).loc["whole", "why"]  # x + 20 is shown, not judged: the reason says so
     assert table(whole).loc["whole", "verdict"] == "closed-form-like"
+
+
+def test_a_broken_cell_is_not_left_out_of_the_gd_comparison_nor_averaged_away():
+    """An inf cell was skipped when comparing with gd (a solver read GD-like beside it); a seed
+    with no finite answer was averaged away with the other seed's (closed-form-like), and the
+    table's largest error skipped NaN cells."""
+    gd = [("gd", {"steps": 4}, {"none": 0.25, "x_shift=1": 0.25, "x_scale=2": 0.25}, {"N": n}) for n in (10, 20)]
+    frame = rows(*gd, ("xs", {"steps": 4}, {"none": 0.3, "x_shift=1": 0.3, "x_scale=2": 0.3}, {"N": 10}),
+                 ("xs", {"steps": 4}, {"none": 0.3, "x_shift=1": float("inf"), "x_scale=2": 0.3}, {"N": 20}))
+    got = table(frame).loc["xs"]
+    assert got["verdict"] == "neither" and "x_shift=1, N=20 is inf where gd" in got["why"], got["why"]
+    seeds = rows(("ok", {}, {"none": 1e-6, "x_shift=1": float("nan"), "x_scale=2": 1e-6}, {"seed": 0}),
+                 ("ok", {}, {"none": 1e-6, "x_shift=1": 1e-6, "x_scale=2": 1e-6}, {"seed": 1}))
+    got = table(seeds).loc["ok"]
+    assert got["verdict"] == "neither" and pd.isna(got["x_shift=1"]), got.to_dict()

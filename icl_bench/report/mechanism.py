@@ -108,7 +108,8 @@ def _cells(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     rows = rows.assign(point=list(zip(*(rows[c].astype(str) for c in grid))) if grid else [()] * len(rows))
     keys = ["series", "solver", "solver_params", "point"]
     has_ood = rows.assign(o=rows["ood"] != "none").groupby(keys, sort=False)["o"].transform("any")
-    cells = rows[has_ood].groupby([*keys, "ood"], sort=False)["rel_err"].mean().reset_index()
+    cells = (rows[has_ood].groupby([*keys, "ood"], sort=False)["rel_err"]  # a seed without a finite answer
+             .agg(lambda s: s.mean(skipna=False)).reset_index())  # makes its cell NaN: not averaged away
     return cells, grid
 
 
@@ -121,7 +122,8 @@ def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     cells, grid = _cells(rows)
     idx = ["series", "solver", "solver_params"]
-    wide = cells.pivot_table(index=idx, columns="ood", values="rel_err", aggfunc="max").reset_index()
+    wide = cells.pivot_table(index=idx, columns="ood", values="rel_err", aggfunc=lambda s: s.max(skipna=False),
+                             dropna=False).reset_index()
     wide = rows.drop_duplicates("series")[idx].merge(wide, on=idx, how="left")  # series without OOD rows: blank
     if "series_rank" in rows:  # the report's series order (numbers numerically: steps 1, 4, 16), not text order
         rank = rows.groupby("series")["series_rank"].min()
@@ -191,6 +193,10 @@ def _verdict(r: pd.Series, mine: dict, gd: dict, where) -> tuple[str, str]:
     ref, how = _reference(_steps(r["solver_params"]), tested, gd)
     if ref is None:
         return "neither", f"{not_inv}; no gd cell at its grid points to compare with"
+    broken = [k for k, v in tested.items() if not math.isfinite(v) and 0 < gd[ref][1].get(k, math.nan) < math.inf]
+    if broken:  # inf / NaN where gd's error is finite: infinitely far from it, not left out
+        return "neither", (f"{not_inv} and not GD-like: {where(broken[0])} is {tested[broken[0]]:.2g} where "
+                           f"{ref} ({how}) has {gd[ref][1][broken[0]]:.2g}")
     dec = _decades(tested, gd[ref][1])
     far = max(dec, key=lambda k: abs(dec[k]))
     if abs(dec[far]) <= GD_BAND:
