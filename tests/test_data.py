@@ -279,3 +279,17 @@ def test_ill_posed_csv_windows_are_not_counted_as_failures(tmp_path, capsys):
     headline = (tmp_path / "pub" / "headline.md").read_text()
     assert " NaN)" not in headline
     assert "ill-posed prompts" in headline and f"N=3: {int(rows.n_ill_posed.sum())} of 256" in headline
+    # a run from before the columns beside a new one: its seed counts every NaN as failed, the new
+    # seed stays exact (the whole group fell back to the old count)
+    old = tmp_path / "old"
+    old.mkdir()
+    pd.read_parquet(tmp_path / "s1" / "results.parquet").drop(columns=["n_ill_posed", "n_nonfinite_well_posed"]) \
+        .to_parquet(old / "results.parquet")
+    mixed = report.aggregate(report.load_runs([tmp_path / "s0", old])[0])
+    gd = mixed[(mixed.solver == "gd") & (mixed.N == 3)].iloc[0]
+    new, before = rows[rows.seed == 0].iloc[0], rows[rows.seed == 1].iloc[0]
+    assert (gd.n_ill_posed, gd.n_nonfinite_well_posed) == (new.n_ill_posed, before.n_nonfinite)
+    bad = table.assign(n_ill_posed=table.n_ill_posed.where(table.solver != "ols", 999))  # more than n_prompts
+    bad.drop(columns=["run", "series", "series_rank"]).to_parquet(old / "results.parquet")
+    with pytest.raises(ConfigError, match="column 'n_ill_posed' holds 999 in an ok row of n_prompts 128"):
+        report.load_runs([old])

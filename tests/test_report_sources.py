@@ -170,5 +170,9 @@ def test_one_csv_path_with_other_bytes_is_two_series(tmp_path):
     summary = report.aggregate(table)
     assert report.series_order(summary) == [f"gd · data sha256 {h}" for h in sha]
     assert (summary.n_seeds == 1).all()  # each series holds its own run: never the two pooled
+    for h, run in zip(sha, runs):  # and its own throughput (the median was over both runs' rows)
+        own = pd.read_parquet(run / "results.parquet").groupby("N").prompts_per_s.median()
+        mine = summary[summary.series == f"gd · data sha256 {h}"].set_index("N").prompts_per_s
+        np.testing.assert_allclose(mine.sort_index(), own.sort_index())
     same, _ = report.load_runs([runs[0], runs[0]])  # one file's bytes twice: one series, no label
     assert set(report.aggregate(same).series) == {"gd"}

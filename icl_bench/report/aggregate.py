@@ -179,8 +179,10 @@ def aggregate(table: pd.DataFrame) -> pd.DataFrame:
     Args:
         table: stacked result rows (load_runs).
     Returns:
-        DataFrame with KEYS, "series", n_seeds, n_prompts and COUNTS (summed over seeds; a count
-        is NaN where a run from before its column contributes),
+        DataFrame with KEYS, "series", n_seeds, n_prompts and COUNTS summed over seeds
+        (n_nonfinite NaN where a run from before it contributes; n_ill_posed and
+        n_nonfinite_well_posed seed by seed, a seed of a run from before them counting each NaN
+        as failed, NaN when no seed has them),
         mse_vs_ols (squared units of y) with _se, _ci_low, _ci_high; the same for mse_vs_truth;
         prompts_per_s (median over every timed row, prompts per second). Sorted by KEYS.
     """
@@ -195,15 +197,17 @@ def aggregate(table: pd.DataFrame) -> pd.DataFrame:
     for key, g in per_seed.groupby([*KEYS, "series", "series_rank"], dropna=False, sort=True):
         row = dict(zip([*KEYS, "series", "series_rank"], key))
         row.update(n_seeds=int(g["seed"].nunique()), n_prompts=int(g["n_prompts"].sum()))
-        for c in COUNTS:  # NaN where a run from before the column has the row
-            if c in g:
-                row[c] = int(round(g[c].sum())) if g[c].notna().all() else math.nan
+        if "n_nonfinite" in g:
+            row["n_nonfinite"] = int(round(g["n_nonfinite"].sum())) if g["n_nonfinite"].notna().all() else math.nan
+        if "n_ill_posed" in g and g["n_ill_posed"].notna().any():  # seed by seed: a seed of a run from before
+            bad, of = failed_answers(g)  # the columns counts every NaN as failed and none as ill-posed
+            row.update(n_ill_posed=int(round((g["n_prompts"] - of).sum())), n_nonfinite_well_posed=int(round(bad.sum())))
         for metric in ("mse_vs_ols", "mse_vs_truth"):
             row.update(_pooled(g, metric).to_dict())
         rows.append(row)
     summary = pd.DataFrame(rows)
-    speed = ok.groupby(KEYS, dropna=False)["prompts_per_s"].median().rename("prompts_per_s").reset_index()
-    return summary.merge(speed, on=KEYS, how="left")
+    speed = ok.groupby([*KEYS, "series"], dropna=False)["prompts_per_s"].median().rename("prompts_per_s")
+    return summary.merge(speed.reset_index(), on=[*KEYS, "series"], how="left")  # (series: an edited CSV's two)
 
 
 def failures(table: pd.DataFrame) -> pd.DataFrame:

@@ -23,8 +23,9 @@ KINDS = {**DTYPES, "rel_mse_vs_ols": "float64"}  # the schema, and a column repo
 # value checks beyond the dtype: every grid axis as the matrix config checks it (bench/axes.py), and
 # the seed and prompt count; each raises a config problem whose text says what is accepted
 CHECKS = {**{a.name: a.check for a in AXES}, "seed": integer(0), "n_prompts": integer(1)}
-NAN_OK = {"noise", "n_nonfinite", "batch_size"}  # numeric columns of the schema that may hold NaN besides
-#   the metrics (noise: CSV data; the other two: runs from before the runner always set them)
+# numeric columns of the schema that may hold NaN besides the metrics (noise: CSV data; the others:
+# runs from before the runner always set them)
+NAN_OK = {"noise", "n_nonfinite", "batch_size", "n_ill_posed", "n_nonfinite_well_posed"}
 NAN_OK |= {c for c, t in DTYPES.items() if t == "float64" and c not in BY_NAME}
 TEXT_MAY_BE_NULL = {"message", "data_sha256", "inputs_sha256", "started_at", "executor", "worker"}
 JSON_OBJECT = {"solver_params": "the canonical JSON of the solver's parameters",
@@ -82,6 +83,14 @@ def check_table(table: pd.DataFrame, parquet: Path) -> pd.DataFrame:
     if "weight_sparsity" in table and (table["weight_sparsity"] > 1).any():  # a fraction of the weights
         v = float(table["weight_sparsity"][table["weight_sparsity"] > 1].iloc[0])
         raise ConfigError(f"RUN_DIR: {parquet} column 'weight_sparsity' holds {v!r}; expected a fraction in [0, 1] (or NaN)")
+    for col in ("n_ill_posed", "n_nonfinite_well_posed"):  # the headline's "(k of n NaN)" and the pooling weights
+        if {col, "n_prompts", "status"} <= set(table):
+            ok = table[(table["status"] == "ok") & table[col].notna()]
+            wrong = ok[(ok[col] < 0) | (ok[col] > ok["n_prompts"])]
+            if len(wrong):
+                r = wrong.iloc[0]
+                raise ConfigError(f"RUN_DIR: {parquet} column {col!r} holds {r[col]:g} in an ok row of n_prompts "
+                                  f"{r['n_prompts']:g}; expected 0 to n_prompts")
     if {"n_nonfinite", "n_prompts"} <= set(table) and (table["n_nonfinite"] > table["n_prompts"]).any():
         r = table[table["n_nonfinite"] > table["n_prompts"]].iloc[0]  # the headline read "(999 of 16 NaN)"
         raise ConfigError(f"RUN_DIR: {parquet} column 'n_nonfinite' holds {r['n_nonfinite']:g} in a row of "
