@@ -134,6 +134,28 @@ def test_a_script_plugin_is_hashed_from_its_file(tmp_path, monkeypatch, spec):
     assert digests[0] == digests[1] != digests[2] and "" not in digests
 
 
+def test_a_script_is_hashed_when_it_registers_its_solver(tmp_path, monkeypatch):
+    """The script's file was hashed when the run first asked, so an edit made while the script ran
+    lent the new file's digest to cells of the old code (found by an adversarial review)."""
+    script = tmp_path / "script.py"
+    script.write_text("X = 1\n")
+    module = types.ModuleType("test_pinned_main")
+    module.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "test_pinned_main", module)
+    source_digest.cache_clear()
+    try:
+        before = source_digest("test_pinned_main")
+        source_digest.cache_clear()  # a new process: it runs the script as it is now
+        cls = type("Pinned", (Solver,), {"__module__": "test_pinned_main", "params": {},
+                                        "predict": lambda self, batch: batch.ols_prediction})
+        register_solver("test-pinned")(cls)
+        script.write_text("X = 2\n")  # edited while the run goes on
+        assert source_digest("test_pinned_main") == before
+    finally:
+        REGISTRY.unregister("test-pinned")
+        source_digest.cache_clear()
+
+
 def test_a_plugin_without_a_source_file_is_never_reused_across_processes(monkeypatch):
     """A solver typed into an interactive session has no file to hash: its digest is new in
     every process (never "", which would let a later session reuse cells of other code)."""

@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
+from icl_bench.provenance import source_digest
 from icl_bench.solvers.base import Solver
 
 ENTRY_POINT_GROUP = "icl_bench.solvers"
@@ -119,6 +120,7 @@ class Registry:
                 cls = ep.load()
                 dist = f"{ep.dist.name} {ep.dist.version}" if getattr(ep, "dist", None) else "unknown distribution"
                 self.add(name, cls, origin=f"plugin {ep.value} ({dist})")
+                source_digest(getattr(cls, "__module__", "").split(".")[0])  # its code as imported (see register_solver)
             except (Exception, SystemExit) as exc:  # a broken plugin must not break anything else
                 self._broken[name] = f"{type(exc).__name__}: {exc}"
 
@@ -188,6 +190,9 @@ def register_solver(name: str):
 
     def decorate(cls):
         REGISTRY.add(name, cls, origin=f"built-in ({cls.__module__})")
+        top = cls.__module__.split(".")[0]
+        if top != "icl_bench":  # a script's or plugin's code as it is now, while it defines the solver: a file
+            source_digest(top)  # edited later during the run must not lend its digest to this code's cells
         return cls
 
     return decorate
