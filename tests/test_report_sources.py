@@ -176,3 +176,13 @@ def test_one_csv_path_with_other_bytes_is_two_series(tmp_path):
         np.testing.assert_allclose(mine.sort_index(), own.sort_index())
     same, _ = report.load_runs([runs[0], runs[0]])  # one file's bytes twice: one series, no label
     assert set(report.aggregate(same).series) == {"gd"}
+
+
+def test_the_ill_posed_note_names_each_source():
+    """The note gave one count per N, the largest over every series: 12 of 32 for d.csv hid that
+    f.csv had 12 of 16 (found by an adversarial review)."""
+    d, f = (json.dumps({"csv": {"path": p, "x": "x", "y": "y"}}) for p in ("d.csv", "f.csv"))
+    at = {"noise": float("nan"), "R": 100.0, "dtype": "float64", "device": "cpu", "d": 1, "ood": "none"}
+    summary = pd.DataFrame([{**at, "N": 3, "prompts": p, "n_prompts": n, "n_ill_posed": 12} for p, n in ((d, 32), (f, 16))])
+    (note,) = report.ill_posed_note(summary, {**at, "N": 3})
+    assert note.endswith("at N=3: 12 of 32 (d.csv x→y), N=3: 12 of 16 (f.csv x→y)"), note

@@ -355,10 +355,14 @@ def ill_posed_note(summary: pd.DataFrame, setting: dict) -> list[str]:
     at = select(summary, setting, tuple(a for a in AXES if a != "N"))
     if "n_ill_posed" not in at or not (at["n_ill_posed"] > 0).any():
         return []
-    per_n = at[at["n_ill_posed"] > 0].groupby("N").agg(k=("n_ill_posed", "max"), n=("n_prompts", "max"))
-    where = ", ".join(f"N={n}: {int(r.k)} of {int(r.n)}" for n, r in per_n.iterrows())
-    return [f"ill-posed prompts (no least-squares answer, e.g. x constant over the context: a solver answers NaN "
-            f"there, and the MSE vs OLS leaves them out) at {where}"]
+    hit = at[at["n_ill_posed"] > 0]
+    src = hit["prompts"].fillna("").astype(str) if "prompts" in hit else pd.Series("", index=hit.index)
+    label = source_labels(at["prompts"].fillna("").astype(str) if "prompts" in at else [""])  # "" for one source
+    per_n = hit.assign(src=src).groupby(["src", "N"], sort=False).agg(k=("n_ill_posed", "max"), n=("n_prompts", "max"))
+    where = ", ".join(f"N={n}: {int(r.k)} of {int(r.n)}" + (f" ({label[s]})" if label.get(s) else "")
+                      for (s, n), r in per_n.sort_index(level=1, sort_remaining=False).iterrows())
+    return [f"ill-posed prompts (no least-squares answer, e.g. x constant over the context: a solver should answer "
+            f"NaN there, and the MSE vs OLS leaves them out) at {where}"]
 
 
 def to_markdown(df: pd.DataFrame) -> str:
