@@ -114,3 +114,12 @@ def test_a_broken_cell_is_not_left_out_of_the_gd_comparison_nor_averaged_away():
                  ("ok", {}, {"none": 1e-6, "x_shift=1": 1e-6, "x_scale=2": 1e-6}, {"seed": 1}))
     got = table(seeds).loc["ok"]
     assert got["verdict"] == "neither" and pd.isna(got["x_shift=1"]), got.to_dict()
+
+
+def test_a_deciding_cell_names_its_prompt_source_by_its_label():
+    """With two sources the reason named the deciding cell's source by its raw JSON."""
+    a, b = (json.dumps({"csv": {"path": p, "x": "x", "y": "y"}}) for p in ("a.csv", "b.csv"))
+    frame = rows(("s", {}, {"none": 1e-6, "x_shift=1": 1e-6}, {"prompts": a}),
+                 ("s", {}, {"none": 0.5, "x_shift=1": 0.5}, {"prompts": b}))
+    why = table(frame).loc["s · b.csv x→y", "why"]
+    assert "x_shift=1, b.csv x→y: 0.5 > 0.01" in why and "{" not in why, why

@@ -41,6 +41,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from icl_bench.report.sources import source_labels
+
 SHIFT_TOL, SCALE_TOL, GD_BAND = 0.01, 0.05, 1.0
 GRID = ("N", "noise", "R", "dtype", "device", "d", "prompts")  # a cell: one value of each, per series and OOD value
 MAX_SHIFT, SCALE_RANGE = 5.0, (0.1, 10.0)
@@ -131,7 +133,9 @@ def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
     ood_cols = sorted([c for c in wide.columns if c not in idx], key=_ood_order)
     by_series = {s: dict(zip(zip(g["point"], g["ood"]), g["rel_err"])) for s, g in cells.groupby("series", sort=False)}
     varied = [a for i, a in enumerate(grid) if len({p[i] for p in cells["point"]}) > 1]
-    where = lambda key: key[1] + "".join(f", {a}={key[0][grid.index(a)]}" for a in varied)  # noqa: E731
+    src = source_labels(cells["point"].map(lambda p: p[grid.index("prompts")]) if "prompts" in grid else [])
+    shown = lambda a, v: src.get(v) or v if a == "prompts" else f"{a}={v}"  # noqa: E731 (a source by its label)
+    where = lambda key: key[1] + "".join(f", {shown(a, key[0][grid.index(a)])}" for a in varied)  # noqa: E731
     gd = {r["series"]: (_steps(r["solver_params"]), by_series[r["series"]])
           for _, r in wide[wide["solver"] == "gd"].iterrows() if r["series"] in by_series}  # gd with OOD rows
     out = []
