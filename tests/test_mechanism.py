@@ -118,8 +118,11 @@ def test_a_broken_cell_is_not_left_out_of_the_gd_comparison_nor_averaged_away():
 
 def test_a_deciding_cell_names_its_prompt_source_by_its_label():
     """With two sources the reason named the deciding cell's source by its raw JSON."""
-    a, b = (json.dumps({"csv": {"path": p, "x": "x", "y": "y"}}) for p in ("a.csv", "b.csv"))
+    a, b = (json.dumps({"x": {"dist": "normal", "loc": 0.0, "scale": s}}) for s in (1.0, 2.0))
     frame = rows(("s", {}, {"none": 1e-6, "x_shift=1": 1e-6}, {"prompts": a}),
-                 ("s", {}, {"none": 0.5, "x_shift=1": 0.5}, {"prompts": b}))
-    why = table(frame).loc["s · b.csv x→y", "why"]
-    assert "x_shift=1, b.csv x→y: 0.5 > 0.01" in why and "{" not in why, why
+                 ("s", {}, {"none": 1.25, "x_shift=1": 1.25}, {"prompts": b}))  # MSE 2.5; E[(a + b u)^2] = 5 there
+    why = table(frame).loc["s · x=normal(0, 2)", "why"]
+    assert "x_shift=1, x=normal(0, 2): 0.5 > 0.01" in why and "{" not in why, why
+    csv = json.dumps({"csv": {"path": "a.csv", "x": "x", "y": "y"}})  # no generator: no relative error, no verdict
+    sec = mechanism.section(rows(("s", {}, {"none": 1e-6, "x_shift=1": 1e-6}, {"prompts": csv})))
+    assert sec["table"].empty and "CSV prompts have no generator" in sec["status"], sec["status"]

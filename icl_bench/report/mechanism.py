@@ -10,7 +10,7 @@ Relative error = MSE vs OLS / E[(a + b u)^2], the second moment of the noise-fre
 in-distribution prompt generator (a run's own `rel_mse_vs_ols` column replaces it where there is
 one): E[(a + b u)^2] = E[a^2] + 2 E[a] E[b] E[u] + E[b^2] E[u^2], computed from the run's `prompts`
 column (normal: loc^2 + scale^2; uniform U[loc, loc + scale]: loc^2 + loc·scale + scale^2 / 3);
-NaN for CSV prompts. It is not E[(OLS prediction)^2] of the transformed prompts: the x transforms
+none for CSV prompts, whose rows are left out (ood_rows). It is not E[(OLS prediction)^2] of the transformed prompts: the x transforms
 leave that equal to the denominator, but under student-t noise and outliers the OLS prediction's
 second moment is larger (student-t:3: about 4, as E[u^2] = 3; outliers:0.1: about 6; against 2
 for the default generator at N = 20, measured over 10^5 prompts of prompts/ood.py), so those
@@ -80,7 +80,9 @@ def parse_ood(value: str) -> tuple[str, float]:
 
 
 def ood_rows(table: pd.DataFrame) -> pd.DataFrame:
-    """ok rows of the x shift / scale / other OOD values with rel_err; empty without an `ood` column."""
+    """ok rows of the x shift / scale / other OOD values with rel_err; empty without an `ood` column.
+    Rows whose relative error has no denominator (CSV prompts: no generator, so no E[(a + b u)^2])
+    are left out: a NaN there says nothing of the solver (a NaN MSE would fail its cell)."""
     if "ood" not in table.columns:
         return pd.DataFrame()
     ok = table[table["status"] == "ok"].copy()
@@ -89,8 +91,9 @@ def ood_rows(table: pd.DataFrame) -> pd.DataFrame:
     if "rel_mse_vs_ols" in ok.columns:
         ok["rel_err"] = ok["rel_mse_vs_ols"].astype(float)
     else:
-        power = {p: signal_power(p) for p in ok["prompts"].unique()}
-        ok["rel_err"] = ok["mse_vs_ols"].astype(float) / ok["prompts"].map(power)
+        power = ok["prompts"].map({p: signal_power(p) for p in ok["prompts"].unique()}).astype(float)
+        ok["rel_err"] = ok["mse_vs_ols"].astype(float) / power
+        ok = ok[np.isfinite(power.to_numpy())]
     parsed = [parse_ood(v) for v in ok["ood"]]
     ok["transform"], ok["amount"] = [p[0] for p in parsed], [p[1] for p in parsed]
     return ok
@@ -222,7 +225,8 @@ def section(table: pd.DataFrame) -> dict:
         only_none = bool((table["ood"] == "none").all())
         why = ("every row is in-distribution (ood = none): the matrix has no out-of-distribution axis. "
                "`icl-bench run --config ood` adds x-shift / x-scale rows to judge solvers from"
-               if only_none else "no ok out-of-distribution rows")
+               if only_none else "no ok out-of-distribution rows with a relative error (CSV prompts have no "
+               "generator to take E[(a + b·u)²] from)")
         return {"status": f"The runs have an 'ood' column but {why}.",
                 "table": pd.DataFrame(), "source": ""}
     tab = verdicts(rows)
