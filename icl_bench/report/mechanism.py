@@ -10,11 +10,12 @@ Relative error = MSE vs OLS / E[(a + b u)^2], the second moment of the noise-fre
 in-distribution prompt generator (a run's own `rel_mse_vs_ols` column replaces it where there is
 one): E[(a + b u)^2] = E[a^2] + 2 E[a] E[b] E[u] + E[b^2] E[u^2], computed from the run's `prompts`
 column (normal: loc^2 + scale^2; uniform U[loc, loc + scale]: loc^2 + loc·scale + scale^2 / 3);
-none for CSV prompts, whose rows are left out (ood_rows). It is not E[(OLS prediction)^2] of the transformed prompts: the x transforms
-leave that equal to the denominator, but under student-t noise and outliers the OLS prediction's
-second moment is larger (student-t:3: about 4, as E[u^2] = 3; outliers:0.1: about 6; against 2
-for the default generator at N = 20, measured over 10^5 prompts of prompts/ood.py), so those
-columns are MSE vs OLS in units of the in-distribution signal, shown and not judged.
+none for CSV prompts, whose rows are left out (ood_rows). It is not E[(OLS prediction)^2] of the
+transformed prompts: the x transforms leave that equal to the denominator, but under student-t
+noise and outliers the OLS prediction's second moment is larger (student-t:3: about 4, as
+E[u^2] = 3; outliers:0.1: about 6; against 2 for the default generator at N = 20, measured over
+10^5 prompts of prompts/ood.py), so those columns are MSE vs OLS in units of the
+in-distribution signal, shown and not judged.
 
 A cell is one grid point (N, noise, R, dtype, device, d, prompt source) of a series and one OOD
 value; its relative error is the mean over the cell's seeds and runs. A series is read only at
