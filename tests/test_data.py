@@ -293,3 +293,8 @@ def test_ill_posed_csv_windows_are_not_counted_as_failures(tmp_path, capsys):
     bad.drop(columns=["run", "series", "series_rank"]).to_parquet(old / "results.parquet")
     with pytest.raises(ConfigError, match="column 'n_ill_posed' holds 999 in an ok row of n_prompts 128"):
         report.load_runs([old])
+    bad = table.assign(n_ill_posed=64, n_nonfinite_well_posed=table.n_nonfinite.clip(upper=64))  # each <= 128,
+    bad.loc[bad.solver == "ols", ["n_nonfinite", "n_nonfinite_well_posed"]] = 100  # together more
+    bad.drop(columns=["run", "series", "series_rank"]).to_parquet(old / "results.parquet")
+    with pytest.raises(ConfigError, match="expected n_ill_posed \\+ n_nonfinite_well_posed <= n_prompts"):
+        report.load_runs([old])

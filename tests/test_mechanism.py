@@ -125,4 +125,23 @@ def test_a_deciding_cell_names_its_prompt_source_by_its_label():
     assert "x_shift=1, x=normal(0, 2): 0.5 > 0.01" in why and "{" not in why, why
     csv = json.dumps({"csv": {"path": "a.csv", "x": "x", "y": "y"}})  # no generator: no relative error, no verdict
     sec = mechanism.section(rows(("s", {}, {"none": 1e-6, "x_shift=1": 1e-6}, {"prompts": csv})))
-    assert sec["table"].empty and "CSV prompts have no generator" in sec["status"], sec["status"]
+    assert sec["table"].empty and "Rows of CSV prompts are left out" in sec["status"], sec["status"]
+
+
+def test_failed_answers_and_errored_cells_fail_and_a_partial_own_column_falls_back():
+    """Found by a second review: a solver answering NaN on 31 of 32 prompts read closed-form-like
+    (its MSE is over the one answer), a cell whose solver raised was dropped, and a run's own
+    rel_mse_vs_ols on some rows made every other row NaN, so every solver read "neither"."""
+    base = {"none": 1e-6, "x_shift=1": 1e-6, "x_scale=2": 1e-6}
+    frame = rows(("ols", {}, base, {}), ("mostly-nan", {}, base, {}), ("raises", {}, base, {}))
+    frame["n_nonfinite_well_posed"] = 0
+    frame.loc[(frame.solver == "mostly-nan") & (frame.ood == "x_shift=1"), "n_nonfinite_well_posed"] = 31
+    frame.loc[(frame.solver == "raises") & (frame.ood == "x_shift=1"), ["status", "mse_vs_ols"]] = ["error", float("nan")]
+    got = table(frame)
+    assert got.loc["ols", "verdict"] == "closed-form-like"
+    assert got.loc["mostly-nan", "verdict"] == got.loc["raises", "verdict"] == "neither", got["why"].to_dict()
+    skipped = frame.assign(status=frame.status.where(frame.solver != "raises", "skipped"))  # never ran: not judged
+    assert "raises" not in table(skipped).index or table(skipped).loc["raises", "verdict"] == "no OOD rows"
+    own = rows(("ols", {}, base, {}), ("ols", {}, base, {"seed": 1}))
+    own["rel_mse_vs_ols"] = own["mse_vs_ols"].where(own.seed == 1) / 2  # only one run has the column
+    assert table(own).loc["ols", "verdict"] == "closed-form-like"

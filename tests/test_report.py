@@ -430,6 +430,9 @@ def test_a_steps_default_that_is_no_number_is_no_point_on_the_k_axis(monkeypatch
     monkeypatch.setattr(plots, "get_solver_class", {"auto-k": Auto, "flag-k": Flag}.__getitem__)
     assert plots._steps("auto-k", "{}") is None and plots._steps("flag-k", "{}") is None
     assert plots._steps("auto-k", '{"steps": 4}') == 4
+    assert plots._steps("auto-k", '{"steps": "auto"}') is None and plots._steps("flag-k", '{"steps": true}') is None
+    Flag.params = {"steps": Param(np.int64(8), "K")}  # a numpy integer is a K
+    assert plots._steps("flag-k", "{}") == 8
 
 
 def test_series_that_coincide_on_the_plot_are_marked_with_their_difference():

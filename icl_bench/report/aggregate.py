@@ -358,7 +358,8 @@ def ill_posed_note(summary: pd.DataFrame, setting: dict) -> list[str]:
     hit = at[at["n_ill_posed"] > 0]
     src = hit["prompts"].fillna("").astype(str) if "prompts" in hit else pd.Series("", index=hit.index)
     label = source_labels(at["prompts"].fillna("").astype(str) if "prompts" in at else [""])  # "" for one source
-    per_n = hit.assign(src=src).groupby(["src", "N"], sort=False).agg(k=("n_ill_posed", "max"), n=("n_prompts", "max"))
+    hit = hit.assign(src=src).sort_values("n_ill_posed", ascending=False, kind="stable")  # k and n of one row,
+    per_n = hit.groupby(["src", "N"], sort=False).agg(k=("n_ill_posed", "first"), n=("n_prompts", "first"))  # the top
     where = ", ".join(f"N={n}: {int(r.k)} of {int(r.n)}" + (f" ({label[s]})" if label.get(s) else "")
                       for (s, n), r in per_n.sort_index(level=1, sort_remaining=False).iterrows())
     return [f"ill-posed prompts (no least-squares answer, e.g. x constant over the context: a solver should answer "

@@ -81,20 +81,28 @@ def parse_ood(value: str) -> tuple[str, float]:
 
 
 def ood_rows(table: pd.DataFrame) -> pd.DataFrame:
-    """ok rows of the x shift / scale / other OOD values with rel_err; empty without an `ood` column.
-    Rows whose relative error has no denominator (CSV prompts: no generator, so no E[(a + b u)^2])
-    are left out: a NaN there says nothing of the solver (a NaN MSE would fail its cell)."""
+    """ok and errored rows of the x shift / scale / other OOD values with rel_err; empty without an
+    `ood` column. A cell that errored, or whose solver answered NaN / inf on a well-posed prompt
+    (n_nonfinite_well_posed > 0: its MSE is over the other prompts only), gets rel_err NaN, which
+    fails its cell. Rows whose relative error has no denominator (CSV prompts: no generator, so no
+    E[(a + b u)^2]) are left out: a NaN there says nothing of the solver."""
     if "ood" not in table.columns:
         return pd.DataFrame()
-    ok = table[table["status"] == "ok"].copy()
-    if ok.empty:  # e.g. every cell skipped (a cuda grid on a CPU machine): nothing to divide
-        return ok.assign(rel_err=pd.Series(dtype=float), transform=pd.Series(dtype=object), amount=pd.Series(dtype=float))
+    ok = table[table["status"].isin(["ok", "error"])].copy()  # (skipped: never ran here, e.g. no GPU)
+    if not (ok["status"] == "ok").any():  # e.g. every cell skipped (a cuda grid on a CPU machine)
+        return ok.iloc[:0].assign(rel_err=pd.Series(dtype=float), transform=pd.Series(dtype=object),
+                                  amount=pd.Series(dtype=float))
+    power = ok["prompts"].map({p: signal_power(p) for p in ok["prompts"].unique()}).astype(float)
+    ok["rel_err"] = ok["mse_vs_ols"].astype(float) / power
+    if "rel_mse_vs_ols" in ok.columns:  # a run's own relative error, where it has one
+        ok["rel_err"] = ok["rel_mse_vs_ols"].astype(float).where(ok["rel_mse_vs_ols"].notna(), ok["rel_err"])
+    if "n_nonfinite_well_posed" in ok.columns:
+        ok.loc[ok["n_nonfinite_well_posed"].fillna(0) > 0, "rel_err"] = math.nan
+    ok.loc[ok["status"] == "error", "rel_err"] = math.nan
+    judged = np.isfinite(power.to_numpy())
     if "rel_mse_vs_ols" in ok.columns:
-        ok["rel_err"] = ok["rel_mse_vs_ols"].astype(float)
-    else:
-        power = ok["prompts"].map({p: signal_power(p) for p in ok["prompts"].unique()}).astype(float)
-        ok["rel_err"] = ok["mse_vs_ols"].astype(float) / power
-        ok = ok[np.isfinite(power.to_numpy())]
+        judged |= ok["rel_mse_vs_ols"].notna().to_numpy()
+    ok = ok[judged]
     parsed = [parse_ood(v) for v in ok["ood"]]
     ok["transform"], ok["amount"] = [p[0] for p in parsed], [p[1] for p in parsed]
     return ok
@@ -199,8 +207,10 @@ def _verdict(r: pd.Series, mine: dict, gd: dict, where) -> tuple[str, str]:
     if r["solver"] == "gd":
         return "GD-like", f"the gd baseline itself ({not_inv})"
     ref, how = _reference(_steps(r["solver_params"]), tested, gd)
-    if ref is None:
-        return "neither", f"{not_inv}; no gd cell at its grid points to compare with"
+    if ref is None:  # no cell where both errors are finite and positive
+        shared = any(k in c for _, c in gd.values() for k in tested)
+        return "neither", f"{not_inv}; " + ("no cell where its error and gd's are both finite and positive to compare"
+                                            if shared else "no gd cell at its grid points to compare with")
     broken = [k for k, v in tested.items() if not math.isfinite(v) and 0 < gd[ref][1].get(k, math.nan) < math.inf]
     if broken:  # inf / NaN where gd's error is finite: infinitely far from it, not left out
         return "neither", (f"{not_inv} and not GD-like: {where(broken[0])} is {tested[broken[0]]:.2g} where "
@@ -222,21 +232,28 @@ def section(table: pd.DataFrame) -> dict:
                           "so there are no shift / scale rows to judge a mechanism from.",
                 "table": pd.DataFrame(), "source": ""}
     rows = ood_rows(table)
+    csv = table["prompts"].fillna("").astype(str).map(lambda p: not math.isfinite(signal_power(p))) \
+        if "prompts" in table else pd.Series(False, index=table.index)
+    csv_note = (" Rows of CSV prompts are left out: there is no generator to take E[(a + b·u)²] from."
+                if bool((csv & (table["ood"] != "none")).any()) else "")
     if rows.empty or (rows["ood"] == "none").all():
         only_none = bool((table["ood"] == "none").all())
         why = ("every row is in-distribution (ood = none): the matrix has no out-of-distribution axis. "
                "`icl-bench run --config ood` adds x-shift / x-scale rows to judge solvers from"
-               if only_none else "no ok out-of-distribution rows with a relative error (CSV prompts have no "
-               "generator to take E[(a + b·u)²] from)")
-        return {"status": f"The runs have an 'ood' column but {why}.",
+               if only_none else "no ok out-of-distribution rows with a relative error")
+        if only_none and bool(csv.all()):
+            csv_note = ""
+        return {"status": f"The runs have an 'ood' column but {why}.{csv_note}",
                 "table": pd.DataFrame(), "source": ""}
     tab = verdicts(rows)
     source = (f"thresholds of icl_bench/report/mechanism.py, applied in every cell of an x shift with |T| ≤ "
               f"{MAX_SHIFT:g} or an x scale with {SCALE_RANGE[0]:g} ≤ S ≤ {SCALE_RANGE[1]:g} (the x maps only: they "
               "leave the OLS answer unchanged; larger maps and the student-t and outlier columns are shown, not "
-              "judged); an inf or NaN error fails its cell")
+              "judged); an inf or NaN error fails its cell, as does an errored cell or a NaN answer on a well-posed "
+              "prompt")
     status = (f"{rows['ood'].nunique()} OOD values, {tab.shape[0]} series. Each entry is the largest relative error "
               "over the series' cells at the grid points where it has OOD rows (a cell: one N, noise, R, dtype, device, "
               "d and prompt source; mean over its seeds and runs); relative error = MSE vs OLS / E[(a + b·u)²], the "
-              "second moment of the noise-free answer of the in-distribution generator.")
+              "second moment of the noise-free answer of the in-distribution generator. A cell that errored, or "
+              f"whose solver answered NaN on a well-posed prompt, fails.{csv_note}")
     return {"status": status, "table": tab, "source": source}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 
 import numpy as np
 import pandas as pd
@@ -178,13 +179,14 @@ def _steps(solver: str, params: str):
     this process cannot load."""
     d = json.loads(params) if params else {}
     if isinstance(d, dict) and "steps" in d:
-        return d["steps"]
-    try:
-        declared = get_solver_class(solver).params.get("steps")
-    except Exception:  # a plugin not installed where the report is made: drawn as a level line
-        return None
-    k = declared.default if declared is not None else None
-    return k if isinstance(k, (int, float)) and not isinstance(k, bool) else None  # "auto": no point on a K axis
+        k = d["steps"]
+    else:
+        try:
+            declared = get_solver_class(solver).params.get("steps")
+        except Exception:  # a plugin not installed where the report is made: drawn as a level line
+            return None
+        k = declared.default if declared is not None else None
+    return k if isinstance(k, numbers.Real) and not isinstance(k, bool) else None  # "auto", True: no point on K
 
 
 def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:

@@ -91,6 +91,16 @@ def check_table(table: pd.DataFrame, parquet: Path) -> pd.DataFrame:
                 r = wrong.iloc[0]
                 raise ConfigError(f"RUN_DIR: {parquet} column {col!r} holds {r[col]:g} in an ok row of n_prompts "
                                   f"{r['n_prompts']:g}; expected 0 to n_prompts")
+    if {"n_ill_posed", "n_nonfinite_well_posed", "n_nonfinite", "n_prompts", "status"} <= set(table):
+        ok = table[table["status"] == "ok"]
+        wrong = ok[(ok["n_ill_posed"] + ok["n_nonfinite_well_posed"] > ok["n_prompts"])
+                   | (ok["n_nonfinite_well_posed"] > ok["n_nonfinite"])]
+        if len(wrong):
+            r = wrong.iloc[0]
+            raise ConfigError(f"RUN_DIR: {parquet} holds an ok row with n_ill_posed {r['n_ill_posed']:g}, "
+                              f"n_nonfinite_well_posed {r['n_nonfinite_well_posed']:g}, n_nonfinite {r['n_nonfinite']:g} "
+                              f"and n_prompts {r['n_prompts']:g}; expected n_ill_posed + n_nonfinite_well_posed <= "
+                              "n_prompts and n_nonfinite_well_posed <= n_nonfinite")
     if {"n_nonfinite", "n_prompts"} <= set(table) and (table["n_nonfinite"] > table["n_prompts"]).any():
         r = table[table["n_nonfinite"] > table["n_prompts"]].iloc[0]  # the headline read "(999 of 16 NaN)"
         raise ConfigError(f"RUN_DIR: {parquet} column 'n_nonfinite' holds {r['n_nonfinite']:g} in a row of "
