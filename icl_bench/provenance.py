@@ -68,9 +68,10 @@ def source_digest(top: str) -> str:
     """sha256 (hex) over the relative paths and bytes of the source of the top-level package or
     module `top` as installed (a package: every .py file under it; a module: its file). A module
     that import cannot find but that is loaded (a script's `__main__`) is hashed from its
-    `__file__`; one with no source file (an interactive session, `python -c`) gets a digest new in every process, so its
-    cells are never reused from another process's store or cache. Computed once per process:
-    the code a process runs is the code it imported."""
+    `__file__`; one with no source file (an interactive session, `python -c`) gets a digest new in
+    every process, so its cells are never reused from another process's store or cache. Computed
+    once per process (and pinned when a solver registers: solvers/registry.py): the code a process
+    runs is the code it imported."""
     try:
         spec = importlib.util.find_spec(top)
     except (ImportError, ValueError):  # ValueError: loaded without a __spec__, as a script's __main__

@@ -32,7 +32,7 @@ well, is `icl-bench analyze`'s):
                       gd series at the same steps (the closest steps otherwise); a solver without
                       a steps parameter (a trained model) is compared with the gd series closest
                       in error (smallest mean |log10 ratio| over the cells both have);
-    neither           otherwise;  "no OOD rows" when the solver has no finite such cell.
+    neither           otherwise;  "no OOD rows" when the solver has no such cell.
 """
 from __future__ import annotations
 
@@ -80,6 +80,11 @@ def parse_ood(value: str) -> tuple[str, float]:
         return name, math.nan
 
 
+def _power(prompts: pd.Series) -> pd.Series:
+    """signal_power per row (float; NaN for CSV prompts), each distinct source parsed once."""
+    return prompts.map({p: signal_power(p) for p in prompts.unique()}).astype(float)
+
+
 def ood_rows(table: pd.DataFrame) -> pd.DataFrame:
     """ok and errored rows of the x shift / scale / other OOD values with rel_err; empty without an
     `ood` column. A cell that errored, or whose solver answered NaN / inf on a well-posed prompt
@@ -92,7 +97,7 @@ def ood_rows(table: pd.DataFrame) -> pd.DataFrame:
     if not (ok["status"] == "ok").any():  # e.g. every cell skipped (a cuda grid on a CPU machine)
         return ok.iloc[:0].assign(rel_err=pd.Series(dtype=float), transform=pd.Series(dtype=object),
                                   amount=pd.Series(dtype=float))
-    power = ok["prompts"].map({p: signal_power(p) for p in ok["prompts"].unique()}).astype(float)
+    power = _power(ok["prompts"])
     ok["rel_err"] = ok["mse_vs_ols"].astype(float) / power
     if "rel_mse_vs_ols" in ok.columns:  # a run's own relative error, where it has one
         ok["rel_err"] = ok["rel_mse_vs_ols"].astype(float).where(ok["rel_mse_vs_ols"].notna(), ok["rel_err"])
@@ -232,8 +237,8 @@ def section(table: pd.DataFrame) -> dict:
                           "so there are no shift / scale rows to judge a mechanism from.",
                 "table": pd.DataFrame(), "source": ""}
     rows = ood_rows(table)
-    csv = table["prompts"].fillna("").astype(str).map(lambda p: not math.isfinite(signal_power(p))) \
-        if "prompts" in table else pd.Series(False, index=table.index)
+    csv = ~np.isfinite(_power(table["prompts"].fillna("").astype(str))) if "prompts" in table \
+        else pd.Series(False, index=table.index)
     csv_note = (" Rows of CSV prompts are left out: there is no generator to take E[(a + b·u)²] from."
                 if bool((csv & (table["ood"] != "none")).any()) else "")
     if rows.empty or (rows["ood"] == "none").all():
@@ -241,8 +246,6 @@ def section(table: pd.DataFrame) -> dict:
         why = ("every row is in-distribution (ood = none): the matrix has no out-of-distribution axis. "
                "`icl-bench run --config ood` adds x-shift / x-scale rows to judge solvers from"
                if only_none else "no ok out-of-distribution rows with a relative error")
-        if only_none and bool(csv.all()):
-            csv_note = ""
         return {"status": f"The runs have an 'ood' column but {why}.{csv_note}",
                 "table": pd.DataFrame(), "source": ""}
     tab = verdicts(rows)

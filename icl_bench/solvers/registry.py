@@ -120,7 +120,7 @@ class Registry:
                 cls = ep.load()
                 dist = f"{ep.dist.name} {ep.dist.version}" if getattr(ep, "dist", None) else "unknown distribution"
                 self.add(name, cls, origin=f"plugin {ep.value} ({dist})")
-                source_digest(getattr(cls, "__module__", "").split(".")[0])  # its code as imported (see register_solver)
+                _pin_code(cls)
             except (Exception, SystemExit) as exc:  # a broken plugin must not break anything else
                 self._broken[name] = f"{type(exc).__name__}: {exc}"
 
@@ -180,6 +180,15 @@ class Registry:
 REGISTRY = Registry(BUILTINS, ENTRY_POINT_GROUP)  # the suite's one registry
 
 
+def _pin_code(cls) -> None:
+    """Hash the code of the script or package that defines `cls` now, as it registers (the digest
+    is cached per process: provenance.source_digest): a file edited later during the run must not
+    lend its digest to this code's cells. icl_bench itself is hashed when a cell key first asks."""
+    top = getattr(cls, "__module__", "").split(".")[0]
+    if top != "icl_bench":
+        source_digest(top)
+
+
 def register_solver(name: str):
     """Class decorator: register a Solver subclass under `name` (used inside icl_bench).
 
@@ -190,9 +199,7 @@ def register_solver(name: str):
 
     def decorate(cls):
         REGISTRY.add(name, cls, origin=f"built-in ({cls.__module__})")
-        top = cls.__module__.split(".")[0]
-        if top != "icl_bench":  # a script's or plugin's code as it is now, while it defines the solver: a file
-            source_digest(top)  # edited later during the run must not lend its digest to this code's cells
+        _pin_code(cls)
         return cls
 
     return decorate
