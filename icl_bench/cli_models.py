@@ -37,7 +37,9 @@ def cmd_analyze(args) -> int:
         none = "n/a (no LayerNorm)" if k.startswith("ln.ln") else "n/a"  # not computed: not in --out either
         print(f"{k:26s} {fmt(float(result[k])) if k in result else none} {LABELS.get(k, '') if k in result else ''}".rstrip())
     print(f"{'state (functional LN)':26s} {result.get('ln.state')}\n{'fingerprint verdict':26s} {result.get('fp.verdict')} "
-          f"(closest gd: K={result.get('fp.gd_steps')}, lr {result.get('fp.gd_lr')}, distance {fmt(result.get('fp.gd_distance'))})")
+          f"(closest gd: K={result.get('fp.gd_steps')}, lr {fmt(result.get('fp.gd_lr'))}, mean distance "
+          f"{fmt(result.get('fp.gd_distance'))} decades, worst map {result.get('fp.gd_worst_map')} "
+          f"{fmt(result.get('fp.gd_max_gap'))})")
     print(f"{'per matrix':26s} sparsity   l1         hoyer")
     for name, v in json.loads(result["per_matrix"]).items():
         print(f"  {name:24s} {fmt(v['sparsity']):10s} {fmt(v['l1']):10s} {fmt(v['hoyer'])}")

@@ -77,6 +77,9 @@ def test_state_names_each_case():
     assert state(mk(none, none)) == "neither"
     assert state(mk(none, {**div, "freeze": 0.01})) == "neither"  # slope alone is not reliance
     assert state(mk(none, {**div, "r2_raw": 0.995})) == "neither"  # tracks the raw moment better
+    # std ~ Cxx^1.3 is not a division by Cxx (noaug12k seed 0: slope 1.30, R^2 0.894, freeze 0.12)
+    assert state(mk(none, {**div, "slope": 1.3})) == "neither"
+    assert state(mk(none, {**div, "slope": 1.04})) == "layer-2 division"
     assert state({"has_layernorm": False}) == "neither"
     assert ANY_ACCURATE_MODEL == ("probe.division",) and math.isfinite(div["slope"])
 

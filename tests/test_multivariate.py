@@ -192,3 +192,19 @@ def test_gd_mv_converges_to_ols_and_d1_matches_1d():
         m1, mv = build_gd_construction(5, 0.4, 100.0, variant), build_gd_lsa_mv(5, 0.4, 100.0, 1, variant)
         for (k, v), (k2, v2) in zip(m1.state_dict().items(), mv.state_dict().items()):
             assert k == k2 and torch.equal(v, v2)
+
+
+def test_gd_trajectory_mv_takes_one_step_size_per_prompt():
+    """A (B,) tensor of step sizes (the fingerprint runs every step size of its grid at once) gives
+    each prompt the trajectory of its own scalar step size; a bad tensor is a one-line ConfigError."""
+    from icl_bench.errors import ConfigError
+
+    b = sample_prompts_mv(PromptSpec(N=12, noise=0.1, R=10.0), 6, d=2, seed=1)
+    lrs = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], dtype=b.x.dtype)
+    traj = gd_trajectory_mv(b.x, b.y, b.x_query, 7, lrs)  # (8, 6)
+    for i, lr in enumerate(lrs.tolist()):
+        one = gd_trajectory_mv(b.x[i:i + 1], b.y[i:i + 1], b.x_query[i:i + 1], 7, lr)[:, 0]
+        torch.testing.assert_close(traj[:, i], one, rtol=1e-12, atol=0)
+    for bad in (torch.tensor([0.1, -0.2]), torch.tensor([[0.1]]), torch.tensor([float("nan")])):
+        with pytest.raises(ConfigError, match="lr: a tensor of step sizes"):
+            gd_trajectory_mv(b.x[:2], b.y[:2], b.x_query[:2], 3, bad)

@@ -6,7 +6,8 @@
 Prompts: N = 20, noise 0.1, R = 100, float64; fingerprint on 1024 prompts (seed 0), LayerNorm
 tests on 4096 (seed 0). Checkpoints: the R = 100 ones in icl_bench/models/ (the shipped ones).
 Controls: the construction with layer 1's centring off (its LayerNorm divides by the raw second
-moment, not by Cxx) and gd at step sizes other than its default 0.4.
+moment, not by Cxx), gd at step sizes other than its default 0.4, and gd at (K, lr) between
+the grid points of the fingerprint (positive controls of its step-size fit).
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def main() -> None:
     rows = []
 
     def add(name, solver, model=None):
-        fp = classify(profile(solver, batch), gd)
+        fp = classify(profile(solver, batch), gd, batch)  # the step size fitted off the grid too
         row = {"solver": name, **{k: v for k, v in fp.row().items()}}
         if model is not None:
             row.update({f"ln.{k}": v for k, v in ln_functional(model, R).items()})
@@ -62,6 +63,8 @@ def main() -> None:
         add(f"gd-lsa K={k}", get_solver("gd-lsa", steps=k), build_gd_construction(k, 0.4, R))
     add("gd K=16, lr 0.8", get_solver("gd", steps=16, lr=0.8))
     add("gd K=16, lr 0.1", get_solver("gd", steps=16, lr=0.1))
+    for k, lr in ((12, 0.3), (16, 0.6), (24, 0.5), (48, 0.5)):  # between the grid's K and lr
+        add(f"gd K={k}, lr {lr}", get_solver("gd", steps=k, lr=lr))
     for seed in (0, 1, 2):
         m = init_model(TrainConfig(R=R, seed=seed))
         add(f"random init (seed {seed})", Bare(m), m)
@@ -73,7 +76,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "known.csv", index=False)
     cols = ["solver", "fp.identity", "fp.x*0.1", "fp.x*10", "fp.x+5", "fp.x+20", "fp.y*10", "fp.y*1+5", "fp.verdict",
-            "fp.gd_steps", "fp.gd_lr", "fp.gd_distance", "ln.ln0.slope", "ln.ln1.slope", "ln.ln1.r2", "ln.ln1.r2_raw", "ln.ln0.freeze",
+            "fp.gd_steps", "fp.gd_lr", "fp.gd_distance", "fp.gd_max_gap", "fp.gd_worst_map", "ln.ln0.slope", "ln.ln1.slope", "ln.ln1.r2", "ln.ln1.r2_raw", "ln.ln0.freeze",
             "ln.ln1.freeze", "ln.effective_R", "ln.state"]
     text = ["# Fingerprint and functional LayerNorm tests of the known solvers", "",
             "Regenerate: `python -m benchmarks.experiments.mechanism_known` (R = 100, N = 20, noise 0.1, float64).", "",

@@ -50,22 +50,25 @@ def key_set_mv(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor, variant: str):
 def gd_iterates_mv(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor, lr: float, variant: str = "masked"):
     """Endless generator of the GD iterates (a_k, w_k), k = 1, 2, ...: a (B,), w (B, d), x's dtype.
 
-    Args: x (B, N, d) or (B, N); y (B, N); x_query (B, d) or (B,); lr > 0; variant in KEY_SETS."""
+    Args: x (B, N, d) or (B, N); y (B, N); x_query (B, d) or (B,); lr > 0, a number or a (B,)
+    tensor (one step size per prompt); variant in KEY_SETS."""
     x, u = _as3d(x, x_query)
     xs, ys = key_set_mv(x, y, u, variant)  # (B, M, d), (B, M)
     a = torch.zeros_like(ys[:, 0])  # (B,)
     w = torch.zeros_like(xs[:, 0])  # (B, d)
+    lr_w = lr[:, None] if torch.is_tensor(lr) else lr  # broadcast over w's d
     while True:
         r = ys - a[:, None] - torch.einsum("bmd,bd->bm", xs, w)  # (B, M) residuals
         a = a + lr * r.mean(dim=1)
-        w = w + lr * torch.einsum("bm,bmd->bd", r, xs) / xs.shape[1]
+        w = w + lr_w * torch.einsum("bm,bmd->bd", r, xs) / xs.shape[1]
         yield a, w
 
 
 def gd_trajectory_mv(x, y, x_query, steps: int, lr: float, variant: str = "masked") -> torch.Tensor:
     """Predictions theta_k . (1, u) after steps 0..K: (K+1, B) in x's dtype (row 0 is 0).
 
-    Args: as gd_iterates_mv, plus steps K >= 0. Raises: ConfigError on a bad steps / lr / variant."""
+    Args: as gd_iterates_mv (lr a number or a (B,) tensor), plus steps K >= 0.
+    Raises: ConfigError on a bad steps / lr / variant."""
     _check(steps, lr, variant, min_steps=0)
     x3, u = _as3d(x, x_query)
     out = [torch.zeros_like(u[:, 0])]
@@ -91,7 +94,10 @@ def hessian_eigenvalues_mv(xs: torch.Tensor) -> torch.Tensor:
 def _check(steps, lr, variant, min_steps: int = 1) -> None:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < min_steps:
         raise ConfigError(f"steps: must be an integer >= {min_steps} (got {steps!r})")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+    if torch.is_tensor(lr):  # one step size per prompt (gd_iterates_mv)
+        if lr.ndim != 1 or not bool((torch.isfinite(lr) & (lr > 0)).all()):
+            raise ConfigError("lr: a tensor of step sizes must be 1-D, finite and > 0")
+    elif isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
         raise ConfigError(f"lr: must be a finite number > 0 (got {lr!r})")
     if variant not in KEY_SETS:
         raise ConfigError(f"variant: unknown value {variant!r}; accepted: {', '.join(KEY_SETS)}")
