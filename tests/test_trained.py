@@ -125,6 +125,19 @@ def test_a_checkpoint_of_the_other_architecture_is_refused(tmp_path, solver, lay
     assert solver_.predict(sample_prompts(PromptSpec(N=10, R=100.0), 4, seed=0)).shape == (4,)
 
 
+def test_list_describes_each_trained_solver_as_it_is():
+    """`icl-bench list` called trained-l1 "the reference paper's model" after it became the
+    augmentation + proximal l1 recipe (the paper's recipe is trained-l1-noaug's); each description
+    states the architecture the solver enforces (SOLVER_LAYERNORM)."""
+    from icl_bench.solvers.registry import list_solvers
+    from icl_bench.solvers.trained import SOLVER_LAYERNORM
+
+    docs = {info.name: info.doc for info in list_solvers() if info.name in SOLVERS}
+    assert "proximal l1" in docs["trained-l1"] and "augmentation" in docs["trained-l1"] and "paper" not in docs["trained-l1"]
+    assert "paper's recipe" in docs["trained-l1-noaug"] and "trained-l1-noaug" in docs["trained-nol1"]
+    for name, layernorm in SOLVER_LAYERNORM.items():
+        assert ("LSA + LayerNorm" in docs[name]) is layernorm and ("without LayerNorm" in docs[name]) is not layernorm, name
+
 def test_shipped_trained_l1_divides_in_layer_2_and_noaug_does_not():
     """The functional LayerNorm tests (docs/analysis.md) on the shipped R = 100 checkpoints: the
     mechanism recipe's trained-l1 divides by Cxx in layer 2; the earlier one (noaug) does not."""

@@ -1,9 +1,10 @@
 """Solvers backed by trained checkpoints: trained-l1, trained-nol1 and trained-lsa.
 
-    trained-l1    LSA + LayerNorm trained with l1 (the reference paper's model): the mechanism
-                  recipe (affine augmentation, proximal l1; docs/training.md)
-    trained-l1-noaug  the earlier trained-l1 (l1 1e-4, no augmentation), kept for comparison
-    trained-nol1  the same, lambda = 0 (does l1 matter?)
+    trained-l1    LSA + LayerNorm, the mechanism recipe: affine augmentation of x and proximal l1
+                  (docs/training.md, docs/mechanism.md); it learned the layer-2 LayerNorm division
+    trained-l1-noaug  the earlier trained-l1, the reference paper's recipe (subgradient l1 1e-4,
+                  no augmentation), kept for comparison
+    trained-nol1  the same as trained-l1-noaug with lambda = 0 (does l1 matter?)
     trained-lsa   no LayerNorm, lambda = 0 (expected to learn something like gd-lsa)
 
 Each solver looks in a models directory (default: the checkpoints shipped inside the package,
@@ -186,12 +187,12 @@ class TrainedSolver(Solver):
 
 @register_solver("trained-l1")
 class TrainedL1(TrainedSolver):
-    """Trained LSA + LayerNorm transformer, l1-penalised (the reference paper's model)."""
+    """Trained LSA + LayerNorm transformer: x augmentation + proximal l1, the mechanism recipe (docs/mechanism.md)."""
 
 
 @register_solver("trained-nol1")
 class TrainedNoL1(TrainedSolver):
-    """Trained LSA + LayerNorm transformer without the l1 penalty (control)."""
+    """Trained LSA + LayerNorm transformer, trained-l1-noaug's recipe without the l1 penalty (control)."""
 
 
 @register_solver("trained-lsa")
@@ -201,4 +202,4 @@ class TrainedLSA(TrainedSolver):
 
 @register_solver("trained-l1-noaug")
 class TrainedL1NoAug(TrainedSolver):
-    """The earlier trained-l1 (subgradient l1 1e-4, no augmentation): fits OLS without the LayerNorm division."""
+    """Trained LSA + LayerNorm transformer, the earlier trained-l1: the paper's recipe (subgradient l1 1e-4, no augmentation)."""
