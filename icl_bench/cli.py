@@ -32,6 +32,10 @@ from icl_bench.startup import Terminated, load_libraries, sigterm_as_interrupt
 
 
 PATH_FLAGS = ("--out", "--cache", "--readme", "--config", "--data", "--checkpoint")  # flags that name a path
+# the axes `publish --at` accepts, for its help: the grid axes, bench/axes.py AXIS_NAMES, which publish
+# validates against (report/aggregate.py). Spelled out because bench/axes.py loads torch, which --help
+# does not (2 s); tests/test_cli_guards.py checks the two are equal.
+AT_AXES = ("N", "noise", "R", "dtype", "device", "d", "ood")
 
 
 def _packaged(kind: str) -> str:
@@ -265,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
         pub.add_argument("--out", required=True, help="output folder (must be absent or empty unless --force)")
         pub.add_argument("--force", action="store_true", help="replace a non-empty --out once the new report is complete")
         pub.add_argument("--at", action="append", metavar="AXIS=VALUE",
-                         help="fix an axis of the plots and headline (N, noise, R, dtype, device); repeatable")
+                         help=f"fix an axis of the plots and headline ({', '.join(AT_AXES)}); repeatable")
         pub.add_argument("--checkpoint", action="append", help="a trained-model checkpoint (a path, or a shipped name such as trained-l1-R100) to draw beside the construction")
         pub.add_argument("--readme", help="also rewrite the <!-- headline:begin/end --> block of this file with headline.md")
         pub.set_defaults(func=cmd_publish)

@@ -145,6 +145,18 @@ def test_run_warns_of_plugin_name_clashes_as_list_does(tmp_path, monkeypatch, ca
     finally:
         sys.modules.pop("shadow_mod", None)
 
+def test_publish_help_lists_every_axis_at_accepts(capsys):
+    """`publish --help` said --at takes (N, noise, R, dtype, device); d and ood were accepted too.
+    The help's list is cli.AT_AXES, pinned here to the grid axes publish validates --at against."""
+    from icl_bench.bench.axes import AXIS_NAMES
+    from icl_bench.cli import AT_AXES
+    from icl_bench.report.load import AXES
+
+    assert AT_AXES == AXIS_NAMES == tuple(AXES)
+    with pytest.raises(SystemExit):
+        main(["publish", "--help"])
+    assert f"({', '.join(AXIS_NAMES)})" in " ".join(capsys.readouterr().out.split())
+
 def test_config_help_lists_the_packaged_configs_each_command_runs(capsys):
     from icl_bench import resources
 
