@@ -101,7 +101,7 @@ class TrainedSolver(Solver):
     """Base for the checkpoint-backed solvers (subclasses only set the registered name)."""
 
     params = {
-        "models_dir": Param("", "directory of checkpoints (empty: the shipped checkpoints, icl_bench/models)",
+        "models_dir": Param("", "directory of checkpoints, relative to the current folder (empty: the shipped checkpoints, icl_bench/models)",
                             same=lambda p: os.path.realpath(p or resources.models_dir())),  # "/x" = "/x/"
     }
 
