@@ -6,7 +6,8 @@ Exit codes (every subcommand):
          checkpoint, ...) are counted by reason in the summary on stdout; those a user may not
          expect (a plugin that fails to import while running every solver, a cell with no
          well-posed prompt) and cells whose solver answered no prompt also get a WARNING line
-         on stderr, so they are never silent.
+         on stderr, so they are never silent; so does, before the matrix, a plugin name ignored
+         because a built-in or an earlier plugin takes it.
     1    `run` only: some cell errored (rows are still written for every cell). A solver asked for
          by name ([solvers.NAME] or --solver) that fails to import counts as an error.
     2    bad input (config, flags, data, checkpoints, a used --out): one line
@@ -31,6 +32,10 @@ from icl_bench.startup import Terminated, load_libraries, sigterm_as_interrupt
 
 
 PATH_FLAGS = ("--out", "--cache", "--readme", "--config", "--data", "--checkpoint")  # flags that name a path
+# the axes `publish --at` accepts, for its help: the grid axes, bench/axes.py AXIS_NAMES, which publish
+# validates against (report/aggregate.py). Spelled out because bench/axes.py loads torch, which --help
+# does not (2 s); tests/test_cli_guards.py checks the two are equal.
+AT_AXES = ("N", "noise", "R", "dtype", "device", "d", "ood")
 
 
 def _packaged(kind: str) -> str:
@@ -62,9 +67,19 @@ def _param_flag_hint(message: str, argv: list[str]) -> str:
     return f"; {hit[0]} is a solver parameter: a key of the config's [solvers.NAME] table (icl-bench list)" if hit else ""
 
 
+def warn_conflicts(file=None) -> None:
+    """Print a WARNING line for each plugin entry point ignored because its name is taken (a built-in's
+    or an earlier distribution's on sys.path: which one runs would otherwise be silent); `list`
+    prints them to stdout, `run` to stderr before its matrix."""
+    from icl_bench.solvers.registry import conflicts
+
+    for line in conflicts():
+        print(f"WARNING: {line}", file=file or sys.stdout)
+
+
 def cmd_list(args) -> int:
     """Print every registered solver, its parameters (config keys) and origin; exit 0."""
-    from icl_bench.solvers.registry import conflicts, list_solvers
+    from icl_bench.solvers.registry import list_solvers
 
     for info in list_solvers():
         print(f"{info.name}  [{info.origin}]")
@@ -76,8 +91,7 @@ def cmd_list(args) -> int:
         for pname, p in info.params.items():
             print(f"    {p.describe(pname)}")
     print(LIST_FOOTER)
-    for line in conflicts():
-        print(f"WARNING: {line}")
+    warn_conflicts()
     return 0
 
 
@@ -152,6 +166,7 @@ def cmd_run(args) -> int:
     except ConfigError as exc:
         raise flag_named(exc) from None
     out = Path(args.out) if args.out else Path("results/runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    warn_conflicts(sys.stderr)  # once, before the matrix: a shadowed plugin name must not pass silently
     if cfg.data is not None:
         from icl_bench.prompts.data import data_summary, snapshot
 
@@ -254,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
         pub.add_argument("--out", required=True, help="output folder (must be absent or empty unless --force)")
         pub.add_argument("--force", action="store_true", help="replace a non-empty --out once the new report is complete")
         pub.add_argument("--at", action="append", metavar="AXIS=VALUE",
-                         help="fix an axis of the plots and headline (N, noise, R, dtype, device); repeatable")
+                         help=f"fix an axis of the plots and headline ({', '.join(AT_AXES)}); repeatable")
         pub.add_argument("--checkpoint", action="append", help="a trained-model checkpoint (a path, or a shipped name such as trained-l1-R100) to draw beside the construction")
         pub.add_argument("--readme", help="also rewrite the <!-- headline:begin/end --> block of this file with headline.md")
         pub.set_defaults(func=cmd_publish)

@@ -56,6 +56,10 @@ def run(capsys, tmp_path, argv, toml=None):
     ("[runs.a]\nsteps = 1000001\n", "runs.a.steps: must be <= 1000000"),  # seed 0's steps 10^6.. were seed 1's prompts
     ("progress = 'yes'\n" + TINY, "train.progress: expected true or false"),
     ("seed = 9223372036854775807\n" + TINY, "train.seed: must be <= 9223372035853"),  # seed * 10^6 + step
+    ('[runs.tiny-b]\nsolver = "trained-lsa"\nlayernorm = true\n' + TINY,  # was saved as trained-lsa with LayerNorm
+     "runs.tiny-b.layernorm: solver 'trained-lsa' is LSA without LayerNorm; accepted: false (or leave it out)"),
+    ('[runs.a]\nsolver = "trained-nol1"\nlayernorm = false\n' + TINY,
+     "runs.a.layernorm: solver 'trained-nol1' is LSA + LayerNorm; accepted: true (or leave it out)"),
     pytest.param("N = " + "[" * 50_000 + "]" * 50_000 + "\n", "--config: c.toml nests arrays or inline tables too deeply",
                  id="nested-too-deep"),  # was a RecursionError
 ])

@@ -124,6 +124,39 @@ def test_plugin_shadowing_a_builtin_or_another_plugin_is_warned(tmp_path, monkey
             sys.modules.pop(mod, None)
 
 
+def test_run_warns_of_plugin_name_clashes_as_list_does(tmp_path, monkeypatch, capsys):
+    """A second package declaring `ols` and `ln-closed-form` got WARNING lines from `list` only; `run`
+    was silent, and which `ols` ran depended on sys.path order (found by a new-user tryout). Now
+    `run` prints the same lines to stderr, once, before the matrix."""
+    from conftest import GOOD_PLUGIN, write_plugin
+
+    root = write_plugin(tmp_path / "site", "shadow-plugin", {"ols": "shadow_mod:MeanY", "ln-closed-form": "shadow_mod:MeanY"},
+                        {"shadow_mod": GOOD_PLUGIN})
+    monkeypatch.setattr(sys, "path", [*sys.path, str(root)])  # after the suite's own distribution: its ols wins
+    (tmp_path / "m.toml").write_text("n_prompts = 8\n[grid]\nN = [10]\n[solvers.gd-lsa]\n[timing]\nrepeats = 1\n")
+    try:
+        assert main(["list"]) == 0
+        listed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("WARNING: ")]
+        assert len(listed) == 2 and all("shadow_mod:MeanY (shadow-plugin)" in line for line in listed), listed
+        assert main(["run", "--config", str(tmp_path / "m.toml"), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+        err = capsys.readouterr().err
+        assert [line for line in err.splitlines() if line.startswith("WARNING: plugin")] == listed, err
+        assert "declares 'ln-closed-form', a built-in name: ignored" in err and "declares 'ols', already declared by" in err
+    finally:
+        sys.modules.pop("shadow_mod", None)
+
+def test_publish_help_lists_every_axis_at_accepts(capsys):
+    """`publish --help` said --at takes (N, noise, R, dtype, device); d and ood were accepted too.
+    The help's list is cli.AT_AXES, pinned here to the grid axes publish validates --at against."""
+    from icl_bench.bench.axes import AXIS_NAMES
+    from icl_bench.cli import AT_AXES
+    from icl_bench.report.load import AXES
+
+    assert AT_AXES == AXIS_NAMES == tuple(AXES)
+    with pytest.raises(SystemExit):
+        main(["publish", "--help"])
+    assert f"({', '.join(AXIS_NAMES)})" in " ".join(capsys.readouterr().out.split())
+
 def test_config_help_lists_the_packaged_configs_each_command_runs(capsys):
     from icl_bench import resources
 

@@ -298,3 +298,31 @@ def test_ill_posed_csv_windows_are_not_counted_as_failures(tmp_path, capsys):
     bad.drop(columns=["run", "series", "series_rank"]).to_parquet(old / "results.parquet")
     with pytest.raises(ConfigError, match="expected n_ill_posed \\+ n_nonfinite_well_posed <= n_prompts"):
         report.load_runs([old])
+
+
+def test_a_relative_data_path_in_both_folders_is_refused(tmp_path, monkeypatch, capsys):
+    """A relative [data] path is looked up in the current folder, then beside the config. Found in
+    both as two different files, the current folder's won silently, and the prompts column named
+    only "data.csv" (found by a new-user tryout): now that is refused, naming both. Found in one
+    folder, or as one file in both (run from the config's folder), it is used as before."""
+    rows = lambda b: "x,y\n" + "\n".join(f"{i},{b * i + 1}" for i in range(20)) + "\n"  # noqa: E731
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "cfg" / "data.csv").write_text(rows(2))
+    src = DataSource(path="data.csv", x="x", y="y")
+    monkeypatch.chdir(tmp_path / "cwd")
+    assert check_source(src, [4], tmp_path / "cfg").path == str(tmp_path / "cfg" / "data.csv")  # beside the config only
+    monkeypatch.chdir(tmp_path / "cfg")
+    assert check_source(src, [4], tmp_path / "cfg").path == "data.csv"  # one file, reached both ways
+    monkeypatch.chdir(tmp_path / "cwd")
+    (tmp_path / "cwd" / "data.csv").write_text(rows(-1))
+    with pytest.raises(ConfigError, match=rf"^data\.path: 'data.csv' names two different files, '{tmp_path}/cwd/data.csv' "
+                                          rf"\(from the current folder\) and '{tmp_path}/cfg/data.csv' \(beside the config\)"):
+        check_source(src, [4], tmp_path / "cfg")
+    assert check_source(src, [4]).path == "data.csv"  # no config folder: the current folder's
+    (tmp_path / "cfg" / "m.toml").write_text(tomli_w.dumps({"n_prompts": 8, "grid": {"N": [4]}, "solvers": {"ols": {}},
+                                                          "data": {"path": "data.csv", "x": "x", "y": "y"}}))
+    assert main(["run", "--config", str(tmp_path / "cfg" / "m.toml"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("icl-bench: error: data.path: 'data.csv' names two different files") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()

@@ -6,7 +6,8 @@ from pathlib import Path
 from icl_bench.bench.config import parse_config
 from icl_bench.config_base import tomllib
 
-README = (Path(__file__).parents[1] / "README.md").read_text()
+ROOT = Path(__file__).parents[1]
+README = (ROOT / "README.md").read_text()
 
 
 def test_readme_config_example_is_a_valid_matrix():
@@ -51,3 +52,21 @@ def test_readme_python_api_snippet_runs():
     assert abs(float(scope["mine"].ols_prediction[0]) - 2.0) < 1e-12
     assert float(((scope["pred"] - scope["batch"].ols_prediction) ** 2).mean()) < 1e-5
     assert len(scope["table"]) == 2 * 3 and (scope["table"].status == "ok").all()
+
+
+def test_model_card_and_training_doc_agree_with_the_shipped_checkpoints():
+    """docs/training.md said "Six of the nine checkpoints record ... -dirty" when twelve shipped,
+    nine of them dirty. The commits now live in the generated model card's commit column, and the
+    doc states no count that could go stale."""
+    import json
+    import re
+
+    from benchmarks.experiments.checkpoint_table import short_commit
+    from icl_bench.resources import models_dir
+
+    card = (models_dir() / "README.md").read_text()
+    for path in sorted(models_dir().glob("*.json")):
+        commit = short_commit(json.loads(path.read_text()).get("git_commit"))
+        assert re.search(rf"^\| {re.escape(path.stem)} \|.*\| {re.escape(commit)} \|$", card, re.M), path.stem
+    doc = " ".join((ROOT / "docs" / "training.md").read_text().split())
+    assert not re.search(r"\b(\w+) of the (\w+) (shipped )?checkpoints record", doc, re.I)

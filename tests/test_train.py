@@ -101,3 +101,13 @@ def test_a_run_selected_twice_trains_once(tmp_path, capsys):
     assert main(["--config", str(path), "--out", str(tmp_path / "m"), "--run", "a", "--run", "a", "--no-progress"]) == 0
     assert capsys.readouterr().out.count("a: 2 steps") == 1
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["a.json", "a.safetensors"]
+
+
+@pytest.mark.parametrize("solver, layernorm", [("trained-lsa", False), ("trained-nol1", True), ("trained-l1", True),
+                                               ("trained-l1-noaug", True), ("", True)])
+def test_layernorm_left_out_follows_the_solver(solver, layernorm):
+    """`solver = "trained-lsa"` without a layernorm key trained a model with LayerNorm, which the
+    trained-lsa solver then ran under its name (found by a new-user tryout)."""
+    cfg = TrainConfig.from_dict({"solver": solver, "R": 100.0})
+    assert cfg.layernorm is layernorm and cfg.transformer_config().layernorm is layernorm
+    assert TrainConfig.from_dict({"solver": solver, "layernorm": layernorm}).layernorm is layernorm

@@ -1,6 +1,7 @@
 """The checkpoint-backed solvers: shipped checkpoints load, fit the cell or skip with a reason,
 survive degenerate prompts, and trained-l1 meets the 1 % goal on fresh prompts."""
 import math
+import re
 import os
 from pathlib import Path
 
@@ -106,6 +107,36 @@ def test_two_checkpoints_that_fit_one_cell_are_an_error_naming_both(tmp_path):
     (tmp_path / "tiny2.json").unlink()
     assert solver.checkpoint_for(100.0, 10).name == "tiny.json"
 
+
+@pytest.mark.parametrize("solver, layernorm", [("trained-lsa", True), ("trained-nol1", False), ("trained-l1", False),
+                                               ("trained-l1-noaug", False)])
+def test_a_checkpoint_of_the_other_architecture_is_refused(tmp_path, solver, layernorm):
+    """A trained-lsa checkpoint with LayerNorm ran silently under the name that promises none (found
+    by a new-user tryout); each trained solver's architecture is fixed (SOLVER_LAYERNORM), and a
+    checkpoint that contradicts it makes the cell an error row naming it."""
+    torch.manual_seed(0)
+    save_checkpoint(Transformer(TransformerConfig(layernorm=layernorm)), tmp_path / "m", {"solver": solver, "R": 100.0})
+    solver_ = get_solver(solver, models_dir=str(tmp_path))
+    has = re.escape("LSA + LayerNorm" if layernorm else "LSA without LayerNorm")
+    with pytest.raises(ValueError, match=rf"{solver}: checkpoint .*m.json is {has}, but {solver} is .*layernorm = "
+                                         rf"{str(not layernorm).lower()}"):
+        solver_.predict(sample_prompts(PromptSpec(N=10, R=100.0), 4, seed=0))
+    save_checkpoint(Transformer(TransformerConfig(layernorm=not layernorm)), tmp_path / "m", {"solver": solver, "R": 100.0})
+    assert solver_.predict(sample_prompts(PromptSpec(N=10, R=100.0), 4, seed=0)).shape == (4,)
+
+
+def test_list_describes_each_trained_solver_as_it_is():
+    """`icl-bench list` called trained-l1 "the reference paper's model" after it became the
+    augmentation + proximal l1 recipe (the paper's recipe is trained-l1-noaug's); each description
+    states the architecture the solver enforces (SOLVER_LAYERNORM)."""
+    from icl_bench.solvers.registry import list_solvers
+    from icl_bench.solvers.trained import SOLVER_LAYERNORM
+
+    docs = {info.name: info.doc for info in list_solvers() if info.name in SOLVERS}
+    assert "proximal l1" in docs["trained-l1"] and "augmentation" in docs["trained-l1"] and "paper" not in docs["trained-l1"]
+    assert "paper's recipe" in docs["trained-l1-noaug"] and "trained-l1-noaug" in docs["trained-nol1"]
+    for name, layernorm in SOLVER_LAYERNORM.items():
+        assert ("LSA + LayerNorm" in docs[name]) is layernorm and ("without LayerNorm" in docs[name]) is not layernorm, name
 
 def test_shipped_trained_l1_divides_in_layer_2_and_noaug_does_not():
     """The functional LayerNorm tests (docs/analysis.md) on the shipped R = 100 checkpoints: the

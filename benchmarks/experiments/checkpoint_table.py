@@ -24,25 +24,36 @@ def _fmt(v) -> str:
     return "—" if v is None else v if isinstance(v, str) else f"{v:.3g}"
 
 
+def short_commit(commit) -> str:
+    """A checkpoint's git_commit as the card shows it: 7 hex digits, `-dirty` kept; '—' if unrecorded."""
+    if not isinstance(commit, str) or not commit:
+        return "—"
+    head, dirty = commit.removesuffix("-dirty"), commit.endswith("-dirty")
+    return head[:7] + ("-dirty" if dirty else "")
+
+
 def row(cells) -> str:
     return "| " + " | ".join(map(str, cells)) + " |"
 
 
 def main() -> None:
     models, analysis = ROOT / "icl_bench" / "models", ROOT / "results" / "models_analysis"
-    head = ["checkpoint", "steps", "λ", "held-out MSE vs OLS", *(f"rel N={n}" for n in NS), "sparsity", "Σ\\|w\\|", "wall s", "steps/s"]
+    head = ["checkpoint", "steps", "λ", "held-out MSE vs OLS", *(f"rel N={n}" for n in NS), "sparsity", "Σ\\|w\\|", "wall s", "steps/s",
+            "commit"]
     lines = ["# Shipped checkpoints", "",
              "Made by `icl-bench train --config train --out icl_bench/models` (trained-l1: shipped from the seed experiment "
              "by `python -m benchmarks.experiments.ship_trained_l1`, the same configuration; docs/mechanism.md); this card by "
              "`python -m benchmarks.experiments.checkpoint_table`. rel = MSE vs OLS / var(OLS prediction) on 4096 "
-             "fresh prompts per N (noise 0.1); wall time and steps/s were measured on a shared 2-core machine.", "",
+             "fresh prompts per N (noise 0.1); wall time and steps/s were measured on a shared 2-core machine; commit: "
+             "the git commit it was trained at (`-dirty`: with uncommitted edits in the checkout).", "",
              row(head), row(["---"] * len(head))]
     for path in sorted(models.glob("*.json")):
         meta = json.loads(path.read_text())
         m, fresh = meta["metrics"], meta["metrics"]["fresh_noise0.1"]
         lines.append(row([path.stem, m["step"], f"{meta['train_config']['l1']:g}" + (f", prox {meta['train_config']['l1_prox']:g}" if meta["train_config"].get("l1_prox") else ""), f"{m['eval_mse_vs_ols']:.2e}",
                           *(f"{100 * fresh[f'N={n}']['rel_mse']:.3f}%" for n in NS), f"{m['sparsity']:.3f}",
-                          f"{m['weight_l1']:.1f}", f"{m['elapsed_s']:.0f}", f"{m['steps_per_s']:.1f}"]))
+                          f"{m['weight_l1']:.1f}", f"{m['elapsed_s']:.0f}", f"{m['steps_per_s']:.1f}",
+                          short_commit(meta.get("git_commit"))]))
     lines += ["", "## Mechanism analysis", "",
               "`icl-bench analyze <stem> --out results/models_analysis/<stem>.json` (defaults: 2048 "
               "prompts, N = 20, noise 0.1, seed 0). similarity: ~0.35 for random weights, 1.0 for the construction "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import io
 import lzma
+import os
 import tarfile
 import warnings
 import zipfile
@@ -43,7 +44,8 @@ RequiredText = Annotated[str, BeforeValidator(_required_text)]
 class DataSource(ConfigModel):
     """The `[data]` table: a CSV file whose rows are drawn as prompts.
 
-    path: a file path (relative paths are tried against the config file's folder too), or
+    path: a file path (a relative one is looked up in the current folder, then in the config
+    file's folder; found in both as two different files, it is refused), or
     "matplotlib:NAME" for a sample file bundled with matplotlib (e.g. matplotlib:msft.csv); a name
     ending in one of _COMPRESSION's endings is decompressed first.
     """
@@ -64,8 +66,11 @@ class DataSource(ConfigModel):
 def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -> DataSource:
     """`src` with its path resolved against `base_dir` if needed, after checking the file.
 
+    A relative path is the current folder's file if there is one, else `base_dir`'s (the config's
+    folder); the path is rewritten only in the second case.
     Raises:
-        ConfigError: a missing or unreadable file, a missing or non-numeric column, or fewer
+        ConfigError: a relative path that names a file in both folders, two different files; a
+            missing or unreadable file, a missing or non-numeric column, or fewer
             than max(Ns) + 1 rows (or rows with finite x and y); a damaged compressed file, a
             .zip / .tar holding several files, or rows with more fields than the header (ragged
             rows, or every row one more: pandas would shift the columns) are unreadable; .zst needs the zstandard package.
@@ -73,6 +78,11 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
     if not src.path:
         raise ConfigError("data.path: not given; the CSV file whose rows are drawn as prompts")
     path = src.resolve()
+    if base_dir is not None and not path.is_absolute() and path.is_file() and (base_dir / path).is_file() \
+            and not path.samefile(base_dir / path):  # the current folder's would win, silently
+        raise ConfigError(f"data.path: {src.path!r} names two different files, {os.path.abspath(path)!r} (from the "
+                          f"current folder) and {os.path.abspath(base_dir / path)!r} (beside the config); accepted: "
+                          "a path that names one file, e.g. an absolute path")
     if not path.is_file() and base_dir is not None and (base_dir / path).is_file():
         src = DataSource(path=str(base_dir / path), x=src.x, y=src.y)
         path = src.resolve()

@@ -1,9 +1,10 @@
 """Solvers backed by trained checkpoints: trained-l1, trained-nol1 and trained-lsa.
 
-    trained-l1    LSA + LayerNorm trained with l1 (the reference paper's model): the mechanism
-                  recipe (affine augmentation, proximal l1; docs/training.md)
-    trained-l1-noaug  the earlier trained-l1 (l1 1e-4, no augmentation), kept for comparison
-    trained-nol1  the same, lambda = 0 (does l1 matter?)
+    trained-l1    LSA + LayerNorm, the mechanism recipe: affine augmentation of x and proximal l1
+                  (docs/training.md, docs/mechanism.md); it learned the layer-2 LayerNorm division
+    trained-l1-noaug  the earlier trained-l1, the reference paper's recipe (subgradient l1 1e-4,
+                  no augmentation), kept for comparison
+    trained-nol1  the same as trained-l1-noaug with lambda = 0 (does l1 matter?)
     trained-lsa   no LayerNorm, lambda = 0 (expected to learn something like gd-lsa)
 
 Each solver looks in a models directory (default: the checkpoints shipped inside the package,
@@ -33,6 +34,16 @@ from icl_bench.solvers.transformer import Transformer
 
 
 _FOUND: dict[tuple[str, str], tuple[tuple, list]] = {}  # (folder, solver) -> (listing signature, result)
+
+# The architecture each solver's name and description promise: whether its model has LayerNorm.
+# A training run for the solver defaults to it and refuses the other (training/config.py), and the
+# solver refuses a checkpoint that contradicts it (TrainedSolver.checkpoint_for).
+SOLVER_LAYERNORM = {"trained-l1": True, "trained-nol1": True, "trained-lsa": False, "trained-l1-noaug": True}
+
+
+def layernorm_name(layernorm: bool) -> str:
+    """How a model's architecture is named in messages: "LSA + LayerNorm" or "LSA without LayerNorm"."""
+    return "LSA + LayerNorm" if layernorm else "LSA without LayerNorm"
 
 
 def find_checkpoints(models_dir: str | Path, solver: str) -> list[tuple[Path, dict]]:
@@ -90,7 +101,7 @@ class TrainedSolver(Solver):
     """Base for the checkpoint-backed solvers (subclasses only set the registered name)."""
 
     params = {
-        "models_dir": Param("", "directory of checkpoints (empty: the shipped checkpoints, icl_bench/models)",
+        "models_dir": Param("", "directory of checkpoints, relative to the current folder (empty: the shipped checkpoints, icl_bench/models)",
                             same=lambda p: os.path.realpath(p or resources.models_dir())),  # "/x" = "/x/"
     }
 
@@ -111,16 +122,25 @@ class TrainedSolver(Solver):
 
         Raises:
             ValueError: more than one checkpoint of this solver in models_dir fits (the cell is an
-                error row naming them: which one answered would otherwise be a silent choice).
+                error row naming them: which one answered would otherwise be a silent choice), or
+                the one that fits contradicts the solver's architecture (SOLVER_LAYERNORM).
         """
         found = find_checkpoints(self.models_dir, self.name)
-        fits = [p for p, meta in found if checkpoint_fits(meta, R, N)]
+        fits = [(p, meta) for p, meta in found if checkpoint_fits(meta, R, N)]
         if len(fits) > 1:
             raise ValueError(f"{self.name}: {len(fits)} checkpoints in {self.models_dir} fit R={R:g}, N={N} "
-                             f"({', '.join(p.name for p in fits)}); keep one per R (and N, for a flatten readout) in "
+                             f"({', '.join(p.name for p, _ in fits)}); keep one per R (and N, for a flatten readout) in "
                              "models_dir, or give each model a folder of its own")
         if fits:
-            return fits[0]
+            path, meta = fits[0]
+            cfg = meta.get("model_config")
+            has_ln = cfg.get("layernorm", True) if isinstance(cfg, dict) else True  # TransformerConfig's default
+            if has_ln != SOLVER_LAYERNORM[self.name]:  # its rows would misname the model in every table
+                others = ", ".join(n for n, ln in SOLVER_LAYERNORM.items() if ln == has_ln)
+                raise ValueError(f"{self.name}: checkpoint {path} is {layernorm_name(has_ln)}, but {self.name} is "
+                                 f"{layernorm_name(not has_ln)}; retrain it with layernorm = {str(not has_ln).lower()}, "
+                                 f"or with solver = one of {others}")
+            return path
         have = ", ".join(sorted({f"R={m.get('R')}" + (f",N={m['model_config'].get('N')}" if m.get("model_config", {}).get("readout") == "flatten" else "")
                                  for _, m in found})) or "none"
         raise SkipCell(f"{self.name}: no checkpoint for R={R:g}, N={N} in {self.models_dir} (available: {have}); "
@@ -167,12 +187,12 @@ class TrainedSolver(Solver):
 
 @register_solver("trained-l1")
 class TrainedL1(TrainedSolver):
-    """Trained LSA + LayerNorm transformer, l1-penalised (the reference paper's model)."""
+    """Trained LSA + LayerNorm transformer: x augmentation + proximal l1, the mechanism recipe (docs/mechanism.md)."""
 
 
 @register_solver("trained-nol1")
 class TrainedNoL1(TrainedSolver):
-    """Trained LSA + LayerNorm transformer without the l1 penalty (control)."""
+    """Trained LSA + LayerNorm transformer, trained-l1-noaug's recipe without the l1 penalty (control)."""
 
 
 @register_solver("trained-lsa")
@@ -182,4 +202,4 @@ class TrainedLSA(TrainedSolver):
 
 @register_solver("trained-l1-noaug")
 class TrainedL1NoAug(TrainedSolver):
-    """The earlier trained-l1 (subgradient l1 1e-4, no augmentation): fits OLS without the LayerNorm division."""
+    """Trained LSA + LayerNorm transformer, the earlier trained-l1: the paper's recipe (subgradient l1 1e-4, no augmentation)."""

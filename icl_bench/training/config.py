@@ -18,11 +18,12 @@ from icl_bench.config_base import (FLOAT_MAX, FLOAT_TINY, MAX_SEED, MAX_THREADS,
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.generator import MAX_VALUES
 from icl_bench.solvers.checkpoint import stem_of
+from icl_bench.solvers.trained import SOLVER_LAYERNORM, layernorm_name
 from icl_bench.solvers.transformer import KEY_SETS, READOUTS, TransformerConfig
 
 SCHEDULES = ("onecycle", "cosine", "constant")
 TARGETS = ("ols", "noisy")
-TRAINED_SOLVERS = ("", "trained-l1", "trained-nol1", "trained-lsa", "trained-l1-noaug")  # what a checkpoint may serve ("" = none)
+TRAINED_SOLVERS = ("", *SOLVER_LAYERNORM)  # what a checkpoint may serve ("" = none)
 
 AUG_MAX = 1e6  # largest augmentation scale / shift: (1e6 x)^2 stays far inside float32 for x ~ N(0, 1)
 MAX_WIDTH = 256  # d_model, n_layers, n_heads each: far beyond the 4 / 2 / 2 of the paper
@@ -57,7 +58,7 @@ class TrainConfig(ConfigModel):
     noise: NonNeg = 0.1  # label noise sigma of the training prompts
     target: Annotated[str, BeforeValidator(choice(TARGETS))] = "ols"  # regress on the OLS prediction, or the noisy y_query
     # --- model ---
-    layernorm: Flag = True  # LN after attention in every block (False: the trained-lsa control)
+    layernorm: Flag = True  # LN after attention in every block; left out: the solver's (False for trained-lsa)
     keys: Annotated[str, BeforeValidator(choice(KEY_SETS))] = "masked"  # key set of the attention
     readout: Annotated[str, BeforeValidator(choice(READOUTS))] = "query"  # "query" (N-free) or "flatten" (one N)
     d_model: Width = 4  # residual width
@@ -91,8 +92,20 @@ class TrainConfig(ConfigModel):
     progress: Flag = True  # show a tqdm bar (loss, MSE vs OLS, sparsity)
     threads: Annotated[int, BeforeValidator(integer(1, MAX_THREADS))] = 1  # torch threads (one per run: docs/training.md)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _solver_layernorm(cls, data: Any) -> Any:
+        """layernorm left out follows the solver the run serves (SOLVER_LAYERNORM): trained-lsa has none."""
+        if isinstance(data, dict) and "layernorm" not in data and isinstance(data.get("solver"), str):
+            if data["solver"] in SOLVER_LAYERNORM:
+                return {**data, "layernorm": SOLVER_LAYERNORM[data["solver"]]}
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> "TrainConfig":
+        if self.solver and self.layernorm != SOLVER_LAYERNORM[self.solver]:  # the solver would be refused it
+            raise problem(f"solver {self.solver!r} is {layernorm_name(SOLVER_LAYERNORM[self.solver])}; accepted: "
+                          f"{str(SOLVER_LAYERNORM[self.solver]).lower()} (or leave it out)", key="layernorm")
         if self.readout == "flatten" and len(self.N) != 1:
             raise problem("needs exactly one N with readout = 'flatten' (it fixes the context length)", key="N")
         if self.l1_stop <= self.l1_start:
