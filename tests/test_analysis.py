@@ -122,6 +122,22 @@ def test_similarity_low_for_random_weights_and_intermediate_for_half_right(const
     assert align["components"]["layer0.out"] > 0.99 and align["components"]["layer1.out"] < 0.5
 
 
+def test_shuffled_entries_keep_values_and_zeros_and_lose_the_similarity(construction):
+    """The matched null of the seed table: each weight matrix's entries permuted, LayerNorm kept."""
+    from icl_bench.analysis.similarity import shuffle_entries
+
+    shuffled = shuffle_entries(construction, 0)
+    moved = 0
+    for (name, p), (_, q) in zip(construction.named_parameters(), shuffled.named_parameters()):
+        assert torch.equal(p.detach().reshape(-1).sort().values, q.detach().reshape(-1).sort().values), name
+        if ".ln." in name:
+            assert torch.equal(p, q), name
+        moved += int(not torch.equal(p, q))
+    assert moved >= 8  # the attention matrices of both layers at least
+    assert torch.equal(shuffle_entries(construction, 0).blocks[1].attn.W_Q, shuffled.blocks[1].attn.W_Q)  # seeded
+    assert similarity(shuffled, construction)[0] < 0.5  # measured 0 - 0.29 over 5 seeds
+
+
 def test_similarity_rejects_other_architectures(construction):
     three = Transformer(TransformerConfig(n_layers=3)).to(torch.float64)
     with pytest.raises(ConfigError, match="3 layers"):

@@ -12,6 +12,8 @@ Families (R = 100, masked key set, float64; the reference is build_construction(
     random       every parameter N(0, 1)
     sparse       N(0, 1) kept with probability 0.3
     uniform      U(-1, 1)
+    shuffled     the construction with each weight matrix's entries permuted at random
+                 (icl_bench.analysis.similarity.shuffle_entries: same values and zeros, no structure)
 For each model: the weight-space similarity and its components, and the representation-space
 numbers after block 2 (icl_bench.analysis.representation.representation_similarity) on 1024 prompts (N 20,
 noise 0.1, seed 0).
@@ -28,11 +30,11 @@ import torch
 
 from icl_bench import PromptSpec, sample_prompts
 from icl_bench.analysis.representation import representation_similarity
-from icl_bench.analysis.similarity import random_symmetry, similarity
+from icl_bench.analysis.similarity import random_symmetry, shuffle_entries, similarity
 from icl_bench.solvers.ln_closed_form import build_construction
 
 R, N, NOISE, N_PROMPTS = 100.0, 20, 0.1, 1024
-SEEDS = {"moved": 10, "noisy-5%": 5, "half": 5, "R=10": 1, "R=1000": 1, "random": 20, "sparse": 10, "uniform": 10}
+SEEDS = {"moved": 10, "noisy-5%": 5, "half": 5, "R=10": 1, "R=1000": 1, "random": 20, "sparse": 10, "uniform": 10, "shuffled": 10}
 
 
 def family(name: str, seed: int, ref):
@@ -42,6 +44,8 @@ def family(name: str, seed: int, ref):
         return random_symmetry(ref, seed)[0]
     if name.startswith("R="):
         return build_construction(float(name[2:]))
+    if name == "shuffled":
+        return shuffle_entries(ref, seed)
     m = copy.deepcopy(ref)
     with torch.no_grad():
         for pname, p in m.named_parameters():

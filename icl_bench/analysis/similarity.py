@@ -335,3 +335,18 @@ def random_symmetry(model: Transformer, seed: int) -> tuple[Transformer, dict]:
             "ln_shift": [rng.normal(size=(H, d)).tolist() for _ in range(L)],
             "ln_scale": [float(sgn() * mag()) for _ in range(L)]}
     return transform(model, **args), args
+
+
+def shuffle_entries(model: Transformer, seed: int) -> Transformer:
+    """A matched null for the similarity of a trained model: a copy with the entries of each
+    weight matrix (the embedding, W_Q, W_K, W_V, W_O per layer (H, d, d), the readout) permuted at
+    random within that tensor; the LayerNorm gains and biases are kept. Same values, same count of
+    exact zeros, no structure: what sparsity and the weights' magnitudes alone score."""
+    gen = torch.Generator().manual_seed(seed)
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name in ("embed.weight", "readout.weight") or ".attn." in name:
+                flat = p.reshape(-1)
+                p.copy_(flat[torch.randperm(flat.numel(), generator=gen)].reshape(p.shape))
+    return m
