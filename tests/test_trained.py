@@ -180,6 +180,30 @@ def test_checkpoint_lookup_in_a_missing_folder_or_a_file_finds_none(tmp_path):
     assert find_checkpoints(tmp_path / "file.json", "trained-nol1") == []
 
 
+def test_a_damaged_checkpoint_is_an_error_not_a_skip(tmp_path):
+    """A truncated .json beside its .safetensors was dropped silently and the cell read 'no checkpoint
+    for R=100' (exit 0; found by an adversarial tester): it may be the checkpoint the cell needed."""
+    torch.manual_seed(0)
+    for name, R in (("r10", 10.0), ("r100", 100.0)):
+        save_checkpoint(Transformer(TransformerConfig()), tmp_path / name, {"solver": "trained-nol1", "R": R})
+    solver = get_solver("trained-nol1", models_dir=str(tmp_path))
+    assert solver.checkpoint_for(100.0, 10).name == "r100.json"
+    text = (tmp_path / "r100.json").read_text()
+    (tmp_path / "other.json").write_text("[1, 2]")  # some other JSON file, no .safetensors: not a checkpoint
+    for damaged, why in ((text[:100], "not readable as JSON"), ("[1, 2]", "a JSON list, not an object"),
+                         (text.replace('"R": 100.0', '"R": "x"'), "R = 'x' is not a positive number")):
+        (tmp_path / "r100.json").write_text(damaged)
+        with pytest.raises(ValueError, match=rf"no readable checkpoint for R=100, N=10 .*r100\.json: {re.escape(why)}"):
+            solver.checkpoint_for(100.0, 10)
+        assert solver.checkpoint_for(10.0, 10).name == "r10.json"  # a cell that has its checkpoint still runs
+    (tmp_path / "r100.json").unlink()  # half a pair: the .safetensors alone
+    with pytest.raises(ValueError, match=r"r100.safetensors: no r100.json beside it"):
+        solver.checkpoint_for(100.0, 10)
+    (tmp_path / "r100.safetensors").unlink()
+    with pytest.raises(SkipCell, match="no checkpoint for R=100"):  # nothing damaged left: an honest skip
+        solver.checkpoint_for(100.0, 10)
+
+
 def test_checkpoint_lookup_skips_json_nested_too_deeply_to_read(tmp_path):
     """An unreadable .json beside the checkpoints is ignored (it raised RecursionError)."""
     (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)

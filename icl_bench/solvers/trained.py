@@ -11,7 +11,8 @@ Each solver looks in a models directory (default: the checkpoints shipped inside
 icl_bench/models/, made by `icl-bench train --config train`, see docs/training.md and the model
 card icl_bench/models/README.md) for the checkpoint whose
 JSON says `"solver": <its name>` and whose R equals the cell's R (and, for a flatten readout, whose N
-equals the cell's N). No fitting checkpoint -> `SkipCell` naming what exists. The model runs
+equals the cell's N). No fitting checkpoint -> `SkipCell` naming what exists, or an error if the
+folder holds a damaged checkpoint file (it may be the one that fits). The model runs
 in the cell's dtype and device (a float32 checkpoint is cast for float64 cells).
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ from icl_bench.solvers.transformer import Transformer
 
 
 
-_FOUND: dict[tuple[str, str], tuple[tuple, list]] = {}  # (folder, solver) -> (listing signature, result)
+_FOUND: dict[tuple, tuple[tuple, tuple]] = {}  # (folder, solver) -> (listing signature, (found, damaged))
 
 # The architecture each solver's name and description promise: whether its model has LayerNorm.
 # A training run for the solver defaults to it and refuses the other (training/config.py), and the
@@ -49,16 +50,29 @@ def layernorm_name(layernorm: bool) -> str:
 def find_checkpoints(models_dir: str | Path, solver: str) -> list[tuple[Path, dict]]:
     """(json path, meta) of every checkpoint in `models_dir` made for `solver`, sorted by name.
 
-    Unreadable JSON files are ignored here (load_checkpoint reports them if one is chosen). The
-    result is kept while the folder (its device and inode, through links) and its JSON files' names,
+    Files that cannot be this folder's checkpoints are collected by `damaged_checkpoints`. The
+    result is kept while the folder (its device and inode, through links) and its files' names,
     sizes and modification times stay (a stat, an os.scandir and a stat per file instead of reading
     and parsing every file on each predict call; pathlib's glob took ~0.3 ms of a trained solver's
     ~0.7 ms call on 16 small prompts)."""
+    return list(_scan(models_dir, solver)[0])
+
+
+def damaged_checkpoints(models_dir: str | Path, solver: str) -> list[str]:
+    """'<file>: <what is wrong>' for each file in `models_dir` that looks like half of a checkpoint
+    and cannot be read as one: a .json beside a .safetensors that is not a JSON object
+    (truncated, a list, ...), a .json of `solver` whose R is not a positive number, a .safetensors
+    without its .json. Any of them
+    may be the checkpoint a cell needed, so the cell is an error row, not a silent skip."""
+    return list(_scan(models_dir, solver)[1])
+
+
+def _scan(models_dir: str | Path, solver: str) -> tuple[list, list]:
     folder = os.fspath(models_dir) or "."  # Path("") is the working folder
     try:  # the folder's identity first (a link moved to another folder of same-named, same-dated
         st = os.stat(folder)  # copies changes it; moved during the listing, the next call reads again)
         with os.scandir(folder) as found:
-            entries = sorted((e for e in found if e.name.endswith(".json")), key=lambda e: e.name)
+            entries = sorted((e for e in found if e.name.endswith((".json", ".safetensors"))), key=lambda e: e.name)
     except OSError:  # no such folder, or not a folder: no checkpoints
         st, entries = None, []
     try:
@@ -72,19 +86,32 @@ def find_checkpoints(models_dir: str | Path, solver: str) -> list[tuple[Path, di
     key = (os.path.abspath(folder), folder, solver)
     cached = _FOUND.get(key)
     if signature is not None and cached is not None and cached[0] == signature:
-        return list(cached[1])
-    paths = [Path(folder, e.name) for e in entries]  # (only now: ~10 us a Path)
-    out = []
-    for path in paths:
+        return cached[1]
+    names = {e.name for e in entries}
+    out, damaged = [], []
+    for e in entries:
+        path = Path(folder, e.name)  # (only now: ~10 us a Path)
+        if e.name.endswith(".safetensors"):
+            if e.name.removesuffix(".safetensors") + ".json" not in names:
+                damaged.append(f"{path}: no {path.with_suffix('.json').name} beside it")
+            continue
         try:
             meta = json.loads(path.read_text())
-        except (OSError, ValueError, RecursionError):  # not a checkpoint's metadata
-            continue
-        if isinstance(meta, dict) and meta.get("solver") == solver:
-            out.append((path, meta))
+        except (OSError, ValueError, RecursionError) as exc:  # truncated, binary, unreadable
+            meta = f"not readable as JSON ({type(exc).__name__})"
+        if not isinstance(meta, dict):
+            if e.name.removesuffix(".json") + ".safetensors" not in names:
+                continue  # some other JSON file: not a checkpoint's metadata
+            damaged.append(f"{path}: {meta if isinstance(meta, str) else 'a JSON ' + type(meta).__name__ + ', not an object'}")
+        elif meta.get("solver") == solver:
+            r = meta.get("R")
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r < math.inf:
+                damaged.append(f"{path}: R = {r!r} is not a positive number")
+            else:
+                out.append((path, meta))
     if signature is not None:
-        _FOUND[key] = (signature, out)
-    return list(out)
+        _FOUND[key] = (signature, (out, damaged))
+    return out, damaged
 
 
 def checkpoint_fits(meta: dict, R: float, N: int) -> bool:
@@ -121,6 +148,8 @@ class TrainedSolver(Solver):
         """The JSON path of the checkpoint that fits a cell; SkipCell with the reason if none.
 
         Raises:
+            ValueError: none fits and models_dir holds damaged checkpoint files (damaged_checkpoints):
+                one of them may be the one the cell needed.
             ValueError: more than one checkpoint of this solver in models_dir fits (the cell is an
                 error row naming them: which one answered would otherwise be a silent choice), or
                 the one that fits contradicts the solver's architecture (SOLVER_LAYERNORM).
@@ -141,6 +170,11 @@ class TrainedSolver(Solver):
                                  f"{layernorm_name(not has_ln)}; retrain it with layernorm = {str(not has_ln).lower()}, "
                                  f"or with solver = one of {others}")
             return path
+        damaged = damaged_checkpoints(self.models_dir, self.name)
+        if damaged:  # one of them may be this cell's checkpoint: not a skip
+            raise ValueError(f"{self.name}: no readable checkpoint for R={R:g}, N={N} in {self.models_dir}, and "
+                             f"{len(damaged)} damaged checkpoint file(s) there: {'; '.join(damaged[:3])}"
+                             f"{' ...' if len(damaged) > 3 else ''}; repair or remove them")
         have = ", ".join(sorted({f"R={m.get('R')}" + (f",N={m['model_config'].get('N')}" if m.get("model_config", {}).get("readout") == "flatten" else "")
                                  for _, m in found})) or "none"
         raise SkipCell(f"{self.name}: no checkpoint for R={R:g}, N={N} in {self.models_dir} (available: {have}); "
