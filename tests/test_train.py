@@ -1,5 +1,6 @@
 """Training: a tiny run learns (loss falls >= 10x), is reproducible, and configs are validated."""
 import math
+import warnings
 
 import pytest
 import torch
@@ -83,6 +84,9 @@ def test_toml_runs_and_unknown_keys(tmp_path):
         TrainConfig.from_dict({"stepz": 3})
     with pytest.raises(ConfigError, match="no such file"):
         load_runs(str(tmp_path / "missing.toml"))
+    path.write_text('[defaults]\nsteps = 5\n')  # read as one run whose key 'defaults' is unknown
+    with pytest.raises(ConfigError, match=r"^runs: missing; \[defaults\] needs at least one \[runs.NAME\] table"):
+        load_runs(str(path))
 
 
 def test_cli_trains_and_saves(tmp_path, capsys):
@@ -92,6 +96,20 @@ def test_cli_trains_and_saves(tmp_path, capsys):
     assert main(["--config", str(path), "--out", str(tmp_path / "m"), "--no-progress"]) == 0
     assert (tmp_path / "m" / "tiny.safetensors").is_file() and "tiny: 5 steps" in capsys.readouterr().out
     assert main(["--config", str(tmp_path / "nope.toml")]) == 2
+
+
+def test_a_diverged_run_writes_no_checkpoint(tmp_path, capsys):
+    """lr = 1e30 saved an all-NaN checkpoint with exit 0 (found by an adversarial tester), which
+    analyze and every run then read as a model; now exit 2, one line, nothing written, no warning."""
+    path = tmp_path / "t.toml"
+    path.write_text('[defaults]\nN = [10]\nsteps = 5\nbatch_size = 8\neval_every = 5\neval_prompts = 16\n'
+                    '[runs.m1]\nsolver = "trained-l1"\nR = 100.0\nlr = 1e30\n')
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the held-out metrics of a model that answers only NaN warned
+        assert main(["--config", str(path), "--out", str(tmp_path / "m"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("icl-bench: error: runs.m1: training diverged by step 5") and "lower lr" in err, err
+    assert "\n" not in err and not list((tmp_path / "m").glob("m1.*"))
 
 
 def test_a_run_selected_twice_trains_once(tmp_path, capsys):

@@ -186,6 +186,8 @@ def load_runs(path: str | Path, names: list[str] | None = None, *, labelled: boo
             runs whose names save one checkpoint (`name` "x" and "x.json" included).
     """
     doc = read_toml(path)
+    if "runs" not in doc and "defaults" in doc:  # [defaults] is only ever the defaults of [runs.NAME] tables
+        raise ConfigError("runs: missing; [defaults] needs at least one [runs.NAME] table to apply to")
     if "runs" not in doc:
         runs = {str(doc.get("name", "model")): doc}
     else:

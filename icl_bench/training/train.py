@@ -33,6 +33,7 @@ from torch.nn.utils import parametrize
 from tqdm.auto import tqdm
 
 from icl_bench.prompts.generator import PromptSpec, resolve_dtype, sample_prompts
+from icl_bench.errors import ConfigError
 from icl_bench.solvers.checkpoint import save_checkpoint
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
 from icl_bench.solvers.transformer import Transformer
@@ -128,6 +129,9 @@ def evaluate(model: Transformer, held_out: list) -> dict[str, float]:
         ols = batch.ols_prediction
         err = (model.forward_eager(batch.tokens).double() - ols) ** 2  # (B,) float64
         ok = torch.isfinite(err)
+        if not bool(ok.any()):  # every prediction NaN / inf (a diverged model): no mean to take
+            mse.append(math.nan), rel.append(math.nan)
+            continue
         mse.append(float(err[ok].mean()))
         rel.append(mse[-1] / float(ols[ok].var()))
     return {"eval_mse_vs_ols": sum(mse) / len(mse), "eval_rel_mse": sum(rel) / len(rel)}
@@ -222,9 +226,16 @@ def train_and_save(cfg: TrainConfig, out_dir: str | Path) -> Path:
 
     The JSON carries the train config, R, N, seed, solver, the history, the final held-out
     metrics and `fresh_metrics` (noise 0.1, N in the default grid) for the model card.
+
+    Raises:
+        ConfigError: training diverged (a non-finite loss or weight): nothing is written.
     """
     model, history = train(cfg)
     final = history[-1]
+    if (final["step"] > 0 and not math.isfinite(final["loss"])) or not all(bool(torch.isfinite(p).all())
+                                                                           for p in model.parameters()):
+        raise ConfigError(f"runs.{cfg.name}: training diverged by step {final['step']} (loss {final['loss']}, "
+                          f"lr = {cfg.lr:g}); no checkpoint written: lower lr" + ("" if cfg.clip > 0 else ", or set clip > 0"))
     meta = {"solver": cfg.solver, "R": float(cfg.R), "N": cfg.N, "seed": cfg.seed, "train_config": cfg.to_dict(),
             "metrics": {**{k: final[k] for k in ("step", "eval_mse_vs_ols", "eval_rel_mse", "sparsity", "elapsed_s", "steps_per_s")},
                         "weight_l1": weight_l1(model.weight_matrices()), "fresh_noise0.1": fresh_metrics(model, cfg.R, n_prompts=cfg.eval_prompts)},
