@@ -21,10 +21,14 @@ A cell is one grid point (N, noise, R, dtype, device, d, prompt source) of a ser
 value; its relative error is the mean over the cell's seeds and runs. A series is read only at
 the grid points where it has OOD rows (its in-distribution cells elsewhere, e.g. of another run
 published alongside, are not its "none"). The table shows per OOD value the largest relative
-error over those cells. The verdict is judged cell by cell, on the x maps only (thresholds of the
-mechanism study's success criterion, +5 shift ≤ 0.01 and x×10 ≤ 0.05, docs/mechanism.md; the full
-behavioural fingerprint of icl_bench.analysis.fingerprint, which re-runs a solver on y maps as
-well, is `icl-bench analyze`'s):
+error over those cells. The verdict is judged cell by cell, on the x maps only, with the two
+thresholds of the mechanism study's success criterion (docs/mechanism.md), which judges only x + 5
+≤ 0.01 and x × 10 ≤ 0.05, applied here to every shift with |T| ≤ 5 and every scale in [0.1, 10]:
+a model can meet the success criterion and read "neither" here (the shipped trained-l1 reads
+0.052 on x × 0.1 in results/ood, against the limit 0.05; such a score moves by ±20 % between
+prompt draws). The full behavioural
+fingerprint of icl_bench.analysis.fingerprint, which re-runs a solver on y maps as well and
+normalises by var(OLS), not by the signal power below, is `icl-bench analyze`'s:
     closed-form-like  every x_shift cell with |T| ≤ 5 has relative error ≤ SHIFT_TOL and every
                       x_scale cell with 0.1 ≤ S ≤ 10 has ≤ SCALE_TOL (invariant, like OLS);
     GD-like           not invariant, and in every such cell its error is within GD_BAND decades
