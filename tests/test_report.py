@@ -479,6 +479,30 @@ def test_gd_steps_plot_lines_beside_solvers_without_steps(tables, figs):
     assert "an MSE of exactly 0 (2 points) is drawn at the axis floor" in note, note
 
 
+def test_series_that_answered_nan_on_well_posed_prompts_are_flagged_in_the_plots(twins_summary):
+    """A solver that answered NaN on half the well-posed prompts has its MSE over the other half:
+    it read as the best series, unmarked, while the headline said "(32 of 64 NaN)" (found by a
+    new-user tryout). Its legend label says how many, summed over the points drawn, and the note why."""
+    from icl_bench.report import plots
+
+    _, summary, setting = twins_summary  # 32 prompts per cell, N = 8 and 16
+    nan = summary.solver.isin(["ols", "gd-lsa"])
+    summary = summary.assign(n_nonfinite=summary.n_nonfinite.where(~nan, 16),
+                             n_nonfinite_well_posed=summary.n_nonfinite_well_posed.where(~nan, 16))
+    fig = plots.mse_vs_n(summary, setting)
+    assert _legend(fig) == ["gd steps=1", "gd steps=4", "gd-lsa steps=1 (NaN on 32 of 64 well-posed) (= gd steps=1)",
+                            "gd-lsa steps=4 (NaN on 32 of 64 well-posed) (= gd steps=4)",
+                            "ols (NaN on 32 of 64 well-posed)"]
+    note = " ".join(fig.texts[-1].get_text().split())
+    assert "NaN on k of n well-posed: the solver answered NaN on k of the n prompts" in note, note
+    fig = plots.gd_steps(summary, setting)  # per line: gd-lsa over its steps and N
+    assert _legend(fig) == ["gd", "gd-lsa (NaN on 64 of 128 well-posed) (= gd)",
+                            "ols (NaN on 32 of 64 well-posed) (no steps)"]
+    assert "NaN on k of n well-posed" in " ".join(fig.texts[-1].get_text().split())
+    ill = summary.assign(n_ill_posed=8, n_nonfinite=8, n_nonfinite_well_posed=0)  # NaN on ill-posed prompts: right
+    assert not any("NaN" in label for label in _legend(plots.mse_vs_n(ill, setting)))
+
+
 def test_one_setting_solvers_of_a_family_get_their_own_markers():
     """trained-l1, -l1-noaug, -lsa and -nol1 each run with one parameter set: they were four circles
     in similar shades of one colour (found by a new-user tryout); parameter sets of one solver still
