@@ -356,6 +356,21 @@ def test_series_labels_carry_every_distinguishing_parameter():
     assert add_series(t).series.tolist() == ["x [1]", "x [2]"]
 
 
+@pytest.mark.parametrize("solver, params, label", [
+    ("gd-lsa", '{"steps": 2}', "gd-lsa steps=2"),  # the trained config's one value: not the default 16
+    ("gd", '{"lr": 1, "steps": 16}', "gd lr=1"),  # 1 is the float 1.0, not 0.4; steps at its default stays out
+    ("gd", '{"lr": 0.4, "variant": "masked"}', "gd"),  # every value the default
+    ("no-such-plugin", '{"k": 3}', "no-such-plugin"),  # not installed here: its default is unknown
+])
+def test_a_parameter_off_its_default_is_in_the_label_even_with_one_value(solver, params, label):
+    """The trained config runs gd-lsa at steps = 2 only: its label read a bare "gd-lsa", which reads
+    as the default (steps 16) in the headline, summary and plots (found by a new-user tryout)."""
+    from icl_bench.report.aggregate import add_series
+
+    t = pd.DataFrame({"solver": [solver, "ols"], "solver_params": [params, "{}"]})
+    assert add_series(t).series.tolist() == [label, "ols"]
+
+
 @pytest.fixture(scope="module")
 def twins_summary(tmp_path_factory):
     """gd and gd-lsa at the same steps (identical numbers) at two N and one R: the overlay, and the
@@ -824,8 +839,8 @@ def test_mechanism_section_reads_ood_rows_or_says_they_are_missing(run_dir):
                          "mse_vs_ols": e, "status": "ok"})
     sec = mechanism.section(report.add_series(pd.DataFrame(rows)))
     got = sec["table"].set_index("series")
-    assert got.loc["ols", "verdict"] == "closed-form-like" and got.loc["gd", "verdict"] == "GD-like"
-    assert got.loc["gd-lsa", "verdict"] == "GD-like" and got.loc["trained-l1", "verdict"] == "neither"
+    assert got.loc["ols", "verdict"] == "closed-form-like" and got.loc["gd steps=4", "verdict"] == "GD-like"
+    assert got.loc["gd-lsa steps=4", "verdict"] == "GD-like" and got.loc["trained-l1", "verdict"] == "neither"
     assert got.loc["trained-l1", "x_shift=5"] == pytest.approx(0.4)
     assert list(got.columns[:3]) == ["none", "x_shift=5", "x_scale=10"]
 

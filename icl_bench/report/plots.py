@@ -106,7 +106,10 @@ def _flag_nan(data: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """`data` (summary rows) with " (NaN on k of n well-posed)" appended to the series label of
     every series that answered NaN on well-posed prompts at its rows, k and n summed over them
     (aggregate.failed_answers, the headline's "(k of n NaN)"): its MSE is over the finite answers
-    only, so unflagged it could read as the best series. Returns (data, NAN_NOTE or "")."""
+    only, so unflagged it could read as the best series. Returns (data, NAN_NOTE or ""); data
+    unchanged without the counts (no n_prompts column: not a summary of aggregate.aggregate)."""
+    if "n_prompts" not in data:
+        return data, ""
     bad, of = failed_answers(data)
     sums = pd.DataFrame({"bad": bad, "of": of}).groupby(data["series"], sort=False).sum()
     flagged = {s: f"{s} (NaN on {int(r.bad)} of {int(r.of)} well-posed)" for s, r in sums[sums["bad"] > 0].iterrows()}
