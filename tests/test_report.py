@@ -1142,6 +1142,26 @@ def test_left_out_note_when_each_value_has_ok_cells_but_not_together():
     two = pd.DataFrame(rows("r5", "gd-lsa", grid) + rows("other", "ols", {(1e-300, "float32"): "ok"}))
     assert left_out(two, setting)[-1].endswith("(publish it alone, or choose the setting with --at, e.g. --at dtype=float64)")
     series = pd.DataFrame(rows("r5", "gd-lsa", grid) + rows("r5", "ols", {(1e-300, "float32"): "ok"}))
-    assert left_out(series, setting) == ["series gd-lsa: not in the headline at noise = 0.1, R = 1e-300, dtype = float32, "
-                                         "device = cpu: it has ok cells at each of these values but none at all of them "
-                                         "together (e.g. --at dtype=float64)"]
+    assert left_out(series, setting) == ["series gd-lsa: a row of (no ok cell) in the headline at noise = 0.1, "
+                                         "R = 1e-300, dtype = float32, device = cpu, where none of its cells is ok (the "
+                                         "failed and skipped cells say why): it has ok cells at each of these values "
+                                         "but none at all of them together (e.g. --at dtype=float64)"]
+    series = pd.DataFrame(rows("r5", "gd-lsa", {k: v for k, v in grid.items() if k != (1e-300, "float32")})
+                          + rows("r5", "ols", {(1e-300, "float32"): "ok"}))  # no cell at the setting: no row
+    assert left_out(series, setting)[0].startswith("series gd-lsa: not in the headline at noise = 0.1, R = 1e-300, ")
+
+
+def test_a_series_that_ran_at_the_setting_without_an_ok_cell_is_no_note_of_absence(tmp_path, plugin_path, capsys):
+    """`publish --at d=2` of a run with d = 1, 2, where a plugin has no ok cell at d = 2 (skipped:
+    one regressor only): the headline has its "(no ok cell)" row, and the note said "series
+    plugin-mean-y: not in the headline" beside it (found by a new-user tryout)."""
+    raw = {"seed": 0, "n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1}, "all_solvers": False,
+           "grid": {"N": [6], "d": [1, 2], "dtype": ["float64"]}, "solvers": {"ols": {}, "plugin-mean-y": {}}}
+    run_matrix(parse_config(raw), tmp_path / "mv", progress=False)
+    assert main(["publish", str(tmp_path / "mv"), "--out", str(tmp_path / "pub"), "--at", "d=2"]) == 0
+    out = capsys.readouterr().out
+    head = (tmp_path / "pub" / "headline.md").read_text()
+    assert "| plugin-mean-y | (no ok cell) |" in " ".join(head.split()), head
+    assert "not in the headline" not in out + head, out + head
+    assert "series plugin-mean-y: a row of (no ok cell) in the headline at" in " ".join(head.split()), head
+    assert "its ok cells have d = 1" in head
