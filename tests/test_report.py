@@ -884,6 +884,26 @@ def test_console_summary_is_at_one_setting_with_skip_reasons_grouped(run_dir):
     assert line.rstrip().endswith(f"3 of {n}"), line
 
 
+def test_a_run_folder_without_metadata_json_is_published_with_a_note(run_dir, published, tmp_path, capsys, monkeypatch):
+    """metadata.json is written last and marks a finished run; a folder without it was published
+    silently (found by a new-user tryout). It still publishes, and the notes (console, page,
+    publish.json) say it is unfinished and how to complete it."""
+    from icl_bench.report import model_plots
+
+    monkeypatch.setattr(model_plots, "collect_models", lambda *a, **k: ({}, []))
+    copy = tmp_path / "x"
+    shutil.copytree(run_dir, copy)
+    (copy / "metadata.json").unlink()
+    assert main(["publish", str(copy), "--out", str(tmp_path / "p")]) == 0
+    note = (f"run {copy}: no metadata.json, which `icl-bench run` writes last, so nothing marks it a finished run "
+            f"(it stopped before writing it, or was copied without it) and its tables may lack cells; complete it "
+            f"with `icl-bench run --resume --out {copy}` and the --config it was run with")
+    assert f"note: {note}\n" in capsys.readouterr().out
+    assert json.loads((tmp_path / "p" / "publish.json").read_text())["notes"][0] == note
+    assert "no metadata.json, which <code>icl-bench run</code> writes last" in (tmp_path / "p" / "index.html").read_text()
+    assert not any("no metadata.json" in n for n in json.loads((published / "publish.json").read_text())["notes"])
+
+
 def _cli(capsys, *args):
     code = main(["publish", *map(str, args)])
     err = capsys.readouterr().err

@@ -64,6 +64,17 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict | None]:
     return table.assign(run=str(path)), meta
 
 
+def unfinished_notes(metas: dict) -> list[str]:
+    """One note per run folder of `metas` (path -> metadata dict, None when absent: load_run) that
+    has no metadata.json. `icl-bench run` writes it last, so without it nothing marks the folder a
+    finished run (docs/design.md §10): it stopped before writing it, or was copied without it, and
+    its tables may lack cells. Publish still reads the folder; the note says so and how to finish it."""
+    return [f"run {run}: no metadata.json, which `icl-bench run` writes last, so nothing marks it a finished run "
+            "(it stopped before writing it, or was copied without it) and its tables may lack cells; complete it "
+            f"with `icl-bench run --resume --out {run}` and the --config it was run with"
+            for run, meta in metas.items() if meta is None]
+
+
 REPEAT_SAME = {  # a column that must agree between rows of one cell and seed, and what it means when not
     "n_prompts": "another n_prompts draws other prompts (a cell's n prompts are not the first n of a larger batch)",
     "data_sha256": "the CSV file's bytes differ (other data under the same path)",
