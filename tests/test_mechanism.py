@@ -74,7 +74,7 @@ def test_a_series_is_read_only_where_it_has_ood_rows():
     got = table(frame)
     assert got.loc["ols", "none"] == pytest.approx(5e-32, rel=1e-9, abs=0) and got.loc["ols", "verdict"] == "closed-form-like"
     assert got.loc["ln-closed-form", "verdict"] == "no OOD rows" and pd.isna(got.loc["ln-closed-form", "none"])
-    assert got.loc["gd", "verdict"] == "no OOD rows"
+    assert got.loc["gd steps=2", "verdict"] == "no OOD rows"
 
 
 def test_the_section_says_what_the_relative_error_divides_by_and_what_is_judged():

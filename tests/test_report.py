@@ -356,6 +356,21 @@ def test_series_labels_carry_every_distinguishing_parameter():
     assert add_series(t).series.tolist() == ["x [1]", "x [2]"]
 
 
+@pytest.mark.parametrize("solver, params, label", [
+    ("gd-lsa", '{"steps": 2}', "gd-lsa steps=2"),  # the trained config's one value: not the default 16
+    ("gd", '{"lr": 1, "steps": 16}', "gd lr=1"),  # 1 is the float 1.0, not 0.4; steps at its default stays out
+    ("gd", '{"lr": 0.4, "variant": "masked"}', "gd"),  # every value the default
+    ("no-such-plugin", '{"k": 3}', "no-such-plugin"),  # not installed here: its default is unknown
+])
+def test_a_parameter_off_its_default_is_in_the_label_even_with_one_value(solver, params, label):
+    """The trained config runs gd-lsa at steps = 2 only: its label read a bare "gd-lsa", which reads
+    as the default (steps 16) in the headline, summary and plots (found by a new-user tryout)."""
+    from icl_bench.report.aggregate import add_series
+
+    t = pd.DataFrame({"solver": [solver, "ols"], "solver_params": [params, "{}"]})
+    assert add_series(t).series.tolist() == [label, "ols"]
+
+
 @pytest.fixture(scope="module")
 def twins_summary(tmp_path_factory):
     """gd and gd-lsa at the same steps (identical numbers) at two N and one R: the overlay, and the
@@ -477,6 +492,30 @@ def test_gd_steps_plot_lines_beside_solvers_without_steps(tables, figs):
     zero = summary.assign(mse_vs_ols=summary.mse_vs_ols.where(summary.solver != "ols", 0.0))
     note = " ".join(" ".join(t.get_text() for t in plots.gd_steps(zero, setting).texts).split())
     assert "an MSE of exactly 0 (2 points) is drawn at the axis floor" in note, note
+
+
+def test_series_that_answered_nan_on_well_posed_prompts_are_flagged_in_the_plots(twins_summary):
+    """A solver that answered NaN on half the well-posed prompts has its MSE over the other half:
+    it read as the best series, unmarked, while the headline said "(32 of 64 NaN)" (found by a
+    new-user tryout). Its legend label says how many, summed over the points drawn, and the note why."""
+    from icl_bench.report import plots
+
+    _, summary, setting = twins_summary  # 32 prompts per cell, N = 8 and 16
+    nan = summary.solver.isin(["ols", "gd-lsa"])
+    summary = summary.assign(n_nonfinite=summary.n_nonfinite.where(~nan, 16),
+                             n_nonfinite_well_posed=summary.n_nonfinite_well_posed.where(~nan, 16))
+    fig = plots.mse_vs_n(summary, setting)
+    assert _legend(fig) == ["gd steps=1", "gd steps=4", "gd-lsa steps=1 (NaN on 32 of 64 well-posed) (= gd steps=1)",
+                            "gd-lsa steps=4 (NaN on 32 of 64 well-posed) (= gd steps=4)",
+                            "ols (NaN on 32 of 64 well-posed)"]
+    note = " ".join(fig.texts[-1].get_text().split())
+    assert "NaN on k of n well-posed: the solver answered NaN on k of the n prompts" in note, note
+    fig = plots.gd_steps(summary, setting)  # per line: gd-lsa over its steps and N
+    assert _legend(fig) == ["gd", "gd-lsa (NaN on 64 of 128 well-posed) (= gd)",
+                            "ols (NaN on 32 of 64 well-posed) (no steps)"]
+    assert "NaN on k of n well-posed" in " ".join(fig.texts[-1].get_text().split())
+    ill = summary.assign(n_ill_posed=8, n_nonfinite=8, n_nonfinite_well_posed=0)  # NaN on ill-posed prompts: right
+    assert not any("NaN" in label for label in _legend(plots.mse_vs_n(ill, setting)))
 
 
 def test_one_setting_solvers_of_a_family_get_their_own_markers():
@@ -800,8 +839,8 @@ def test_mechanism_section_reads_ood_rows_or_says_they_are_missing(run_dir):
                          "mse_vs_ols": e, "status": "ok"})
     sec = mechanism.section(report.add_series(pd.DataFrame(rows)))
     got = sec["table"].set_index("series")
-    assert got.loc["ols", "verdict"] == "closed-form-like" and got.loc["gd", "verdict"] == "GD-like"
-    assert got.loc["gd-lsa", "verdict"] == "GD-like" and got.loc["trained-l1", "verdict"] == "neither"
+    assert got.loc["ols", "verdict"] == "closed-form-like" and got.loc["gd steps=4", "verdict"] == "GD-like"
+    assert got.loc["gd-lsa steps=4", "verdict"] == "GD-like" and got.loc["trained-l1", "verdict"] == "neither"
     assert got.loc["trained-l1", "x_shift=5"] == pytest.approx(0.4)
     assert list(got.columns[:3]) == ["none", "x_shift=5", "x_scale=10"]
 
@@ -843,6 +882,26 @@ def test_console_summary_is_at_one_setting_with_skip_reasons_grouped(run_dir):
     old = table.drop(columns=["n_ill_posed", "n_nonfinite_well_posed"])  # a run from before the columns:
     line = next(ln for ln in console_summary(old).splitlines() if ln.startswith("ols "))  # every NaN counts
     assert line.rstrip().endswith(f"3 of {n}"), line
+
+
+def test_a_run_folder_without_metadata_json_is_published_with_a_note(run_dir, published, tmp_path, capsys, monkeypatch):
+    """metadata.json is written last and marks a finished run; a folder without it was published
+    silently (found by a new-user tryout). It still publishes, and the notes (console, page,
+    publish.json) say it is unfinished and how to complete it."""
+    from icl_bench.report import model_plots
+
+    monkeypatch.setattr(model_plots, "collect_models", lambda *a, **k: ({}, []))
+    copy = tmp_path / "x"
+    shutil.copytree(run_dir, copy)
+    (copy / "metadata.json").unlink()
+    assert main(["publish", str(copy), "--out", str(tmp_path / "p")]) == 0
+    note = (f"run {copy}: no metadata.json, which `icl-bench run` writes last, so nothing marks it a finished run "
+            f"(it stopped before writing it, or was copied without it) and its tables may lack cells; complete it "
+            f"with `icl-bench run --resume --out {copy}` and the --config it was run with")
+    assert f"note: {note}\n" in capsys.readouterr().out
+    assert json.loads((tmp_path / "p" / "publish.json").read_text())["notes"][0] == note
+    assert "no metadata.json, which <code>icl-bench run</code> writes last" in (tmp_path / "p" / "index.html").read_text()
+    assert not any("no metadata.json" in n for n in json.loads((published / "publish.json").read_text())["notes"])
 
 
 def _cli(capsys, *args):
@@ -1103,6 +1162,26 @@ def test_left_out_note_when_each_value_has_ok_cells_but_not_together():
     two = pd.DataFrame(rows("r5", "gd-lsa", grid) + rows("other", "ols", {(1e-300, "float32"): "ok"}))
     assert left_out(two, setting)[-1].endswith("(publish it alone, or choose the setting with --at, e.g. --at dtype=float64)")
     series = pd.DataFrame(rows("r5", "gd-lsa", grid) + rows("r5", "ols", {(1e-300, "float32"): "ok"}))
-    assert left_out(series, setting) == ["series gd-lsa: not in the headline at noise = 0.1, R = 1e-300, dtype = float32, "
-                                         "device = cpu: it has ok cells at each of these values but none at all of them "
-                                         "together (e.g. --at dtype=float64)"]
+    assert left_out(series, setting) == ["series gd-lsa: a row of (no ok cell) in the headline at noise = 0.1, "
+                                         "R = 1e-300, dtype = float32, device = cpu, where none of its cells is ok (the "
+                                         "failed and skipped cells say why): it has ok cells at each of these values "
+                                         "but none at all of them together (e.g. --at dtype=float64)"]
+    series = pd.DataFrame(rows("r5", "gd-lsa", {k: v for k, v in grid.items() if k != (1e-300, "float32")})
+                          + rows("r5", "ols", {(1e-300, "float32"): "ok"}))  # no cell at the setting: no row
+    assert left_out(series, setting)[0].startswith("series gd-lsa: not in the headline at noise = 0.1, R = 1e-300, ")
+
+
+def test_a_series_that_ran_at_the_setting_without_an_ok_cell_is_no_note_of_absence(tmp_path, plugin_path, capsys):
+    """`publish --at d=2` of a run with d = 1, 2, where a plugin has no ok cell at d = 2 (skipped:
+    one regressor only): the headline has its "(no ok cell)" row, and the note said "series
+    plugin-mean-y: not in the headline" beside it (found by a new-user tryout)."""
+    raw = {"seed": 0, "n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1}, "all_solvers": False,
+           "grid": {"N": [6], "d": [1, 2], "dtype": ["float64"]}, "solvers": {"ols": {}, "plugin-mean-y": {}}}
+    run_matrix(parse_config(raw), tmp_path / "mv", progress=False)
+    assert main(["publish", str(tmp_path / "mv"), "--out", str(tmp_path / "pub"), "--at", "d=2"]) == 0
+    out = capsys.readouterr().out
+    head = (tmp_path / "pub" / "headline.md").read_text()
+    assert "| plugin-mean-y | (no ok cell) |" in " ".join(head.split()), head
+    assert "not in the headline" not in out + head, out + head
+    assert "series plugin-mean-y: a row of (no ok cell) in the headline at" in " ".join(head.split()), head
+    assert "its ok cells have d = 1" in head

@@ -50,7 +50,7 @@ def test_each_csv_source_is_its_own_series_in_headline_plot_and_scaling(csv_runs
     table, _ = report.load_runs(csv_runs)
     summary = report.aggregate(table)
     setting = report.representative(table)
-    labels = ["gd · a.csv x→y", "gd · b.csv x→y"]
+    labels = ["gd steps=4 · a.csv x→y", "gd steps=4 · b.csv x→y"]
     assert report.series_order(summary) == labels  # in the order the runs were given
     head = report.headline(summary, setting, table).set_index("series")
     assert head.index.tolist() == labels
@@ -62,7 +62,7 @@ def test_each_csv_source_is_its_own_series_in_headline_plot_and_scaling(csv_runs
     fig = plots.mse_vs_n(summary, setting)
     (ax,) = [x for x in fig.axes if x.get_visible()]
     lines = {ln.get_label(): ln for ln in ax.get_lines()}
-    assert sorted(lines) == labels  # two lines, not one "gd" line through both sources
+    assert sorted(lines) == labels  # two lines, not one "gd steps=4" line through both sources
     for label, run in zip(labels, csv_runs):
         np.testing.assert_allclose(lines[label].get_ydata(), _own(run).reindex(GRID["N"]), rtol=1e-12)
     fits = scaling.scaling_table(summary)
@@ -73,7 +73,7 @@ def test_each_csv_source_is_its_own_series_in_headline_plot_and_scaling(csv_runs
 
 def test_one_source_keeps_the_plain_labels(csv_runs):
     table, _ = report.load_runs(csv_runs[:1])
-    assert set(table["series"]) == {"gd"}
+    assert set(table["series"]) == {"gd steps=4"}  # (steps: off its default, 16)
     t = pd.DataFrame({"solver": ["gd", "gd", "ols"], "solver_params": ['{"steps": 1}', '{"steps": 4}', "{}"],
                       "prompts": ['{"x": 1}'] * 3})
     assert report.add_series(t)["series"].tolist() == ["gd steps=1", "gd steps=4", "ols"]
@@ -152,7 +152,7 @@ def test_mechanism_compares_with_gd_on_the_same_prompt_source():
                              "prompts": src, "ood": ood, "status": "ok", "mse_vs_ols": e, "rel_mse_vs_ols": e})
     got = mechanism.section(report.add_series(pd.DataFrame(rows)))["table"].set_index("series")
     assert got.loc["trained-l1 · A", "verdict"] == "GD-like"
-    assert "gd · A" in got.loc["trained-l1 · A", "why"]
+    assert "gd steps=4 · A" in got.loc["trained-l1 · A", "why"]
     assert got.loc["trained-l1 · B", "verdict"] == "neither"  # 100 times below gd on B: not GD-like
 
 
@@ -168,14 +168,14 @@ def test_one_csv_path_with_other_bytes_is_two_series(tmp_path):
     table, _ = report.load_runs(runs)
     sha = [pd.read_parquet(r / "results.parquet").data_sha256.iloc[0][:8] for r in runs]
     summary = report.aggregate(table)
-    assert report.series_order(summary) == [f"gd · data sha256 {h}" for h in sha]
+    assert report.series_order(summary) == [f"gd steps=4 · data sha256 {h}" for h in sha]
     assert (summary.n_seeds == 1).all()  # each series holds its own run: never the two pooled
     for h, run in zip(sha, runs):  # and its own throughput (the median was over both runs' rows)
         own = pd.read_parquet(run / "results.parquet").groupby("N").prompts_per_s.median()
-        mine = summary[summary.series == f"gd · data sha256 {h}"].set_index("N").prompts_per_s
+        mine = summary[summary.series == f"gd steps=4 · data sha256 {h}"].set_index("N").prompts_per_s
         np.testing.assert_allclose(mine.sort_index(), own.sort_index())
     same, _ = report.load_runs([runs[0], runs[0]])  # one file's bytes twice: one series, no label
-    assert set(report.aggregate(same).series) == {"gd"}
+    assert set(report.aggregate(same).series) == {"gd steps=4"}
 
 
 def test_the_ill_posed_note_names_each_source():

@@ -61,6 +61,7 @@ def test_resume_after_reordering_a_grid_list_reuses_every_cell(tmp_path, capsys)
     again = pd.read_parquet(out / "results.parquet")
     assert list(again.N) == [6, 4]  # the new order, the old numbers
     assert sorted(again.mse_vs_ols) == sorted(first.mse_vs_ols)
+    assert first.code_sha256.str.len().eq(64).all() and set(again.code_sha256) == set(first.code_sha256)  # reused rows too
     other = json.loads(json.dumps(RAW))
     other["n_prompts"] = 16  # a real change is still refused
     code, _, err = _run(capsys, "--config", _cfg(tmp_path, other, "e.toml"), "--out", out, "--resume")
@@ -91,9 +92,9 @@ class Constant(Solver):
 """
 
 
-def test_cell_cache_and_resume_see_an_edited_solver(tmp_path, capsys, monkeypatch):
-    """A cell's key holds the digest of its solver's code (provenance.code_digest): after the
-    plugin's source changes, the shared cache serves nothing and the new numbers are computed."""
+def _runs_before_and_after_an_edit(tmp_path, capsys, monkeypatch):
+    """Run folders tmp_path/a and tmp_path/b of one config and cache, the plugin solver's answer
+    edited from 0 to 100 between them (as a new process would see it)."""
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "edited_plugin.py").write_text(PLUGIN.replace("VALUE", "0.0"))
     cache, cfg = tmp_path / "cache", _cfg(tmp_path, dict(RAW, solvers={"test-code-edit": {}}))
@@ -109,9 +110,32 @@ def test_cell_cache_and_resume_see_an_edited_solver(tmp_path, capsys, monkeypatc
         REGISTRY.unregister("test-code-edit")
         sys.modules.pop("edited_plugin", None)
         source_digest.cache_clear()
+
+
+def test_cell_cache_and_resume_see_an_edited_solver(tmp_path, capsys, monkeypatch):
+    """A cell's key holds the digest of its solver's code (provenance.code_digest): after the
+    plugin's source changes, the shared cache serves nothing and the new numbers are computed."""
+    _runs_before_and_after_an_edit(tmp_path, capsys, monkeypatch)
     a, b = (pd.read_parquet(tmp_path / d / "results.parquet") for d in "ab")
     assert json.loads((tmp_path / "b" / "metadata.json").read_text())["n_cells_reused"] == 0
     assert (b.mse_vs_ols > a.mse_vs_ols * 100).all()
+
+
+def test_publish_refuses_rows_of_edited_code_as_repeats(tmp_path, capsys, monkeypatch):
+    """Rows carry their cell's code_sha256, so publish does not pool one cell and seed computed by
+    two versions of a solver as repeats (it printed the mean of 0 and 100's errors, exit 0)."""
+    _runs_before_and_after_an_edit(tmp_path, capsys, monkeypatch)
+    a, b = (pd.read_parquet(tmp_path / d / "results.parquet") for d in "ab")
+    assert a.code_sha256.str.len().eq(64).all() and (a.code_sha256 != b.code_sha256).all()
+    out = tmp_path / "pub"
+    code = main(["publish", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and not out.exists(), err
+    assert "test-code-edit N=4" in err and "has code_sha256 " in err and "the solver's code differs" in err, err
+    old = tmp_path / "old"  # a run from before the column: not compared, as for the other digests
+    old.mkdir()
+    a.drop(columns=["code_sha256"]).to_parquet(old / "results.parquet")
+    assert main(["publish", str(old), str(tmp_path / "b"), "--out", str(out)]) == 0
 
 
 @pytest.mark.parametrize("spec", [False, True])

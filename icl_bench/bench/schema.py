@@ -26,6 +26,7 @@ SCHEMA: tuple[tuple[str, str], ...] = (
     ("prompts", "object"),  # canonical JSON of the prompt source (distributions or CSV file)
     ("data_sha256", "object"), ("inputs_sha256", "object"),  # digests of the CSV's bytes and of the files the
     #   solver read (checkpoints); "" where none: what else made the cell's numbers (bench/cells.py, Cell)
+    ("code_sha256", "object"),  # digest of the code that computed the row (provenance.code_digest); "" if unknown
     ("started_at", "object"), ("elapsed_s", "float64"),
     ("mse_vs_ols_se", "float64"), ("mse_vs_truth_se", "float64"),  # standard errors over the prompts
     ("executor", "object"), ("worker", "object"),  # where the cell ran: local / dask, the worker's address
@@ -37,7 +38,7 @@ COLUMNS: list[str] = [c for c, _ in SCHEMA]
 DTYPES: dict[str, str] = dict(SCHEMA)
 TIMING_COLUMNS = ("prompts_per_s", "started_at", "elapsed_s", "executor", "worker", "concurrency")  # vary run to run
 CELL_COLUMNS = ("solver", "solver_params", *(a.name for a in AXES), "seed", "n_prompts", "batch_size",
-                "prompts", "data_sha256", "inputs_sha256")  # copied from the Cell; the store keeps only the others
+                "prompts", "data_sha256", "inputs_sha256", "code_sha256")  # copied from the Cell; the store keeps only the others
 RESULT_COLUMNS = tuple(c for c in COLUMNS if c not in CELL_COLUMNS)
 METRIC_COLUMNS = ("mse_vs_ols", "mse_vs_truth", "mse_vs_target", "abs_err_median", "abs_err_p99",
                   "prompts_per_s", "weight_sparsity", "weight_l1", "mse_vs_ols_se", "mse_vs_truth_se")

@@ -41,6 +41,7 @@ from icl_bench.errors import ConfigError
 from icl_bench.report.load import AXES, BACKFILL, KEYS, check_repeats, load_run
 from icl_bench.report.sources import source_labels
 from icl_bench.report.validate import at_value
+from icl_bench.solvers.registry import get_solver_class
 
 LEVEL = 0.95  # confidence level of the intervals
 COUNTS = ("n_nonfinite", "n_ill_posed", "n_nonfinite_well_posed")  # summed over seeds in the summary
@@ -75,7 +76,8 @@ def add_series(table: pd.DataFrame) -> pd.DataFrame:
     different series, "gd steps=4 · d2.csv x→y" (sources.source_labels), and so are rows of one
     CSV path whose bytes differ (`data_sha256`: "· d.csv x→y (data sha256 1a2b3c4d)"); with one
     source (or no `prompts` column) the labels name no source. A parameter set in one run and left
-    at its default in another is shown ("gd" beside "gd steps=4").
+    at its default in another is shown ("gd" beside "gd steps=4"), and so is one set off its declared
+    default ("gd-lsa steps=2" alone: a bare "gd-lsa" reads as steps 16; _off_default).
     """
     prompts = table["prompts"].fillna("").astype(str) if "prompts" in table else pd.Series("", index=table.index)
     source = source_labels(prompts)
@@ -99,7 +101,7 @@ def add_series(table: pd.DataFrame) -> pd.DataFrame:
     labels, order = {}, []
     for solver, p, src in dict.fromkeys(keys):
         d = sets[(solver, p)]
-        shown_keys = sorted(k for k in d if k in shown)
+        shown_keys = sorted(k for k in d if k in shown or k in _off_default(solver, d))
         label = f"{solver} {' '.join(f'{k}={_value(d[k])}' for k in shown_keys)}".strip()
         labels[(solver, p, src)] = f"{label} · {source[src]}" if source[src] else label
         order.append(((solver, tuple(_sort_key(d[k]) for k in shown_keys), first[src]), (solver, p, src)))
@@ -111,6 +113,24 @@ def add_series(table: pd.DataFrame) -> pd.DataFrame:
             labels[(solver, p, src)] = f"{label} {p or '{}'}"
     rank = {key: i for i, (_, key) in enumerate(sorted(order, key=lambda o: o[0]))}
     return table.assign(series=[labels[k] for k in keys], series_rank=[rank[k] for k in keys])
+
+
+def _off_default(solver: str, params: dict) -> set[str]:
+    """The parameters of `params` (one set of `solver`'s) whose value, as Param.check reads it (1 and
+    1.0 are one float), is not the declared default; none for a solver that does not load here (a
+    plugin not installed where the report is made: defaults unknown) or a parameter it lacks."""
+    try:
+        declared = get_solver_class(solver).params
+    except Exception:
+        return set()
+    out = set()
+    for k, v in params.items():
+        try:
+            if k in declared and declared[k].check(solver, k, v) != declared[k].check(solver, k, declared[k].default):
+                out.add(k)
+        except Exception:  # a value it now refuses (ConfigError) is no default
+            out.add(k)
+    return out
 
 
 def _value(v) -> str:

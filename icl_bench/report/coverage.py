@@ -88,7 +88,9 @@ def left_out(table: pd.DataFrame, setting: dict) -> list[str]:
     Returns:
         lines "run X: left out of the headline and the plots at ... (its ok cells have R = 10)",
         "d = 2: left out of the headline and of the plots, which show d = 1; ..." (hidden_values)
-        and "series S: ..." (empty when everything with ok cells is shown).
+        and "series S: ..." (empty when everything with ok cells is shown): "not in the headline"
+        for a series the headline has no row of, "a row of (no ok cell) in the headline" for one
+        that ran at the setting in a run the headline shows (aggregate.headline gives it that row).
     """
     ok = table[table["status"] == "ok"]
     at = setting_words(setting, FIXED, table)
@@ -105,8 +107,12 @@ def left_out(table: pd.DataFrame, setting: dict) -> list[str]:
             hint = "choose the setting with --at" if alone else "publish it alone, or choose the setting with --at"
             notes.append(f"run {run}: left out of the headline and of the plots at {at}: {why} ({hint}{example})")
             gone.add(run)
+    here = select(table, setting, FIXED)  # the rows headline() makes rows of: runs with ok cells at the setting
+    in_headline = set(here.loc[here["run"].isin(here.loc[here["status"] == "ok", "run"]), "series"])
     for series, g in ok.groupby("series", sort=False):
         if select(g, setting, FIXED).empty and not set(g["run"]) <= gone:
             why, example = _absent(g, setting)
-            notes.append(f"series {series}: not in the headline at {at}: {why}" + (f" ({example[2:]})" if example else ""))
+            where = (f"a row of (no ok cell) in the headline at {at}, where none of its cells is ok (the failed and "
+                     "skipped cells say why)") if series in in_headline else f"not in the headline at {at}"
+            notes.append(f"series {series}: {where}: {why}" + (f" ({example[2:]})" if example else ""))
     return notes

@@ -55,7 +55,7 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict | None]:
         raise ConfigError(f"RUN_DIR: {parquet} has no rows")
     table = check_table(table, parquet)  # a table icl-bench did not write: one line, not a traceback
     meta = read_metadata(path)  # None when absent; ConfigError when unreadable or not an object
-    for col in ("mse_vs_ols_se", "mse_vs_truth_se", "prompts", "data_sha256", "inputs_sha256"):  # older runs:
+    for col in ("mse_vs_ols_se", "mse_vs_truth_se", "prompts", "data_sha256", "inputs_sha256", "code_sha256"):  # older runs:
         if col not in table.columns:  # no SE, one prompt source, no digests of their inputs
             table[col] = math.nan if col.endswith("_se") else ""
     for axis, value in BACKFILL.items():  # older runs: one regressor
@@ -64,10 +64,23 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict | None]:
     return table.assign(run=str(path)), meta
 
 
+def unfinished_notes(metas: dict) -> list[str]:
+    """One note per run folder of `metas` (path -> metadata dict, None when absent: load_run) that
+    has no metadata.json. `icl-bench run` writes it last, so without it nothing marks the folder a
+    finished run (docs/design.md §10): it stopped before writing it, or was copied without it, and
+    its tables may lack cells. Publish still reads the folder; the note says so and how to finish it."""
+    return [f"run {run}: no metadata.json, which `icl-bench run` writes last, so nothing marks it a finished run "
+            "(it stopped before writing it, or was copied without it) and its tables may lack cells; complete it "
+            f"with `icl-bench run --resume --out {run}` and the --config it was run with"
+            for run, meta in metas.items() if meta is None]
+
+
 REPEAT_SAME = {  # a column that must agree between rows of one cell and seed, and what it means when not
     "n_prompts": "another n_prompts draws other prompts (a cell's n prompts are not the first n of a larger batch)",
     "data_sha256": "the CSV file's bytes differ (other data under the same path)",
     "inputs_sha256": "the solver read other files (checkpoints)",
+    "code_sha256": ("the solver's code differs (its package or icl-bench was edited, or torch / numpy / numba / "
+                    "scipy upgraded, between the runs)"),
 }
 
 

@@ -22,7 +22,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from icl_bench.report import style
-from icl_bench.report.aggregate import select, series_order
+from icl_bench.report.aggregate import failed_answers, select, series_order
 from icl_bench.report.coverage import setting_words, varied_axes
 from icl_bench.solvers.registry import get_solver_class
 
@@ -98,9 +98,31 @@ def _finish(fig: Figure, panels: list, xlabel: str, ylabel: str, title: str, not
     return fig
 
 
+NAN_NOTE = ("NaN on k of n well-posed: the solver answered NaN on k of the n prompts with a least-squares answer "
+            "at the points drawn; its line is the MSE over the other prompts only")
+
+
+def _flag_nan(data: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """`data` (summary rows) with " (NaN on k of n well-posed)" appended to the series label of
+    every series that answered NaN on well-posed prompts at its rows, k and n summed over them
+    (aggregate.failed_answers, the headline's "(k of n NaN)"): its MSE is over the finite answers
+    only, so unflagged it could read as the best series. Returns (data, NAN_NOTE or ""); data
+    unchanged without the counts (no n_prompts column: not a summary of aggregate.aggregate)."""
+    if "n_prompts" not in data:
+        return data, ""
+    bad, of = failed_answers(data)
+    sums = pd.DataFrame({"bad": bad, "of": of}).groupby(data["series"], sort=False).sum()
+    flagged = {s: f"{s} (NaN on {int(r.bad)} of {int(r.of)} well-posed)" for s, r in sums[sums["bad"] > 0].iterrows()}
+    if not flagged:
+        return data, ""
+    return data.assign(series=[flagged.get(s, s) for s in data["series"]]), NAN_NOTE
+
+
 def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric: str, ylabel: str,
                    title: str) -> Figure:
-    """Panels by `col`, one line per series of metric (mean) vs x with its 95 % CI band."""
+    """Panels by `col`, one line per series of metric (mean) vs x with its 95 % CI band; a series
+    that answered NaN on well-posed prompts says so in its label (_flag_nan)."""
+    data, nan_note = _flag_nan(data)
     fig, panels = _panels(data, col, col_title)
     styles = style.series_styles(data)
     twins = style.identical_series(data, [col, x], metric)
@@ -134,6 +156,8 @@ def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric:
         note += f"; large open circles: MSE exactly 0 ({zeros} points), drawn at the axis floor"
     if twins:
         note += "; " + style.twins_note(twins)
+    if nan_note:
+        note += "; " + nan_note
     return _finish(fig, panels, LABELS.get(x, x), ylabel, title, note)
 
 
@@ -211,7 +235,9 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     # one line per solver and its parameters other than steps
     stepped["series"] = [" ".join(w for w in s.split() if not w.startswith("steps=")) for s in stepped["series"]]
     stepped["series_rank"] = stepped.groupby("series")["series_rank"].transform("min")
-    refs = d[d["steps"].isna()]
+    stepped, nan_note = _flag_nan(stepped)  # per line drawn: a solver over its steps
+    refs, ref_note = _flag_nan(d[d["steps"].isna()])
+    nan_note = nan_note or ref_note
     fig, panels = _panels(stepped, "N", "N")
     styles = style.series_styles(pd.concat([stepped, refs]))
     twins = style.identical_series(stepped, ["N", "steps"], "mse_vs_ols")
@@ -252,6 +278,8 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
         note += f"; an MSE of exactly 0 ({zeros} points) is drawn at the axis floor"
     if twins:
         note += "; " + style.twins_note(twins)
+    if nan_note:
+        note += "; " + nan_note
     return _finish(fig, panels, LABELS["steps"], MSE_OLS_LABEL,
                    f"GD steps vs error{'; horizontal lines: solvers without steps' if len(refs) else ''} "
                    f"({setting_words(setting, axes, summary)})", note)

@@ -27,7 +27,7 @@ CHECKS = {**{a.name: a.check for a in AXES}, "seed": integer(0), "n_prompts": in
 # runs from before the runner always set them)
 NAN_OK = {"noise", "n_nonfinite", "batch_size", "n_ill_posed", "n_nonfinite_well_posed"}
 NAN_OK |= {c for c, t in DTYPES.items() if t == "float64" and c not in BY_NAME}
-TEXT_MAY_BE_NULL = {"message", "data_sha256", "inputs_sha256", "started_at", "executor", "worker"}
+TEXT_MAY_BE_NULL = {"message", "data_sha256", "inputs_sha256", "code_sha256", "started_at", "executor", "worker"}
 JSON_OBJECT = {"solver_params": "the canonical JSON of the solver's parameters",
                "prompts": "the canonical JSON of the prompt source"}
 
