@@ -280,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     ana.add_argument("--n-prompts", type=int, default=2048, help="analysis prompts (default 2048)")
     ana.add_argument("--seed", type=int, default=0, help="seed of the prompts and the alignment search")
     ana.add_argument("--N", type=int, default=None, help="context length (default: the checkpoint's)")
+    ana.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as run and train; 0 = torch's "
+                     "default: on a shared machine more threads mostly wait, see docs/throughput.md)")
     ana.set_defaults(func=cmd_analyze)
     tr = sub.add_parser("train", help="train transformers from a TOML config and save checkpoints")
     tr.add_argument("--config", default="train", help="training TOML ([defaults] + [runs.NAME]) or a packaged "

@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 
 from icl_bench import resources
-from icl_bench.config_base import MAX_SEED
+from icl_bench.config_base import MAX_SEED, MAX_THREADS
 from icl_bench.errors import ConfigError
 
 
@@ -15,6 +15,7 @@ def cmd_analyze(args) -> int:
     """Print the headline numbers, the sparsity per parameter and the alignment of a checkpoint;
     write every number to --out as standard JSON."""
     from icl_bench.analysis.analyze import HEADLINE, LABELS, analyze_checkpoint, check_out
+    from icl_bench.bench.runner import torch_threads
     from icl_bench.files import write_json
     from icl_bench.solvers.checkpoint import checkpoint_path
 
@@ -22,9 +23,12 @@ def cmd_analyze(args) -> int:
         check_out(args.out)
     if not 0 <= args.seed <= MAX_SEED:
         raise ConfigError(f"--seed: must be an integer in [0, {MAX_SEED}] (got {args.seed})")
+    if not 0 <= args.threads <= MAX_THREADS:
+        raise ConfigError(f"--threads: must be an integer in [0, {MAX_THREADS}] (got {args.threads}); 0 = torch's default")
     path = checkpoint_path(args.checkpoint)
     try:
-        result = analyze_checkpoint(path, n_prompts=args.n_prompts, seed=args.seed, N=args.N)
+        with torch_threads(args.threads):  # the fingerprint's GD trajectories are many small ops
+            result = analyze_checkpoint(path, n_prompts=args.n_prompts, seed=args.seed, N=args.N)
     except ConfigError as exc:  # name the flag the user typed, not the argument it set
         msg = str(exc)
         for key, flag in (("n_prompts:", "--n-prompts:"), ("N:", "--N:"), ("seed:", "--seed:")):

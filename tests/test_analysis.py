@@ -237,8 +237,13 @@ def test_analyze_checkpoint_and_command(construction, tmp_path, capsys):
 
     assert main(["analyze", str(tmp_path / "missing")]) == 2
     assert main(["analyze", str(stem), "--out", str(tmp_path / "a.txt")]) == 2
+    assert main(["analyze", str(stem), "--threads", "-1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and all(line.startswith("icl-bench: error:") for line in err)
+    assert len(err) == 3 and all(line.startswith("icl-bench: error:") for line in err)
+    assert err[2].startswith("icl-bench: error: --threads: must be an integer in [0, 1024]")
+    before = torch.get_num_threads()
+    assert main(["analyze", str(stem), "--n-prompts", "64", "--threads", "2"]) == 0
+    assert torch.get_num_threads() == before  # set for the analysis only
 
 
 def test_analyze_of_a_model_without_layernorm_says_na_not_nan(tmp_path, capsys):
