@@ -264,7 +264,7 @@ def test_ill_posed_csv_windows_are_not_counted_as_failures(tmp_path, capsys):
         (tmp_path / "c.toml").write_text(tomli_w.dumps(dict(raw, seed=seed)))
         assert main(["run", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / f"s{seed}"), "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "NaN predictions" not in out
+    assert "NaN/inf predictions" not in out
     table, _ = report.load_runs([tmp_path / "s0", tmp_path / "s1"])
     short = table[table.N == 3]
     k = short.n_ill_posed

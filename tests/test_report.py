@@ -867,18 +867,20 @@ def test_console_summary_is_at_one_setting_with_skip_reasons_grouped(run_dir):
     mse = ok[ok.solver_params == json.dumps({"steps": 4})].mse_vs_ols.mean()
     assert line.split()[2:5] == ["16", "0", "0"] and f"{mse:.3g}" in line
     assert "8 cells not ok, by reason:" in text and "  error x8 [test-fails]: RuntimeError: boom at N=12" in text
-    assert "NaN predictions" not in text  # every prediction finite: no such column
+    assert "NaN/inf predictions" not in text  # every prediction finite: no such column
     first = (table.status == "ok") & (table.N == 5) & (table.noise == 0) & (table.R == 10) & (table.dtype == "float32")
     first &= table.solver == "ols"
     table.loc[first[first].index[:1], ["n_nonfinite", "n_nonfinite_well_posed"]] = 3  # the mean was over the
-    line = next(ln for ln in console_summary(table).splitlines() if ln.startswith("ols "))  # others: said beside it
+    text = console_summary(table)  # others: said beside it, under a header that names inf too (a solver's
+    assert "NaN/inf predictions" in text  # inf was counted under 'NaN predictions'; found by an adversarial tester)
+    line = next(ln for ln in text.splitlines() if ln.startswith("ols "))
     n = int(table[first].n_prompts.sum())
     assert line.rstrip().endswith(f"3 of {n}"), line
     table.loc[first[first].index[:1], "n_ill_posed"] = 2  # well-posed prompts only: 3 failed of n - 2
     line = next(ln for ln in console_summary(table).splitlines() if ln.startswith("ols "))
     assert line.rstrip().endswith(f"3 of {n - 2}"), line
     table.loc[first[first].index[:1], ["n_ill_posed", "n_nonfinite_well_posed"]] = [3, 0]  # NaN where ill-posed
-    assert "NaN predictions" not in console_summary(table)  # is the right answer, not a failure
+    assert "NaN/inf predictions" not in console_summary(table)  # is the right answer, not a failure
     old = table.drop(columns=["n_ill_posed", "n_nonfinite_well_posed"])  # a run from before the columns:
     line = next(ln for ln in console_summary(old).splitlines() if ln.startswith("ols "))  # every NaN counts
     assert line.rstrip().endswith(f"3 of {n}"), line

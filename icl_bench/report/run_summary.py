@@ -37,7 +37,7 @@ def console_summary(table: pd.DataFrame) -> str:
     here = at.assign(nan=bad, of=of).groupby("series").agg(
         mse_vs_ols=("mse_vs_ols", "mean"), prompts_per_s=("prompts_per_s", "median"), nan=("nan", "sum"), of=("of", "sum"))
     if (here["nan"] > 0).any():  # the mean is over the scored predictions: say how many failed
-        here["NaN predictions"] = [f"{int(k)} of {int(n)}" if k > 0 else "-" for k, n in zip(here["nan"], here["of"])]
+        here["NaN/inf predictions"] = [f"{int(k)} of {int(n)}" if k > 0 else "-" for k, n in zip(here["nan"], here["of"])]
     out = counts.join(here.drop(columns=["nan", "of"]), how="left").reindex(report.series_order(table))
     where = report.setting_text(setting, report.AXES, _fmt, varied_axes(table))
     lines = [f"cells per series (whole run); MSE vs OLS (y units², mean over seeds) and prompts/s at {where}:",
