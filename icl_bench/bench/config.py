@@ -127,10 +127,10 @@ def _solver_grid(name: str, params: Any) -> list[dict]:
     for combo in combos:
         try:
             cls(**combo)
-        except ConfigError:  # the solver contract's parameter errors (Param.check, unknown parameter, a
-            raise  # solver's own check of its values): already "solvers.NAME.PARAM: ..."
-        except Exception:  # anything else (a plain ValueError too) is the solver failing to build, not bad
-            pass  # input: its cells become error rows with the exception (bench/runner.py: run_cell)
+        except (ConfigError, KeyboardInterrupt):  # the solver contract's parameter errors (Param.check, unknown
+            raise  # parameter, a solver's own check of its values): already "solvers.NAME.PARAM: ..."
+        except BaseException:  # anything else (a plain ValueError, SystemExit, GeneratorExit) is the solver failing
+            pass  # to build, not bad input: its cells become error rows with the exception (bench/runner.py: run_cell)
     return combos
 
 
