@@ -179,6 +179,40 @@ def test_a_process_without_the_runs_bytes_refuses_an_edited_file(tmp_path):
     assert "changed since the run started" in row["message"] and row["data_sha256"] == cell.data_sha256
 
 
+def _folder(out) -> dict:
+    return {f.name: f.read_bytes() for f in sorted(out.iterdir())}
+
+
+@pytest.mark.parametrize("old_folder", [False, True])
+def test_resume_after_the_csv_was_edited_is_refused_and_changes_nothing(tmp_path, capsys, old_folder):
+    """--resume on edited --data bytes recomputed every cell and silently replaced the table; now
+    one line naming the file, nothing in the folder touched. old_folder: a run folder written
+    before config.json kept the digest (the one in its results table is used)."""
+    path, out = tmp_path / "mut.csv", tmp_path / "o"
+    _noisy_line(path, rows=40)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(tomli_w.dumps({"n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1}, "grid": {"N": [4]},
+                                  "solvers": {"ols": {}}}))
+    argv = ["run", "--config", str(cfg), "--data", str(path), "--x", "x", "--y", "y", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    if old_folder:
+        saved = json.loads((out / "config.json").read_text())
+        del saved["data_sha256"]
+        (out / "config.json").write_text(json.dumps(saved, sort_keys=True))
+    kept = path.read_bytes()
+    before = _folder(out)
+    path.write_bytes(kept + b"5,11\n")
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"icl-bench: error: --data: the bytes of {path} changed since the run in {out} was made")
+    assert "give a new --out" in err and "restore the file" in err and err.count("\n") == 1, err
+    assert _folder(out) == before  # nothing in the folder changed
+    path.write_bytes(kept)  # restored: the run resumes, every cell reused
+    assert main([*argv, "--resume"]) == 0
+    assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == 1
+
+
 def test_an_empty_trailing_field_keeps_the_columns(tmp_path):
     """`x,y` then rows `1,2,` (a delimiter at each line's end): pandas took the first field as the
     index, so x read as 2 and y as empty (every row dropped); the columns now stay in place."""

@@ -240,6 +240,8 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
         if out is not None:
             out = Path(out)
             identity = {k: v for k, v in config.to_dict().items() if k != "executor"}  # any executor resumes
+            if config.data is not None and cells:  # --resume on edited CSV bytes is refused (store.prepare)
+                identity[store.DATA_KEY] = cells[0].data_sha256
             config_json = dumps(identity, sort_keys=True)
             cells_db = store.CellStore(out, RESULT_COLUMNS, resume=resume, config_json=config_json, same=same_matrix)
         if cache is not None and cache_db is None:  # a new one is made only once --out is accepted
