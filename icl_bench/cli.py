@@ -118,6 +118,10 @@ def cmd_run(args) -> int:
         if Path(args.data).is_dir():
             raise ConfigError(f"--data: {args.data} is a folder; give a CSV file")
         raw["data"] = {"path": args.data, "x": args.x, "y": args.y}
+        if path.resolve().parent == resources.configs_dir().resolve():  # a packaged matrix's noise grid and
+            raw.pop("prompts", None)  # [prompts] are for generated prompts: not the user's, so not refused
+            if isinstance(raw.get("grid"), dict):  # as a config giving them beside CSV data is (grid.noise)
+                raw["grid"].pop("noise", None)
     elif args.x or args.y:
         raise ConfigError("--x/--y: only with --data FILE")
     if args.out is not None and not args.out.strip():  # an empty --cache: refused by run_matrix's cache check

@@ -266,7 +266,8 @@ def test_resume_after_the_data_file_changed_is_refused_and_a_new_out_gets_the_ne
     cell and replace the folder's table silently); a new --out computes the new data's numbers."""
     data = tmp_path / "d.csv"
     data.write_text("x,y\n" + "".join(f"{i},{2 * i + 1}\n" for i in range(20)))
-    raw = {**SMALL, "data": {"path": str(data), "x": "x", "y": "y"}}
+    grid = {k: v for k, v in SMALL["grid"].items() if k != "noise"}  # CSV prompts have no noise to set
+    raw = {**SMALL, "grid": grid, "data": {"path": str(data), "x": "x", "y": "y"}}
     out = tmp_path / "run"
     run_matrix(parse_config(raw), out, progress=False)
     before = (out / "results.parquet").read_bytes()

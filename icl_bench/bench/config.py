@@ -172,6 +172,13 @@ class MatrixConfig(ConfigModel):
                           key="n_prompts")
         if self.data is not None and max(g.d) > 1:
             raise problem("CSV data has one regressor (its x column); the grid's d must be [1]", key="grid.d")
+        if self.data is not None and "noise" in g.model_fields_set:  # a given value would be ignored
+            raise problem(f"{g.noise} would be ignored: CSV prompts ([data] / --data) take y from the file, so "
+                          "there is no label noise to set (the rows' noise is NaN); remove grid.noise", key="grid.noise")
+        given = [k for k in ("x", "slope", "intercept") if k in self.prompts_.model_fields_set]
+        if self.data is not None and given:
+            raise problem("would be ignored: CSV prompts ([data] / --data) take x and y from the file, so no "
+                          "distribution is drawn from; remove the [prompts] table", key=f"prompts.{given[0]}")
         for dtype in g.dtype:
             for R in g.R:
                 if R > FLOAT_MAX[dtype]:
