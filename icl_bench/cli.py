@@ -103,9 +103,10 @@ def cmd_run(args) -> int:
     from icl_bench.config_base import read_toml
     from icl_bench.report.run_summary import cell_warnings, console_summary
 
-    path = resources.config_path(args.config or "default")
+    given = "default" if args.config is None else args.config  # --config "" is refused, not the default
+    path = resources.config_path(given)
     raw = read_toml(path)
-    resources.check_kind(raw, args.config or "default", "run")
+    resources.check_kind(raw, given, "run")
     if args.solver and not all(n.strip() for n in args.solver):
         raise ConfigError("--solver: empty name; give a solver's name (icl-bench list)")
     if args.solver:  # keep the config's parameters for a named solver, defaults otherwise

@@ -259,6 +259,12 @@ CASES = [
          "--config: bad.toml nests arrays or inline tables too deeply to read"),
     Case("toml-missing", lambda tmp: ["run", "--config", str(tmp / "none.toml")], "--config: no such file"),
     Case("toml-is-folder", lambda tmp: ["run", "--config", str(tmp)], "--config: "),
+    # an empty --config ran the packaged default matrix (1872 cells); /dev/null was "no such file"
+    Case("toml-empty-path", lambda tmp: ["run", "--config", ""], "--config: empty path; give a TOML file or a packaged config ("),
+    Case("toml-blank-path-train", lambda tmp: ["train", "--config", " "], "--config: empty path", resume=False),
+    Case("toml-empty-path-sweep", lambda tmp: ["sweep", "--config", ""], "--config: empty path", out=False),
+    Case("toml-device-file", lambda tmp: ["run", "--config", "/dev/null"],
+         "--config: '/dev/null' is not a regular file (a device, pipe or socket); give a .toml file"),
     # ---- a config made for another command names the command that runs it ----
     Case("toml-training-config-to-run", lambda tmp: ["run", "--config", "train"],
          "--config: 'train' is a training config; run it with `icl-bench train --config train`"),
