@@ -117,9 +117,10 @@ def cmd_run(args) -> int:
     from icl_bench.config_base import read_toml
     from icl_bench.report.run_summary import cell_warnings, console_summary
 
-    path = resources.config_path(args.config or "default")
+    given = "default" if args.config is None else args.config  # --config "" is refused, not the default
+    path = resources.config_path(given)
     raw = read_toml(path)
-    resources.check_kind(raw, args.config or "default", "run")
+    resources.check_kind(raw, given, "run")
     if args.solver and not all(n.strip() for n in args.solver):
         raise ConfigError("--solver: empty name; give a solver's name (icl-bench list)")
     if args.solver:  # keep the config's parameters for a named solver, defaults otherwise
@@ -132,6 +133,10 @@ def cmd_run(args) -> int:
         if Path(args.data).is_dir():
             raise ConfigError(f"--data: {args.data} is a folder; give a CSV file")
         raw["data"] = {"path": args.data, "x": args.x, "y": args.y}
+        if path.resolve().parent == resources.configs_dir().resolve():  # a packaged matrix's noise grid and
+            raw.pop("prompts", None)  # [prompts] are for generated prompts: not the user's, so not refused
+            if isinstance(raw.get("grid"), dict):  # as a config giving them beside CSV data is (grid.noise)
+                raw["grid"].pop("noise", None)
     elif args.x or args.y:
         raise ConfigError("--x/--y: only with --data FILE")
     if args.out is not None and not args.out.strip():  # an empty --cache: refused by run_matrix's cache check

@@ -106,6 +106,8 @@ def read_toml(path: str | Path, key: str = "--config") -> dict:
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{key}: {str(path)!r} is a folder; give a .toml file")
+    if path.exists() and not path.is_file():  # /dev/null, a FIFO, a socket: exists, but no file to read
+        raise ConfigError(f"{key}: {str(path)!r} is not a regular file (a device, pipe or socket); give a .toml file")
     if not path.is_file():
         raise ConfigError(f"{key}: no such file {str(path)!r}")
     try:

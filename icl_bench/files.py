@@ -34,10 +34,12 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str | Path, data: bytes) -> None:
+def write_atomic(path: str | Path, data: bytes, *, mode: int | None = None) -> None:
     """Replace `path` by `data` atomically: unique temp file, fsync, rename, fsync of the folder.
 
     The temp file is `.<name>.<pid>-<hex>.tmp` beside `path`; it is removed if the write fails.
+    `mode`: permission bits of the new file (e.g. those of the file it replaces); None: 0o666
+    less the umask, as for open().
     Raises:
         OSError: the folder is missing or not writable (nothing is left behind).
     """
@@ -46,6 +48,8 @@ def write_atomic(path: str | Path, data: bytes) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
     try:
         with os.fdopen(fd, "wb") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

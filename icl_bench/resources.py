@@ -83,8 +83,10 @@ def config_path(name_or_path: str | Path, key: str = "--config") -> Path:
     ("default" or "default.toml").
 
     Raises:
-        ConfigError (naming `key`): neither a file nor a packaged config; lists the packaged names.
+        ConfigError (naming `key`): empty, or neither a file nor a packaged config; lists the packaged names.
     """
+    if not str(name_or_path).strip():  # Path("") is ".", which exists
+        raise ConfigError(f"{key}: empty path; give a TOML file or a packaged config ({', '.join(config_names())})")
     path = Path(name_or_path)
     if path.exists():
         return path

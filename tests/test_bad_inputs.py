@@ -76,13 +76,32 @@ def toml(edit: Callable[[dict], object] | None = None, text: str | bytes | None 
     return argv
 
 
+def toml_csv(edit: Callable[[dict], object]):
+    """toml(edit) for a config with CSV prompts: BASE without its noise grid (refused beside [data])."""
+    return toml(lambda r: (r["grid"].pop("noise"), edit(r)))
+
+
 def csv(content: str | bytes | None, x: str = "x", y: str = "y", name: str = "data.csv"):
     """A case's argv: `run --config BASE --data FILE --x X --y Y` with FILE holding `content`."""
     def argv(tmp: Path) -> list[str]:
         path = tmp / name
         if content is not None:
             path.write_bytes(content if isinstance(content, bytes) else content.encode())
-        return [*toml(lambda r: None)(tmp), "--data", str(path), "--x", x, "--y", y]
+        return [*toml_csv(lambda r: None)(tmp), "--data", str(path), "--x", x, "--y", y]
+    return argv
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def data_table(edit: Callable[[dict], object]):
+    """A case's argv: `run --config FILE`, FILE = BASE without its noise grid, with a [data] table
+    of a good CSV file, after `edit`."""
+    def argv(tmp: Path) -> list[str]:
+        (tmp / "data.csv").write_text(ROWS)
+        return toml_csv(lambda r: (_set(r, {"path": str(tmp / "data.csv"), "x": "x", "y": "y"}, "data"), edit(r)))(tmp)
     return argv
 
 
@@ -224,11 +243,11 @@ CASES = [
          "executor.exclusive_timing: expected true or false"),
     Case("cli-executor", lambda tmp: ["run", "--executor", "slurm"], "--executor: unknown value 'slurm'; accepted: local, dask"),
     Case("toml-data-not-table", toml(lambda r: _set(r, "data.csv", "data")), "data: must be a table (got str)"),
-    Case("toml-data-missing-file", toml(lambda r: _set(r, {"path": "no/such.csv", "x": "x", "y": "y"}, "data")), "data.path: no such file"),
-    Case("toml-data-missing-key", toml(lambda r: _set(r, {"path": "matplotlib:msft.csv", "x": "Open"}, "data")), "data.y: not given; the column of targets, one of: Date, Open"),
-    Case("toml-data-missing-column", toml(lambda r: _set(r, {**MSFT, "y": "Shut"}, "data")), "data.y: no column 'Shut' in msft.csv; columns: Date, Open"),
-    Case("toml-data-text-column", toml(lambda r: _set(r, {**MSFT, "x": "Date"}, "data")), "data.x: column 'Date' is not numeric (data row 1: "),
-    Case("toml-data-too-few-rows", toml(lambda r: (_set(r, MSFT, "data"), _set(r, [100], "grid", "N"))),
+    Case("toml-data-missing-file", toml_csv(lambda r: _set(r, {"path": "no/such.csv", "x": "x", "y": "y"}, "data")), "data.path: no such file"),
+    Case("toml-data-missing-key", toml_csv(lambda r: _set(r, {"path": "matplotlib:msft.csv", "x": "Open"}, "data")), "data.y: not given; the column of targets, one of: Date, Open"),
+    Case("toml-data-missing-column", toml_csv(lambda r: _set(r, {**MSFT, "y": "Shut"}, "data")), "data.y: no column 'Shut' in msft.csv; columns: Date, Open"),
+    Case("toml-data-text-column", toml_csv(lambda r: _set(r, {**MSFT, "x": "Date"}, "data")), "data.x: column 'Date' is not numeric (data row 1: "),
+    Case("toml-data-too-few-rows", toml_csv(lambda r: (_set(r, MSFT, "data"), _set(r, [100], "grid", "N"))),
          "grid.N: N=100 needs at least 101 rows with finite x and y; msft.csv has 65"),
     # ---- TOML files that are not TOML ----
     Case("toml-invalid", toml(text="seed = ["), "--config: bad.toml is not valid TOML"),
@@ -240,6 +259,12 @@ CASES = [
          "--config: bad.toml nests arrays or inline tables too deeply to read"),
     Case("toml-missing", lambda tmp: ["run", "--config", str(tmp / "none.toml")], "--config: no such file"),
     Case("toml-is-folder", lambda tmp: ["run", "--config", str(tmp)], "--config: "),
+    # an empty --config ran the packaged default matrix (1872 cells); /dev/null was "no such file"
+    Case("toml-empty-path", lambda tmp: ["run", "--config", ""], "--config: empty path; give a TOML file or a packaged config ("),
+    Case("toml-blank-path-train", lambda tmp: ["train", "--config", " "], "--config: empty path", resume=False),
+    Case("toml-empty-path-sweep", lambda tmp: ["sweep", "--config", ""], "--config: empty path", out=False),
+    Case("toml-device-file", lambda tmp: ["run", "--config", "/dev/null"],
+         "--config: '/dev/null' is not a regular file (a device, pipe or socket); give a .toml file"),
     # ---- a config made for another command names the command that runs it ----
     Case("toml-training-config-to-run", lambda tmp: ["run", "--config", "train"],
          "--config: 'train' is a training config; run it with `icl-bench train --config train`"),
@@ -291,6 +316,13 @@ CASES = [
     Case("csv-zip-damaged", csv(b"junk" * 10, name="data.zip"), "--data: cannot read"),
     Case("csv-zip-two-files", csv(_zip(("a.csv", ROWS), ("b.csv", ROWS)), name="data.zip"), "--data: cannot read"),
     Case("csv-tar-damaged", csv(b"junk" * 10, name="data.tar"), "--data: cannot read"),
+    # settings CSV prompts cannot use were ignored (a noise grid of 2 values gave 1 cell per point)
+    Case("csv-table-with-noise-grid", data_table(lambda r: _set(r, [0.0, 0.1], "grid", "noise")),
+         "grid.noise: [0.0, 0.1] would be ignored: CSV prompts ([data] / --data) take y from the file"),
+    Case("csv-flag-with-noise-grid", lambda tmp: [*toml(lambda r: None)(tmp), "--data", str(_write(tmp / "data.csv", ROWS)),
+         "--x", "x", "--y", "y"], "grid.noise: [0.1] would be ignored"),  # a config of the user's own (not packaged)
+    Case("csv-table-with-prompts", data_table(lambda r: _set(r, {"dist": "uniform"}, "prompts", "x")),
+         "prompts.x: would be ignored: CSV prompts ([data] / --data) take x and y from the file"),
     # ---- run folders given to `icl-bench publish` ----
     Case("publish-run-missing", lambda tmp: ["publish", str(tmp / "no-such-run")], f"RUN_DIR: {RUN_AT}no-such-run is not a folder"),
     Case("publish-run-unfinished", damaged("results.parquet", None), f"RUN_DIR: {RUN_AT}input-run has no results.parquet"),

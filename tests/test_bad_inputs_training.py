@@ -78,6 +78,8 @@ def test_train_flags(capsys, tmp_path):
 
 @pytest.mark.parametrize("toml, expected", [
     ("[sweep]\nl1 = [0.0]\nout = ''\n", "sweep.out: must be a non-empty path"),
+    ("[sweep]\nl1 = [0.0]\nout = 'sw/'\n[train]\n" + TINY,  # wrote sw.md, sw.csv, sw_models/ beside a folder sw/
+     "sweep.out: must be a non-empty path ending in a file stem (got 'sw/', which ends in a path separator)"),
     ("[sweep]\nl1 = [0.0]\neval_prompts = 1000000000000\n", "sweep.eval_prompts: eval_prompts * (eval_N + 1) exceeds"),
     ("train = 3\n[sweep]\nl1 = [0.0]\n", "train: must be a table"),
     ("[sweep]\nl1 = [0.0]\n[train]\nthreads = 5000\n", "train.threads: must be <= 1024"),
@@ -97,6 +99,14 @@ def test_sweep_output_that_is_a_folder_is_refused_before_training(capsys, tmp_pa
     (tmp_path / "o.csv").mkdir()
     msg = run(capsys, tmp_path, ["sweep", "--config", "c.toml"], "[sweep]\nl1 = [0.0]\nout = 'o'\n[train]\n" + TINY)
     assert msg.startswith("sweep.out: o.csv exists and is a folder"), msg
+
+
+def test_sweep_output_naming_an_existing_folder_is_refused_before_training(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sw").mkdir()
+    msg = run(capsys, tmp_path, ["sweep", "--config", "c.toml"], "[sweep]\nl1 = [0.0]\nout = 'sw'\n[train]\n" + TINY)
+    assert msg.startswith("sweep.out: must be a non-empty path ending in a file stem (got 'sw', which is an existing "
+                          "folder); the sweep writes <out>.md, <out>.csv and <out>_models/: e.g. 'sw/l1_sweep'"), msg
 
 
 def test_analyze_flags(capsys, tmp_path):

@@ -101,6 +101,24 @@ def test_plugin_that_exits_on_import_is_listed_as_broken(tmp_path, monkeypatch):
         sys.modules.pop("exiting_mod", None)
 
 
+def test_plugin_raising_generatorexit_on_import_is_listed_as_broken(tmp_path, monkeypatch):
+    """Any BaseException but KeyboardInterrupt (GeneratorExit crashed list and run) marks the plugin broken."""
+    from conftest import write_plugin
+
+    import icl_bench.solvers.registry as registry
+
+    root = write_plugin(tmp_path / "site", "genexit-plugin", {"plugin-genexit": "genexit_mod:X"},
+                        {"genexit_mod": "raise GeneratorExit('at import')\n"})
+    monkeypatch.syspath_prepend(str(root))
+    try:
+        infos = {i.name: i for i in list_solvers()}
+        assert infos["plugin-genexit"].error == "GeneratorExit: at import"
+        assert infos["ols"].error is None
+    finally:
+        registry.REGISTRY.unregister("plugin-genexit")
+        sys.modules.pop("genexit_mod", None)
+
+
 def test_plugin_shadowing_a_builtin_or_another_plugin_is_warned(tmp_path, monkeypatch, capsys):
     from conftest import GOOD_PLUGIN, write_plugin
 

@@ -261,15 +261,21 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_folder(tmp_path):
     run_matrix(parse_config(SMALL), out, resume=True, progress=False)  # released: fine again
 
 
-def test_resume_after_the_data_file_changed_recomputes(tmp_path):
+def test_resume_after_the_data_file_changed_is_refused_and_a_new_out_gets_the_new_data(tmp_path):
+    """No stale row is ever merged: --resume on edited bytes is refused (it used to recompute every
+    cell and replace the folder's table silently); a new --out computes the new data's numbers."""
     data = tmp_path / "d.csv"
     data.write_text("x,y\n" + "".join(f"{i},{2 * i + 1}\n" for i in range(20)))
-    raw = {**SMALL, "data": {"path": str(data), "x": "x", "y": "y"}}
+    grid = {k: v for k, v in SMALL["grid"].items() if k != "noise"}  # CSV prompts have no noise to set
+    raw = {**SMALL, "grid": grid, "data": {"path": str(data), "x": "x", "y": "y"}}
     out = tmp_path / "run"
     run_matrix(parse_config(raw), out, progress=False)
+    before = (out / "results.parquet").read_bytes()
     data.write_text("x,y\n" + "".join(f"{i},{i * i}\n" for i in range(20)))  # same name, a curve: OLS misses it
-    table = run_matrix(parse_config(raw), out, resume=True, progress=False)
-    assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == 0
+    with pytest.raises(ConfigError, match=r"^data\.path: the bytes of .*d\.csv changed since the run in"):
+        run_matrix(parse_config(raw), out, resume=True, progress=False)
+    assert (out / "results.parquet").read_bytes() == before
+    table = run_matrix(parse_config(raw), tmp_path / "new", progress=False)
     assert (table["mse_vs_target"] > 1e-3).all()  # the new numbers, not the line this process read first
     fresh = tmp_path / "fresh"  # another process reading the edited file gives the same table
     fresh.mkdir()

@@ -52,10 +52,27 @@ class RegisterSuicide(WorkerPlugin):
             def predict(self, batch):
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        try:
-            register_solver("test-suicide")(Suicide)
-        except ValueError:  # this worker has it already
-            pass
+        class GenExit(Solver):
+            """Raises GeneratorExit, a BaseException that is neither SystemExit nor KeyboardInterrupt."""
+
+            params = {}
+
+            def predict(self, batch):
+                raise GeneratorExit("from a plugin")
+
+        class Huge(Solver):
+            """Raises an exception with a 10^6-character message."""
+
+            params = {}
+
+            def predict(self, batch):
+                raise ValueError("h" * 10**6)
+
+        for name, cls in (("test-suicide", Suicide), ("test-genexit", GenExit), ("test-huge", Huge)):
+            try:
+                register_solver(name)(cls)
+            except ValueError:  # this worker has it already
+                pass
 
 
 @pytest.fixture(scope="module")
@@ -259,6 +276,21 @@ def test_a_cell_that_kills_every_worker_becomes_an_error_row(cluster, tmp_path):
     assert (table[table.solver == "ols"].status == "ok").all()
     stored = pd.read_parquet(tmp_path / "run" / "results.parquet")
     assert list(stored.status) == list(table.status)
+
+
+def test_a_generatorexit_or_a_huge_message_on_a_worker_is_a_short_error_row(cluster, tmp_path):
+    client, address = cluster
+    raw = {"n_prompts": 8, "batch_size": 8, "timing": {"repeats": 1}, "grid": {"N": [4, 6]},
+           "solvers": {"ols": {}}}
+    cfg = parse_config(raw)
+    cfg.solvers["test-genexit"] = [{}]  # registered on the workers only (RegisterSuicide)
+    cfg.solvers["test-huge"] = [{}]
+    table = run_matrix(cfg, tmp_path / "run", progress=False, executor=_on(address))
+    gen, huge = (table[table.solver == n] for n in ("test-genexit", "test-huge"))
+    assert (gen.status == "error").all() and gen.message.str.startswith("GeneratorExit: from a plugin").all()
+    assert (huge.status == "error").all() and huge.message.str.contains("h… (1000000 characters)", regex=False).all()
+    assert (huge.message.str.len() < 600).all()
+    assert len(table) == 6 and (table[table.solver == "ols"].status == "ok").all()
 
 
 def test_bad_executor_flags_exit_2_and_write_nothing(tmp_path, monkeypatch, capsys):

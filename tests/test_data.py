@@ -102,7 +102,7 @@ def test_run_with_a_compressed_csv(tmp_path, capsys, ext):
     _frame_with_gaps().to_csv(path, index=False)
     cfg = tmp_path / "c.toml"
     cfg.write_text(tomli_w.dumps({"seed": 0, "n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1},
-                                  "grid": {"N": [4], "noise": [0.1], "R": [10.0], "dtype": ["float64"]},
+                                  "grid": {"N": [4], "R": [10.0], "dtype": ["float64"]},
                                   "solvers": {"ols": {}}}))
     out = tmp_path / "run"
     code = main(["run", "--config", str(cfg), "--data", str(path), "--x", "x", "--y", "y", "--out", str(out),
@@ -177,6 +177,81 @@ def test_a_process_without_the_runs_bytes_refuses_an_edited_file(tmp_path):
     row = run_cell(cell.__class__(**{**cell.__dict__, "N": 7}))
     assert row["status"] == "error" and "data.path: " in row["message"], row
     assert "changed since the run started" in row["message"] and row["data_sha256"] == cell.data_sha256
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("noise", [0.0, 0.1], "grid.noise: [0.0, 0.1] would be ignored: CSV prompts ([data] / --data) take y from the file"),
+    ("noise", [0.1], "grid.noise: [0.1] would be ignored"),  # given is given, even the default value
+    ("prompts", {"x": {"dist": "uniform", "loc": 0.0, "scale": 2.0}}, "prompts.x: would be ignored: CSV prompts"),
+    ("prompts", {"slope": {"loc": 1.0}}, "prompts.slope: would be ignored"),
+])
+def test_settings_csv_prompts_would_ignore_are_refused(tmp_path, key, value, expected):
+    """A noise grid beside [data] gave one cell per grid point (the list was replaced by NaN) and a
+    [prompts] table was dropped, both silently."""
+    from icl_bench.bench.config import parse_config
+
+    path = tmp_path / "d.csv"
+    _noisy_line(path, rows=40)
+    raw = {"n_prompts": 16, "grid": {"N": [4]}, "solvers": {"ols": {}}, "data": {"path": str(path), "x": "x", "y": "y"}}
+    if key == "noise":
+        raw["grid"]["noise"] = value
+    else:
+        raw[key] = value
+    with pytest.raises(ConfigError) as exc:
+        parse_config(raw)
+    assert str(exc.value).startswith(expected), exc.value
+    assert parse_config({**raw, "grid": {"N": [4]}, "prompts": {}}).data is not None  # neither given: accepted
+
+
+def test_data_flag_with_a_packaged_matrix_drops_its_noise_grid(tmp_path, capsys):
+    """`run --data` on the packaged default (noise = [0.0, 0.1, 0.5], not the user's) still runs,
+    one cell per grid point without noise; a user's own config giving noise is refused instead."""
+    path, out = tmp_path / "d.csv", tmp_path / "o"
+    _noisy_line(path, rows=400)
+    argv = ["run", "--data", str(path), "--x", "x", "--y", "y", "--solver", "ols", "--no-progress"]
+    assert main([*argv, "--out", str(out)]) == 0, capsys.readouterr().err
+    table = pd.read_parquet(out / "results.parquet")
+    assert len(table) == 4 * 3 * 2 * 2 and table.noise.isna().all()  # N x R x dtype x device, no noise axis
+    own = tmp_path / "own.toml"
+    own.write_text(tomli_w.dumps({"grid": {"N": [4], "noise": [0.0, 0.5]}, "solvers": {"ols": {}}}))
+    capsys.readouterr()
+    assert main([*argv, "--config", str(own), "--out", str(tmp_path / "o2")]) == 2
+    assert capsys.readouterr().err.startswith("icl-bench: error: grid.noise: [0.0, 0.5] would be ignored")
+    assert not (tmp_path / "o2").exists()
+
+
+def _folder(out) -> dict:
+    return {f.name: f.read_bytes() for f in sorted(out.iterdir())}
+
+
+@pytest.mark.parametrize("old_folder", [False, True])
+def test_resume_after_the_csv_was_edited_is_refused_and_changes_nothing(tmp_path, capsys, old_folder):
+    """--resume on edited --data bytes recomputed every cell and silently replaced the table; now
+    one line naming the file, nothing in the folder touched. old_folder: a run folder written
+    before config.json kept the digest (the one in its results table is used)."""
+    path, out = tmp_path / "mut.csv", tmp_path / "o"
+    _noisy_line(path, rows=40)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(tomli_w.dumps({"n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1}, "grid": {"N": [4]},
+                                  "solvers": {"ols": {}}}))
+    argv = ["run", "--config", str(cfg), "--data", str(path), "--x", "x", "--y", "y", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    if old_folder:
+        saved = json.loads((out / "config.json").read_text())
+        del saved["data_sha256"]
+        (out / "config.json").write_text(json.dumps(saved, sort_keys=True))
+    kept = path.read_bytes()
+    before = _folder(out)
+    path.write_bytes(kept + b"5,11\n")
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"icl-bench: error: --data: the bytes of {path} changed since the run in {out} was made")
+    assert "give a new --out" in err and "restore the file" in err and err.count("\n") == 1, err
+    assert _folder(out) == before  # nothing in the folder changed
+    path.write_bytes(kept)  # restored: the run resumes, every cell reused
+    assert main([*argv, "--resume"]) == 0
+    assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == 1
 
 
 def test_an_empty_trailing_field_keeps_the_columns(tmp_path):

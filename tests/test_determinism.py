@@ -85,7 +85,8 @@ def test_different_seeds_give_different_prompts():
 def test_data_prompts_are_seeded_too(tmp_path):
     csv = tmp_path / "d.csv"
     csv.write_text("x,y\n" + "\n".join(f"{i},{2 * i + 1}" for i in range(30)) + "\n")
-    raw = {**RAW, "data": {"path": str(csv), "x": "x", "y": "y"}}
+    grid = {k: v for k, v in RAW["grid"].items() if k != "noise"}  # CSV prompts have no noise to set
+    raw = {**RAW, "grid": grid, "data": {"path": str(csv), "x": "x", "y": "y"}}
     cells = expand_cells(parse_config(raw))
     c = cells[0]
     one = cell_prompts(c.prompts, c.N, c.noise, c.R, c.n_prompts, c.seed, c.dtype, c.device)

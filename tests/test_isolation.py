@@ -31,6 +31,13 @@ def _raise_in_init(self, **values):
     raise RuntimeError("cannot build")
 
 
+def _raise(exc: BaseException):
+    """A method body that raises `exc` (a lambda cannot raise)."""
+    def body(self, *args, **kwargs):
+        raise exc
+    return body
+
+
 # name -> (class, text the error message must contain)
 BAD = {
     "bad-raises": (_solver("predict", lambda s, b: 1 / 0), "ZeroDivisionError: division by zero"),
@@ -46,6 +53,9 @@ BAD = {
     "bad-check": (_solver("check_batch", lambda s, b: {}["missing"]), "KeyError: 'missing'"),
     "bad-weights": (_solver("weights", lambda s: {"w": "not a tensor"}), "AttributeError"),
     "bad-init": (_solver("__init__", _raise_in_init), "RuntimeError: cannot build"),
+    # BaseExceptions that are neither SystemExit nor KeyboardInterrupt crashed the run (a traceback, no table)
+    "bad-genexit": (_solver("predict", _raise(GeneratorExit("x"))), "GeneratorExit: x"),
+    "bad-init-genexit": (_solver("__init__", _raise(GeneratorExit("no build"))), "GeneratorExit: no build"),
 }
 RAW = {"seed": 0, "n_prompts": 24, "batch_size": 10, "timing": {"repeats": 1},
        "grid": {"N": [3, 8], "noise": [0.1], "R": [10.0], "dtype": ["float32", "float64"]}}
@@ -97,3 +107,36 @@ def test_no_error_rows_for_a_solver_that_only_answers_nan(tables):
     finally:
         registry.REGISTRY.unregister("all-nan")
     assert (table.status == "ok").all() and (table.n_nonfinite == 24).all() and table.mse_vs_ols.isna().all()
+
+
+def test_ctrl_c_inside_a_solver_still_stops_the_run():
+    """KeyboardInterrupt is not a solver failure: it ends the run (the CLI prints the resume line)."""
+    register_solver("ctrl-c")(_solver("predict", _raise(KeyboardInterrupt())))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_matrix(parse_config({**RAW, "solvers": {"ctrl-c": {}, "ols": {}}}), progress=False)
+    finally:
+        registry.REGISTRY.unregister("ctrl-c")
+
+
+def test_a_huge_or_multiline_solver_message_is_cut_to_one_short_line():
+    """A 10^6-character exception (or skip reason) is stored and printed as its first 500 characters
+    and its length; a reason with line breaks or NUL stays one printable line."""
+    from icl_bench import SkipCell
+    from icl_bench.bench.runner import MAX_MESSAGE, cell_message
+
+    register_solver("huge-error")(_solver("predict", _raise(ValueError("x" * 10**6))))
+    register_solver("huge-skip")(_solver("check_batch", _raise(SkipCell("y" * 10**6))))
+    register_solver("odd-skip")(_solver("check_batch", _raise(SkipCell("first\nsecond\x00third"))))
+    try:
+        table = run_matrix(parse_config({**RAW, "solvers": {"huge-error": {}, "huge-skip": {}, "odd-skip": {}}}),
+                           progress=False)
+    finally:
+        for name in ("huge-error", "huge-skip", "odd-skip"):
+            registry.REGISTRY.unregister(name)
+    err = table[table.solver == "huge-error"].message
+    assert (err.str.len() < MAX_MESSAGE + 80).all()
+    assert err.str.match(r"ValueError: x{500}… \(1000000 characters\) \(test_isolation\.py:\d+\)$").all(), err.iloc[0][-80:]
+    assert (table[table.solver == "huge-skip"].message == "y" * 500 + "… (1000000 characters)").all()
+    assert (table[table.solver == "odd-skip"].message == "first second\\x00third").all()
+    assert cell_message("short") == "short" and cell_message("z" * MAX_MESSAGE) == "z" * MAX_MESSAGE

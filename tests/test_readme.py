@@ -45,6 +45,40 @@ def test_docblock_replaces_only_the_marked_text(tmp_path):
         replace_block(doc, "other", "x")
 
 
+def test_docblock_keeps_every_byte_outside_the_block_and_the_files_line_endings(tmp_path, monkeypatch):
+    """publish --readme rewrote a CRLF file with LF everywhere (read_text / write_text translate
+    newlines) and wrote it in place; now only the block changes, in the file's own line endings,
+    through an atomic replace that keeps the file's mode and a link to it."""
+    import os
+
+    import pytest
+
+    from icl_bench.report import docblock
+
+    head, tail = "x\r\n<!-- headline:begin (note) -->", "<!-- headline:end -->\r\ntail \n mixed\r\n"
+    real = tmp_path / "real.md"
+    real.write_bytes(f"{head}\r\nold\r\n{tail}".encode())
+    os.chmod(real, 0o640)
+    doc = tmp_path / "r.md"
+    doc.symlink_to(real)
+    docblock.replace_block(doc, "headline", "| a |\n|---|\n| 1 |\n")
+    assert real.read_bytes() == f"{head}\r\n| a |\r\n|---|\r\n| 1 |\r\n{tail}".encode()
+    assert doc.is_symlink() and (real.stat().st_mode & 0o777) == 0o640
+    assert docblock.read_block(doc, "headline") == "| a |\n|---|\n| 1 |"
+    lf = tmp_path / "lf.md"
+    lf.write_bytes(b"a\n<!-- t:begin -->\nold\n<!-- t:end -->\n")
+    docblock.replace_block(lf, "t", "new\r\ntable")
+    assert lf.read_bytes() == b"a\n<!-- t:begin -->\nnew\ntable\n<!-- t:end -->\n"
+
+    def torn(path, data, **kw):  # a crash mid-write: the old file must stay whole
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(docblock, "write_atomic", torn)
+    before = real.read_bytes()
+    with pytest.raises(OSError):
+        docblock.replace_block(doc, "headline", "other")
+    assert real.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["lf.md", "r.md", "real.md"]
+
+
 def test_readme_python_api_snippet_runs():
     block = README.split("## Python API")[1].split("```python")[1].split("```")[0]
     scope: dict = {}

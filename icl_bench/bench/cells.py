@@ -87,8 +87,10 @@ def inputs_digest(name: str, params: dict) -> str:
     (Solver.input_files, e.g. checkpoints); "" when it reads none or cannot be built."""
     try:
         files = sorted(get_solver(name, **params).input_files())
-    except Exception:  # a solver that does not load or build: its cells are error / skipped rows
-        return ""
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # a solver that does not load or build (GeneratorExit from a plugin too): its cells
+        return ""  # are error / skipped rows
     if not files:
         return ""
     h = hashlib.sha256()
@@ -105,7 +107,9 @@ def _module(name: str) -> str:
     """The module that defines solver `name` ("" when it does not load: its cells are error rows)."""
     try:
         return get_solver_class(name).__module__
-    except Exception:
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
         return ""
 
 

@@ -127,10 +127,10 @@ def _solver_grid(name: str, params: Any) -> list[dict]:
     for combo in combos:
         try:
             cls(**combo)
-        except ConfigError:  # the solver contract's parameter errors (Param.check, unknown parameter, a
-            raise  # solver's own check of its values): already "solvers.NAME.PARAM: ..."
-        except Exception:  # anything else (a plain ValueError too) is the solver failing to build, not bad
-            pass  # input: its cells become error rows with the exception (bench/runner.py: run_cell)
+        except (ConfigError, KeyboardInterrupt):  # the solver contract's parameter errors (Param.check, unknown
+            raise  # parameter, a solver's own check of its values): already "solvers.NAME.PARAM: ..."
+        except BaseException:  # anything else (a plain ValueError, SystemExit, GeneratorExit) is the solver failing
+            pass  # to build, not bad input: its cells become error rows with the exception (bench/runner.py: run_cell)
     return combos
 
 
@@ -172,6 +172,13 @@ class MatrixConfig(ConfigModel):
                           key="n_prompts")
         if self.data is not None and max(g.d) > 1:
             raise problem("CSV data has one regressor (its x column); the grid's d must be [1]", key="grid.d")
+        if self.data is not None and "noise" in g.model_fields_set:  # a given value would be ignored
+            raise problem(f"{g.noise} would be ignored: CSV prompts ([data] / --data) take y from the file, so "
+                          "there is no label noise to set (the rows' noise is NaN); remove grid.noise", key="grid.noise")
+        given = [k for k in ("x", "slope", "intercept") if k in self.prompts_.model_fields_set]
+        if self.data is not None and given:
+            raise problem("would be ignored: CSV prompts ([data] / --data) take x and y from the file, so no "
+                          "distribution is drawn from; remove the [prompts] table", key=f"prompts.{given[0]}")
         for dtype in g.dtype:
             for R in g.R:
                 if R > FLOAT_MAX[dtype]:

@@ -48,6 +48,18 @@ from icl_bench.solvers.registry import SolverLoadError, get_solver
 
 NO_ANSWER = "no finite prediction"  # the start of the message of a cell whose solver never answered
 NO_PROMPT = "no well-posed prompt"  # the start of the message of a cell skipped for having nothing to answer
+MAX_MESSAGE = 500  # characters of a solver's own text kept in a row's message (cell_message)
+
+
+def cell_message(text: str, *, prefix: str = "", where: str = "") -> str:
+    """A row's message from a solver's text (an exception's, a SkipCell reason): `prefix` + `text` +
+    `where` on one line (line breaks become spaces, other control characters are escaped as repr
+    does), `text` cut to its first MAX_MESSAGE characters and "… (N characters)" when it is longer
+    (a plugin's 10 MB exception would otherwise fill the table, the store and the terminal)."""
+    if len(text) > MAX_MESSAGE:
+        text = f"{text[:MAX_MESSAGE]}… ({len(text)} characters)"
+    text = " ".join(f"{prefix}{text}{where}".splitlines())
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def no_answer_message(pred: torch.Tensor, batch) -> str:
@@ -141,15 +153,17 @@ def run_cell(cell: Cell, timing_slot=None) -> dict:
         w = solver.weights()
         row["weight_sparsity"], row["weight_l1"] = weight_sparsity(w), weight_l1(w)
     except SkipCell as exc:
-        row.update(status="skipped", message=str(exc))
+        row.update(status="skipped", message=cell_message(str(exc)))
     except SolverLoadError as exc:  # a plugin that does not import: skipped unless asked for by name
         row.update({c: math.nan for c in METRIC_COLUMNS}, **NO_COUNTS)
-        row.update(status="skipped" if cell.optional else "error", message=str(exc))
-    except (Exception, SystemExit) as exc:  # one failing cell is a row, never the end of the run
-        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        row.update(status="skipped" if cell.optional else "error", message=cell_message(str(exc)))
+    except KeyboardInterrupt:  # Ctrl-C (and SIGTERM, startup.Terminated) stops the run: the resume line
+        raise
+    except BaseException as exc:  # one failing cell is a row, never the end of the run (SystemExit and
+        frame = traceback.extract_tb(exc.__traceback__)[-1]  # GeneratorExit from a plugin included)
         where = f" ({Path(frame.filename).name}:{frame.lineno})"
         row.update({c: math.nan for c in METRIC_COLUMNS}, **NO_COUNTS)  # no half-computed numbers
-        row.update(status="error", message=" ".join(f"{type(exc).__name__}: {exc}{where}".splitlines()))
+        row.update(status="error", message=cell_message(str(exc), prefix=f"{type(exc).__name__}: ", where=where))
     row["elapsed_s"] = time.perf_counter() - t0
     return row
 
@@ -163,7 +177,7 @@ def failed_row(cell: Cell, status: str, message: str) -> dict:
     """The row of a cell the executor could not run (a worker died under it, no GPU worker...)."""
     row = {c: math.nan for c in COLUMNS}
     row.update({k: getattr(cell, k) for k in CELL_COLUMNS})
-    row.update(status=status, message=message, **NO_COUNTS, started_at=datetime.now(timezone.utc).isoformat(),
+    row.update(status=status, message=cell_message(message), **NO_COUNTS, started_at=datetime.now(timezone.utc).isoformat(),
                executor="dask", worker="")
     return row
 
@@ -226,6 +240,8 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
         if out is not None:
             out = Path(out)
             identity = {k: v for k, v in config.to_dict().items() if k != "executor"}  # any executor resumes
+            if config.data is not None and cells:  # --resume on edited CSV bytes is refused (store.prepare)
+                identity[store.DATA_KEY] = cells[0].data_sha256
             config_json = dumps(identity, sort_keys=True)
             cells_db = store.CellStore(out, RESULT_COLUMNS, resume=resume, config_json=config_json, same=same_matrix)
         if cache is not None and cache_db is None:  # a new one is made only once --out is accepted

@@ -52,6 +52,7 @@ except ImportError:  # not POSIX: no cross-process lock (single-writer use is th
 LOCK_NAME = ".icl-bench.lock"
 CONFIG_NAME = "config.json"  # the run's config, written first: --resume checks it
 STORE_NAME = "cells.sqlite"
+DATA_KEY = "data_sha256"  # in config.json beside the config: the sha256 of the CSV prompt source's bytes
 FINAL_FILES = ("results.parquet", "results.csv", "metadata.json")
 
 
@@ -79,11 +80,14 @@ class CellStore:
         columns: names of the result columns stored per cell, in order.
         resume: continue the run in `out` (otherwise `out` must be absent or empty).
         config_json: canonical JSON of the run's config; written to out/config.json, and on
-            resume compared with the one there by `same(saved, new)` (default ==).
+            resume compared with the one there by `same(saved, new)` (default ==). Its key
+            DATA_KEY, when present (a CSV prompt source's sha256), is not compared by `same`:
+            on resume it must equal the digest the run in `out` used.
     Raises:
         ConfigError: `out` is a file, cannot be written, holds a run while resume is False, holds
-            another config's run (or no run) while resume is True, or is locked by another
-            running icl-bench process. Nothing in `out` is changed when it raises.
+            another config's run (or no run) while resume is True, holds a run of the same config
+            made from other bytes of its CSV file, or is locked by another running icl-bench
+            process. Nothing in `out` is changed when it raises.
     """
 
     def __init__(self, out: str | Path, columns, *, resume: bool, config_json: str | None = None, same=None):
@@ -207,14 +211,21 @@ def prepare(out: Path, *, resume: bool, config_json: str | None, same=None):
             kind = {type(None): "null", list: "a list", str: "a string", bool: "a boolean"}.get(type(old), "a number")
             raise ConfigError(f"--resume: {saved} holds {kind}, not a run config: not an icl-bench run folder; "
                               "choose another --out")
+        was, now = str(old.pop(DATA_KEY, "") or ""), str(new.pop(DATA_KEY, "") or "")
         try:
             ok = (same or (lambda a, b: a == b))(old, new)
-            rewrite = ok and old != new
+            rewrite = ok and (old != new or was != now)
         except (TypeError, AttributeError, ValueError):  # a dict of another shape
             ok = False
         if not ok:
             raise ConfigError(f"--resume: {out} holds a run of another config ({CONFIG_NAME} differs); "
                               "resume it with that config or choose another --out")
+        was = was or _table_digest(out)  # a folder from before config.json kept the digest: its table's
+        if now and was and was != now:  # the same config on other data: its table would be silently replaced
+            path = (new.get("data") or {}).get("path", "the CSV file") if isinstance(new.get("data"), dict) else "the CSV file"
+            raise ConfigError(f"data.path: the bytes of {path} changed since the run in {out} was made (sha256 "
+                              f"{now[:12]}..., its cells used {was[:12]}...); give a new --out to run on the new "
+                              "data, or restore the file to resume that run")
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock = open(out / LOCK_NAME, "a+b")
@@ -235,6 +246,18 @@ def prepare(out: Path, *, resume: bool, config_json: str | None, same=None):
     if config_json is not None and (rewrite or not saved.is_file()):
         write_atomic(saved, config_json.encode())
     return lock
+
+
+def _table_digest(out: Path) -> str:
+    """The one data_sha256 of the results table in `out` ("" if none, several or unreadable)."""
+    try:
+        import pandas as pd
+
+        digests = set(pd.read_parquet(out / "results.parquet", columns=["data_sha256"])["data_sha256"].dropna())
+    except Exception:  # absent (an unfinished run), not parquet, no such column: unknown
+        return ""
+    digests = {str(d) for d in digests} - {""}
+    return digests.pop() if len(digests) == 1 else ""
 
 
 class CellCache:

@@ -7,35 +7,47 @@ exactly what the code produced.
 from __future__ import annotations
 
 import re
+import stat
 from pathlib import Path
 
 from icl_bench.errors import ConfigError
+from icl_bench.files import write_atomic
 
 
 def read_block(path: str | Path, name: str) -> str:
-    """The text between the NAME markers of `path` (stripped). ConfigError if the file is not
-    UTF-8 text or the markers are absent."""
+    """The text between the NAME markers of `path` (stripped, LF line endings). ConfigError if the
+    file is not UTF-8 text or the markers are absent."""
     m = _match(_read(path), name, path)
-    return m.group(2).strip()
+    return re.sub(r"\r\n?", "\n", m.group(2).strip())  # as the text was given, whatever the file's line endings
 
 
 def replace_block(path: str | Path, name: str, text: str) -> None:
     """Rewrite the text between the NAME markers of `path` with `text` (the markers stay).
 
+    Only that text changes: every byte outside it stays as it was, and `text` is written with the
+    file's own line endings (those of its first line: CRLF, CR or LF). The file is replaced
+    atomically (files.write_atomic: a crash leaves the old file or the new one, never half of
+    it), keeping its permission bits; a symbolic link keeps pointing at the rewritten file.
+
     Raises:
         ConfigError: `path` is not UTF-8 text or has no `<!-- NAME:begin ... -->` /
             `<!-- NAME:end -->` pair.
     """
-    path = Path(path)
+    real = Path(path).resolve()  # a link is followed: the file it names is rewritten, the link stays
     src = _read(path)
     m = _match(src, name, path)
-    path.write_text(src[: m.start(2)] + "\n" + text.strip() + "\n" + src[m.end(2):], encoding="utf-8")
+    ending = re.search(r"\r\n|\r|\n", src)
+    nl = ending.group(0) if ending else "\n"
+    body = re.sub(r"\r\n|\r|\n", lambda _: nl, text.strip())
+    new = src[: m.start(2)] + nl + body + nl + src[m.end(2):]
+    write_atomic(real, new.encode("utf-8"), mode=stat.S_IMODE(real.stat().st_mode))
 
 
 def _read(path: str | Path) -> str:
-    """The text of `path` decoded as UTF-8 (whatever the locale); ConfigError if it is not UTF-8."""
+    """The text of `path` decoded as UTF-8 (whatever the locale), its line endings as they are
+    (no newline translation); ConfigError if it is not UTF-8."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return Path(path).read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"--readme: {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
                           "give a UTF-8 markdown file") from None

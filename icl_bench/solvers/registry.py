@@ -121,7 +121,9 @@ class Registry:
                 dist = f"{ep.dist.name} {ep.dist.version}" if getattr(ep, "dist", None) else "unknown distribution"
                 self.add(name, cls, origin=f"plugin {ep.value} ({dist})")
                 _pin_code(cls)
-            except (Exception, SystemExit) as exc:  # a broken plugin must not break anything else
+            except KeyboardInterrupt:  # Ctrl-C while a plugin imports stops the command
+                raise
+            except BaseException as exc:  # a broken plugin (SystemExit, GeneratorExit too) must not break anything else
                 self._broken[name] = f"{type(exc).__name__}: {exc}"
 
     def conflicts(self) -> list[str]:

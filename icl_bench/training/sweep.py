@@ -4,8 +4,8 @@
     icl-bench sweep --config l1_sweep --reuse    # the table again from the saved checkpoints
 
 Config (TOML; fields in training/config.py):
-    [sweep]  l1 = [...] (the lambda grid), seeds = [...], out = "l1_sweep" (relative to the
-             current folder), eval_N = 30, eval_noise = 0.1, eval_prompts = 4096, analysis_prompts = 2048
+    [sweep]  l1 = [...] (the lambda grid), seeds = [...], out = "l1_sweep" (a file stem,
+             relative to the current folder: not a folder, not ending in "/"), eval_N = 30, eval_noise = 0.1, eval_prompts = 4096, analysis_prompts = 2048
     [train]  TrainConfig fields shared by every run (R, steps, ...); name/seed/l1 are set here.
 
 Every run's checkpoint is saved under <out>_models/ (so --reuse can redo the table, e.g. once
@@ -20,6 +20,7 @@ probe R^2, Hoyer sparsity).
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -151,6 +152,16 @@ def written_by_sweep(path: Path) -> bool:
     return first.startswith(TABLE_HEADS[path.suffix])
 
 
+def check_out(out: str) -> None:
+    """Raise ConfigError unless `out` ([sweep] out) names a file stem: not a path ending in a
+    separator ("sw/" read as the stem "sw" wrote sw.md, sw.csv and sw_models/ beside the folder)
+    nor an existing folder (its tables would land beside it, not in it)."""
+    if out.endswith(("/", os.sep)) or Path(out).is_dir():
+        what = "ends in a path separator" if out.endswith(("/", os.sep)) else "is an existing folder"
+        raise ConfigError(f"sweep.out: must be a non-empty path ending in a file stem (got {out!r}, which {what}); "
+                          f"the sweep writes <out>.md, <out>.csv and <out>_models/: e.g. {str(Path(out) / 'l1_sweep')!r}")
+
+
 def check_overwrite(out: Path, reuse: bool, force: bool) -> None:
     """Raise ConfigError unless the tables <out>.md / <out>.csv may be written: absent, or force, or
     (reuse) written by a sweep (written_by_sweep): a user's notes.md is never replaced silently."""
@@ -171,6 +182,7 @@ def run_sweep(config: str | Path, reuse: bool = False, progress: bool = True, fo
     made from `config` and `reuse`)."""
     cfg = read_sweep(config)
     sweep = cfg.sweep
+    check_out(sweep.out)
     out = Path(sweep.out)
     models = out.parent / (out.name + "_models")
     runs = sweep_runs(cfg, progress)
