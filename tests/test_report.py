@@ -348,6 +348,9 @@ def test_series_labels_carry_every_distinguishing_parameter():
                       "solver_params": ['{"models_dir": ""}', '{"models_dir": "my models"}', '{"models_dir": "m"}']})
     assert sorted(add_series(t).series) == ['trained-l1 models_dir=""', 'trained-l1 models_dir="my models"',
                                             "trained-l1 models_dir=m"]
+    # text that does not print is escaped: a newline or NUL split the WARNING line (adversarial tester)
+    t = pd.DataFrame({"solver": ["x", "x"], "solver_params": [json.dumps({"s": "a\nb"}), json.dumps({"s": "x\u0000y"})]})
+    assert sorted(add_series(t).series) == ['x s="a\\nb"', 'x s="x\\u0000y"']
     # runs of gd at its default steps and at steps = 4, published together: both read "gd" (one
     # series, two sets of numbers); a parameter set in one and left out in the other is shown
     t = pd.DataFrame({"solver": ["gd", "gd", "ols"], "solver_params": ["{}", '{"steps": 4}', "{}"]})

@@ -134,9 +134,9 @@ def _off_default(solver: str, params: dict) -> set[str]:
 
 
 def _value(v) -> str:
-    """A parameter value in a series label: 1e-05, 16, text as it is; text that is empty or holds
-    a space is quoted (models_dir="" would read as a value left out)."""
-    if isinstance(v, str) and (not v or " " in v):
+    """A parameter value in a series label: 1e-05, 16, text as it is; text that is empty, holds a
+    space or does not print (a newline, NUL) is quoted as JSON (models_dir="" would read as unset)."""
+    if isinstance(v, str) and (not v or " " in v or not v.isprintable()):
         return json.dumps(v)
     return f"{v:g}" if isinstance(v, float) else str(v)
 
