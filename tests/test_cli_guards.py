@@ -107,16 +107,21 @@ def test_plugin_raising_generatorexit_on_import_is_listed_as_broken(tmp_path, mo
 
     import icl_bench.solvers.registry as registry
 
-    root = write_plugin(tmp_path / "site", "genexit-plugin", {"plugin-genexit": "genexit_mod:X"},
-                        {"genexit_mod": "raise GeneratorExit('at import')\n"})
+    root = write_plugin(tmp_path / "site", "genexit-plugin", {"plugin-genexit": "genexit_mod:X", "plugin-huge": "huge_mod:X"},
+                        {"genexit_mod": "raise GeneratorExit('at import')\n",
+                         "huge_mod": "raise ValueError('line\\n' + 'x' * 10**6)\n"})
     monkeypatch.syspath_prepend(str(root))
     try:
         infos = {i.name: i for i in list_solvers()}
         assert infos["plugin-genexit"].error == "GeneratorExit: at import"
         assert infos["ols"].error is None
+        # a 10^6-character import error was listed (and put in error rows) whole: one short line now
+        assert infos["plugin-huge"].error == "ValueError: line " + "x" * 495 + "… (1000005 characters)"
     finally:
         registry.REGISTRY.unregister("plugin-genexit")
+        registry.REGISTRY.unregister("plugin-huge")
         sys.modules.pop("genexit_mod", None)
+        sys.modules.pop("huge_mod", None)
 
 
 def test_plugin_shadowing_a_builtin_or_another_plugin_is_warned(tmp_path, monkeypatch, capsys):

@@ -132,7 +132,7 @@ def test_torn_write_is_never_merged(tmp_path, tear):
     assert len(done) == expect  # SQLite replays the WAL only up to the last intact commit frame
     from icl_bench.report.aggregate import load_run
 
-    with pytest.raises(ConfigError, match="an unfinished run: complete it with `icl-bench run --resume"):
+    with pytest.raises(ConfigError, match=r"an unfinished run: complete it with `icl-bench run --resume --out .*` and the --config it was run with"):
         load_run(out)
     (out / ".my-own-notes.tmp").write_text("not ours")  # a user's file: left alone
     (out / ".results.csv.123-abcd.tmp").write_text("half a ta")  # a table write cut short

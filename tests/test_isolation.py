@@ -123,7 +123,7 @@ def test_a_huge_or_multiline_solver_message_is_cut_to_one_short_line():
     """A 10^6-character exception (or skip reason) is stored and printed as its first 500 characters
     and its length; a reason with line breaks or NUL stays one printable line."""
     from icl_bench import SkipCell
-    from icl_bench.bench.runner import MAX_MESSAGE, cell_message
+    from icl_bench.errors import MAX_MESSAGE, cell_message
 
     register_solver("huge-error")(_solver("predict", _raise(ValueError("x" * 10**6))))
     register_solver("huge-skip")(_solver("check_batch", _raise(SkipCell("y" * 10**6))))

@@ -43,25 +43,12 @@ from icl_bench.bench.timing import sync, time_passes
 from icl_bench.files import dumps
 from icl_bench.solvers.base import SkipCell
 from icl_bench.solvers.multivariate import check_regressors
+from icl_bench.errors import MAX_MESSAGE, cell_message  # noqa: F401  (MAX_MESSAGE: part of this module's API)
 from icl_bench.solvers.registry import SolverLoadError, get_solver
 
 
 NO_ANSWER = "no finite prediction"  # the start of the message of a cell whose solver never answered
 NO_PROMPT = "no well-posed prompt"  # the start of the message of a cell skipped for having nothing to answer
-MAX_MESSAGE = 500  # characters of a solver's own text kept in a row's message (cell_message)
-
-
-def cell_message(text: str, *, prefix: str = "", where: str = "") -> str:
-    """A row's message from a solver's text (an exception's, a SkipCell reason): `prefix` + `text` +
-    `where` on one line (line breaks become spaces, other control characters are escaped as repr
-    does), `text` cut to its first MAX_MESSAGE characters and "… (N characters)" when it is longer
-    (a plugin's 10 MB exception would otherwise fill the table, the store and the terminal)."""
-    if len(text) > MAX_MESSAGE:
-        text = f"{text[:MAX_MESSAGE]}… ({len(text)} characters)"
-    text = " ".join(f"{prefix}{text}{where}".splitlines())
-    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def no_answer_message(pred: torch.Tensor, batch) -> str:
     """"" or, when the solver answered NaN / inf on every well-posed prompt (there being at
     least one), a message saying so: such a cell's metrics are NaN and would otherwise read

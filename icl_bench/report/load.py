@@ -39,7 +39,8 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict | None]:
         raise ConfigError(f"RUN_DIR: {path} is not a folder (expected the --out folder of `icl-bench run`)")
     parquet = path / "results.parquet"
     if not parquet.is_file():
-        hint = (f"an unfinished run: complete it with `icl-bench run --resume --out {path}`" if (path / "cells.sqlite").is_file()
+        hint = (f"an unfinished run: complete it with `icl-bench run --resume --out {path}` and the --config it was run with"
+                if (path / "cells.sqlite").is_file()
                 else "is it the --out folder of `icl-bench run`?")
         raise ConfigError(f"RUN_DIR: {path} has no results.parquet ({hint})")
     try:
