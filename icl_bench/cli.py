@@ -137,6 +137,8 @@ def cmd_run(args) -> int:
             raw.pop("prompts", None)  # [prompts] are for generated prompts: not the user's, so not refused
             if isinstance(raw.get("grid"), dict):  # as a config giving them beside CSV data is (grid.noise)
                 raw["grid"].pop("noise", None)
+                if isinstance(raw["grid"].get("ood"), list):  # student-t redraws x from the generator's slope
+                    raw["grid"]["ood"] = [v for v in raw["grid"]["ood"] if not str(v).startswith("student-t")]
     elif args.x or args.y:
         raise ConfigError("--x/--y: only with --data FILE")
     if args.out is not None and not args.out.strip():  # an empty --cache: refused by run_matrix's cache check

@@ -184,6 +184,7 @@ def test_a_process_without_the_runs_bytes_refuses_an_edited_file(tmp_path):
     ("noise", [0.1], "grid.noise: [0.1] would be ignored"),  # given is given, even the default value
     ("prompts", {"x": {"dist": "uniform", "loc": 0.0, "scale": 2.0}}, "prompts.x: would be ignored: CSV prompts"),
     ("prompts", {"slope": {"loc": 1.0}}, "prompts.slope: would be ignored"),
+    ("ood", ["none", "student-t:3"], "grid.ood: student-t redraws the prompts"),  # every such cell was an error row
 ])
 def test_settings_csv_prompts_would_ignore_are_refused(tmp_path, key, value, expected):
     """A noise grid beside [data] gave one cell per grid point (the list was replaced by NaN) and a
@@ -193,8 +194,8 @@ def test_settings_csv_prompts_would_ignore_are_refused(tmp_path, key, value, exp
     path = tmp_path / "d.csv"
     _noisy_line(path, rows=40)
     raw = {"n_prompts": 16, "grid": {"N": [4]}, "solvers": {"ols": {}}, "data": {"path": str(path), "x": "x", "y": "y"}}
-    if key == "noise":
-        raw["grid"]["noise"] = value
+    if key in ("noise", "ood"):
+        raw["grid"][key] = value
     else:
         raw[key] = value
     with pytest.raises(ConfigError) as exc:
@@ -218,6 +219,10 @@ def test_data_flag_with_a_packaged_matrix_drops_its_noise_grid(tmp_path, capsys)
     assert main([*argv, "--config", str(own), "--out", str(tmp_path / "o2")]) == 2
     assert capsys.readouterr().err.startswith("icl-bench: error: grid.noise: [0.0, 0.5] would be ignored")
     assert not (tmp_path / "o2").exists()
+    ood = [*argv[:-1], "--config", "ood", "--out", str(tmp_path / "o3"), "--no-progress"]  # its student-t values are
+    assert main(ood) == 0, capsys.readouterr().err  # dropped too (they need the generator): the other maps run
+    table = pd.read_parquet(tmp_path / "o3" / "results.parquet")
+    assert (table.status == "ok").all() and "none" in set(table.ood) and not table.ood.str.startswith("student-t").any()
 
 
 def _folder(out) -> dict:

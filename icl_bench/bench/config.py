@@ -175,6 +175,10 @@ class MatrixConfig(ConfigModel):
         if self.data is not None and "noise" in g.model_fields_set:  # a given value would be ignored
             raise problem(f"{g.noise} would be ignored: CSV prompts ([data] / --data) take y from the file, so "
                           "there is no label noise to set (the rows' noise is NaN); remove grid.noise", key="grid.noise")
+        if self.data is not None and any(str(v).startswith("student-t") for v in g.ood):  # it redraws x from the
+            raise problem("student-t redraws the prompts from their slope and intercept, which CSV prompts ([data] / "  # generator
+                          "--data) do not have; accepted with CSV prompts: none, x-shift:T, x-scale:S, outliers:F",
+                          key="grid.ood")
         given = [k for k in ("x", "slope", "intercept") if k in self.prompts_.model_fields_set]
         if self.data is not None and given:
             raise problem("would be ignored: CSV prompts ([data] / --data) take x and y from the file, so no "
