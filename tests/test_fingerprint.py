@@ -7,7 +7,7 @@ import torch
 
 from icl_bench.analysis.fingerprint import (CLOSED_FORM_TOL, DIVERGED, GD_MAP_TOL, GD_TOL, Transform, classify,
                                             default_prompts, gd_reference, profile, profile_distance, relative_mse,
-                                            relative_mse_rows, transforms)
+                                            relative_mse_rows, transforms, fingerprint)
 from icl_bench.solvers.registry import get_solver
 
 
@@ -137,3 +137,16 @@ def test_nonfinite_predictions_score_as_diverged(batch):
     assert relative_mse(batch.ols_prediction, batch) == 0.0
     t = Transform("x*2", scale=2.0)
     assert math.isclose(relative_mse(t.apply(batch).ols_prediction, t.apply(batch)), 0.0, abs_tol=1e-20)
+
+
+def test_a_batch_with_nothing_to_score_is_an_error_not_gd_like():
+    """With one prompt (or none well-posed) var(ols) was NaN, every score DIVERGED, and any solver
+    matched gd at distance 0: 'GD-like' (found by an adversarial tester)."""
+    from icl_bench import make_batch
+
+    one = default_prompts(n_prompts=1)
+    flat = make_batch(torch.ones(4, 6, dtype=torch.float64), torch.randn(4, 6, dtype=torch.float64),
+                      torch.ones(4, dtype=torch.float64), R=100.0)  # var(x) = 0: OLS not defined
+    for b, k in ((one, 1), (flat, 0)):
+        with pytest.raises(ValueError, match=rf"^batch: the fingerprint needs at least 2 well-posed prompts .* has {k} of"):
+            fingerprint(get_solver("ols"), b)

@@ -95,11 +95,21 @@ def relative_mse(pred: torch.Tensor, batch: PromptBatch) -> float:
 
 
 def relative_mse_rows(preds: torch.Tensor, batch: PromptBatch) -> list[float]:
-    """relative_mse of each row of preds (S, B): S predictions of the batch's B prompts at once."""
+    """relative_mse of each row of preds (S, B): S predictions of the batch's B prompts at once.
+
+    Raises:
+        ValueError: fewer than 2 well-posed prompts, or OLS predictions that do not vary: there is
+            no var(ols) to divide by (every score would read DIVERGED, and every solver match gd).
+    """
     ols = batch.ols_prediction
     ok = torch.isfinite(ols)
+    var = ols[ok].var() if int(ok.sum()) >= 2 else torch.tensor(math.nan)
+    if not float(var) > 0:
+        raise ValueError(f"batch: the fingerprint needs at least 2 well-posed prompts (finite OLS reference) whose "
+                         f"OLS predictions vary; this batch has {int(ok.sum())} of {batch.B} well-posed"
+                         + (", all predicting the same value" if int(ok.sum()) >= 2 else ""))
     p = preds.detach().double().to(ols.device)[:, ok]  # (S, B_ok)
-    score = ((p - ols[ok]) ** 2).mean(dim=1) / ols[ok].var()  # (S,)
+    score = ((p - ols[ok]) ** 2).mean(dim=1) / var  # (S,)
     bad = ~torch.isfinite(p).all(dim=1) | ~torch.isfinite(score)
     return torch.where(bad, DIVERGED, score.clamp(max=DIVERGED)).tolist()
 
