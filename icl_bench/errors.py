@@ -21,12 +21,31 @@ class RunAborted(RuntimeError):
 MAX_MESSAGE = 500  # characters of a solver's own text kept in a row's message (cell_message)
 
 
-def cell_message(text: str, *, prefix: str = "", where: str = "") -> str:
+def cell_message(text: str | BaseException, *, prefix: str = "", where: str = "") -> str:
     """A row's message from a solver's text (an exception's, a SkipCell reason): `prefix` + `text` +
     `where` on one line (line breaks become spaces, other control characters are escaped as repr
-    does), `text` cut to its first MAX_MESSAGE characters and "… (N characters)" when it is longer
-    (a plugin's 10 MB exception would otherwise fill the table, the store and the terminal)."""
-    if len(text) > MAX_MESSAGE:
-        text = f"{text[:MAX_MESSAGE]}… ({len(text)} characters)"
-    text = " ".join(f"{prefix}{text}{where}".splitlines())
+    does), `text` cut to its first MAX_MESSAGE characters once escaped and "… (N characters)" when
+    it is longer (a plugin's 10 MB exception would otherwise fill the table, the store and the
+    terminal). An exception is read with exception_text."""
+    if isinstance(text, BaseException):
+        text = exception_text(text)
+    escaped = _one_line(text)
+    if len(escaped) > MAX_MESSAGE:
+        escaped = f"{escaped[:MAX_MESSAGE]}… ({len(text)} characters)"
+    return _one_line(prefix) + escaped + _one_line(where)
+
+
+def exception_text(exc: BaseException) -> str:
+    """str(exc), or a placeholder naming its type when its __str__ raises or returns a non-string
+    (a plugin's exception must become an error row, not crash the run)."""
+    try:
+        return str(exc)
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        return f"<{type(exc).__name__} whose str() failed>"
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.splitlines())
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -140,3 +140,23 @@ def test_a_huge_or_multiline_solver_message_is_cut_to_one_short_line():
     assert (table[table.solver == "huge-skip"].message == "y" * 500 + "… (1000000 characters)").all()
     assert (table[table.solver == "odd-skip"].message == "first second\\x00third").all()
     assert cell_message("short") == "short" and cell_message("z" * MAX_MESSAGE) == "z" * MAX_MESSAGE
+    # cut once escaped: 10^6 NULs were cut to 500, then escaped to 2000 characters
+    assert cell_message("\x00" * 10**6) == "\\x00" * 125 + "… (1000000 characters)"
+
+
+class _Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no str")
+
+
+def test_an_exception_whose_str_raises_is_an_error_row():
+    """str(exc) of a plugin's exception raised inside the runner's handler: a traceback, no table,
+    every other cell lost (found by an adversarial tester)."""
+    register_solver("bad-str")(_solver("predict", _raise(_Unprintable())))
+    try:
+        table = run_matrix(parse_config({**RAW, "solvers": {"bad-str": {}, "ols": {}}}), progress=False)
+    finally:
+        registry.REGISTRY.unregister("bad-str")
+    bad = table[table.solver == "bad-str"]
+    assert (bad.status == "error").all() and bad.message.str.startswith("_Unprintable: <_Unprintable whose str() failed>").all()
+    assert (table[table.solver == "ols"].status == "ok").all()

@@ -140,17 +140,17 @@ def run_cell(cell: Cell, timing_slot=None) -> dict:
         w = solver.weights()
         row["weight_sparsity"], row["weight_l1"] = weight_sparsity(w), weight_l1(w)
     except SkipCell as exc:
-        row.update(status="skipped", message=cell_message(str(exc)))
+        row.update(status="skipped", message=cell_message(exc))
     except SolverLoadError as exc:  # a plugin that does not import: skipped unless asked for by name
         row.update({c: math.nan for c in METRIC_COLUMNS}, **NO_COUNTS)
-        row.update(status="skipped" if cell.optional else "error", message=cell_message(str(exc)))
+        row.update(status="skipped" if cell.optional else "error", message=cell_message(exc))
     except KeyboardInterrupt:  # Ctrl-C (and SIGTERM, startup.Terminated) stops the run: the resume line
         raise
     except BaseException as exc:  # one failing cell is a row, never the end of the run (SystemExit and
         frame = traceback.extract_tb(exc.__traceback__)[-1]  # GeneratorExit from a plugin included)
         where = f" ({Path(frame.filename).name}:{frame.lineno})"
         row.update({c: math.nan for c in METRIC_COLUMNS}, **NO_COUNTS)  # no half-computed numbers
-        row.update(status="error", message=cell_message(str(exc), prefix=f"{type(exc).__name__}: ", where=where))
+        row.update(status="error", message=cell_message(exc, prefix=f"{type(exc).__name__}: ", where=where))
     row["elapsed_s"] = time.perf_counter() - t0
     return row
 

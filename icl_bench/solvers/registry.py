@@ -125,7 +125,7 @@ class Registry:
             except KeyboardInterrupt:  # Ctrl-C while a plugin imports stops the command
                 raise
             except BaseException as exc:  # a broken plugin (SystemExit, GeneratorExit too) must not break anything else
-                self._broken[name] = cell_message(str(exc), prefix=f"{type(exc).__name__}: ")  # one short line
+                self._broken[name] = cell_message(exc, prefix=f"{type(exc).__name__}: ")  # one short line
 
     def conflicts(self) -> list[str]:
         """One line per plugin entry point that is ignored because its name is taken: a built-in
