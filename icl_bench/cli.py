@@ -169,7 +169,7 @@ def cmd_run(args) -> int:
         return ConfigError(msg)
 
     try:
-        cfg = parse_config(raw, base_dir=path.parent)
+        cfg = parse_config(raw, base_dir=None if args.data is not None else path.parent)  # --data: from the current folder
     except ConfigError as exc:
         raise flag_named(exc) from None
     out = Path(args.out) if args.out else Path("results/runs") / datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -406,3 +406,12 @@ def test_a_relative_data_path_in_both_folders_is_refused(tmp_path, monkeypatch, 
     err = capsys.readouterr().err
     assert err.startswith("icl-bench: error: data.path: 'data.csv' names two different files") and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+    # a path typed on the command line means the current folder's file: --data is not looked up beside
+    # the config (it was, and then refused as ambiguous; found by an adversarial tester)
+    (tmp_path / "cfg" / "plain.toml").write_text(tomli_w.dumps({"n_prompts": 8, "grid": {"N": [4]}, "solvers": {"ols": {}}}))
+    argv = ["run", "--config", str(tmp_path / "cfg" / "plain.toml"), "--data", "data.csv", "--x", "x", "--y", "y", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "out2")]) == 0, capsys.readouterr().err
+    used = pd.read_parquet(tmp_path / "out2" / "results.parquet").data_sha256
+    assert (used == hashlib.sha256((tmp_path / "cwd" / "data.csv").read_bytes()).hexdigest()).all()  # the cwd's file
+    (tmp_path / "cwd" / "data.csv").unlink()  # only beside the config now: not found from the command line
+    assert main([*argv, "--out", str(tmp_path / "out3")]) == 2 and "--data" in capsys.readouterr().err
