@@ -80,6 +80,8 @@ def test_train_flags(capsys, tmp_path):
     ("[sweep]\nl1 = [0.0]\nout = ''\n", "sweep.out: must be a non-empty path"),
     ("[sweep]\nl1 = [0.0]\nout = 'sw/'\n[train]\n" + TINY,  # wrote sw.md, sw.csv, sw_models/ beside a folder sw/
      "sweep.out: must be a non-empty path ending in a file stem (got 'sw/', which ends in a path separator)"),
+    ("[sweep]\nl1 = [0.0]\nout = 'sw/.'\n[train]\n" + TINY,  # pathlib reads it as 'sw': the same files beside it
+     "sweep.out: must be a non-empty path ending in a file stem (got 'sw/.', which ends in '.', a folder)"),
     ("[sweep]\nl1 = [0.0]\neval_prompts = 1000000000000\n", "sweep.eval_prompts: eval_prompts * (eval_N + 1) exceeds"),
     ("train = 3\n[sweep]\nl1 = [0.0]\n", "train: must be a table"),
     ("[sweep]\nl1 = [0.0]\n[train]\nthreads = 5000\n", "train.threads: must be <= 1024"),

@@ -154,10 +154,12 @@ def written_by_sweep(path: Path) -> bool:
 
 def check_out(out: str) -> None:
     """Raise ConfigError unless `out` ([sweep] out) names a file stem: not a path ending in a
-    separator ("sw/" read as the stem "sw" wrote sw.md, sw.csv and sw_models/ beside the folder)
-    nor an existing folder (its tables would land beside it, not in it)."""
-    if out.endswith(("/", os.sep)) or Path(out).is_dir():
-        what = "ends in a path separator" if out.endswith(("/", os.sep)) else "is an existing folder"
+    separator or in "." / ".." ("sw/" and "sw/." read as the stem "sw" wrote sw.md, sw.csv and
+    sw_models/ beside the folder) nor an existing folder (its tables would land beside it)."""
+    last = out.replace(os.sep, "/").split("/")[-1]  # pathlib reads "sw/." as "sw": look at the text
+    if last in ("", ".", "..") or Path(out).is_dir():
+        what = ("ends in a path separator" if not last else f"ends in {last!r}, a folder") if last in ("", ".", "..") \
+            else "is an existing folder"
         raise ConfigError(f"sweep.out: must be a non-empty path ending in a file stem (got {out!r}, which {what}); "
                           f"the sweep writes <out>.md, <out>.csv and <out>_models/: e.g. {str(Path(out) / 'l1_sweep')!r}")
 
