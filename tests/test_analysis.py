@@ -241,9 +241,19 @@ def test_analyze_checkpoint_and_command(construction, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("icl-bench: error:") for line in err)
     assert err[2].startswith("icl-bench: error: --threads: must be an integer in [0, 1024]")
-    before = torch.get_num_threads()
-    assert main(["analyze", str(stem), "--n-prompts", "64", "--threads", "2"]) == 0
-    assert torch.get_num_threads() == before  # set for the analysis only
+
+    import icl_bench.analysis.analyze as analyze_module  # --threads: set for the analysis only
+
+    seen, before = [], torch.get_num_threads()
+
+    def stub(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        raise ConfigError("n_prompts: stub")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(analyze_module, "analyze_checkpoint", stub)
+        assert main(["analyze", str(stem), "--threads", "3"]) == 2 and main(["analyze", str(stem)]) == 2
+    assert seen == [3, 1] and torch.get_num_threads() == before
 
 
 def test_analyze_of_a_model_without_layernorm_says_na_not_nan(tmp_path, capsys):
