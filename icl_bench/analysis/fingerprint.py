@@ -156,26 +156,36 @@ class Fingerprint:
                 "fp.gd_max_gap": self.gd_max_gap, "fp.gd_worst_map": self.gd_worst_map}
 
 
+TRAJECTORY_BYTES = 64 * 2**20  # GD trajectories held at once by gd_reference (maps are batched up to this)
+
+
 def gd_reference(batch: PromptBatch, maps: list[Transform] | None = None, *, steps=GD_STEPS,
                  lrs=GD_LRS) -> dict[tuple[int, float], dict[str, float]]:
     """(K, lr) -> the profile of K-step GD from w = 0 (masked key set) on `batch`, for K in steps,
     lr in lrs: one GD trajectory per (map, lr), read at every K (icl_bench/solvers/gd_mv.py, the
-    iteration of the `gd` baseline, baselines/gd.py; a test checks the two agree)."""
+    iteration of the `gd` baseline, baselines/gd.py; a test checks the two agree). Every step size
+    and as many maps as fit TRAJECTORY_BYTES run as one batch: GD is per prompt, so batching
+    changes no number, only how many small torch ops run."""
     from icl_bench.solvers.gd_mv import gd_trajectory_mv
 
     maps = maps or transforms()
+    mapped = [t.apply(batch) for t in maps]
+    B, L, K = batch.B, len(lrs), max(steps)
+    per_map = (K + 1) * L * B * 8  # bytes of one map's trajectories (float64)
+    chunk = max(1, TRAJECTORY_BYTES // per_map)
     out = {(k, lr): {} for lr in lrs for k in steps}
-    for t in maps:
-        mapped = t.apply(batch)
-        B, L = mapped.B, len(lrs)
-        step = torch.tensor(lrs, dtype=mapped.x.dtype, device=mapped.x.device).repeat_interleave(B)  # (L B,)
-        tile = lambda v: v.repeat(L, *([1] * (v.ndim - 1)))  # noqa: E731  (B, ...) -> (L B, ...), lr-major
-        traj = gd_trajectory_mv(tile(mapped.x), tile(mapped.y), tile(mapped.x_query), max(steps), step)  # (K_max+1, L B)
-        rows = traj[list(steps)].reshape(len(steps) * L, B)  # row (i, j): K = steps[i], lr = lrs[j]
-        scores = iter(relative_mse_rows(rows, mapped))
-        for k in steps:
-            for lr in lrs:
-                out[(k, lr)][t.name] = next(scores)
+    lr_col = torch.tensor(lrs, dtype=mapped[0].x.dtype, device=mapped[0].x.device).repeat_interleave(B)  # (L B,)
+    for i in range(0, len(maps), chunk):
+        group = mapped[i:i + chunk]  # (map, lr, prompt)-major below: column (g L + j) B + b
+        cat = lambda f: torch.cat([f(m).repeat(L, *([1] * (f(m).ndim - 1))) for m in group])  # noqa: E731
+        traj = gd_trajectory_mv(cat(lambda m: m.x), cat(lambda m: m.y), cat(lambda m: m.x_query), K,
+                                lr_col.repeat(len(group)))  # (K + 1, G L B)
+        for g, (t, m) in enumerate(zip(maps[i:i + chunk], group)):
+            rows = traj[list(steps), g * L * B:(g + 1) * L * B].reshape(len(steps) * L, B)  # row (K index, lr index)
+            scores = iter(relative_mse_rows(rows, m))
+            for k in steps:
+                for lr in lrs:
+                    out[(k, lr)][t.name] = next(scores)
     return out
 
 
