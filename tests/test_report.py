@@ -2,6 +2,7 @@
 line / bar per solver, `icl-bench publish` writes md / CSV / PNG / HTML atomically, bad input is
 one line and exit 2. One tiny run (64 prompts per cell) is shared by the module."""
 import json
+import os
 import math
 import shutil
 import statistics
@@ -907,6 +908,21 @@ def test_a_run_folder_without_metadata_json_is_published_with_a_note(run_dir, pu
     assert json.loads((tmp_path / "p" / "publish.json").read_text())["notes"][0] == note
     assert "no metadata.json, which <code>icl-bench run</code> writes last" in (tmp_path / "p" / "index.html").read_text()
     assert not any("no metadata.json" in n for n in json.loads((published / "publish.json").read_text())["notes"])
+
+
+def test_an_out_that_is_a_link_keeps_the_link_and_replaces_its_target(run_dir, tmp_path, monkeypatch):
+    """publish --force over a symbolic link to an earlier report replaced the link by a folder and
+    left the target stale (a carried-over item): now the target is replaced and the link kept."""
+    from icl_bench.report import model_plots
+
+    monkeypatch.setattr(model_plots, "collect_models", lambda *a, **k: ({}, []))
+    assert main(["publish", str(run_dir), "--out", str(tmp_path / "target")]) == 0
+    first = os.stat(tmp_path / "target").st_ino
+    (tmp_path / "link").symlink_to("target")
+    assert main(["publish", str(run_dir), "--out", str(tmp_path / "link"), "--force"]) == 0
+    assert (tmp_path / "link").is_symlink() and os.readlink(tmp_path / "link") == "target"
+    assert os.stat(tmp_path / "target").st_ino != first  # a new report folder, moved in through the link
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "target"]  # no stray temp folder
 
 
 def _cli(capsys, *args):

@@ -281,7 +281,8 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     ctx["scaling_at"] = scaling.scaling_at(fits, setting, report.series_order(summary))
     one_source = summary["prompts"].nunique() <= 1  # then the long prompt-source JSON says nothing
     ctx["summary_shown"] = ctx["summary"].drop(columns=["prompts"] if one_source else [])
-    out.parent.mkdir(parents=True, exist_ok=True)
+    given, out = out, Path(os.path.realpath(out)) if out.is_symlink() else out  # a link: its target is
+    out.parent.mkdir(parents=True, exist_ok=True)  # replaced, the link kept (renaming over it replaced the link)
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     except OSError as exc:  # named as --out, not as the hidden folder beside it (a read-only or full disk)
@@ -333,7 +334,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     finally:
         _close(figs)
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    return {"out": out, "files": files, "notes": notes, "setting": setting}
+    return {"out": given, "files": files, "notes": notes, "setting": setting}
 
 
 def _share(root: Path) -> None:
