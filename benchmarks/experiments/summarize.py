@@ -49,7 +49,7 @@ def load(path: Path) -> tuple[pd.DataFrame, dict]:
     table["base"] = table.name  # the solver a case times; eager / threads cases get a distinct name
     table.loc[table.kind == "eager", "name"] = table.base + " [eager]"
     threads = table.extra.map(lambda e: e.get("threads"))
-    table.loc[table.kind == "threads", "name"] = table.base + " [" + threads.map(lambda n: f"{n:.0f}") + " threads]"
+    table.loc[table.kind == "threads", "name"] = table.base + " [" + threads.map(lambda n: "" if n is None else f"{n:.0f}") + " threads]"
     table["prompts_per_s"] = 1.0 / table.s_per_prompt
     table["best_prompts_per_s"] = 1.0 / table.best_s_per_prompt
     return table, run
