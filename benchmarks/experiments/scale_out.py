@@ -194,7 +194,7 @@ def report(r: dict) -> str:
     ok = lambda good: "meets the goal" if good else "MISSES the goal"  # noqa: E731
     return f"""# Scale-out benchmark
 
-`python benchmarks/scale_out.py` ({i['machine']}, {i['cpus']} CPUs, Python {i['python']},
+`python -m benchmarks.experiments.scale_out` ({i['machine']}, {i['cpus']} CPUs, Python {i['python']},
 torch {i['torch']}). 1-minute load average before / after each measurement is given: this machine
 is shared, and a load above {i['cpus']} means other processes took CPU time from these numbers.
 
