@@ -29,9 +29,15 @@ def cell_message(text: str | BaseException, *, prefix: str = "", where: str = ""
     terminal). An exception is read with exception_text."""
     if isinstance(text, BaseException):
         text = exception_text(text)
-    escaped = _one_line(text)
-    if len(escaped) > MAX_MESSAGE:
-        escaped = f"{escaped[:MAX_MESSAGE]}… ({len(text)} characters)"
+    kept, size, cut = [], 0, len(text) > MAX_MESSAGE  # escape one character at a time, never split an escape
+    for c in text[:MAX_MESSAGE].replace("\r\n", "\n"):
+        piece = _one_line(c) if c not in "\r\n" else " "
+        if size + len(piece) > MAX_MESSAGE:
+            cut = True
+            break
+        kept.append(piece)
+        size += len(piece)
+    escaped = "".join(kept) + (f"… ({len(text)} characters)" if cut else "")
     return _one_line(prefix) + escaped + _one_line(where)
 
 

@@ -142,6 +142,7 @@ def test_a_huge_or_multiline_solver_message_is_cut_to_one_short_line():
     assert cell_message("short") == "short" and cell_message("z" * MAX_MESSAGE) == "z" * MAX_MESSAGE
     # cut once escaped: 10^6 NULs were cut to 500, then escaped to 2000 characters
     assert cell_message("\x00" * 10**6) == "\\x00" * 125 + "… (1000000 characters)"
+    assert cell_message("a" * 499 + "\x00" * 10) == "a" * 499 + "… (509 characters)"  # no escape split in half
 
 
 class _Unprintable(Exception):

@@ -509,15 +509,15 @@ def test_series_that_answered_nan_on_well_posed_prompts_are_flagged_in_the_plots
     summary = summary.assign(n_nonfinite=summary.n_nonfinite.where(~nan, 16),
                              n_nonfinite_well_posed=summary.n_nonfinite_well_posed.where(~nan, 16))
     fig = plots.mse_vs_n(summary, setting)
-    assert _legend(fig) == ["gd steps=1", "gd steps=4", "gd-lsa steps=1 (NaN on 32 of 64 well-posed) (= gd steps=1)",
-                            "gd-lsa steps=4 (NaN on 32 of 64 well-posed) (= gd steps=4)",
-                            "ols (NaN on 32 of 64 well-posed)"]
+    assert _legend(fig) == ["gd steps=1", "gd steps=4", "gd-lsa steps=1 (NaN/inf on 32 of 64 well-posed) (= gd steps=1)",
+                            "gd-lsa steps=4 (NaN/inf on 32 of 64 well-posed) (= gd steps=4)",
+                            "ols (NaN/inf on 32 of 64 well-posed)"]
     note = " ".join(fig.texts[-1].get_text().split())
-    assert "NaN on k of n well-posed: the solver answered NaN on k of the n prompts" in note, note
+    assert "NaN/inf on k of n well-posed: the solver answered NaN or inf on k of the n prompts" in note, note
     fig = plots.gd_steps(summary, setting)  # per line: gd-lsa over its steps and N
-    assert _legend(fig) == ["gd", "gd-lsa (NaN on 64 of 128 well-posed) (= gd)",
-                            "ols (NaN on 32 of 64 well-posed) (no steps)"]
-    assert "NaN on k of n well-posed" in " ".join(fig.texts[-1].get_text().split())
+    assert _legend(fig) == ["gd", "gd-lsa (NaN/inf on 64 of 128 well-posed) (= gd)",
+                            "ols (NaN/inf on 32 of 64 well-posed) (no steps)"]
+    assert "NaN/inf on k of n well-posed" in " ".join(fig.texts[-1].get_text().split())
     ill = summary.assign(n_ill_posed=8, n_nonfinite=8, n_nonfinite_well_posed=0)  # NaN on ill-posed prompts: right
     assert not any("NaN" in label for label in _legend(plots.mse_vs_n(ill, setting)))
 

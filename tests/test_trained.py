@@ -204,6 +204,19 @@ def test_a_damaged_checkpoint_is_an_error_not_a_skip(tmp_path):
         solver.checkpoint_for(100.0, 10)
 
 
+def test_a_plugin_subclass_of_the_trained_solver_finds_its_checkpoint(tmp_path):
+    """The LayerNorm rule looked every name up in SOLVER_LAYERNORM: a plugin's subclass got KeyError
+    on every cell (found by a code review). Its name makes no promise, so nothing is checked."""
+    from icl_bench.solvers.trained import TrainedSolver
+
+    class Mine(TrainedSolver):
+        name = "trained-mine"
+
+    torch.manual_seed(0)
+    save_checkpoint(Transformer(TransformerConfig()), tmp_path / "m", {"solver": "trained-mine", "R": 100.0})
+    assert Mine(models_dir=str(tmp_path)).checkpoint_for(100.0, 10).name == "m.json"
+
+
 def test_checkpoint_lookup_skips_json_nested_too_deeply_to_read(tmp_path):
     """An unreadable .json beside the checkpoints is ignored (it raised RecursionError)."""
     (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)

@@ -133,13 +133,13 @@ def write_table(out: Path, n_prompts: int = 4096) -> pd.DataFrame:
         cache.write_text(json.dumps(rows[-1], allow_nan=True))
         print(f"{path.name}: {rows[-1]['state']}, {rows[-1]['fp.verdict']}, success={rows[-1]['success']}", flush=True)
     df = pd.DataFrame(rows).sort_values(["recipe", "seed"])
-    df.to_csv(out / "seeds.csv", index=False)
     cols = ["recipe", "seed", "rel_mse", "ln0.slope", "ln1.slope", "ln1.r2", "ln1.r2_raw", "ln0.freeze", "ln1.freeze", "effective_R",
             "state", "fp.x+5", "fp.x*10", "fp.max_x", "fp.max_y", "fp.verdict", "fp.gd_distance", "fp.gd_max_gap",
             "fp.gd_worst_map", "similarity", "similarity_shuffled", "exact_zero", "success", "success_prompt_seeds"]
     df["closed_form.p0"] = df["fp.verdict"] == "closed-form-like"
     df["success.p0"] = df["success"]
     df["success_prompt_seeds"] = df[[f"success.p{s}" for s in PROMPT_SEEDS]].sum(axis=1).astype(int)
+    df.to_csv(out / "seeds.csv", index=False)  # every column, the derived ones included
     summary = df.groupby("recipe").agg(R=("R", "first"), readout=("readout", "first"), seeds=("seed", "count"),
                                        successes=("success", "sum"),
                                        layer2_division=("state", lambda v: int((v == "layer-2 division").sum())),

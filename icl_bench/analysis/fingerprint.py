@@ -90,7 +90,11 @@ def transforms() -> list[Transform]:
 
 def relative_mse(pred: torch.Tensor, batch: PromptBatch) -> float:
     """mean (pred - ols)^2 / var(ols) over the well-posed prompts, in float64; DIVERGED if any
-    prediction of a well-posed prompt is not finite or the score exceeds DIVERGED."""
+    prediction of a well-posed prompt is not finite or the score exceeds DIVERGED.
+
+    Raises:
+        ValueError: fewer than 2 well-posed prompts, or OLS predictions that do not vary
+            (relative_mse_rows); so do profile and fingerprint, which call it."""
     return relative_mse_rows(pred[None], batch)[0]
 
 

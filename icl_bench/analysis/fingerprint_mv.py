@@ -19,7 +19,8 @@ well-posed prompts (NaN / inf predictions: DIVERGED of analysis/fingerprint.py, 
 Verdict (thresholds checked on known solvers by tests/test_fingerprint_mv.py):
     closed-form-like  every score, the identity's included, <= CLOSED_FORM_TOL;
     GD-like           else, if the profile of log10 scores (floored at FLOOR) is within GD_TOL on
-                      average of K-step GD's (icl_bench/solvers/gd_mv.py, lr = GD_LR) for some K in GD_STEPS;
+                      average of K-step GD's (icl_bench/solvers/gd_mv.py, lr = GD_LR) for some K in GD_STEPS
+                      (every K up to 128), with no single map more than GD_MAP_TOL decades away;
     neither           otherwise.
 """
 from __future__ import annotations
@@ -102,7 +103,8 @@ def fingerprint_mv(predict: Callable[[PromptBatch], torch.Tensor], batch: Prompt
         {"scores": {map: score}, "verdict": "closed-form-like" | "GD-like" | "neither",
          "gd_steps": the best-matching K (GD-like only, else None), "gd_distance": its distance}.
     Raises:
-        ValueError: a batch with d = 1 (use the one-dimensional fingerprint).
+        ValueError: a batch with d = 1 (use the one-dimensional fingerprint), or one with fewer
+            than 2 well-posed prompts (fingerprint.relative_mse_rows).
     """
     if n_regressors(batch) < 2:
         raise ValueError("d: fingerprint_mv needs prompts with d >= 2 regressors")

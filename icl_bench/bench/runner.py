@@ -43,12 +43,14 @@ from icl_bench.bench.timing import sync, time_passes
 from icl_bench.files import dumps
 from icl_bench.solvers.base import SkipCell
 from icl_bench.solvers.multivariate import check_regressors
-from icl_bench.errors import MAX_MESSAGE, cell_message  # noqa: F401  (MAX_MESSAGE: part of this module's API)
+from icl_bench.errors import cell_message
 from icl_bench.solvers.registry import SolverLoadError, get_solver
 
 
 NO_ANSWER = "no finite prediction"  # the start of the message of a cell whose solver never answered
 NO_PROMPT = "no well-posed prompt"  # the start of the message of a cell skipped for having nothing to answer
+
+
 def no_answer_message(pred: torch.Tensor, batch) -> str:
     """"" or, when the solver answered NaN / inf on every well-posed prompt (there being at
     least one), a message saying so: such a cell's metrics are NaN and would otherwise read

@@ -98,12 +98,12 @@ def _finish(fig: Figure, panels: list, xlabel: str, ylabel: str, title: str, not
     return fig
 
 
-NAN_NOTE = ("NaN on k of n well-posed: the solver answered NaN on k of the n prompts with a least-squares answer "
+NAN_NOTE = ("NaN/inf on k of n well-posed: the solver answered NaN or inf on k of the n prompts with a least-squares answer "
             "at the points drawn; its line is the MSE over the other prompts only")
 
 
 def _flag_nan(data: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """`data` (summary rows) with " (NaN on k of n well-posed)" appended to the series label of
+    """`data` (summary rows) with " (NaN/inf on k of n well-posed)" appended to the series label of
     every series that answered NaN on well-posed prompts at its rows, k and n summed over them
     (aggregate.failed_answers, the headline's "(k of n NaN)"): its MSE is over the finite answers
     only, so unflagged it could read as the best series. Returns (data, NAN_NOTE or ""); data
@@ -112,7 +112,7 @@ def _flag_nan(data: pd.DataFrame) -> tuple[pd.DataFrame, str]:
         return data, ""
     bad, of = failed_answers(data)
     sums = pd.DataFrame({"bad": bad, "of": of}).groupby(data["series"], sort=False).sum()
-    flagged = {s: f"{s} (NaN on {int(r.bad)} of {int(r.of)} well-posed)" for s, r in sums[sums["bad"] > 0].iterrows()}
+    flagged = {s: f"{s} (NaN/inf on {int(r.bad)} of {int(r.of)} well-posed)" for s, r in sums[sums["bad"] > 0].iterrows()}
     if not flagged:
         return data, ""
     return data.assign(series=[flagged.get(s, s) for s in data["series"]]), NAN_NOTE
