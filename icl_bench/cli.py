@@ -138,7 +138,9 @@ def cmd_run(args) -> int:
             if isinstance(raw.get("grid"), dict):  # as a config giving them beside CSV data is (grid.noise)
                 raw["grid"].pop("noise", None)
                 if isinstance(raw["grid"].get("ood"), list):  # student-t redraws x from the generator's slope
-                    raw["grid"]["ood"] = [v for v in raw["grid"]["ood"] if not str(v).startswith("student-t")]
+                    from icl_bench.prompts.ood import needs_generator  # (loads torch: not at --help time)
+
+                    raw["grid"]["ood"] = [v for v in raw["grid"]["ood"] if not needs_generator(v)]
     elif args.x or args.y:
         raise ConfigError("--x/--y: only with --data FILE")
     if args.out is not None and not args.out.strip():  # an empty --cache: refused by run_matrix's cache check

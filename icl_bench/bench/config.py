@@ -33,6 +33,7 @@ from icl_bench.config_base import (FLOAT_MAX, FLOAT_TINY, MAX_SEED, MAX_THREADS,
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.data import DataSource, check_source
 from icl_bench.prompts.generator import DISTRIBUTIONS, MAX_VALUES, Dist
+from icl_bench.prompts.ood import needs_generator
 
 MAX_PROMPTS = 2**24  # n_prompts and batch_size: torch.quantile (abs_err_* metrics) takes <= 2**24 values
 MAX_CELLS = 10**6  # cells of one matrix: each is an object in memory before the first runs (~1 KB)
@@ -175,7 +176,7 @@ class MatrixConfig(ConfigModel):
         if self.data is not None and "noise" in g.model_fields_set:  # a given value would be ignored
             raise problem(f"{g.noise} would be ignored: CSV prompts ([data] / --data) take y from the file, so "
                           "there is no label noise to set (the rows' noise is NaN); remove grid.noise", key="grid.noise")
-        if self.data is not None and any(str(v).startswith("student-t") for v in g.ood):  # it redraws x from the
+        if self.data is not None and any(needs_generator(v) for v in g.ood):  # it redraws x from the
             raise problem("student-t redraws the prompts from their slope and intercept, which CSV prompts ([data] / "  # generator
                           "--data) do not have; accepted with CSV prompts: none, x-shift:T, x-scale:S, outliers:F",
                           key="grid.ood")

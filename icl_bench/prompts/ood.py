@@ -31,6 +31,12 @@ KINDS = ("none", "x-shift", "x-scale", "student-t", "outliers")
 OUTLIER_SIZE = 20.0  # |y| of a replaced context label (the in-distribution y has std ~ 1.4)
 
 
+def needs_generator(value) -> bool:
+    """True for an ood value that redraws the prompts from their slope and intercept (student-t:NU),
+    which CSV prompts do not have; any text is accepted (a bad value is parse_ood's to refuse)."""
+    return str(value).split(":", 1)[0].strip() == "student-t"
+
+
 def parse_ood(value: str, where: str = "grid.ood") -> tuple[str, float]:
     """'x-shift:5' -> ('x-shift', 5.0); 'none' -> ('none', nan).
 
