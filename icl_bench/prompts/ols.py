@@ -24,13 +24,17 @@ Exact in exact arithmetic for any shift; in floating point the cancellation in S
 from the prompt's own values (unlike sum x^2 - N x_bar^2; docs/accuracy.md, "The criterion").
 1. Fast path (nearly every prompt), one pass: c = the median of the first SHIFT_SAMPLES values
    (a data value: d^2 <= N / 4, and a constant x gives x' = 0 exactly); the sums come from one
-   batched matrix product [1; x'; y'] [x'; y']^T per prompt. It is kept where every sum is finite,
+   batched matrix product [1; x'; y'] [x'; y']^T per prompt. Where that shift lies far from the
+   mean (d^2 > REFINE - 1: outliers among the first values), the sums are taken again around
+   c + mean(x', y') (`_refined`), since their rounding relative to Sxx grows as N u (1 + d^2).
+   It is kept where every sum is finite,
    sum x'^2 and sum y'^2 lie in [1/r, r] (r = FAST_RANGE: no product under- or overflows enough to
    matter) and Sxx > 0.
 2. Scaled path (the rest: constant x or y, NaN / inf, data beyond about 1e+-75 in float64):
    x and y are first multiplied by 2^-kx, 2^-ky, kx, ky the binary exponents of max|x|, max|y|
    (exact; it keeps every square and sum in range for any finite data, 1e-300 and 1e300 alike),
-   c is the mean of the first SHIFT_SAMPLES scaled values (Cauchy-Schwarz: d^2 <= N / 8), and
+   c is the mean of the first SHIFT_SAMPLES scaled values (Cauchy-Schwarz: d^2 <= N / 8; refined
+   as above), and
    y_hat = 2^ky (y_bar' + beta (u - x_bar) 2^-kx), beta = Sxy'/Sxx' the slope in scaled units.
 On the CPU the prompts go through in chunks of about CHUNK_ELEMENTS values of x, so x' and y'
 live in one reused, cache-sized buffer and no (B, N) temporary is allocated.
@@ -42,7 +46,9 @@ import math
 import torch
 
 CHUNK_ELEMENTS = 1 << 16  # CPU: prompts per chunk = this // N (at least 1)
-SHIFT_SAMPLES = 8  # values of x (and y) per prompt whose mean is the shift
+SHIFT_SAMPLES = 8  # values of x (and y) per prompt whose median (scaled path: mean) is the first shift
+REFINE = 4.0  # a shift with sum x'^2 > REFINE Sxx (or sum y'^2 > REFINE Syy) moves to the mean (`_refined`)
+REFINE_PASSES = 3  # at most this many more passes over such a prompt
 
 
 def exp_clamp(dtype: torch.dtype) -> int:
@@ -100,28 +106,70 @@ def _ranges(x: torch.Tensor, y: torch.Tensor):
     return ill_posed_context(xlo, xhi, ylo, yhi), kx, ky, s, c
 
 
-def _scaled_sums(x: torch.Tensor, y: torch.Tensor):
-    """Per prompt: exponents (kx, ky) (B,) int64, scaled shifts c (B, 2), the sums G (B, 2, 2) =
-    [[sum x', sum y'], [sum x'^2, sum x'y']] of the scaled shifted values, and the ill-posed mask
-    of x, y alone (B,) bool; all in x's dtype."""
+def _sums(x: torch.Tensor, y: torch.Tensor, c: torch.Tensor, s: torch.Tensor | None = None) -> torch.Tensor:
+    """G (B, 3, 2) = [[sum x', sum y'], [sum x'^2, sum x'y'], [sum y'x', sum y'^2]] of the shifted
+    values x' = x s_x - c_x, y' = y s_y - c_y (s (B, 2) exact powers of two, None for 1), each one
+    rounding of the exact difference; x, y (B, N), c (B, 2), all in x's dtype. On the CPU the
+    prompts go through in chunks of about CHUNK_ELEMENTS values, x' and y' in one reused buffer."""
     B, N = x.shape
-    bad, kx, ky, s, c = _ranges(x, y)  # (B,), (B,), (B,), (B, 2), (B, 2)
     if torch.is_grad_enabled() and (x.requires_grad or y.requires_grad):  # autograd records no out= ops
-        z = torch.stack([torch.ones_like(x), x * s[:, :1] - c[:, :1], y * s[:, 1:] - c[:, 1:]], dim=1)  # (B, 3, N)
-        return kx, ky, c, torch.bmm(z[:, 0:2], z[:, 1:3].transpose(1, 2)), bad
+        xs, ys = (x, y) if s is None else (x * s[:, :1], y * s[:, 1:])
+        z = torch.stack([torch.ones_like(x), xs - c[:, :1], ys - c[:, 1:]], dim=1)  # (B, 3, N)
+        return torch.bmm(z, z[:, 1:3].transpose(1, 2))
     step = max(B, 1) if x.device.type != "cpu" else max(1, min(B, CHUNK_ELEMENTS // N))
-    G = torch.empty(B, 2, 2, dtype=x.dtype, device=x.device)
+    G = torch.empty(B, 3, 2, dtype=x.dtype, device=x.device)
     z = torch.empty(step, 3, N, dtype=x.dtype, device=x.device)  # rows: 1, x', y' (reused per chunk)
     z[:, 0] = 1.0
-    ones_x, xs, ys = z[:, 0:2], z[:, 1], z[:, 2]  # views of the buffer
-    xy = z[:, 1:3].transpose(1, 2)  # (step, N, 2)
+    xs, ys, xy = z[:, 1], z[:, 2], z[:, 1:3].transpose(1, 2)  # views; xy (step, N, 2)
     neg_c = -c  # (B, 2)
     for a in range(0, B, step):
         e = min(B, a + step)
         n = e - a
-        torch.addcmul(neg_c[a:e, 0:1], x[a:e], s[a:e, 0:1], out=xs[:n])  # x 2^-kx exact; one rounding
-        torch.addcmul(neg_c[a:e, 1:2], y[a:e], s[a:e, 1:2], out=ys[:n])
-        torch.bmm(ones_x[:n], xy[:n], out=G[a:e])  # (n, 2, 2)
+        if s is None:
+            torch.sub(x[a:e], c[a:e, 0:1], out=xs[:n])  # one rounding of the exact difference
+            torch.sub(y[a:e], c[a:e, 1:2], out=ys[:n])
+        else:
+            torch.addcmul(neg_c[a:e, 0:1], x[a:e], s[a:e, 0:1], out=xs[:n])  # x 2^-kx exact; one rounding
+            torch.addcmul(neg_c[a:e, 1:2], y[a:e], s[a:e, 1:2], out=ys[:n])
+        torch.bmm(z[:n], xy[:n], out=G[a:e])  # (n, 3, 2)
+    return G
+
+
+def _refined(x: torch.Tensor, y: torch.Tensor, c: torch.Tensor, s: torch.Tensor | None = None):
+    """(c, G): the sums of `_sums` around the shift c (B, 2); where c sits far from the prompt's
+    mean, c moves to c + mean(x', y') and the sums are taken again, up to REFINE_PASSES times.
+    Far: sum x'^2 > REFINE Sxx or sum y'^2 > REFINE Syy, i.e. d^2 > REFINE - 1 for
+    d = (c - mean) / sd. Outliers among the first SHIFT_SAMPLES values give d^2 up to N / 4, and the
+    sums' rounding relative to Sxx grows as N u (1 + d^2) (docs/accuracy.md, "The criterion"). The
+    exact sums do not depend on c; a constant x or y (sum of squares 0) is never far."""
+    N = x.shape[1]
+    G = _sums(x, y, c, s)
+    if x.shape[0] == 0:
+        return c, G
+    grad = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad)
+    for _ in range(REFINE_PASSES):
+        o = G[:, 0] / N  # (B, 2): means of x', y'
+        sq = torch.stack([G[:, 1, 0], G[:, 2, 1]], dim=1)  # (B, 2): sum x'^2, sum y'^2
+        far = (sq > REFINE * (sq - G[:, 0] * o)).any(dim=1) & torch.isfinite(o).all(dim=1)  # (B,); NaN: False
+        if not bool(far.any()):
+            break
+        if grad:  # every prompt again, without in-place writes
+            c = torch.where(far[:, None], c + o, c)
+            G = _sums(x, y, c, s)
+            continue
+        idx = far.nonzero().squeeze(1)
+        c = c.clone()
+        c[idx] = c[idx] + o[idx]
+        G[idx] = _sums(x[idx], y[idx], c[idx], None if s is None else s[idx])
+    return c, G
+
+
+def _scaled_sums(x: torch.Tensor, y: torch.Tensor):
+    """Per prompt: exponents (kx, ky) (B,) int64, scaled shifts c (B, 2), the sums G (B, 3, 2) of
+    `_sums` over the scaled shifted values, and the ill-posed mask of x, y alone (B,) bool; all in
+    x's dtype."""
+    bad, kx, ky, s, c = _ranges(x, y)  # (B,), (B,), (B,), (B, 2), (B, 2)
+    c, G = _refined(x, y, c, s)
     return kx, ky, c, G, bad
 
 
@@ -139,17 +187,7 @@ def _fast_moments(x: torch.Tensor, y: torch.Tensor):
     B, N = x.shape
     n0 = min(N, SHIFT_SAMPLES)
     c = torch.stack([x[:, :n0].median(dim=1).values, y[:, :n0].median(dim=1).values], dim=1)  # (B, 2)
-    step = max(B, 1) if x.device.type != "cpu" else max(1, min(B, CHUNK_ELEMENTS // N))
-    G = torch.empty(B, 3, 2, dtype=x.dtype, device=x.device)
-    z = torch.empty(step, 3, N, dtype=x.dtype, device=x.device)  # rows: 1, x', y' (reused per chunk)
-    z[:, 0] = 1.0
-    xs, ys, xy = z[:, 1], z[:, 2], z[:, 1:3].transpose(1, 2)  # views; xy (step, N, 2)
-    for a in range(0, B, step):
-        e = min(B, a + step)
-        n = e - a
-        torch.sub(x[a:e], c[a:e, 0:1], out=xs[:n])  # one rounding of the exact difference
-        torch.sub(y[a:e], c[a:e, 1:2], out=ys[:n])
-        torch.bmm(z[:n], xy[:n], out=G[a:e])  # (n, 3, 2): [sum x', sum y'], [sum x'^2, sum x'y'], [., sum y'^2]
+    c, G = _refined(x, y, c)  # (B, 2), (B, 3, 2)
     r = FAST_RANGE[x.dtype]
     sq = torch.stack([G[:, 1, 0], G[:, 2, 1]], dim=1)  # (B, 2) sum x'^2, sum y'^2
     offset = G[:, 0] / N  # (B, 2): mean of x', y'
@@ -179,7 +217,7 @@ def _scaled_moments(x: torch.Tensor, y: torch.Tensor):
     """`_moments` by the power-of-two scaled path, for every prompt: (kx, ky, c_x', o_x', y_bar', beta,
     bad); x_bar' = c_x' + o_x' (the shift and the mean of x - c_x, kept apart for u - x_bar)."""
     N = x.shape[1]
-    kx, ky, c, G, bad = _scaled_sums(x, y)  # (B,), (B,), (B, 2), (B, 2, 2), (B,)
+    kx, ky, c, G, bad = _scaled_sums(x, y)  # (B,), (B,), (B, 2), (B, 3, 2), (B,)
     offset = G[:, 0] / N  # (B, 2): mean of x', y'
     S = G[:, 1] - G[:, 0, :1] * offset  # (B, 2): Sxx', Sxy' (the shift's share removed)
     # Sxx' > 0 whenever x is not constant (docs/accuracy.md: its relative error is below

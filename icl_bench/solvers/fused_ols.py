@@ -3,7 +3,8 @@
 The arithmetic is that of the reference's one-pass path (icl_bench/prompts/ols.py: shifted sums,
 Chan, Golub & LeVeque 1983, eq. 1.7; here the shift is the mean of the first SHIFT_SAMPLES values):
 per prompt one pass over x and y, the five sums in vector lanes (the only reassociated step),
-then the moments and the prediction in program order. Prompts are split (`fused.split`) over up
+one more around c + mean(x', y') where the shift sits far from the mean (as the reference's
+`_refined`), then the moments and the prediction in program order. Prompts are split (`fused.split`) over up
 to `fused.num_threads()` threads, one per MIN_BYTES_PER_THREAD of x and y. Used by the `ols`
 solver (baselines/ols.py).
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from icl_bench.solvers import fused
-from icl_bench.prompts.ols import FAST_RANGE, SHIFT_SAMPLES, ols_predict
+from icl_bench.prompts.ols import FAST_RANGE, REFINE, REFINE_PASSES, SHIFT_SAMPLES, ols_predict
 
 SCREEN = 1e-2  # the kernel answers prompts with Sxx > SCREEN * sum x^2; the reference the rest
 MIN_BYTES_PER_THREAD = 3 * 2**20  # of x and y per thread; smaller shares lose to waking a thread: two
@@ -53,7 +54,7 @@ def _compile():
         return sx, sy, sxx, sxy, syy
 
     @nb.njit(error_model="numpy", nogil=True)
-    def kernel(x, y, u, out, redo, k, screen, r, b0, b1):
+    def kernel(x, y, u, out, redo, k, screen, r, refine, passes, b0, b1):
         F = x.dtype.type
         N = x.shape[1]
         fn, fk = F(N), F(k)
@@ -65,6 +66,12 @@ def _compile():
             cx, cy = cx / fk, cy / fk
             sx, sy, sxx, sxy, syy = sums(x, y, b, cx, cy)
             ox, oy = sx / fn, sy / fn  # means of x', y'
+            for _ in range(passes):  # a shift far from the mean: again around c + mean (the reference's `_refined`)
+                if not (sxx > F(refine) * (sxx - sx * ox) or syy > F(refine) * (syy - sy * oy)):
+                    break
+                cx, cy = cx + ox, cy + oy
+                sx, sy, sxx, sxy, syy = sums(x, y, b, cx, cy)
+                ox, oy = sx / fn, sy / fn
             x_bar, y_bar = cx + ox, cy + oy
             Sxx, Sxy = sxx - sx * ox, sxy - sx * oy
             scale = Sxx + fn * x_bar * x_bar  # sum x^2
@@ -92,7 +99,8 @@ def fast_ols_predict(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor) -> torch
     xs, ys, us = (t.detach().contiguous().numpy() for t in (x, y, u))
     out = torch.empty(B, dtype=x.dtype)
     redo = torch.empty(B, dtype=torch.bool)
-    args = (xs, ys, us, out.numpy(), redo.numpy(), min(SHIFT_SAMPLES, N), SCREEN, float(FAST_RANGE[x.dtype]))
+    args = (xs, ys, us, out.numpy(), redo.numpy(), min(SHIFT_SAMPLES, N), SCREEN, float(FAST_RANGE[x.dtype]),
+            REFINE, REFINE_PASSES)
     threads = max(1, min(fused.num_threads(), (xs.nbytes + ys.nbytes) // MIN_BYTES_PER_THREAD))
     fused.split(lambda b0, b1: kernel(*args, b0, b1), B, threads)
     if redo.any():
