@@ -103,6 +103,30 @@ def test_an_answer_beyond_the_dtype_is_nan_never_inf(dtype, big):
         assert math.isnan(_pred(name, kw, batch)), name
 
 
+@pytest.mark.parametrize("fused_on", [True, False])
+def test_an_answer_beyond_float64_is_nan_for_every_solver(monkeypatch, fused_on):
+    """x = (0, 1, 2) 1e-300, y = (0, 1, 2) 1e17, u = 1: the exact answer 1e317 is beyond float64 and
+    the reference is NaN (docs/design.md §11). ln-closed-form answered 115.47 there, on its fused
+    and its torch path alike: its module saw R lost beside nothing, so no overflow told it."""
+    from icl_bench.solvers import fused
+
+    monkeypatch.setattr(fused, "ENABLED", fused_on)
+    batch = make_batch([0.0, 1e-300, 2e-300], [0.0, 1e17, 2e17], 1.0, R=100.0)
+    assert math.isnan(float(batch.ols_prediction[0]))
+    for name, kw in LSQ + [("ln-closed-form", {}), ("gd", {}), ("gd-lsa", {}), ("trained-l1", {})]:
+        assert math.isnan(_pred(name, kw, batch)), name
+
+
+@pytest.mark.parametrize("dtype, big", [("float64", 1.7e308), ("float32", 3e38)])
+def test_standardize_at_the_top_of_the_range(dtype, big):
+    """x = (big, big, big, -big), y = (1, 1, 1, 0), u = 0: a well-posed prompt whose answer is 0.5.
+    With standardize=true, x - x_bar overflowed to -inf before the division by s_x, which read as
+    R lost: NaN. The standardization now runs in units of s_x's binary exponent."""
+    batch = make_batch([[big, big, big, -big]], [[1.0, 1.0, 1.0, 0.0]], [0.0], R=100.0, dtype=dtype)
+    assert float(batch.ols_prediction[0]) == pytest.approx(0.5, rel=1e-6)
+    assert _pred("ln-closed-form", {"standardize": True}, batch) == pytest.approx(0.5, rel=1e-4)
+
+
 @pytest.mark.parametrize("offset, spread, dtype", [(1e4, 0.01, "float32"), (1e6, 1.0, "float32"),
                                                    (1e9, 1.0, "float64"), (1.0, 1e-9, "float64")])
 def test_query_near_a_large_offset_keeps_the_spread(offset, spread, dtype):

@@ -23,7 +23,7 @@ import torch
 
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.generator import PromptBatch, make_tokens
-from icl_bench.prompts.ols import centred_scales, ill_posed
+from icl_bench.prompts.ols import centred_scales, ill_posed, ldexp
 from icl_bench.solvers.base import Param, Solver, ill_posed_or_r_lost, r_lost, screen_answers
 from icl_bench.solvers.fused import fused_forward
 from icl_bench.solvers.ln_closed_form_mv import build_ln_construction_mv
@@ -211,9 +211,16 @@ def standardize_prompts(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor):
     x_bar, y_bar, s_x, s_y = centred_scales(x, y)  # (B,) each
     s_x = torch.where(s_x > 0, s_x, torch.ones_like(s_x))
     s_y = torch.where(s_y > 0, s_y, torch.ones_like(s_y))
-    xs = (x - x_bar[:, None]) / s_x[:, None]
-    ys = (y - y_bar[:, None]) / s_y[:, None]
-    return xs, ys, (u - x_bar) / s_x, y_bar, s_y
+    # (v - mean) / s as (v 2^-e - mean 2^-e) / (s 2^-e), e the binary exponent of s: the scaling is
+    # exact and keeps the difference in range (x = +-1.7e308: x - x_bar overflowed to inf)
+    ex, ey = torch.frexp(s_x).exponent.to(torch.int64), torch.frexp(s_y).exponent.to(torch.int64)  # (B,)
+
+    def unit(v: torch.Tensor, k: torch.Tensor) -> torch.Tensor:  # v 2^-k, k (B,) broadcast over v's rows
+        return ldexp(v, -k if v.dim() == 1 else -k[:, None])
+
+    xs = (unit(x, ex) - unit(x_bar, ex)[:, None]) / unit(s_x, ex)[:, None]
+    ys = (unit(y, ey) - unit(y_bar, ey)[:, None]) / unit(s_y, ey)[:, None]
+    return xs, ys, (unit(u, ex) - unit(x_bar, ex)) / unit(s_x, ex), y_bar, s_y
 
 
 @register_solver("ln-closed-form")
@@ -281,7 +288,8 @@ class LNClosedForm(Solver):
     @torch.no_grad()
     def predict(self, batch: PromptBatch) -> torch.Tensor:
         """(B,) predictions in batch.dtype on batch.device; NaN for degenerate prompts, for prompts
-        whose R is lost in rounding and in place of an answer that overflows (never +-inf)."""
+        whose R is lost in rounding, where the float64 OLS reference is not finite (the answer is
+        beyond float64, docs/design.md §11) and in place of an answer that overflows (never +-inf)."""
         if batch.d > 1:
             return ln_closed_form_mv(batch, self.model(batch.R, batch.dtype, batch.device, batch.d),
                                      self.values["standardize"])
@@ -291,7 +299,7 @@ class LNClosedForm(Solver):
         if shift is None:  # the batch's own tokens: the kernel reads the extremes of x and y on its way
             out, extremes = model.forward_extremes(tokens)  # (B,), (B, 4) or None
             if extremes is not None:  # an overflow is no answer either: NaN, never +-inf
-                return screen_answers(out, extremes, u, R, inf_is_nan=True)
+                return screen_answers(out, extremes, u, R, batch.ols_prediction, inf_is_nan=True)
             bad = ill_posed_or_r_lost(x, y, u, R)  # (B,)
         else:
             bad = torch.empty(batch.B, dtype=torch.bool, device=batch.device)  # (B,)
@@ -305,6 +313,7 @@ class LNClosedForm(Solver):
                 screen(0, batch.B)
         if shift is not None:
             out = shift + scale * out  # may overflow where the answer is beyond the dtype's range
+        bad = bad | ~torch.isfinite(batch.ols_prediction).to(bad.device)  # no answer in range
         return out.masked_fill(bad | torch.isinf(out), float("nan"))
 
     def weights(self, R: float | None = None) -> dict[str, torch.Tensor]:
