@@ -6,8 +6,10 @@ Ill-posed prompts (all x exactly equal, a NaN / inf: `icl_bench.prompts.ols.ill_
 every least-squares solver shares) are NaN without calling lstsq: its numerical rank of [1, x]
 is 2 for a constant x that is not a power of two (the column x is not an exact multiple of the
 ones column after rounding), and the fit it then returns is noise (-7e14 on x = 1.1 * 100 values).
-Before lstsq each prompt is shifted by its mean and x, y are scaled by powers of two (exact), so
-the design is well conditioned and nothing underflows at any data scale (docs/accuracy.md);
+Before lstsq each prompt is shifted by its mean and x, y are scaled by powers of two (exact), the
+centred x once more to a largest |value| in [1/2, 1), so the design is well conditioned and nothing
+underflows at any data scale (docs/accuracy.md): without that last scaling, x a few ulps apart
+(1 and 1 + 2^-52) left a centred column of 1e-16 beside the ones, which lstsq's cutoff called rank 1.
 OLS is equivariant under these maps, so the answer is the same.
 """
 from __future__ import annotations
@@ -40,10 +42,12 @@ class ScipyLstsq(Solver):
             kx, ky = np.frexp(np.abs(x[i]).max())[1], np.frexp(np.abs(y[i]).max())[1]
             xs, ys, us = np.ldexp(x[i], -kx), np.ldexp(y[i], -ky), np.ldexp(u[i], -kx)  # exact scaling
             c = xs.mean()
-            design = np.column_stack([np.ones_like(xs), xs - c])  # (N, 2), centred
+            xc = xs - c  # (N,) centred
+            kc = np.frexp(np.abs(xc).max())[1]  # the centred column scaled to max |.| in [1/2, 1): x a few
+            design = np.column_stack([np.ones_like(xs), np.ldexp(xc, -kc)])  # ulps apart is rank 2 too; (N, 2)
             coef, _, rank, _ = scipy.linalg.lstsq(design, ys)
             if rank == 2:  # the centred, scaled design of a non-constant x has full rank
                 with np.errstate(over="ignore"):  # an answer beyond float64: inf, made NaN below
-                    out[i] = np.ldexp(coef[0] + coef[1] * (us - c), ky)
+                    out[i] = np.ldexp(coef[0] + coef[1] * np.ldexp(us - c, -kc), ky)
         pred = torch.from_numpy(out).to(device=batch.device, dtype=batch.dtype)  # (B,)
         return pred.masked_fill(~torch.isfinite(pred), float("nan"))  # an overflow is no answer: NaN, not inf

@@ -47,6 +47,20 @@ def test_tiny_spread_is_well_posed():
         assert _pred(name, kw, make_batch(x, j, u, R=100.0)) == pytest.approx(4.5, rel=1e-6), name
 
 
+@pytest.mark.parametrize("N", [2, 20])
+@pytest.mark.parametrize("ulps", [1, 3, 8])
+def test_x_a_few_ulps_apart_is_answered(N, ulps):
+    """x alternating 1 and 1 + ulps 2^-52 is well posed (docs/accuracy.md: x differing in the last
+    bit); scipy-lstsq answered NaN for 1-4 ulps at N = 2 and 1-8 at N = 20: its centred column of
+    1e-16 beside the ones was rank 1 to lstsq's cutoff (found by a new-user tryout)."""
+    x = torch.tensor([1.0, 1.0 + ulps * 2.0**-52] * (N // 2), dtype=F64)
+    y = torch.tensor([0.0, 1.0] * (N // 2), dtype=F64)
+    batch = make_batch(x, y, 0.5, R=100.0)
+    exact = exact_ols(x.tolist(), y.tolist(), 0.5)
+    for name in ("ols", "scipy-lstsq"):
+        assert exact.err(_pred(name, {}, batch)) <= (N + 4) * 2.0**-53 * exact.k, name
+
+
 def test_criterion_does_not_tighten_with_N():
     """The old test Sxx <= N eps sum x^2 rejected more prompts as N grew: x = 1e6 + z."""
     for N in (10, 1000, 20000):
