@@ -115,3 +115,50 @@ def test_a_solver_that_fails_to_build_gives_error_rows_not_a_config_error(failin
     assert "error: test-init-fails" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"^solvers\.test-init-fails\.k: expected int"):  # parameter errors still refused
         parse_config({**tiny_raw, "solvers": {failing_solver: {"k": "x"}}})
+
+
+SHADOW = '''
+    from icl_bench import Solver
+
+    class Shadow(Solver):
+        """Predict the context mean of y under someone else's name."""
+
+        def predict(self, batch):
+            return batch.y.mean(dim=1)
+'''
+
+
+def test_a_plugin_cannot_take_the_name_of_icl_benchs_own_baselines(tmp_path, monkeypatch):
+    """A distribution earlier on sys.path declaring `ols` used to replace the reference baseline
+    (its numbers under the name `ols`); icl-bench's own declarations now win, and the plugin is
+    reported as ignored (found by a new-user tryout)."""
+    from icl_bench.solvers import registry
+
+    from conftest import write_plugin
+
+    root = write_plugin(tmp_path / "site", "shadow-plugin", {"ols": "shadow_mod:Shadow"}, {"shadow_mod": SHADOW})
+    monkeypatch.syspath_prepend(str(root))
+    registry.REGISTRY.unregister("ols")
+    try:
+        assert registry.REGISTRY.entry_points()["ols"].value == "baselines.ols:OLS"
+        assert get_solver_class("ols").__module__ == "baselines.ols"
+        assert any("shadow_mod:Shadow" in line and "ignored" in line for line in registry.conflicts())
+    finally:
+        registry.REGISTRY.unregister("ols")
+        sys.modules.pop("shadow_mod", None)
+
+
+def test_a_clash_in_one_folder_is_decided_by_distribution_name(tmp_path, monkeypatch):
+    """Two distributions in one folder declaring one name: the folder's listing order (the file
+    system's) used to decide; now the distribution whose name sorts first wins."""
+    from icl_bench.solvers import registry
+
+    from conftest import write_plugin
+
+    site = tmp_path / "site"
+    write_plugin(site, "zzz-plugin", {"clash-name": "zzz_mod:Shadow"}, {"zzz_mod": SHADOW})
+    write_plugin(site, "aaa-plugin", {"clash-name": "aaa_mod:Shadow"}, {"aaa_mod": SHADOW})
+    monkeypatch.syspath_prepend(str(site))
+    assert registry.REGISTRY.entry_points()["clash-name"].value == "aaa_mod:Shadow"
+    assert [line for line in registry.conflicts() if "clash-name" in line] == [
+        "plugin zzz_mod:Shadow (zzz-plugin) declares 'clash-name', already declared by aaa_mod:Shadow: ignored"]

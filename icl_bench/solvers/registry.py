@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
+import re
+import sys
 import threading
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -99,10 +102,31 @@ class Registry:
         """Where `name` came from ("built-in (module)" / "plugin ..."), None if not registered."""
         return self._origins.get(name)
 
+    def _ordered(self) -> list:
+        """The group's entry points in the order that decides a clash of names: icl-bench's own
+        (its baselines, declared like a plugin) first, then by the sys.path entry that holds the
+        distribution, then by distribution name. importlib.metadata lists one folder's
+        distributions in the file system's order, which differs between machines."""
+        paths = {os.path.abspath(p or "."): i for i, p in reversed(list(enumerate(sys.path)))}
+
+        def key(ep) -> tuple:
+            dist = getattr(ep, "dist", None)
+            name = re.sub(r"[-_.]+", "-", dist.name).lower() if dist is not None and dist.name else ""
+            if name == "icl-bench":
+                return (0, 0, "", ep.value)
+            try:
+                where = paths.get(os.path.abspath(str(dist.locate_file(""))), len(paths))
+            except Exception:  # noqa: BLE001 - a distribution without a location sorts last
+                where = len(paths)
+            return (1, where, name, ep.value)
+
+        return sorted(entry_points(group=self.group), key=key)
+
     def entry_points(self) -> dict:
-        """name -> entry point; the first distribution on sys.path declaring a name wins (see conflicts)."""
+        """name -> entry point; icl-bench's own declarations win, then the distribution earliest on
+        sys.path, then the one whose name sorts first (`_ordered`; the others: `conflicts`)."""
         out: dict = {}
-        for ep in entry_points(group=self.group):
+        for ep in self._ordered():
             out.setdefault(ep.name, ep)
         return out
 
@@ -129,10 +153,11 @@ class Registry:
 
     def conflicts(self) -> list[str]:
         """One line per plugin entry point that is ignored because its name is taken: a built-in
-        name (built-ins win) or a name an earlier distribution on sys.path already declared."""
+        name (built-ins win) or a name that icl-bench itself, a distribution earlier on sys.path
+        or, in the same folder, one whose name sorts first already declared (`_ordered`)."""
         seen: dict[str, str] = {}
         out = []
-        for ep in entry_points(group=self.group):
+        for ep in self._ordered():
             dist = ep.dist.name if getattr(ep, "dist", None) else "unknown distribution"
             if ep.name in self.builtins:
                 out.append(f"plugin {ep.value} ({dist}) declares {ep.name!r}, a built-in name: ignored")
