@@ -14,6 +14,7 @@ import json
 import math
 import os
 import secrets
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,25 @@ def blocking_file(path: str | Path) -> Path | None:
     """The first folder above `path` that exists as something other than a folder (so `path`
     cannot be created), or None."""
     return next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
+
+
+def cannot_create(path: str | Path) -> str | None:
+    """Why no file could be created at `path`, or None: its folder (or, where that is still to be
+    made, the nearest existing folder above it) does not take new files. An existing folder is
+    tried with a nameless temporary file (a read-only mount, /proc); one still to be made is
+    checked with os.access. For checks before long work whose result would then be lost."""
+    folder = Path(path).absolute().parent
+    base = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if base is None or not base.is_dir():
+        return f"{base} is not a folder"
+    if base != folder:
+        return None if os.access(base, os.W_OK | os.X_OK) else f"{base} is not a writable folder"
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        return f"{folder}: {exc.strerror or exc}"
+    return None
 
 
 def jsonable(v: Any) -> Any:

@@ -73,6 +73,23 @@ def test_train_checks_out_before_training(tmp_path, capsys):
     assert code == 2 and err == f"icl-bench: error: --out: {tmp_path / 'file'} exists and is not a folder\n"
 
 
+def test_train_checks_a_folder_that_takes_no_files_before_training(tmp_path, capsys, monkeypatch):
+    """A read-only --out folder is refused before any step runs (simulated as in the analyze test)."""
+    import tempfile
+
+    import icl_bench.training.train as train
+
+    def read_only(*a, **k):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(train, "train_and_save", lambda *a, **k: pytest.fail("training ran"))
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    code, err = _run(capsys, ["train", "--run", "trained-lsa-R10", "--out", str(tmp_path)])
+    assert code == 2
+    assert err == (f"icl-bench: error: --out: cannot write {tmp_path / 'trained-lsa-R10'}.safetensors "
+                   f"({tmp_path}: Read-only file system); give another folder\n")
+
+
 def test_analyze_checks_out_before_analysing(tmp_path, capsys, monkeypatch):
     """--out under a file is refused before the analysis runs (it used to fail after it)."""
     import icl_bench.analysis.analyze as analyze
@@ -82,6 +99,26 @@ def test_analyze_checks_out_before_analysing(tmp_path, capsys, monkeypatch):
     out = tmp_path / "file" / "a.json"
     code, err = _run(capsys, ["analyze", "trained-l1-R100", "--out", str(out)])
     assert code == 2 and err == f"icl-bench: error: --out: {tmp_path / 'file'} is a file, so {out} cannot be written; give another path\n"
+
+
+def test_analyze_checks_a_folder_that_takes_no_files_before_analysing(tmp_path, capsys, monkeypatch):
+    """A read-only folder (or /proc) as --out's folder failed only after the whole analysis, naming
+    a hidden temporary file (found by a new-user tryout); it is refused first, naming --out. The
+    read-only mount is simulated: the check's temporary file fails as it would there."""
+    import tempfile
+
+    import icl_bench.analysis.analyze as analyze
+
+    def read_only(*a, **k):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(analyze, "analyze_checkpoint", lambda *a, **k: pytest.fail("analysis ran"))
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    out = tmp_path / "a.json"
+    code, err = _run(capsys, ["analyze", "trained-l1-R100", "--out", str(out)])
+    assert code == 2
+    assert err == f"icl-bench: error: --out: cannot write {out} ({tmp_path}: Read-only file system); give another path\n"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_plugin_that_exits_on_import_is_listed_as_broken(tmp_path, monkeypatch):

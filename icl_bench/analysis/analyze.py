@@ -39,7 +39,7 @@ from icl_bench.analysis.representation import representation_similarity
 from icl_bench.analysis.similarity import alignment_json, similarity
 from icl_bench.bench.metrics import prediction_metrics
 from icl_bench.errors import ConfigError
-from icl_bench.files import blocking_file, jsonable
+from icl_bench.files import blocking_file, cannot_create, jsonable
 from icl_bench.prompts.generator import MAX_VALUES, PromptSpec, sample_prompts
 from icl_bench.solvers.checkpoint import load_checkpoint, read_meta, stem_of
 from icl_bench.solvers.ln_closed_form import build_construction
@@ -159,8 +159,9 @@ def check_out(out: str) -> None:
     """`analyze --out`: a .json file that can be written and is no checkpoint's metadata.
 
     Raises:
-        ConfigError (naming --out): another suffix, a folder, a parent that is a file, or an
-            existing file that reads as a checkpoint's JSON half (writing the analysis over it
+        ConfigError (naming --out): another suffix, a folder, a parent that is a file, a folder
+            that takes no new files (read-only, /proc), or an existing file that reads as a
+            checkpoint's JSON half (writing the analysis over it
             would destroy that checkpoint: `analyze m --out m.json`).
     """
     if Path(out).suffix != ".json":
@@ -170,6 +171,9 @@ def check_out(out: str) -> None:
     blocked = blocking_file(out)
     if blocked is not None:  # checked before the analysis runs, not after
         raise ConfigError(f"--out: {blocked} is a file, so {out} cannot be written; give another path")
+    why = cannot_create(out)
+    if why is not None:  # a read-only folder used to fail only after the analysis, naming a temporary file
+        raise ConfigError(f"--out: cannot write {out} ({why}); give another path")
     try:
         read_meta(out)
     except ConfigError:

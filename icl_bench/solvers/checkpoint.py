@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 
 from icl_bench import provenance, resources
 from icl_bench.errors import ConfigError
-from icl_bench.files import blocking_file, dumps
+from icl_bench.files import blocking_file, cannot_create, dumps
 from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
 FORMAT = "icl-bench-checkpoint"
@@ -72,7 +72,8 @@ def check_writable(stem: str | Path, key: str = "--out") -> None:
     Raises:
         ConfigError (naming `key`): `<stem>.safetensors` or `<stem>.json` exists and is not a
             regular file (a folder of that name made training fail only after it had run, and
-            left half a pair), is a symbolic link (dangling or not), or a parent of `stem` is a file.
+            left half a pair), is a symbolic link (dangling or not), a parent of `stem` is a file,
+            or the folder takes no new files (read-only; `icl_bench.files.cannot_create`).
     """
     stem = stem_of(stem)
     blocked = blocking_file(stem)
@@ -84,6 +85,9 @@ def check_writable(stem: str | Path, key: str = "--out") -> None:
             raise ConfigError(f"{key}: {p} is a symbolic link, so the checkpoint would not be saved in place; remove it")
         if p.exists() and not p.is_file():
             raise ConfigError(f"{key}: {p} exists and is not a file, so the checkpoint cannot be saved there; remove it")
+    why = cannot_create(f"{stem}.safetensors")
+    if why is not None:  # a read-only folder: refused before training, not after it
+        raise ConfigError(f"{key}: cannot write {stem}.safetensors ({why}); give another folder")
 
 
 def read_meta(path: str | Path) -> dict:
