@@ -12,7 +12,7 @@ import scipy.linalg
 import torch
 
 from icl_bench.solvers.gd_mv import gd_predict_mv
-from icl_bench.prompts.ols_mv import ols_predict_mv
+from icl_bench.prompts.ols_mv import SHIFT_SAMPLES, ols_predict_mv
 from icl_bench.prompts.generator import PromptBatch
 from icl_bench.prompts.multivariate import make_tokens_mv, n_regressors
 from icl_bench.solvers.base import SkipCell, nan_if_ill_posed
@@ -36,17 +36,43 @@ def ols_mv(batch: PromptBatch) -> torch.Tensor:
 
 
 def scipy_lstsq_mv(batch: PromptBatch) -> torch.Tensor:
-    """`scipy-lstsq` for d > 1: scipy.linalg.lstsq on [1, X] per prompt (float64), NaN where the
-    float64 reference is NaN (ill-posed by its conditioning rule), (B,) in batch.dtype."""
+    """`scipy-lstsq` for d > 1: scipy.linalg.lstsq on [1, X] per prompt (float64) after exact scaling
+    and centring, NaN where the float64 reference is NaN (ill-posed by its conditioning rule), (B,)
+    in batch.dtype.
+
+    Per prompt, before the solve (the maps of icl_bench/prompts/ols_mv.py; OLS is equivariant under
+    each, so the answer is the same, and the query gets the same maps):
+      1. x_j *= 2^-kx_j, y *= 2^-ky, kx_j and ky the binary exponents of max_i |x_ij| and max |y|
+         (exact; every value below 1, so nothing over- or underflows at any finite scale);
+      2. shift by the mean of the first SHIFT_SAMPLES scaled rows, then centre (x and y): lstsq never
+         sees an offset, which it would otherwise carry in the ones column (x = 1e8 + z: relative
+         errors up to 500 on the raw design);
+      3. x~_j *= 2^-e_j, e_j the binary exponent of max_i |x~_ij| (exact): every column of the design
+         is of size ~1, so lstsq's rank cut (eps sigma_max) and backward error are those of the
+         centred problem.
+    The prediction is 2^ky (y_bar' + theta_0 + theta . u~), theta = lstsq([1, X~], y~)."""
     x = batch.x.detach().cpu().double().numpy()  # (B, N, d)
     y = batch.y.detach().cpu().double().numpy()  # (B, N)
     u = batch.x_query.detach().cpu().double().numpy()  # (B, d)
-    ok = torch.isfinite(batch.ols_prediction).cpu().numpy()
-    out = np.full(x.shape[0], np.nan)
-    for i in np.nonzero(ok)[0]:
-        design = np.column_stack([np.ones(x.shape[1]), x[i]])  # (N, d+1)
-        coef = scipy.linalg.lstsq(design, y[i])[0]
-        out[i] = coef[0] + coef[1:] @ u[i]
+    ok = torch.isfinite(batch.ols_prediction).cpu().numpy()  # (B,)
+    x, y, u = x[ok], y[ok], u[ok]  # the steps below, batched over the prompts lstsq will see
+    kx = np.frexp(np.abs(x).max(axis=1))[1]  # (b, d) (step 1)
+    ky = np.frexp(np.abs(y).max(axis=1))[1]  # (b,)
+    xs, ys, us = np.ldexp(x, -kx[:, None]), np.ldexp(y, -ky[:, None]), np.ldexp(u, -kx)  # exact
+    k = min(x.shape[1], SHIFT_SAMPLES)
+    cx, cy = xs[:, :k].mean(axis=1), ys[:, :k].mean(axis=1)  # (b, d), (b,) the shift (step 2)
+    xp, yp = xs - cx[:, None], ys - cy[:, None]
+    mx, my = xp.mean(axis=1), yp.mean(axis=1)
+    xt, yt, du = xp - mx[:, None], yp - my[:, None], (us - cx) - mx  # centred; u - x_bar in the same units
+    e = np.frexp(np.abs(xt).max(axis=1))[1]  # (b, d) (step 3)
+    with np.errstate(over="ignore", invalid="ignore"):  # a query or answer beyond float64: NaN below
+        xt, du = np.ldexp(xt, -e[:, None]), np.ldexp(du, -e)
+        fit = np.empty(len(x))  # (b,) theta_0 + theta . u~
+        for i in range(len(x)):
+            coef = scipy.linalg.lstsq(np.column_stack([np.ones(x.shape[1]), xt[i]]), yt[i])[0]  # (d+1,)
+            fit[i] = coef[0] + coef[1:] @ du[i]
+        out = np.full(ok.shape[0], np.nan)
+        out[ok] = np.ldexp((cy + my) + fit, ky)
     pred = torch.from_numpy(out).to(device=batch.device, dtype=batch.dtype)
     return nan_if_ill_posed(pred, batch)
 
