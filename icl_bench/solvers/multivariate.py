@@ -12,7 +12,8 @@ import scipy.linalg
 import torch
 
 from icl_bench.solvers.gd_mv import gd_predict_mv
-from icl_bench.prompts.ols_mv import SHIFT_SAMPLES, ols_predict_mv
+from icl_bench.prompts.ols import ldexp, pow2
+from icl_bench.prompts.ols_mv import SHIFT_SAMPLES, column_exponents, ols_predict_mv
 from icl_bench.prompts.generator import PromptBatch
 from icl_bench.prompts.multivariate import make_tokens_mv, n_regressors
 from icl_bench.solvers.base import SkipCell, nan_if_ill_posed
@@ -92,17 +93,36 @@ def r_lost_mv(tokens: torch.Tensor, R: float) -> torch.Tensor:
     return tokens[..., :-1].abs().amax(dim=(1, 2)) * torch.finfo(tokens.dtype).eps >= R
 
 
+def _centre(v: torch.Tensor, q: torch.Tensor | None = None):
+    """Shift by the mean of the first SHIFT_SAMPLES rows, then centre (as icl_bench/prompts/ols_mv.py):
+    v (B, N, m) scaled values -> (centred v (B, N, m), mean (B, m), q - mean (B, m) or None)."""
+    c = v[:, :SHIFT_SAMPLES].mean(dim=1)  # (B, m)
+    vs = v - c[:, None]
+    m = vs.mean(dim=1)  # (B, m)
+    return vs - m[:, None], c + m, None if q is None else (q - c) - m
+
+
 def standardize_mv(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor):
     """Per prompt and column, from the context only: x' = (x - x_bar) / s_x, u' likewise,
     y' = (y - y_bar) / s_y (population standard deviations; 1 where a column is constant).
     OLS is equivariant: ols(x, y, u) = y_bar + s_y * ols(x', y', u').
-    Args: x (B, N, d), y (B, N), u (B, d). Returns (x', y', u', y_bar (B,), s_y (B,))."""
-    xb, yb = x.mean(1, keepdim=True), y.mean(1, keepdim=True)  # (B, 1, d), (B, 1)
-    sx = (x - xb).pow(2).mean(1, keepdim=True).sqrt()
-    sy = (y - yb).pow(2).mean(1, keepdim=True).sqrt()
+
+    Scale-safe: each column of x and y is first multiplied by 2^-k, k the binary exponent of its
+    max |value| (`column_exponents`, exact), shifted by the mean of its first SHIFT_SAMPLES rows and
+    centred, so no square under- or overflows at any finite scale (x = 1e-200 z or 1e200 z), and an
+    offset (x = 1e8 + z) costs one rounding relative to the spread, not to |x|. x', y', u' come out
+    of the scaled values directly; y_bar and s_y are mapped back (they overflow only where y's own
+    mean or spread exceeds the dtype's range).
+    Args: x (B, N, d), y (B, N), u (B, d), one float dtype. Returns (x', y', u' in that dtype,
+    y_bar (B,), s_y (B,)); a prompt with a NaN / inf gets NaN in its own rows only."""
+    kx, ky = column_exponents(x), column_exponents(y[..., None])  # (B, d), (B, 1)
+    px, py = pow2(-kx, x.dtype), pow2(-ky, x.dtype)  # exact 2^-k
+    xt, _, ut = _centre(x * px[:, None], u * px)  # (B, N, d), _, (B, d)
+    yt, yb, _ = _centre((y * py)[..., None])  # (B, N, 1), (B, 1)
+    sx, sy = xt.pow(2).mean(1).sqrt(), yt.pow(2).mean(1).sqrt()  # (B, d), (B, 1), scaled units
     sx = torch.where(sx > 0, sx, torch.ones_like(sx))
     sy = torch.where(sy > 0, sy, torch.ones_like(sy))
-    return (x - xb) / sx, (y - yb) / sy, (u - xb[:, 0]) / sx[:, 0], yb[:, 0], sy[:, 0]
+    return xt / sx[:, None], (yt / sy[:, None])[..., 0], ut / sx, ldexp(yb, ky)[:, 0], ldexp(sy, ky)[:, 0]
 
 
 def ln_inputs_mv(batch: PromptBatch, standardize: bool):
