@@ -28,7 +28,7 @@ class ScipyLstsq(Solver):
 
     params = {}
 
-    multivariate = True  # d > 1: lstsq on [1, X] per prompt, NaN where the reference is (solvers/multivariate.py)
+    multivariate = True  # d > 1: lstsq on [1, X], scaled and centred per column, NaN where the reference is (solvers/multivariate.py)
 
     def predict(self, batch: PromptBatch) -> torch.Tensor:
         if batch.d > 1:

@@ -1,8 +1,6 @@
 """d regressors: the float64 reference against exact rational least squares, prompts, and GD / gd-lsa."""
 from __future__ import annotations
 
-from fractions import Fraction
-
 import numpy as np
 import pytest
 import torch
@@ -12,31 +10,10 @@ from hypothesis import strategies as st
 from baselines.gd import gd_predict
 from icl_bench.solvers.gd_lsa import build_gd_construction
 from icl_bench.solvers.gd_mv import build_gd_lsa_mv, gd_predict_mv, gd_trajectory_mv, hessian_eigenvalues_mv
+from icl_bench.prompts.exact_ols import exact_prediction_mv
 from icl_bench.prompts.ols_mv import ols_fit_mv, ols_predict_mv
 from icl_bench.prompts.generator import PromptSpec, sample_prompts
 from icl_bench.prompts.multivariate import equicorrelation_condition, make_batch_mv, make_tokens_mv, sample_prompts_mv
-
-
-def exact_prediction(x: np.ndarray, y: np.ndarray, u: np.ndarray) -> Fraction | None:
-    """OLS with intercept in exact rationals: solve (A^T A) theta = A^T y, A = [1, x], by Gauss-Jordan.
-    x (N, d), y (N,), u (d,) float64 arrays (converted exactly). None if A^T A is singular."""
-    N, d = x.shape
-    A = [[Fraction(1)] + [Fraction(float(v)) for v in row] for row in x]
-    yy = [Fraction(float(v)) for v in y]
-    p = d + 1
-    M = [[sum(A[i][r] * A[i][c] for i in range(N)) for c in range(p)] + [sum(A[i][r] * yy[i] for i in range(N))]
-         for r in range(p)]
-    for col in range(p):
-        piv = next((r for r in range(col, p) if M[r][col] != 0), None)
-        if piv is None:
-            return None
-        M[col], M[piv] = M[piv], M[col]
-        for r in range(p):
-            if r != col and M[r][col] != 0:
-                f = M[r][col] / M[col][col]
-                M[r] = [a - f * b for a, b in zip(M[r], M[col])]
-    theta = [M[r][p] / M[r][r] for r in range(p)]
-    return theta[0] + sum(t * Fraction(float(v)) for t, v in zip(theta[1:], u))
 
 
 def _prompt(seed, N, d, offset=0.0, scale=1.0):
@@ -53,7 +30,7 @@ def test_reference_matches_exact_rational(d, offset, scale):
     for seed in range(4):
         N = d + 2 + seed
         x, y, u = _prompt(seed, N, d, offset, scale)
-        exact = exact_prediction(x, y, u)
+        exact = exact_prediction_mv(x, y, u)
         fit = ols_fit_mv(torch.tensor(x)[None], torch.tensor(y)[None])
         pred = float(ols_predict_mv(torch.tensor(x)[None], torch.tensor(y)[None], torch.tensor(u)[None])[0])
         kappa, gamma = float(fit["kappa"][0]), float(fit["gamma"][0])
@@ -72,7 +49,7 @@ def test_reference_exact_property(d, extra, seed, offset, scale):
     x, y, u = _prompt(seed, N, d, offset, scale)
     fit = ols_fit_mv(torch.tensor(x)[None], torch.tensor(y)[None])
     pred = float(ols_predict_mv(torch.tensor(x)[None], torch.tensor(y)[None], torch.tensor(u)[None])[0])
-    exact = exact_prediction(x, y, u)
+    exact = exact_prediction_mv(x, y, u)
     kappa, gamma = float(fit["kappa"][0]), float(fit["gamma"][0])
     if bool(fit["ill_posed"][0]):  # NaN only where the rounded problem is degenerate: N eps kappa gamma >= 1
         assert np.isnan(pred)  # (e.g. offset 1, scale 1e-100: every x rounds to 1.0, kappa = inf)
@@ -101,7 +78,7 @@ def test_reference_nan_rule():
                                       torch.randn(3, 3, dtype=torch.float64))).all()
     # nearly collinear but well inside float64: finite and right (kappa ~ 1e6)
     xs = np.stack([x[0, :, 0], x[0, :, 0] + 1e-6 * x[0, :, 1]], axis=1)
-    exact = float(exact_prediction(xs, y[0], u[0]))
+    exact = float(exact_prediction_mv(xs, y[0], u[0]))
     got = float(ols_predict_mv(torch.tensor(xs)[None], torch.tensor(y[0])[None], torch.tensor(u[0])[None])[0])
     assert abs(got - exact) <= 1e-6 * (1 + abs(exact))
 

@@ -1,7 +1,8 @@
 """Exact rational least squares (Python integers / fractions.Fraction) and the condition
-numerator K of docs/accuracy.md: the yardstick of the accuracy tests (tests/test_accuracy_*.py)
-and of benchmarks/experiments/accuracy_margin.py. No floating point until the end; slow (pure
-Python, O(N) big-integer operations per prompt), so for checking, never for benchmarking.
+numerator K of docs/accuracy.md: the yardstick of the accuracy tests (tests/test_accuracy_*.py,
+tests/test_multivariate.py) and of benchmarks/experiments/accuracy_margin.py. No floating point
+until the end; slow (pure Python, O(N) big-integer operations per prompt), so for checking, never
+for benchmarking.
 
 Every finite float is an integer times a power of two, so a prompt's x (and y) become integers
 X_i = x_i * D_x over one common power-of-two denominator D_x; then, exactly,
@@ -80,3 +81,26 @@ def exact_ols(x, y, u) -> Exact | None:
     dyi = float(my / ys) * np.abs(1.0 / N + C2 * xi).sum()  # my sum |w_i| / ys
     du = float(abs(U * b) / ys)
     return Exact(y_hat=y_hat, b=b, k=float(dxi + dyi + du), y_scale=ys)
+
+
+def exact_prediction_mv(x, y, u) -> Fraction | None:
+    """Exact OLS prediction with an intercept and d regressors: solve (A^T A) theta = A^T y, A = [1, x],
+    by Gauss-Jordan in rationals, then theta . (1, u). x (N, d), y (N,), u (d,) finite floats (numpy
+    arrays or nested sequences, converted exactly). None if A^T A is singular (no unique fit).
+    O(N d^2) big-rational operations: for checking a few small prompts."""
+    A = [[Fraction(1)] + [Fraction(float(v)) for v in row] for row in x]
+    yy = [Fraction(float(v)) for v in y]
+    N, p = len(A), len(A[0])
+    M = [[sum(A[i][r] * A[i][c] for i in range(N)) for c in range(p)] + [sum(A[i][r] * yy[i] for i in range(N))]
+         for r in range(p)]
+    for col in range(p):
+        piv = next((r for r in range(col, p) if M[r][col] != 0), None)
+        if piv is None:
+            return None
+        M[col], M[piv] = M[piv], M[col]
+        for r in range(p):
+            if r != col and M[r][col] != 0:
+                f = M[r][col] / M[col][col]
+                M[r] = [a - f * b for a, b in zip(M[r], M[col])]
+    theta = [M[r][p] / M[r][r] for r in range(p)]
+    return theta[0] + sum(t * Fraction(float(v)) for t, v in zip(theta[1:], u))

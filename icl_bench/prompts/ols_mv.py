@@ -9,15 +9,26 @@ section 3.2 and eq. 3.6):
     y_hat(u) = y_bar + (u - x_bar)^T beta_hat
 
 How it is computed (every step batched over prompts, in float64):
-  1. shift: c = mean of the first SHIFT_SAMPLES rows of x (and of y); x' = x - c. For data far from 0
-     (x = 1.7e9 + j) the shifted values are small and exact or nearly so (Sterbenz), so the
+  0. scale: each column j of x is multiplied by 2^-kx_j and y by 2^-ky, kx_j and ky the binary
+     exponents of max_i |x_ij| and max_i |y_i| (`column_exponents`; clamped to +-exp_clamp(dtype), as
+     in icl_bench/prompts/ols.py). Multiplying by a power of two is exact, and OLS is equivariant
+     under it, so the scaled prompt has the same fit in scaled units; every scaled value is below 1
+     (2^24 at the clamp), so no shift, sum or square below can overflow or underflow, for any
+     finite data (1e-300 and 1e308 alike).
+  1. shift: c = mean of the first SHIFT_SAMPLES scaled rows of x (and of y); x' = x - c. For data far
+     from 0 (x = 1.7e9 + j) the shifted values are small and exact or nearly so (Sterbenz), so the
      centring below cancels nothing of size |x| (the idea of the shifted algorithm in icl_bench/prompts/ols.py).
   2. centre: X~ = x' - mean(x'), y~ = y' - mean(y').
-  3. equilibrate: A = X~ D^-1, D = diag(max_i |X~_ij|) (scale-safe: no squares of raw data are formed;
-     column scaling leaves the fitted prediction unchanged).
+  3. equilibrate: A = X~ D^-1, D = diag(max_i |X~_ij|) (column scaling leaves the fitted prediction
+     unchanged).
   4. Householder QR of A (torch.linalg.qr, LAPACK geqrf), beta_eq = R^-1 Q^T y~ (triangular solve),
      beta_hat = D^-1 beta_eq. QR never forms A^T A, so it loses one factor kappa, not kappa^2, to
      rounding (Golub & Van Loan, *Matrix Computations*, 4th ed., section 5.3.8).
+  5. map back: y_hat = 2^ky (y_bar' + sum_j (u_j 2^-kx_j - c_j - mean(x'_j)) beta'_j), beta' the
+     slopes in scaled units, so no intermediate leaves the range either. Wherever steps 1-4 on the
+     raw values neither overflow nor underflow, the result is bit for bit theirs (the maps are exact).
+A prompt with a NaN / inf in x or y is replaced by zeros before any of this (its answer is NaN), so
+LAPACK only ever sees finite, bounded values and one bad prompt never fails the batch.
 
 Ill-posedness (the NaN rule; docs/ln-closed-form-multivariate.md, "The reference"): a prompt has no
 trustworthy least-squares answer when the rounding of the centred problem can make its design
@@ -40,12 +51,24 @@ from __future__ import annotations
 
 import torch
 
+from icl_bench.prompts.ols import exp_clamp, ldexp, pow2
+
 SHIFT_SAMPLES = 8  # rows of x (and y) whose mean is the shift c
 
 
 def _as3d(x: torch.Tensor) -> torch.Tensor:
     """(B, N) -> (B, N, 1); (B, N, d) unchanged."""
     return x[..., None] if x.ndim == 2 else x
+
+
+def column_exponents(x: torch.Tensor) -> torch.Tensor:
+    """Per prompt and column of x (B, N, d), any float dtype: (B, d) int64 k with max_i |x_ij| < 2^k
+    (0 for a zero column or one holding a NaN / inf), clamped to +-exp_clamp(x.dtype), so that
+    x_ij 2^-k is exact and below 1 in magnitude (below 2^24 at the clamp)."""
+    m = x.abs().amax(dim=1)  # (B, d); NaN / inf propagate
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    k = exp_clamp(x.dtype)
+    return torch.frexp(m).exponent.to(torch.int64).clamp(-k, k)
 
 
 def ols_fit_mv(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
@@ -60,8 +83,11 @@ def ols_fit_mv(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype = torch.floa
         dict of tensors in `dtype`: "x_bar" (B, d), "y_bar" (B,), "beta" (B, d) (slopes; NaN where
         ill-posed), "intercept" (B,) = y_bar - x_bar . beta, "kappa" (B,) the condition number of
         the equilibrated centred design, "gamma" (B,) the centring cancellation factor, and
-        "ill_posed" (B,) bool (the rule in the module docstring); and "_shift" (B, d), "_mxs" (B, d),
-        the shift c and the mean of x - c, so x_bar = _shift + _mxs (used by ols_predict_mv).
+        "ill_posed" (B,) bool (the rule in the module docstring). x_bar, y_bar, beta and intercept are
+        mapped back from scaled units (module docstring, step 0): +-inf only where the true value
+        overflows the dtype. Private, in scaled units (used by ols_predict_mv): "_kx" (B, d) and
+        "_ky" (B,) the exponents, "_shift" (B, d) the shift c, "_mxs" (B, d) the mean of x' - c (so
+        x_bar = 2^kx (_shift + _mxs)), "_y_bar" (B,) and "_beta" (B, d).
     Raises:
         ValueError: x, y shapes that do not match.
     """
@@ -73,6 +99,9 @@ def ols_fit_mv(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype = torch.floa
     finite = torch.isfinite(x).all(dim=(1, 2)) & torch.isfinite(y).all(dim=1)  # (B,)
     x = torch.where(finite[:, None, None], x, torch.zeros((), dtype=x.dtype))  # keep LAPACK away from NaN
     y = torch.where(finite[:, None], y, torch.zeros((), dtype=y.dtype))
+    kx, ky = column_exponents(x), column_exponents(y[..., None])[:, 0]  # (B, d), (B,)
+    x = x * pow2(-kx, dtype)[:, None]  # (B, N, d): exact, every |value| < 1 (step 0)
+    y = y * pow2(-ky, dtype)[:, None]  # (B, N)
     k = min(N, SHIFT_SAMPLES)
     cx, cy = x[:, :k].mean(dim=1), y[:, :k].mean(dim=1)  # (B, d), (B,)
     xs, ys = x - cx[:, None], y - cy[:, None]  # (B, N, d), (B, N): shifted
@@ -96,11 +125,13 @@ def ols_fit_mv(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype = torch.floa
     gamma = (norm_s / norm_t).amax(dim=1)  # (B,) >= 1; NaN only with a zero column (then kappa = inf)
     eps = torch.finfo(dtype).eps
     ill = ~finite | ~(N * eps * kappa * torch.nan_to_num(gamma, nan=1.0) < 1.0)  # (B,)
-    beta = beta_eq / torch.where(scale > 0, scale, torch.ones_like(scale))  # (B, d)
+    beta = beta_eq / torch.where(scale > 0, scale, torch.ones_like(scale))  # (B, d) scaled units
     beta = beta.masked_fill(ill[:, None], float("nan"))
-    x_bar, y_bar = cx + mxs, cy + mys  # (B, d), (B,)
-    return {"x_bar": x_bar, "y_bar": y_bar, "beta": beta, "intercept": y_bar - (x_bar * beta).sum(dim=1),
-            "kappa": kappa, "gamma": gamma, "ill_posed": ill, "_shift": cx, "_mxs": mxs}  # noqa: E501
+    x_bar, y_bar = cx + mxs, cy + mys  # (B, d), (B,) scaled units
+    intercept = ldexp(y_bar - (x_bar * beta).sum(dim=1), ky)  # y_bar - x_bar . beta, formed in scaled units
+    return {"x_bar": ldexp(x_bar, kx), "y_bar": ldexp(y_bar, ky), "beta": ldexp(beta, ky[:, None] - kx),
+            "intercept": intercept, "kappa": kappa, "gamma": gamma, "ill_posed": ill,
+            "_kx": kx, "_ky": ky, "_shift": cx, "_mxs": mxs, "_y_bar": y_bar, "_beta": beta}
 
 
 def ols_predict_mv(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor,
@@ -121,6 +152,6 @@ def ols_predict_mv(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor,
     u = u[:, None] if u.ndim == 1 else u  # (B, d)
     if u.shape != fit["x_bar"].shape:
         raise ValueError(f"x_query: expected shape {tuple(fit['x_bar'].shape)} (got {tuple(x_query.shape)})")
-    du = (u - fit["_shift"]) - fit["_mxs"]  # (B, d): u - x_bar, from the shifted values
-    pred = fit["y_bar"] + (du * fit["beta"]).sum(dim=1)  # (B,)
+    du = (u * pow2(-fit["_kx"], dtype) - fit["_shift"]) - fit["_mxs"]  # (B, d): (u - x_bar) 2^-kx, shifted
+    pred = ldexp(fit["_y_bar"] + (du * fit["_beta"]).sum(dim=1), fit["_ky"])  # (B,)
     return pred.masked_fill(~torch.isfinite(pred), float("nan"))

@@ -12,7 +12,8 @@ import scipy.linalg
 import torch
 
 from icl_bench.solvers.gd_mv import gd_predict_mv
-from icl_bench.prompts.ols_mv import ols_predict_mv
+from icl_bench.prompts.ols import ldexp, pow2
+from icl_bench.prompts.ols_mv import SHIFT_SAMPLES, column_exponents, ols_predict_mv
 from icl_bench.prompts.generator import PromptBatch
 from icl_bench.prompts.multivariate import make_tokens_mv, n_regressors
 from icl_bench.solvers.base import SkipCell, nan_if_ill_posed
@@ -36,17 +37,43 @@ def ols_mv(batch: PromptBatch) -> torch.Tensor:
 
 
 def scipy_lstsq_mv(batch: PromptBatch) -> torch.Tensor:
-    """`scipy-lstsq` for d > 1: scipy.linalg.lstsq on [1, X] per prompt (float64), NaN where the
-    float64 reference is NaN (ill-posed by its conditioning rule), (B,) in batch.dtype."""
+    """`scipy-lstsq` for d > 1: scipy.linalg.lstsq on [1, X] per prompt (float64) after exact scaling
+    and centring, NaN where the float64 reference is NaN (ill-posed by its conditioning rule), (B,)
+    in batch.dtype.
+
+    Per prompt, before the solve (the maps of icl_bench/prompts/ols_mv.py; OLS is equivariant under
+    each, so the answer is the same, and the query gets the same maps):
+      1. x_j *= 2^-kx_j, y *= 2^-ky, kx_j and ky the binary exponents of max_i |x_ij| and max |y|
+         (exact; every value below 1, so nothing over- or underflows at any finite scale);
+      2. shift by the mean of the first SHIFT_SAMPLES scaled rows, then centre (x and y): lstsq never
+         sees an offset, which it would otherwise carry in the ones column (x = 1e8 + z: relative
+         errors up to 500 on the raw design);
+      3. x~_j *= 2^-e_j, e_j the binary exponent of max_i |x~_ij| (exact): every column of the design
+         is of size ~1, so lstsq's rank cut (eps sigma_max) and backward error are those of the
+         centred problem.
+    The prediction is 2^ky (y_bar' + theta_0 + theta . u~), theta = lstsq([1, X~], y~)."""
     x = batch.x.detach().cpu().double().numpy()  # (B, N, d)
     y = batch.y.detach().cpu().double().numpy()  # (B, N)
     u = batch.x_query.detach().cpu().double().numpy()  # (B, d)
-    ok = torch.isfinite(batch.ols_prediction).cpu().numpy()
-    out = np.full(x.shape[0], np.nan)
-    for i in np.nonzero(ok)[0]:
-        design = np.column_stack([np.ones(x.shape[1]), x[i]])  # (N, d+1)
-        coef = scipy.linalg.lstsq(design, y[i])[0]
-        out[i] = coef[0] + coef[1:] @ u[i]
+    ok = torch.isfinite(batch.ols_prediction).cpu().numpy()  # (B,)
+    x, y, u = x[ok], y[ok], u[ok]  # the steps below, batched over the prompts lstsq will see
+    kx = np.frexp(np.abs(x).max(axis=1))[1]  # (b, d) (step 1)
+    ky = np.frexp(np.abs(y).max(axis=1))[1]  # (b,)
+    xs, ys, us = np.ldexp(x, -kx[:, None]), np.ldexp(y, -ky[:, None]), np.ldexp(u, -kx)  # exact
+    k = min(x.shape[1], SHIFT_SAMPLES)
+    cx, cy = xs[:, :k].mean(axis=1), ys[:, :k].mean(axis=1)  # (b, d), (b,) the shift (step 2)
+    xp, yp = xs - cx[:, None], ys - cy[:, None]
+    mx, my = xp.mean(axis=1), yp.mean(axis=1)
+    xt, yt, du = xp - mx[:, None], yp - my[:, None], (us - cx) - mx  # centred; u - x_bar in the same units
+    e = np.frexp(np.abs(xt).max(axis=1))[1]  # (b, d) (step 3)
+    with np.errstate(over="ignore", invalid="ignore"):  # a query or answer beyond float64: NaN below
+        xt, du = np.ldexp(xt, -e[:, None]), np.ldexp(du, -e)
+        fit = np.empty(len(x))  # (b,) theta_0 + theta . u~
+        for i in range(len(x)):
+            coef = scipy.linalg.lstsq(np.column_stack([np.ones(x.shape[1]), xt[i]]), yt[i])[0]  # (d+1,)
+            fit[i] = coef[0] + coef[1:] @ du[i]
+        out = np.full(ok.shape[0], np.nan)
+        out[ok] = np.ldexp((cy + my) + fit, ky)
     pred = torch.from_numpy(out).to(device=batch.device, dtype=batch.dtype)
     return nan_if_ill_posed(pred, batch)
 
@@ -66,17 +93,36 @@ def r_lost_mv(tokens: torch.Tensor, R: float) -> torch.Tensor:
     return tokens[..., :-1].abs().amax(dim=(1, 2)) * torch.finfo(tokens.dtype).eps >= R
 
 
+def _centre(v: torch.Tensor, q: torch.Tensor | None = None):
+    """Shift by the mean of the first SHIFT_SAMPLES rows, then centre (as icl_bench/prompts/ols_mv.py):
+    v (B, N, m) scaled values -> (centred v (B, N, m), mean (B, m), q - mean (B, m) or None)."""
+    c = v[:, :SHIFT_SAMPLES].mean(dim=1)  # (B, m)
+    vs = v - c[:, None]
+    m = vs.mean(dim=1)  # (B, m)
+    return vs - m[:, None], c + m, None if q is None else (q - c) - m
+
+
 def standardize_mv(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor):
     """Per prompt and column, from the context only: x' = (x - x_bar) / s_x, u' likewise,
     y' = (y - y_bar) / s_y (population standard deviations; 1 where a column is constant).
     OLS is equivariant: ols(x, y, u) = y_bar + s_y * ols(x', y', u').
-    Args: x (B, N, d), y (B, N), u (B, d). Returns (x', y', u', y_bar (B,), s_y (B,))."""
-    xb, yb = x.mean(1, keepdim=True), y.mean(1, keepdim=True)  # (B, 1, d), (B, 1)
-    sx = (x - xb).pow(2).mean(1, keepdim=True).sqrt()
-    sy = (y - yb).pow(2).mean(1, keepdim=True).sqrt()
+
+    Scale-safe: each column of x and y is first multiplied by 2^-k, k the binary exponent of its
+    max |value| (`column_exponents`, exact), shifted by the mean of its first SHIFT_SAMPLES rows and
+    centred, so no square under- or overflows at any finite scale (x = 1e-200 z or 1e200 z), and an
+    offset (x = 1e8 + z) costs one rounding relative to the spread, not to |x|. x', y', u' come out
+    of the scaled values directly; y_bar and s_y are mapped back (they overflow only where y's own
+    mean or spread exceeds the dtype's range).
+    Args: x (B, N, d), y (B, N), u (B, d), one float dtype. Returns (x', y', u' in that dtype,
+    y_bar (B,), s_y (B,)); a prompt with a NaN / inf gets NaN in its own rows only."""
+    kx, ky = column_exponents(x), column_exponents(y[..., None])  # (B, d), (B, 1)
+    px, py = pow2(-kx, x.dtype), pow2(-ky, x.dtype)  # exact 2^-k
+    xt, _, ut = _centre(x * px[:, None], u * px)  # (B, N, d), _, (B, d)
+    yt, yb, _ = _centre((y * py)[..., None])  # (B, N, 1), (B, 1)
+    sx, sy = xt.pow(2).mean(1).sqrt(), yt.pow(2).mean(1).sqrt()  # (B, d), (B, 1), scaled units
     sx = torch.where(sx > 0, sx, torch.ones_like(sx))
     sy = torch.where(sy > 0, sy, torch.ones_like(sy))
-    return (x - xb) / sx, (y - yb) / sy, (u - xb[:, 0]) / sx[:, 0], yb[:, 0], sy[:, 0]
+    return xt / sx[:, None], (yt / sy[:, None])[..., 0], ut / sx, ldexp(yb, ky)[:, 0], ldexp(sy, ky)[:, 0]
 
 
 def ln_inputs_mv(batch: PromptBatch, standardize: bool):
