@@ -134,3 +134,20 @@ def test_standardize_is_scale_free(scale):
     f32 = make_batch_mv(z * 1e-30, y, zu * 1e-30, R=100.0, dtype="float32")
     p32 = ln_closed_form_mv(f32, build_ln_construction_mv(100.0, 2, dtype=torch.float32), standardize=True)
     assert ((p32.double() - f32.ols_prediction) ** 2).mean() < 1e-4 * f32.ols_prediction.var()
+
+
+def test_outliers_among_the_first_rows_do_not_make_a_well_posed_prompt_nan():
+    """The shift is the mean of the first 8 rows: eight rows at 1e3 ahead of 2e4 standard-normal
+    ones gave gamma = 50, and N eps kappa gamma >= 1 made float32 `ols` answer NaN on a prompt
+    with kappa = 28 (the d > 1 form of the refined shift; icl_bench/prompts/ols_mv.py step 1b)."""
+    from icl_bench import get_solver
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 20000, 2, generator=g, dtype=torch.float64)
+    x[:, :8] += 1e3
+    y = x @ torch.tensor([1.0, -2.0], dtype=torch.float64) + 0.5 + 0.1 * torch.randn(1, 20000, generator=g, dtype=torch.float64)
+    batch = make_batch_mv(x.numpy(), y.numpy(), np.array([[0.5, 0.5]]), R=100.0, dtype="float32")
+    fit = ols_fit_mv(batch.x, batch.y, torch.float32)
+    assert float(fit["gamma"][0]) <= 2.0 and not bool(fit["ill_posed"][0])
+    ref = float(batch.ols_prediction[0])
+    assert abs(float(get_solver("ols").predict(batch)[0]) - ref) <= 1e-3 * max(1.0, abs(ref))

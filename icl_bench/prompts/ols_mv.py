@@ -18,6 +18,11 @@ How it is computed (every step batched over prompts, in float64):
   1. shift: c = mean of the first SHIFT_SAMPLES scaled rows of x (and of y); x' = x - c. For data far
      from 0 (x = 1.7e9 + j) the shifted values are small and exact or nearly so (Sterbenz), so the
      centring below cancels nothing of size |x| (the idea of the shifted algorithm in icl_bench/prompts/ols.py).
+     1b. where that shift lies far from the mean (||x'_j|| > 2 ||X~_j|| in a column, or the same in
+     y: outliers among the first rows), it moves to c + mean(x') and steps 1-2 run again, up to
+     REFINE_PASSES times (as `_refined` in icl_bench/prompts/ols.py): gamma below multiplies the
+     rounding, and eight rows at 1e3 ahead of 2e4 standard-normal ones gave gamma = 50 and NaN
+     (N eps kappa gamma >= 1) in float32 on a prompt with kappa = 28.
   2. centre: X~ = x' - mean(x'), y~ = y' - mean(y').
   3. equilibrate: A = X~ D^-1, D = diag(max_i |X~_ij|) (column scaling leaves the fitted prediction
      unchanged).
@@ -44,14 +49,14 @@ to delta * sigma_max, so the answer has no correct digit once N * eps * kappa * 
                     (kappa = inf when a column of X~ is exactly 0 or N <= d).
 
 The shift c is a mean of the prompt's own values, so gamma stays bounded (docs/accuracy.md, "The
-criterion"); for d = 1 (kappa = 1) the rule then fires only for exactly equal x, the criterion of
+criterion"), and after step 1b it is at most 2 (sqrt(REFINE)) unless REFINE_PASSES did not suffice; for d = 1 (kappa = 1) the rule then fires only for exactly equal x, the criterion of
 icl_bench/prompts/ols.py. Predictions are NaN there (never +-inf).
 """
 from __future__ import annotations
 
 import torch
 
-from icl_bench.prompts.ols import exp_clamp, ldexp, pow2
+from icl_bench.prompts.ols import REFINE, REFINE_PASSES, exp_clamp, ldexp, pow2
 
 SHIFT_SAMPLES = 8  # rows of x (and y) whose mean is the shift c
 
@@ -104,9 +109,15 @@ def ols_fit_mv(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype = torch.floa
     y = y * pow2(-ky, dtype)[:, None]  # (B, N)
     k = min(N, SHIFT_SAMPLES)
     cx, cy = x[:, :k].mean(dim=1), y[:, :k].mean(dim=1)  # (B, d), (B,)
-    xs, ys = x - cx[:, None], y - cy[:, None]  # (B, N, d), (B, N): shifted
-    mxs, mys = xs.mean(dim=1), ys.mean(dim=1)  # (B, d), (B,)
-    xt, yt = xs - mxs[:, None], ys - mys[:, None]  # centred
+    for rounds in range(REFINE_PASSES + 1):  # step 1b: a shift far from the mean moves to it
+        xs, ys = x - cx[:, None], y - cy[:, None]  # (B, N, d), (B, N): shifted
+        mxs, mys = xs.mean(dim=1), ys.mean(dim=1)  # (B, d), (B,)
+        xt, yt = xs - mxs[:, None], ys - mys[:, None]  # centred
+        far = ((xs * xs).sum(dim=1) > REFINE * (xt * xt).sum(dim=1)).any(dim=1) | \
+            ((ys * ys).sum(dim=1) > REFINE * (yt * yt).sum(dim=1))  # (B,): gamma > 2 in a column or in y
+        if rounds == REFINE_PASSES or B == 0 or not bool(far.any()):
+            break
+        cx, cy = torch.where(far[:, None], cx + mxs, cx), torch.where(far, cy + mys, cy)
     scale = xt.abs().amax(dim=1)  # (B, d) column max |X~_j|
     zero_col = (scale == 0).any(dim=1)  # (B,) a column with no spread at all
     A = xt / torch.where(scale > 0, scale, torch.ones_like(scale))[:, None]  # (B, N, d) equilibrated
