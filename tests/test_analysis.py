@@ -138,6 +138,22 @@ def test_shuffled_entries_keep_values_and_zeros_and_lose_the_similarity(construc
     assert similarity(shuffled, construction)[0] < 0.5  # measured 0 - 0.29 over 5 seeds
 
 
+def test_the_shuffled_null_is_nan_only_where_the_similarity_cannot_compare(monkeypatch):
+    """The seed table's shuffled null: NaN for shapes the similarity refuses (ConfigError); any
+    other error propagates (it used to catch every exception, so a bug read as NaN)."""
+    from benchmarks.experiments import mechanism_table
+    from icl_bench.solvers.transformer import Transformer, TransformerConfig
+
+    assert math.isnan(mechanism_table.shuffled_similarity(Transformer(TransformerConfig(d_model=5, n_heads=1)), 100.0))
+
+    def broken(*a, **k):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(mechanism_table, "similarity", broken)
+    with pytest.raises(ZeroDivisionError):
+        mechanism_table.shuffled_similarity(Transformer(TransformerConfig()), 100.0)
+
+
 def test_similarity_rejects_other_architectures(construction):
     three = Transformer(TransformerConfig(n_layers=3)).to(torch.float64)
     with pytest.raises(ConfigError, match="3 layers"):

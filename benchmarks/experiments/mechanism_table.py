@@ -26,6 +26,7 @@ import pandas as pd
 from icl_bench.analysis.fingerprint import CLOSED_FORM_TOL, classify, default_prompts, gd_reference, profile, transforms
 from icl_bench.analysis.lnfunc import ln_functional
 from icl_bench.analysis.similarity import shuffle_entries, similarity
+from icl_bench.errors import ConfigError
 from icl_bench.solvers.checkpoint import load_checkpoint
 from icl_bench.solvers.ln_closed_form import build_construction
 from icl_bench.training.augment import exact_zero_fraction
@@ -85,7 +86,7 @@ def analyse(path: Path, gd_cache: dict, n_prompts: int) -> dict:
     row.update(functional(model, R, gd_cache, n_prompts))
     try:
         row["similarity"] = similarity(model.double(), build_construction(R, model.cfg.keys), seed=0)[0]
-    except Exception as exc:  # a model the similarity cannot align (reported, not hidden)
+    except ConfigError as exc:  # a model the similarity cannot align (its shapes; reported, not hidden)
         row["similarity"], row["similarity_error"] = math.nan, str(exc)
     row["similarity_shuffled"] = shuffled_similarity(model, R)
     row["exact_zero"] = exact_zero_fraction(model)
@@ -96,11 +97,12 @@ def analyse(path: Path, gd_cache: dict, n_prompts: int) -> dict:
 def shuffled_similarity(model, R: float, seeds=(0, 1, 2)) -> float:
     """The matched null of the model's similarity: its mean over `seeds` shuffles of each weight
     matrix's entries (icl_bench.analysis.similarity.shuffle_entries: same values and zeros, no
-    structure); NaN if the similarity cannot align it."""
+    structure); NaN if the similarity cannot align it (ConfigError: shapes it cannot compare, as
+    for the similarity itself); any other error is a bug and propagates."""
     ref = build_construction(R, model.cfg.keys)
     try:
         return sum(similarity(shuffle_entries(model.double(), s), ref, seed=0)[0] for s in seeds) / len(seeds)
-    except Exception:  # as for the similarity itself: reported as NaN
+    except ConfigError:
         return math.nan
 
 
