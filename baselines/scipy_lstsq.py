@@ -40,14 +40,17 @@ class ScipyLstsq(Solver):
         out = np.full(x.shape[0], np.nan)
         for i in np.flatnonzero(~bad):
             kx, ky = np.frexp(np.abs(x[i]).max())[1], np.frexp(np.abs(y[i]).max())[1]
-            xs, ys, us = np.ldexp(x[i], -kx), np.ldexp(y[i], -ky), np.ldexp(u[i], -kx)  # exact scaling
+            with np.errstate(over="ignore"):  # u far beyond tiny data: inf, answered below as intercept + slope u
+                xs, ys, us = np.ldexp(x[i], -kx), np.ldexp(y[i], -ky), np.ldexp(u[i], -kx)  # exact scaling
             c = xs.mean()
             xc = xs - c  # (N,) centred
             kc = np.frexp(np.abs(xc).max())[1]  # the centred column scaled to max |.| in [1/2, 1): x a few
             design = np.column_stack([np.ones_like(xs), np.ldexp(xc, -kc)])  # ulps apart is rank 2 too; (N, 2)
             coef, _, rank, _ = scipy.linalg.lstsq(design, ys)
             if rank == 2:  # the centred, scaled design of a non-constant x has full rank
-                with np.errstate(over="ignore"):  # an answer beyond float64: inf, made NaN below
+                with np.errstate(over="ignore", invalid="ignore"):  # an answer beyond float64: inf, made NaN below
                     out[i] = np.ldexp(coef[0] + coef[1] * np.ldexp(us - c, -kc), ky)
+                    if not np.isfinite(out[i]):  # the scaled query overflowed: the fit in unscaled units
+                        out[i] = np.ldexp(coef[0] - coef[1] * np.ldexp(c, -kc), ky) + np.ldexp(coef[1], ky - kx - kc) * u[i]
         pred = torch.from_numpy(out).to(device=batch.device, dtype=batch.dtype)  # (B,)
         return pred.masked_fill(~torch.isfinite(pred), float("nan"))  # an overflow is no answer: NaN, not inf

@@ -151,3 +151,15 @@ def test_outliers_among_the_first_rows_do_not_make_a_well_posed_prompt_nan():
     assert float(fit["gamma"][0]) <= 2.0 and not bool(fit["ill_posed"][0])
     ref = float(batch.ols_prediction[0])
     assert abs(float(get_solver("ols").predict(batch)[0]) - ref) <= 1e-3 * max(1.0, abs(ref))
+
+
+def test_a_query_far_beyond_tiny_data_is_answered_for_d_above_1():
+    """x ~ 1e-300 (d = 3), u = (1e10, 0, 0): the answer 1e10 is in range but u 2^-kx overflowed,
+    and the reference answered NaN since its per-column scaling (found by a review)."""
+    from icl_bench.prompts.ols_mv import ols_predict_mv
+
+    g = torch.Generator().manual_seed(0)
+    x = 1e-300 * torch.randn(1, 50, 3, generator=g, dtype=torch.float64)
+    y = x @ torch.tensor([1.0, 2.0, -1.0], dtype=torch.float64)
+    pred = ols_predict_mv(x, y, torch.tensor([[1e10, 0.0, 0.0]], dtype=torch.float64))
+    assert float(pred[0]) == pytest.approx(1e10, rel=1e-9)

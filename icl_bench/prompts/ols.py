@@ -147,20 +147,25 @@ def _refined(x: torch.Tensor, y: torch.Tensor, c: torch.Tensor, s: torch.Tensor 
     if x.shape[0] == 0:
         return c, G
     grad = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad)
+    idx = None  # the prompts still to look at: all, then those just moved
     for _ in range(REFINE_PASSES):
-        o = G[:, 0] / N  # (B, 2): means of x', y'
-        sq = torch.stack([G[:, 1, 0], G[:, 2, 1]], dim=1)  # (B, 2): sum x'^2, sum y'^2
-        far = (sq > REFINE * (sq - G[:, 0] * o)).any(dim=1) & torch.isfinite(o).all(dim=1)  # (B,); NaN: False
+        Gi = G if idx is None else G[idx]
+        sq = Gi[:, 1:].diagonal(dim1=1, dim2=2)  # (n, 2) view: sum x'^2, sum y'^2
+        # sum' v^2 > REFINE (sum' v^2 - (sum' v)^2 / N) as (REFINE - 1) N sum' v^2 < REFINE (sum' v)^2: fewer
+        # passes; a NaN or inf sum compares False (inf - inf), so such a prompt is never moved
+        far = ((sq * ((REFINE - 1) * N) - Gi[:, 0].square() * REFINE) < 0).any(dim=1)  # (n,)
         if not bool(far.any()):
             break
+        o = Gi[:, 0] / N  # (n, 2): means of x', y'
         if grad:  # every prompt again, without in-place writes
             c = torch.where(far[:, None], c + o, c)
             G = _sums(x, y, c, s)
             continue
-        idx = far.nonzero().squeeze(1)
+        sub = far.nonzero().squeeze(1) if idx is None else idx[far]  # (m,) prompt indices
         c = c.clone()
-        c[idx] = c[idx] + o[idx]
-        G[idx] = _sums(x[idx], y[idx], c[idx], None if s is None else s[idx])
+        c[sub] = c[sub] + o[far]
+        G[sub] = _sums(x[sub], y[sub], c[sub], None if s is None else s[sub])
+        idx = sub
     return c, G
 
 
@@ -264,8 +269,14 @@ def ols_predict(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor) -> torc
     redo = fast & ~torch.isfinite(pred) & torch.isfinite(x_query)  # an intermediate overflowed unscaled
     if bool(redo.any()):
         idx = redo.nonzero().squeeze(1)
-        kx, ky, cx, ox, yb, beta, _ = _scaled_moments(x[idx], y[idx])
-        pred[idx] = ldexp(torch.addcmul(yb, beta, (x_query[idx] * pow2(-kx, x.dtype) - cx) - ox), ky)
+        for dst, src in zip((kx, ky, cx, ox, yb, beta), _scaled_moments(x[idx], y[idx])):
+            dst[idx] = src
+        pred[idx] = ldexp(torch.addcmul(yb[idx], beta[idx], (x_query[idx] * pow2(-kx[idx], x.dtype) - cx[idx]) - ox[idx]),
+                          ky[idx])
+    far = ~torch.isfinite(pred) & torch.isfinite(x_query) & torch.isfinite(beta)  # (B,)
+    if bool(far.any()):  # the query's scaled form overflowed (|u| 2^-kx, tiny data): intercept + slope u
+        idx = far.nonzero().squeeze(1)
+        pred[idx] = ldexp(yb[idx] - beta[idx] * (cx[idx] + ox[idx]), ky[idx]) + ldexp(beta[idx], ky[idx] - kx[idx]) * x_query[idx]
     return pred.masked_fill(~torch.isfinite(pred), float("nan"))
 
 

@@ -113,8 +113,8 @@ def ols_fit_mv(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype = torch.floa
         xs, ys = x - cx[:, None], y - cy[:, None]  # (B, N, d), (B, N): shifted
         mxs, mys = xs.mean(dim=1), ys.mean(dim=1)  # (B, d), (B,)
         xt, yt = xs - mxs[:, None], ys - mys[:, None]  # centred
-        far = ((xs * xs).sum(dim=1) > REFINE * (xt * xt).sum(dim=1)).any(dim=1) | \
-            ((ys * ys).sum(dim=1) > REFINE * (yt * yt).sum(dim=1))  # (B,): gamma > 2 in a column or in y
+        ss, tt = (xs * xs).sum(dim=1), (xt * xt).sum(dim=1)  # (B, d): ||x'_j||^2, ||X~_j||^2 (every |value| < 2)
+        far = (ss > REFINE * tt).any(dim=1) | ((ys * ys).sum(dim=1) > REFINE * (yt * yt).sum(dim=1))  # (B,): gamma > 2
         if rounds == REFINE_PASSES or B == 0 or not bool(far.any()):
             break
         cx, cy = torch.where(far[:, None], cx + mxs, cx), torch.where(far, cy + mys, cy)
@@ -131,9 +131,7 @@ def ols_fit_mv(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype = torch.floa
         kappa = torch.full((B,), float("inf"), dtype=x.dtype, device=x.device)
         beta_eq = torch.zeros(B, d, dtype=x.dtype, device=x.device)
     kappa = torch.where(zero_col | ~torch.isfinite(kappa), float("inf"), kappa)
-    norm_s = torch.linalg.vector_norm(xs / torch.where(scale > 0, scale, torch.ones_like(scale))[:, None], dim=1)
-    norm_t = torch.linalg.vector_norm(A, dim=1)  # (B, d)
-    gamma = (norm_s / norm_t).amax(dim=1)  # (B,) >= 1; NaN only with a zero column (then kappa = inf)
+    gamma = (ss / tt).sqrt().amax(dim=1)  # (B,) max_j ||x'_j|| / ||X~_j|| >= 1; NaN only with a zero column (kappa = inf)
     eps = torch.finfo(dtype).eps
     ill = ~finite | ~(N * eps * kappa * torch.nan_to_num(gamma, nan=1.0) < 1.0)  # (B,)
     beta = beta_eq / torch.where(scale > 0, scale, torch.ones_like(scale))  # (B, d) scaled units
@@ -165,4 +163,7 @@ def ols_predict_mv(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor,
         raise ValueError(f"x_query: expected shape {tuple(fit['x_bar'].shape)} (got {tuple(x_query.shape)})")
     du = (u * pow2(-fit["_kx"], dtype) - fit["_shift"]) - fit["_mxs"]  # (B, d): (u - x_bar) 2^-kx, shifted
     pred = ldexp(fit["_y_bar"] + (du * fit["_beta"]).sum(dim=1), fit["_ky"])  # (B,)
+    far = ~torch.isfinite(pred) & torch.isfinite(u).all(dim=1) & ~fit["ill_posed"]  # (B,)
+    if u.shape[0] and bool(far.any()):  # the query's scaled form overflowed (|u| 2^-kx, tiny data): intercept + u . beta
+        pred = torch.where(far, fit["intercept"] + (u * fit["beta"]).sum(dim=1), pred)
     return pred.masked_fill(~torch.isfinite(pred), float("nan"))
