@@ -72,20 +72,18 @@ def blocking_file(path: str | Path) -> Path | None:
 
 def cannot_create(path: str | Path) -> str | None:
     """Why no file could be created at `path`, or None: its folder (or, where that is still to be
-    made, the nearest existing folder above it) does not take new files. An existing folder is
-    tried with a nameless temporary file (a read-only mount, /proc); one still to be made is
-    checked with os.access. For checks before long work whose result would then be lost."""
+    made, the nearest existing folder above it) does not take new files: tried with a nameless
+    temporary file there, which a read-only mount or /proc refuses even to root (os.access says
+    yes to root on /proc). For checks before long work whose result would then be lost."""
     folder = Path(path).absolute().parent
     base = next((p for p in (folder, *folder.parents) if p.exists()), None)
     if base is None or not base.is_dir():
         return f"{base} is not a folder"
-    if base != folder:
-        return None if os.access(base, os.W_OK | os.X_OK) else f"{base} is not a writable folder"
     try:
-        with tempfile.TemporaryFile(dir=folder):
+        with tempfile.TemporaryFile(dir=base):
             pass
     except OSError as exc:
-        return f"{folder}: {exc.strerror or exc}"
+        return f"{base}: {exc.strerror or exc}"
     return None
 
 
