@@ -73,6 +73,25 @@ def test_a_query_far_beyond_tiny_data_is_answered():
         assert _pred(name, {}, batch) == pytest.approx(3e10, rel=1e-12), name
 
 
+def test_scipy_lstsq_on_a_constant_y_and_beyond_float64():
+    """Found by a numerical review: with y constant at 1e200 and u = 1e300 lstsq's slope of -2e-17
+    (not 0) overflowed into NaN (y is now shifted by one of its own values: the slope is exactly 0),
+    and x = (1, 2, 3) 1e-300, y = (0.1, 0.3, 0.1), u = 1e100, whose answer (~ -5e382) is beyond
+    float64, got y_bar (it now answers NaN where the float64 reference does)."""
+    batch = make_batch([[1.0, 2.0, 4.0]], [[1e200] * 3], [1e300], R=100.0)
+    assert _pred("scipy-lstsq", {}, batch) == 1e200 == float(batch.ols_prediction[0])
+    batch = make_batch([[1e-300, 2e-300, 3e-300]], [[0.1, 0.3, 0.1]], [1e100], R=100.0)
+    assert math.isnan(float(batch.ols_prediction[0])) and math.isnan(_pred("scipy-lstsq", {}, batch))
+
+
+def test_exact_ols_gives_an_infinite_condition_instead_of_raising():
+    """Tiny data and a far query: the sensitivities are beyond float64 and float() of those
+    rationals raised OverflowError (found by a numerical review); k and kappa are now inf."""
+    e = exact_ols([1e-300, 2e-300, 7e-300], [1e-300, 2e-300, 4e-300], 1e10)
+    assert e.k == math.inf and e.kappa == math.inf
+    assert exact_ols([1e-300, 2e-300, 3e-300], [0.1, 0.3, 0.1], 1e100).err(0.0) == math.inf  # answer beyond float64
+
+
 def test_criterion_does_not_tighten_with_N():
     """The old test Sxx <= N eps sum x^2 rejected more prompts as N grew: x = 1e6 + z."""
     for N in (10, 1000, 20000):

@@ -163,3 +163,14 @@ def test_a_query_far_beyond_tiny_data_is_answered_for_d_above_1():
     y = x @ torch.tensor([1.0, 2.0, -1.0], dtype=torch.float64)
     pred = ols_predict_mv(x, y, torch.tensor([[1e10, 0.0, 0.0]], dtype=torch.float64))
     assert float(pred[0]) == pytest.approx(1e10, rel=1e-9)
+
+
+def test_scipy_lstsq_answers_a_query_far_beyond_tiny_data_for_d_above_1():
+    """x ~ 1e-300 (d = 2), u = (1e10, 1e10), answer 3e10: scipy-lstsq answered NaN, lacking the
+    reference's fallback to intercept + slope . u (found by a numerical review)."""
+    from icl_bench import get_solver
+
+    p = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 1.0]])
+    batch = make_batch_mv((p * 1e-300)[None], ((p[:, 0] + 2 * p[:, 1]) * 1e-300)[None], np.array([[1e10, 1e10]]), R=100.0)
+    assert float(batch.ols_prediction[0]) == pytest.approx(3e10, rel=1e-12)
+    assert float(get_solver("scipy-lstsq").predict(batch)[0]) == pytest.approx(3e10, rel=1e-12)

@@ -25,6 +25,14 @@ def _ints(values) -> tuple[list[int], int]:
     return [n * (D // d) for n, d in ratios], D
 
 
+def _f(q) -> float:
+    """float(q) for a rational, +-inf where it is beyond float64 (float() raises OverflowError)."""
+    try:
+        return float(q)
+    except OverflowError:
+        return math.inf if q > 0 else -math.inf
+
+
 @dataclass
 class Exact:
     """The exact OLS of one prompt: prediction y_hat (Fraction), slope b, y_scale = max|y|
@@ -39,19 +47,22 @@ class Exact:
     @property
     def kappa(self) -> float:
         """K / |y_hat|: the relative condition number (inf where y_hat = 0)."""
-        return math.inf if self.y_hat == 0 else float(Fraction(self.k) * self.y_scale / abs(self.y_hat))
+        if self.y_hat == 0 or not math.isfinite(self.k):
+            return math.inf
+        return _f(Fraction(self.k) * self.y_scale / abs(self.y_hat))
 
     def err(self, pred: float) -> float:
         """|pred - y_hat| / y_scale, exactly computed then rounded (inf for a non-finite pred)."""
         if not math.isfinite(pred):
             return math.inf
-        return float(abs(Fraction(pred) - self.y_hat) / self.y_scale)
+        return _f(abs(Fraction(pred) - self.y_hat) / self.y_scale)
 
 
 def exact_ols(x, y, u) -> Exact | None:
     """Exact OLS of the given floats (sequences of N >= 2 finite floats, finite u); None when all
     x are equal (exactly degenerate). K = max|x| sum_i |d y_hat / d x_i| + max|y| sum_i |d y_hat /
-    d y_i| + |u| |d y_hat / d u| (normwise first-order sensitivity, docs/accuracy.md)."""
+    d y_i| + |u| |d y_hat / d u| (normwise first-order sensitivity, docs/accuracy.md); k = inf
+    where a sensitivity is beyond float64 (tiny data, a far query)."""
     X, dx = _ints(x)
     Y, dy = _ints(y)
     N = len(X)
@@ -73,14 +84,16 @@ def exact_ols(x, y, u) -> Exact | None:
     Mx, My = max(abs(v) for v in cx), max(abs(v) for v in cy) or 1
     xi = np.array([v / Mx for v in cx])  # (x_i - x_bar) / max|x - x_bar|
     eta = np.array([v / My for v in cy])
-    C2 = float(delta * Fraction(Mx, N * dx) / Sxx)  # (u - x_bar)(x_i - x_bar)/Sxx = C2 xi_i
-    P = float(mx * delta * Fraction(My, N * dy) / (Sxx * ys))  # mx (u - x_bar)(y_i - y_bar)/(Sxx ys)
-    Q = float(2 * mx * b * delta * Fraction(Mx, N * dx) / (Sxx * ys))
-    bN = float(mx * b / (N * ys))
-    dxi = np.abs(P * eta - Q * xi - bN).sum()  # mx sum |d y_hat/d x_i| / ys
-    dyi = float(my / ys) * np.abs(1.0 / N + C2 * xi).sum()  # my sum |w_i| / ys
-    du = float(abs(U * b) / ys)
-    return Exact(y_hat=y_hat, b=b, k=float(dxi + dyi + du), y_scale=ys)
+    C2 = _f(delta * Fraction(Mx, N * dx) / Sxx)  # (u - x_bar)(x_i - x_bar)/Sxx = C2 xi_i
+    P = _f(mx * delta * Fraction(My, N * dy) / (Sxx * ys))  # mx (u - x_bar)(y_i - y_bar)/(Sxx ys)
+    Q = _f(2 * mx * b * delta * Fraction(Mx, N * dx) / (Sxx * ys))
+    bN = _f(mx * b / (N * ys))
+    with np.errstate(over="ignore", invalid="ignore"):  # a sensitivity beyond float64: K = inf
+        dxi = np.abs(P * eta - Q * xi - bN).sum()  # mx sum |d y_hat/d x_i| / ys
+        dyi = _f(my / ys) * np.abs(1.0 / N + C2 * xi).sum()  # my sum |w_i| / ys
+    du = _f(abs(U * b) / ys)
+    k = float(dxi + dyi + du)
+    return Exact(y_hat=y_hat, b=b, k=k if math.isfinite(k) else math.inf, y_scale=ys)
 
 
 def exact_prediction_mv(x, y, u) -> Fraction | None:

@@ -59,7 +59,8 @@ def scipy_lstsq_mv(batch: PromptBatch) -> torch.Tensor:
     x, y, u = x[ok], y[ok], u[ok]  # the steps below, batched over the prompts lstsq will see
     kx = np.frexp(np.abs(x).max(axis=1))[1]  # (b, d) (step 1)
     ky = np.frexp(np.abs(y).max(axis=1))[1]  # (b,)
-    xs, ys, us = np.ldexp(x, -kx[:, None]), np.ldexp(y, -ky[:, None]), np.ldexp(u, -kx)  # exact
+    with np.errstate(over="ignore"):  # u far beyond tiny data: inf here, answered by the fallback below
+        xs, ys, us = np.ldexp(x, -kx[:, None]), np.ldexp(y, -ky[:, None]), np.ldexp(u, -kx)  # exact
     k = min(x.shape[1], SHIFT_SAMPLES)
     cx, cy = xs[:, :k].mean(axis=1), ys[:, :k].mean(axis=1)  # (b, d), (b,) the shift (step 2)
     xp, yp = xs - cx[:, None], ys - cy[:, None]
@@ -68,12 +69,17 @@ def scipy_lstsq_mv(batch: PromptBatch) -> torch.Tensor:
     e = np.frexp(np.abs(xt).max(axis=1))[1]  # (b, d) (step 3)
     with np.errstate(over="ignore", invalid="ignore"):  # a query or answer beyond float64: NaN below
         xt, du = np.ldexp(xt, -e[:, None]), np.ldexp(du, -e)
-        fit = np.empty(len(x))  # (b,) theta_0 + theta . u~
-        for i in range(len(x)):
-            coef = scipy.linalg.lstsq(np.column_stack([np.ones(x.shape[1]), xt[i]]), yt[i])[0]  # (d+1,)
-            fit[i] = coef[0] + coef[1:] @ du[i]
+        theta = np.stack([scipy.linalg.lstsq(np.column_stack([np.ones(x.shape[1]), xt[i]]), yt[i])[0]
+                          for i in range(len(x))]) if len(x) else np.empty((0, x.shape[2] + 1))  # (b, d+1)
+        fit = theta[:, 0] + (theta[:, 1:] * du).sum(axis=1)  # (b,) theta_0 + theta . u~
+        pred_ok = np.ldexp((cy + my) + fit, ky)
+        far = ~np.isfinite(pred_ok) & np.isfinite(u).all(axis=1)  # the query's scaled form overflowed
+        if far.any():  # intercept + slope . u in unscaled units, as the reference's fallback
+            slope = np.ldexp(theta[far, 1:], ky[far, None] - kx[far] - e[far])  # (f, d)
+            shift = (theta[far, 1:] * np.ldexp(cx[far] + mx[far], -e[far])).sum(axis=1)  # (f,)
+            pred_ok[far] = np.ldexp((cy[far] + my[far]) + theta[far, 0] - shift, ky[far]) + (slope * u[far]).sum(axis=1)
         out = np.full(ok.shape[0], np.nan)
-        out[ok] = np.ldexp((cy + my) + fit, ky)
+        out[ok] = pred_ok
     pred = torch.from_numpy(out).to(device=batch.device, dtype=batch.dtype)
     return nan_if_ill_posed(pred, batch)
 
