@@ -174,3 +174,21 @@ def test_scipy_lstsq_answers_a_query_far_beyond_tiny_data_for_d_above_1():
     batch = make_batch_mv((p * 1e-300)[None], ((p[:, 0] + 2 * p[:, 1]) * 1e-300)[None], np.array([[1e10, 1e10]]), R=100.0)
     assert float(batch.ols_prediction[0]) == pytest.approx(3e10, rel=1e-12)
     assert float(get_solver("scipy-lstsq").predict(batch)[0]) == pytest.approx(3e10, rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype, scale, far", [("float64", 1e-10, 3e298), ("float32", 1e-20, 5e18)])
+def test_the_far_query_fallback_sums_without_overflowing_a_term(dtype, scale, far):
+    """x = p scale, y = 8 p_1 - 7.5 p_2, u = (far, far): the answer (1.5e308; 2.5e38 in float32) is in
+    range, but the fallback's terms u_j beta_j overflow one by one (inf - inf = NaN, found by a
+    numerical review); dot_scaled sums them in units of the largest exponent."""
+    from icl_bench import get_solver
+    from icl_bench.prompts.ols_mv import dot_scaled
+
+    p = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    batch = make_batch_mv((p * scale)[None], (8 * p[:, 0] - 7.5 * p[:, 1])[None], np.array([[far, far]]), R=100.0, dtype=dtype)
+    exact = float(exact_prediction_mv(batch.x[0].double().numpy(), batch.y[0].double().numpy(), batch.x_query[0].double().numpy()))
+    assert float(batch.ols_prediction[0]) == pytest.approx(exact, rel=1e-9)
+    for name in ("ols", "scipy-lstsq"):
+        assert float(get_solver(name).predict(batch)[0]) == pytest.approx(exact, rel=1e-4), name
+    a = torch.tensor([[1e300, 1e300]], dtype=torch.float64)
+    assert float(dot_scaled(a, torch.tensor([[1e10, -1e10]], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64))[0]) == 1.0

@@ -165,5 +165,17 @@ def ols_predict_mv(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor,
     pred = ldexp(fit["_y_bar"] + (du * fit["_beta"]).sum(dim=1), fit["_ky"])  # (B,)
     far = ~torch.isfinite(pred) & torch.isfinite(u).all(dim=1) & ~fit["ill_posed"]  # (B,)
     if u.shape[0] and bool(far.any()):  # the query's scaled form overflowed (|u| 2^-kx, tiny data): intercept + u . beta
-        pred = torch.where(far, fit["intercept"] + (u * fit["beta"]).sum(dim=1), pred)
+        pred = torch.where(far, dot_scaled(u, fit["beta"], fit["intercept"]), pred)
     return pred.masked_fill(~torch.isfinite(pred), float("nan"))
+
+
+def dot_scaled(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """c + sum_j a_j b_j per row, a, b (B, d), c (B,), without an intermediate overflow: each product
+    (one rounding, as a_j b_j) and c are kept as mantissa 2^exponent and summed in units of the
+    largest exponent, so terms of 1e300 and -1e300 cancel where their plain products were inf and
+    inf - inf NaN. +-inf only where the sum overflows; terms 2^-2000 below the largest are dropped."""
+    (ma, ea), (mb, eb), (mc, ec) = torch.frexp(a), torch.frexp(b), torch.frexp(c)
+    m = torch.cat([ma * mb, mc[:, None]], dim=1)  # (B, d + 1): mantissas, |.| < 1
+    e = torch.cat([ea + eb, ec[:, None]], dim=1).to(torch.int64)  # (B, d + 1): exponents
+    E = e.max(dim=1).values.clamp(-2000, 2000)  # (B,): beyond 2000 the sum overflows anyway
+    return ldexp(ldexp(m, (e - E[:, None]).clamp(min=-2000)).sum(dim=1), E)

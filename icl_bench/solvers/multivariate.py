@@ -13,7 +13,7 @@ import torch
 
 from icl_bench.solvers.gd_mv import gd_predict_mv
 from icl_bench.prompts.ols import ldexp, pow2
-from icl_bench.prompts.ols_mv import SHIFT_SAMPLES, column_exponents, ols_predict_mv
+from icl_bench.prompts.ols_mv import SHIFT_SAMPLES, column_exponents, dot_scaled, ols_predict_mv
 from icl_bench.prompts.generator import PromptBatch
 from icl_bench.prompts.multivariate import make_tokens_mv, n_regressors
 from icl_bench.solvers.base import SkipCell, nan_if_ill_posed
@@ -77,7 +77,8 @@ def scipy_lstsq_mv(batch: PromptBatch) -> torch.Tensor:
         if far.any():  # intercept + slope . u in unscaled units, as the reference's fallback
             slope = np.ldexp(theta[far, 1:], ky[far, None] - kx[far] - e[far])  # (f, d)
             shift = (theta[far, 1:] * np.ldexp(cx[far] + mx[far], -e[far])).sum(axis=1)  # (f,)
-            pred_ok[far] = np.ldexp((cy[far] + my[far]) + theta[far, 0] - shift, ky[far]) + (slope * u[far]).sum(axis=1)
+            intercept = np.ldexp((cy[far] + my[far]) + theta[far, 0] - shift, ky[far])  # (f,)
+            pred_ok[far] = dot_scaled(torch.from_numpy(u[far]), torch.from_numpy(slope), torch.from_numpy(intercept)).numpy()
         out = np.full(ok.shape[0], np.nan)
         out[ok] = pred_ok
     pred = torch.from_numpy(out).to(device=batch.device, dtype=batch.dtype)
