@@ -192,3 +192,5 @@ def test_the_far_query_fallback_sums_without_overflowing_a_term(dtype, scale, fa
         assert float(get_solver(name).predict(batch)[0]) == pytest.approx(exact, rel=1e-4), name
     a = torch.tensor([[1e300, 1e300]], dtype=torch.float64)
     assert float(dot_scaled(a, torch.tensor([[1e10, -1e10]], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64))[0]) == 1.0
+    f32 = torch.tensor([[3e38, 3e38]], dtype=torch.float32)  # exponents beyond ldexp's float32 range: 0, not NaN
+    assert float(dot_scaled(f32, f32 * torch.tensor([[1.0, -1.0]]), torch.zeros(1))[0]) == 0.0

@@ -173,9 +173,13 @@ def dot_scaled(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tenso
     """c + sum_j a_j b_j per row, a, b (B, d), c (B,), without an intermediate overflow: each product
     (one rounding, as a_j b_j) and c are kept as mantissa 2^exponent and summed in units of the
     largest exponent, so terms of 1e300 and -1e300 cancel where their plain products were inf and
-    inf - inf NaN. +-inf only where the sum overflows; terms 2^-2000 below the largest are dropped."""
+    inf - inf NaN. +-inf only where the sum overflows. A term more than about 2^-1075 (float32:
+    2^-150) below the largest underflows to 0 in those units, so where the largest terms cancel
+    exactly it is lost (e.g. 1e300 1e300 - 1e300 1e300 + 1 gives 0): an absolute error far below
+    the largest term's rounding, inside the normwise bound of docs/accuracy.md."""
     (ma, ea), (mb, eb), (mc, ec) = torch.frexp(a), torch.frexp(b), torch.frexp(c)
     m = torch.cat([ma * mb, mc[:, None]], dim=1)  # (B, d + 1): mantissas, |.| < 1
     e = torch.cat([ea + eb, ec[:, None]], dim=1).to(torch.int64)  # (B, d + 1): exponents
-    E = e.max(dim=1).values.clamp(-2000, 2000)  # (B,): beyond 2000 the sum overflows anyway
-    return ldexp(ldexp(m, (e - E[:, None]).clamp(min=-2000)).sum(dim=1), E)
+    k = 2 * exp_clamp(a.dtype)  # ldexp's range; beyond it the sum overflows, or a term vanishes, anyway
+    E = e.max(dim=1).values.clamp(-k, k)  # (B,)
+    return ldexp(ldexp(m, (e - E[:, None]).clamp(min=-k)).sum(dim=1), E)
