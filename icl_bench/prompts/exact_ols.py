@@ -92,7 +92,8 @@ def exact_ols(x, y, u) -> Exact | None:
         dxi = np.abs(P * eta - Q * xi - bN).sum()  # mx sum |d y_hat/d x_i| / ys
         dyi = _f(my / ys) * np.abs(1.0 / N + C2 * xi).sum()  # my sum |w_i| / ys
     du = _f(abs(U * b) / ys)
-    k = float(dxi + dyi + du)
+    with np.errstate(over="ignore", invalid="ignore"):
+        k = float(dxi + dyi + du)
     return Exact(y_hat=y_hat, b=b, k=k if math.isfinite(k) else math.inf, y_scale=ys)
 
 
