@@ -71,6 +71,9 @@ def test_a_query_far_beyond_tiny_data_is_answered():
     assert float(batch.ols_prediction[0]) == pytest.approx(3e10, rel=1e-12)
     for name in ("ols", "scipy-lstsq"):
         assert _pred(name, {}, batch) == pytest.approx(3e10, rel=1e-12), name
+    y = (3.0 * x)[None].requires_grad_(True)  # the autograd path at u = 1e9 (also past the scaled form):
+    ols_predict(x[None], y, torch.tensor([1e9], dtype=F64)).sum().backward()  # d/dy was NaN (0 * inf), exact <= 5e307
+    assert torch.isfinite(y.grad).all()
 
 
 def test_scipy_lstsq_on_a_constant_y_and_beyond_float64():

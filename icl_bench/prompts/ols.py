@@ -264,7 +264,9 @@ def ols_predict(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor) -> torc
     # (u - x_bar) 2^-kx as (u 2^-kx - c_x') - o_x': the scaling is exact and u - c_x' cancels
     # without loss near the prompt's offset, where u - (c_x' + o_x') would first round x_bar to the
     # offset's ulp (x = 1e4 + 0.01 z in float32: relative errors of order 1; docs/accuracy.md)
-    d = (x_query * pow2(-kx, x.dtype) - cx) - ox  # (B,)
+    q = x_query * pow2(-kx, x.dtype)  # (B,)
+    over = ~torch.isfinite(q) & torch.isfinite(x_query)  # (B,) u far beyond tiny data: answered below
+    d = (torch.where(over, torch.zeros_like(q), q) - cx) - ox  # no inf in the graph (autograd: 0 * inf)
     pred = ldexp(torch.addcmul(yb, beta, d), ky)  # (B,)
     redo = fast & ~torch.isfinite(pred) & torch.isfinite(x_query)  # an intermediate overflowed unscaled
     if bool(redo.any()):
@@ -273,10 +275,11 @@ def ols_predict(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor) -> torc
             dst[idx] = src
         pred[idx] = ldexp(torch.addcmul(yb[idx], beta[idx], (x_query[idx] * pow2(-kx[idx], x.dtype) - cx[idx]) - ox[idx]),
                           ky[idx])
-    far = ~torch.isfinite(pred) & torch.isfinite(x_query) & torch.isfinite(beta)  # (B,)
+    far = (over | ~torch.isfinite(pred)) & torch.isfinite(x_query) & torch.isfinite(beta)  # (B,)
     if bool(far.any()):  # the query's scaled form overflowed (|u| 2^-kx, tiny data): intercept + slope u
         idx = far.nonzero().squeeze(1)
-        pred[idx] = ldexp(yb[idx] - beta[idx] * (cx[idx] + ox[idx]), ky[idx]) + ldexp(beta[idx], ky[idx] - kx[idx]) * x_query[idx]
+        alt = ldexp(yb[idx] - beta[idx] * (cx[idx] + ox[idx]), ky[idx]) + ldexp(beta[idx], ky[idx] - kx[idx]) * x_query[idx]
+        pred = pred.index_put((idx,), alt)  # out of place: the gradient of the rows replaced is 0
     return pred.masked_fill(~torch.isfinite(pred), float("nan"))
 
 
