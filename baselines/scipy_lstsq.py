@@ -21,7 +21,7 @@ import scipy.linalg
 import torch
 
 from icl_bench import PromptBatch, Solver
-from icl_bench.prompts.ols import ill_posed
+from icl_bench.prompts.ols import SHIFT_SAMPLES, ill_posed
 from icl_bench.solvers.multivariate import scipy_lstsq_mv
 
 
@@ -46,7 +46,7 @@ class ScipyLstsq(Solver):
                 xs, ys, us = np.ldexp(x[i], -kx), np.ldexp(y[i], -ky), np.ldexp(u[i], -kx)  # exact scaling
             c = xs.mean()
             xc = xs - c  # (N,) centred
-            cy = np.sort(ys[:8])[(min(len(ys), 8) - 1) // 2]  # a value of y (the reference's lower median):
+            cy = np.sort(ys[:SHIFT_SAMPLES])[(min(len(ys), SHIFT_SAMPLES) - 1) // 2]  # a value of y (the reference's lower median):
             ys = ys - cy  # exact for a constant y, whose slope is then exactly 0 (not 1e-17 times a far query)
             kc = np.frexp(np.abs(xc).max())[1]  # the centred column scaled to max |.| in [1/2, 1): x a few
             design = np.column_stack([np.ones_like(xs), np.ldexp(xc, -kc)])  # ulps apart is rank 2 too; (N, 2)

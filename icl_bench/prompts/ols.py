@@ -57,11 +57,11 @@ def exp_clamp(dtype: torch.dtype) -> int:
     return math.frexp(torch.finfo(dtype).max)[1] - 24
 
 
-def _exponent(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
-    """(B,) int64 k with max(|lo|, |hi|) < 2^k (0 for zero or non-finite rows), clamped."""
-    m = torch.maximum(lo.abs(), hi.abs())  # (B,)
+def exponent_of(m: torch.Tensor) -> torch.Tensor:
+    """int64 k, shape of m (magnitudes >= 0, any float dtype), with m < 2^k (0 where m is 0 or not
+    finite), clamped to +-exp_clamp(m.dtype): v 2^-k is then exact and below 1 for |v| <= m."""
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    k = exp_clamp(lo.dtype)
+    k = exp_clamp(m.dtype)
     return torch.frexp(m).exponent.to(torch.int64).clamp(-k, k)
 
 
@@ -99,7 +99,8 @@ def _ranges(x: torch.Tensor, y: torch.Tensor):
     """Per prompt of a (n, N) block: ill-posed mask (n,) bool, exponents (kx, ky) (n,) int64,
     exact scale factors s = (2^-kx, 2^-ky) (n, 2) and scaled shifts c (n, 2), in x's dtype."""
     xlo, xhi, ylo, yhi = x.amin(dim=1), x.amax(dim=1), y.amin(dim=1), y.amax(dim=1)  # (n,); NaN propagates
-    kx, ky = _exponent(xlo, xhi), _exponent(ylo, yhi)  # (n,)
+    kx = exponent_of(torch.maximum(xlo.abs(), xhi.abs()))  # (n,)
+    ky = exponent_of(torch.maximum(ylo.abs(), yhi.abs()))
     s = torch.stack([pow2(-kx, x.dtype), pow2(-ky, x.dtype)], dim=1)  # (n, 2)
     n0 = min(x.shape[1], SHIFT_SAMPLES)
     c = torch.stack([(x[:, :n0] * s[:, :1]).mean(dim=1), (y[:, :n0] * s[:, 1:]).mean(dim=1)], dim=1)  # (n, 2)

@@ -49,14 +49,15 @@ to delta * sigma_max, so the answer has no correct digit once N * eps * kappa * 
                     (kappa = inf when a column of X~ is exactly 0 or N <= d).
 
 The shift c is a mean of the prompt's own values, so gamma stays bounded (docs/accuracy.md, "The
-criterion"), and after step 1b it is at most 2 (sqrt(REFINE)) unless REFINE_PASSES did not suffice; for d = 1 (kappa = 1) the rule then fires only for exactly equal x, the criterion of
+criterion"), and after step 1b it is at most 2 (sqrt(REFINE)) unless REFINE_PASSES did not
+suffice; for d = 1 (kappa = 1) the rule then fires only for exactly equal x, the criterion of
 icl_bench/prompts/ols.py. Predictions are NaN there (never +-inf).
 """
 from __future__ import annotations
 
 import torch
 
-from icl_bench.prompts.ols import REFINE, REFINE_PASSES, exp_clamp, ldexp, pow2
+from icl_bench.prompts.ols import REFINE, REFINE_PASSES, exp_clamp, exponent_of, ldexp, pow2
 
 SHIFT_SAMPLES = 8  # rows of x (and y) whose mean is the shift c
 
@@ -70,10 +71,7 @@ def column_exponents(x: torch.Tensor) -> torch.Tensor:
     """Per prompt and column of x (B, N, d), any float dtype: (B, d) int64 k with max_i |x_ij| < 2^k
     (0 for a zero column or one holding a NaN / inf), clamped to +-exp_clamp(x.dtype), so that
     x_ij 2^-k is exact and below 1 in magnitude (below 2^24 at the clamp)."""
-    m = x.abs().amax(dim=1)  # (B, d); NaN / inf propagate
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    k = exp_clamp(x.dtype)
-    return torch.frexp(m).exponent.to(torch.int64).clamp(-k, k)
+    return exponent_of(x.abs().amax(dim=1))  # (B, d); NaN / inf propagate to 0
 
 
 def ols_fit_mv(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
