@@ -14,6 +14,11 @@ Families (R = 100, masked key set, float64; the reference is build_construction(
     uniform      U(-1, 1)
     shuffled     the construction with each weight matrix's entries permuted at random
                  (icl_bench.analysis.similarity.shuffle_entries: same values and zeros, no structure)
+    gd-lsa       a structured negative: the 2-layer GD construction (build_gd_construction(2, lr, 100),
+                 one head, no LayerNorm; docs/gd-lsa.md), lr = GD_STEP_SIZES[seed]; it runs GD, not the
+                 closed form, yet it is sparse and built on the same token slots
+    gd-lsa shuffled  its matched null: build_gd_construction(2, 0.4, 100) with each weight matrix's
+                 entries permuted (shuffle_entries, seed = the model's seed)
 For each model: the weight-space similarity and its components, and the representation-space
 numbers after block 2 (icl_bench.analysis.representation.representation_similarity) on 1024 prompts (N 20,
 noise 0.1, seed 0).
@@ -31,10 +36,13 @@ import torch
 from icl_bench import PromptSpec, sample_prompts
 from icl_bench.analysis.representation import representation_similarity
 from icl_bench.analysis.similarity import random_symmetry, shuffle_entries, similarity
+from icl_bench.solvers.gd_lsa import build_gd_construction
 from icl_bench.solvers.ln_closed_form import build_construction
 
 R, N, NOISE, N_PROMPTS = 100.0, 20, 0.1, 1024
-SEEDS = {"moved": 10, "noisy-5%": 5, "half": 5, "R=10": 1, "R=1000": 1, "random": 20, "sparse": 10, "uniform": 10, "shuffled": 10}
+SEEDS = {"moved": 10, "noisy-5%": 5, "half": 5, "R=10": 1, "R=1000": 1, "random": 20, "sparse": 10, "uniform": 10, "shuffled": 10,
+         "gd-lsa": 4, "gd-lsa shuffled": 4}
+GD_STEP_SIZES = (0.1, 0.2, 0.4, 0.8)  # lr of the gd-lsa family: the fingerprint's search range 0.1-0.8 (icl_bench/analysis/fingerprint.py)
 
 
 def family(name: str, seed: int, ref):
@@ -46,6 +54,10 @@ def family(name: str, seed: int, ref):
         return build_construction(float(name[2:]))
     if name == "shuffled":
         return shuffle_entries(ref, seed)
+    if name == "gd-lsa":
+        return build_gd_construction(2, GD_STEP_SIZES[seed], R)
+    if name == "gd-lsa shuffled":
+        return shuffle_entries(build_gd_construction(2, 0.4, R), seed)
     m = copy.deepcopy(ref)
     with torch.no_grad():
         for pname, p in m.named_parameters():
