@@ -592,6 +592,10 @@ def test_weight_heatmaps_show_symmetry_reduced_maps(monkeypatch, tables):
     titles = [ax.get_title().split("  (")[0] for ax in fig.axes if ax.get_visible() and ax.axison]
     assert titles == ["embed", "readout", "L1H1 QK", "L1H1 OV", "L1 LN γ/β"] * 2  # a grid of panels per model
     assert [sf._suptitle.get_text() for sf in fig.subfigs[1:]] == ["a", "b"]
+    # QK = W_Q^T W_K: rows are the query token's slots, columns the key token's; OV maps input to output
+    labels = {ax.get_title().split("  (")[0]: (ax.get_ylabel(), ax.get_xlabel()) for ax in fig.axes if ax.axison}
+    assert labels["L1H1 QK"] == ("query slot", "key slot") and labels["L1H1 OV"] == ("", "input slot")
+    assert labels["embed"] == ("output slot", "input slot")
     # without models, the plots skip
     with pytest.raises(PlotSkipped):
         model_plots.weight_heatmaps({})

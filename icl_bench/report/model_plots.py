@@ -233,8 +233,9 @@ def weight_heatmaps(models: dict[str, dict]) -> Figure:
                 ax.set_yticks(range(a.shape[0]), ["γ", "β"] if ln else range(a.shape[0]))
                 ax.grid(False)
                 ax.set_title(f"{name}  (|max| {top:.2g}{f'; {bad} not finite, grey' if bad else ''})", fontsize=7)
-                ax.set_xlabel("slot" if ln else "input slot", fontsize=6)
-                ax.set_ylabel("output slot" if j == 0 and not ln else "", fontsize=6)
+                qk = name.endswith(" QK")  # rows: the query token's slots, columns: the key token's
+                ax.set_xlabel("slot" if ln else "key slot" if qk else "input slot", fontsize=6)
+                ax.set_ylabel("" if ln or (j and not qk) else "query slot" if qk else "output slot", fontsize=6)
                 ax.tick_params(labelsize=6)
         sub.subplots_adjust(left=0.5 / width, right=1 - 0.1 / width, bottom=0.1, top=0.88, wspace=0.25, hspace=0.45)
     header.suptitle("Weights (QK = W_Qᵀ W_K, OV = W_O W_V; each panel on its own colour scale centred at 0; "
