@@ -161,6 +161,18 @@ def test_degenerate_prompts_give_nan_and_leave_others(standardize):
     assert pred[5] == pytest.approx(4.0, abs=1e-9 if standardize else 1e-4)  # raw: O((y_bar/R)^2) error
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_standardize_answers_a_constant_y_exactly(dtype):
+    # y constant, x not: well posed, the answer is y_bar; the map back scales the module's output
+    # by s_y = 0, not by the 1 the division uses, so its R u rounding does not reach the answer
+    x = torch.arange(10.0).repeat(3, 1)
+    y = torch.tensor([0.0, 1e-20, 5.0])[:, None].expand(3, 10)
+    for R in (10.0, 100.0, 1e4):
+        b = make_batch(x, y, torch.full((3,), 2.0), R=R, dtype=dtype)
+        pred = get_solver("ln-closed-form", standardize=True).predict(b)
+        assert torch.equal(pred, b.y[:, 0]), (R, pred)
+
+
 def test_bad_configuration():
     with pytest.raises(ConfigError, match="variant: .*accepted: masked, query-in-context"):
         build_construction(10.0, "both")

@@ -199,8 +199,10 @@ def degenerate(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor) -> torch.Tenso
 
 def standardize_prompts(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor):
     """Per prompt, from the context only: x' = (x - x_bar)/s_x, u' = (u - x_bar)/s_x,
-    y' = (y - y_bar)/s_y, s = the population standard deviation (s_y = 1 where y is constant,
-    s_x = 1 where x is; those prompts are degenerate anyway).
+    y' = (y - y_bar)/s_y, s = the population standard deviation (divided by 1 where y is constant,
+    so y' = 0, and where x is constant: that prompt is degenerate). The returned s_y is the true
+    one, 0 for a constant y, so y_bar + s_y * out maps back to y_bar exactly there (a well-posed
+    prompt whose answer is y_bar; scaling by 1 added the module's R u rounding to it).
 
     OLS is equivariant under these maps: ols(x, y, u) = y_bar + s_y * ols(x', y', u').
     The means and standard deviations come from `icl_bench.prompts.ols.centred_scales` (power-of-two
@@ -210,7 +212,7 @@ def standardize_prompts(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor):
     """
     x_bar, y_bar, s_x, s_y = centred_scales(x, y)  # (B,) each
     s_x = torch.where(s_x > 0, s_x, torch.ones_like(s_x))
-    s_y = torch.where(s_y > 0, s_y, torch.ones_like(s_y))
+    s_y, s_y_true = torch.where(s_y > 0, s_y, torch.ones_like(s_y)), s_y
     # (v - mean) / s as (v 2^-e - mean 2^-e) / (s 2^-e), e the binary exponent of s: the scaling is
     # exact and keeps the difference in range (x = +-1.7e308: x - x_bar overflowed to inf)
     ex, ey = torch.frexp(s_x).exponent.to(torch.int64), torch.frexp(s_y).exponent.to(torch.int64)  # (B,)
@@ -220,7 +222,7 @@ def standardize_prompts(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor):
 
     xs = (unit(x, ex) - unit(x_bar, ex)[:, None]) / unit(s_x, ex)[:, None]
     ys = (unit(y, ey) - unit(y_bar, ey)[:, None]) / unit(s_y, ey)[:, None]
-    return xs, ys, (unit(u, ex) - unit(x_bar, ex)) / unit(s_x, ex), y_bar, s_y
+    return xs, ys, (unit(u, ex) - unit(x_bar, ex)) / unit(s_x, ex), y_bar, s_y_true
 
 
 @register_solver("ln-closed-form")
