@@ -140,7 +140,8 @@ def integer(lo: int, hi: int | None = None) -> Callable[[Any], int]:
 
 def number(*, gt: float | None = None, ge: float | None = None, lt: float | None = None,
            le: float | None = None) -> Callable[[Any], float]:
-    """A finite float with optional bounds gt (>), ge (>=), lt (<), le (<=); ints are accepted."""
+    """A finite float with optional bounds gt (>), ge (>=), lt (<), le (<=); ints are accepted.
+    -0.0 is returned as 0.0: one value, one cell key and one prompt seed (bench/cells.py)."""
     bounds = " and ".join(b for b in (gt is not None and f"> {gt:g}", ge is not None and f">= {ge:g}",
                                       lt is not None and f"< {lt:g}", le is not None and f"<= {le:g}") if b)
 
@@ -152,7 +153,7 @@ def number(*, gt: float | None = None, ge: float | None = None, lt: float | None
             and (le is None or v <= le)
         if not ok:
             raise problem(f"must be finite{' and ' + bounds if bounds else ''} (got {v})")
-        return v
+        return v + 0.0  # -0.0 + 0.0 is +0.0
     return check
 
 

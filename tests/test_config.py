@@ -33,3 +33,17 @@ def test_a_byte_order_mark_is_skipped(tmp_path):
     assert read_toml(tmp_path / "bom.toml") == read_toml(tmp_path / "plain.toml") == {"seed": 3, "grid": {"N": [7]},
                                                                                         "solvers": {"ols": {}}}
     assert load_config(tmp_path / "bom.toml") == load_config(tmp_path / "plain.toml")
+
+
+def test_minus_zero_is_zero(tiny_raw):
+    import math
+
+    from icl_bench.bench.cells import expand_cells
+
+    keys = []
+    for v in (0, 0.0, -0.0):
+        tiny_raw["grid"]["noise"] = [v]
+        cfg = parse_config(tiny_raw)
+        assert math.copysign(1.0, cfg.grid["noise"][0]) == 1.0
+        keys.append(sorted(c.key for c in expand_cells(cfg)))
+    assert keys[0] == keys[1] == keys[2]  # one value, one set of cells (and prompt seeds)
