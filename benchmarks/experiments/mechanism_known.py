@@ -7,7 +7,9 @@ Prompts: N = 20, noise 0.1, R = 100, float64; fingerprint on 1024 prompts (seed 
 tests on 4096 (seed 0). Checkpoints: the R = 100 ones in icl_bench/models/ (the shipped ones).
 Controls: the construction with layer 1's centring off (its LayerNorm divides by the raw second
 moment, not by Cxx), gd at step sizes other than its default 0.4, and gd at (K, lr) between
-the grid points of the fingerprint (positive controls of its step-size fit).
+the grid points of the fingerprint (positive controls of its step-size fit), gd at step sizes
+outside the fingerprint's range (0.1 - 0.8: what the GD-like verdict cannot see) and 12 random
+initial models (negatives).
 """
 from __future__ import annotations
 
@@ -65,7 +67,9 @@ def main() -> None:
     add("gd K=16, lr 0.1", get_solver("gd", steps=16, lr=0.1))
     for k, lr in ((12, 0.3), (16, 0.6), (24, 0.5), (48, 0.5)):  # between the grid's K and lr
         add(f"gd K={k}, lr {lr}", get_solver("gd", steps=k, lr=lr))
-    for seed in (0, 1, 2):
+    for k, lr in ((4, 1.0), (64, 0.05)):  # outside the fingerprint's lr range 0.1-0.8: the detector's scope
+        add(f"gd K={k}, lr {lr} (off range)", get_solver("gd", steps=k, lr=lr))
+    for seed in range(12):
         m = init_model(TrainConfig(R=R, seed=seed))
         add(f"random init (seed {seed})", Bare(m), m)
     for path in sorted((ROOT / "icl_bench" / "models").glob("*-R100.json")):
