@@ -63,6 +63,9 @@ def device_info() -> dict:
     return info
 
 
+NO_SOURCE = "no source file: "  # source_digest of a module with none: this prefix and a random id
+
+
 @functools.cache
 def source_digest(top: str) -> str:
     """sha256 (hex) over the relative paths and bytes of the source of the top-level package or
@@ -81,7 +84,7 @@ def source_digest(top: str) -> str:
     if not roots and not (origin and Path(origin).is_file()):  # no source import knows: the loaded module's
         origin = getattr(sys.modules.get(top), "__file__", None)
         if not (origin and Path(origin).is_file()):
-            return f"no source file: {uuid.uuid4().hex}"
+            return f"{NO_SOURCE}{uuid.uuid4().hex}"
     files = sorted((f.relative_to(r).as_posix(), f) for r in roots for f in r.rglob("*.py")) if roots else \
         [(Path(origin).name, Path(origin))]
     h = hashlib.sha256()

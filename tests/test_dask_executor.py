@@ -160,6 +160,8 @@ def test_killing_a_worker_mid_run_still_gives_every_cell(cluster, slow_reference
     assert killed, "no worker was caught inside a cell"
     assert len(table) == len(expand_cells(parse_config(SLOW))) and (table.status == "ok").all()
     pd.testing.assert_frame_equal(_stable(table), _stable(slow_reference))
+    seen = json.loads((out / "metadata.json").read_text())["executor"]["workers"]
+    assert set(table.worker) <= set(seen)  # metadata names every worker of the run, the killed one too
 
 
 def _driver(cfg_path: Path, out: Path, address: str) -> subprocess.Popen:
@@ -315,3 +317,29 @@ def test_bad_executor_flags_exit_2_and_write_nothing(tmp_path, monkeypatch, caps
         err = capsys.readouterr().err
         assert err.startswith("icl-bench: error: ") and expected in err and err.count("\n") == 1, err
         assert not out.exists()
+
+
+def test_a_run_whose_cluster_has_no_worker_left_says_so_once(monkeypatch, capsys):
+    # every worker died and none came back: the scheduler keeps the cells queued and the driver
+    # would wait in silence; after WORKER_WAIT_S it prints one line (and keeps waiting)
+    from types import SimpleNamespace
+
+    from icl_bench.bench import executors
+
+    monkeypatch.setattr(executors, "WORKER_WAIT_S", 3.0)
+    ex = executors.DaskExecutor.__new__(executors.DaskExecutor)
+    ex.cfg, ex.client = Executor(kind="dask", scheduler="tcp://h:1"), SimpleNamespace(status="running")
+    ex._alive = lambda: False
+    calls = []
+
+    def wait(futures, timeout, return_when):
+        calls.append(1)
+        if len(calls) < 8:
+            raise TimeoutError
+        return SimpleNamespace(done=set(futures))
+
+    pending = {"f": None}
+    assert [pending.pop(f) or f for f in ex._finished(pending, wait)] == ["f"]  # the caller pops what finished
+    err = capsys.readouterr().err
+    assert err == ("icl-bench: waiting: the cluster at tcp://h:1 has no worker (1 cells in flight); start workers, "
+                   "or Ctrl-C and --resume later\n")

@@ -167,3 +167,34 @@ def test_batch_size_is_the_size_of_the_calls(tmp_path):
 
 def test_every_column_listed_once():
     assert len(COLUMNS) == len(set(COLUMNS))
+
+
+def test_a_worker_with_other_code_or_checkpoints_gives_an_error_row_not_numbers(tmp_path, monkeypatch):
+    # a Dask worker runs run_cell_task with the code and files of its own machine: a cell keyed by
+    # the driver's digests must not be computed (and cached) with others
+    from icl_bench.bench import cells as cells_mod
+    from icl_bench.bench.runner import run_cell_task
+    from icl_bench.resources import models_dir
+
+    for side, extra in (("driver", b""), ("worker", b"\n")):
+        (tmp_path / side / "models").mkdir(parents=True)
+        for f in ("trained-l1-R100.json", "trained-l1-R100.safetensors"):
+            src = models_dir() / f
+            dst = tmp_path / side / "models" / f
+            dst.write_bytes(src.read_bytes() + (extra if f.endswith(".json") else b""))
+    raw = {"seed": 0, "n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1},
+           "grid": {"N": [8], "R": [100.0], "dtype": ["float64"]},
+           "solvers": {"ols": {}, "trained-l1": {"models_dir": "models"}}}
+    monkeypatch.chdir(tmp_path / "driver")
+    ols, trained = expand_cells(parse_config(raw))
+    cells_mod._digests_here.cache_clear()
+    assert run_cell_task(trained, executor="dask")["status"] == "ok"  # the same files: computed
+    monkeypatch.chdir(tmp_path / "worker")  # the worker's relative models_dir holds other bytes
+    cells_mod._digests_here.cache_clear()
+    row = run_cell_task(trained, executor="dask")
+    assert row["status"] == "error" and "inputs_sha256" in row["message"] and math.isnan(row["mse_vs_ols"]), row
+    other = ols.__class__(**{**ols.__dict__, "code_sha256": "0" * 64})  # the driver ran other code
+    row = run_cell_task(other, executor="dask")
+    assert row["status"] == "error" and "code_sha256 000000000000 on the driver" in row["message"], row
+    assert row["executor"] == "dask" and row["worker"]
+    assert run_cell_task(other, executor="local")["status"] == "ok"  # the driver's own process: nothing to compare

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from icl_bench.bench.axes import AXES
 from icl_bench.bench.config import MatrixConfig
-from icl_bench.provenance import code_digest
+from icl_bench.provenance import NO_SOURCE, code_digest, source_digest
 from icl_bench.prompts.data import DataSource, sample_data_prompts, snapshot
 from icl_bench.prompts.generator import Dist, PromptSpec, sample_prompts
 from icl_bench.prompts.multivariate import sample_prompts_mv
@@ -101,6 +101,37 @@ def inputs_digest(name: str, params: dict) -> str:
         except OSError as exc:
             h.update(f"unreadable: {exc}".encode())
     return h.hexdigest()
+
+
+@lru_cache(maxsize=256)
+def _digests_here(name: str, params: str) -> tuple[tuple[str, ...] | None, str]:
+    """(code digests that match here, inputs_sha256) of solver `name` with JSON `params` as this
+    process sees them. The code digests: that of the solver's module, and that of no module
+    (icl_bench and the package versions alone), which a driver that could not load the solver keys
+    its cells by (a solver registered on the workers only). None when the module has no source file
+    here (a class registered from a script or a Dask WorkerPlugin: provenance.source_digest), or
+    the solver does not load: nothing to compare."""
+    module, inputs = _module(name), inputs_digest(name, json.loads(params))
+    if not module or source_digest(module.split(".")[0]).startswith(NO_SOURCE):
+        return None, inputs
+    return (code_digest(module), code_digest("")), inputs
+
+
+def digest_mismatch(cell: Cell) -> str:
+    """"" when this process would compute `cell` with the code and input files its key names, else
+    what differs. A Dask worker with another checkout, other package versions or other checkpoints
+    under a relative models_dir would otherwise store its numbers under the driver's digests, and a
+    cache would hand them to later runs (docs/scale-out.md, "Workers"). Computed once per process
+    and solver setting (the code a process runs is the code it imported). Where the solver's code
+    cannot be compared (`_digests_here` gives None) or the driver could not load the solver, its
+    files are not compared either: the driver's key names none."""
+    codes, inputs = _digests_here(cell.solver, cell.solver_params)
+    if codes is None or cell.code_sha256 == codes[-1]:
+        return ""
+    differ = [f"{what} {theirs[:12] or '(none)'} on the driver, {mine[:12] or '(none)'} here"
+              for what, mine, theirs in (("code_sha256", codes[0], cell.code_sha256),
+                                         ("inputs_sha256", inputs, cell.inputs_sha256)) if mine != theirs]
+    return "; ".join(differ)
 
 
 def _module(name: str) -> str:

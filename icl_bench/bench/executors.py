@@ -80,7 +80,7 @@ class DaskExecutor:
             from distributed import Client, LocalCluster
         except ImportError:
             raise ConfigError(DASK_MISSING) from None
-        self.cfg, self.cluster = cfg, None
+        self.cfg, self.cluster, self.seen = cfg, None, {}
         # a lost scheduler is reported by the run in one line (RunAborted); distributed's client also
         # logs its end of reconnecting as an ERROR, at a moment that races with our report
         logging.getLogger("distributed.client").addFilter(_quiet_reconnect)
@@ -105,24 +105,34 @@ class DaskExecutor:
 
             resources = {"GPU": 1} if torch.cuda.is_available() else None
             # the scheduler runs in this process and reads allowed-failures when it is created; the
-            # workers' stack sampler (10 ms) only feeds the dashboard, which this cluster does not serve
+            # workers' stack sampler (10 ms) only feeds the dashboard profiles. distributed serves its
+            # HTTP endpoints even with dashboard_address=None (on :8787, with a warning when a
+            # concurrent run holds that port): ":0" puts them on a free port of 127.0.0.1
             with dask.config.set({"distributed.scheduler.allowed-failures": cfg.retries,
                                   "distributed.worker.profile.enabled": False}):
                 self.cluster = LocalCluster(n_workers=cfg.n_workers, threads_per_worker=1, processes=True,
-                                            host="127.0.0.1", dashboard_address=None, resources=resources,
+                                            host="127.0.0.1", dashboard_address=":0", resources=resources,
                                             silence_logs=logging.ERROR)
             self.client = Client(self.cluster)
 
     def workers(self) -> dict:
-        """address -> {host, nthreads, resources} of the cluster's workers now."""
+        """address -> {host, nthreads, resources} of the cluster's workers now (and remembered in
+        `seen`, so that describe() names every worker of the run, those that died or left too)."""
         info = self.client.scheduler_info(n_workers=-1)["workers"]
-        return {a: {"host": w.get("host"), "nthreads": w.get("nthreads"), "resources": w.get("resources", {})}
-                for a, w in info.items()}
+        now = {a: {"host": w.get("host"), "nthreads": w.get("nthreads"), "resources": w.get("resources", {})}
+               for a, w in info.items()}
+        self.seen.update(now)
+        return now
 
     def describe(self) -> dict:
+        """The run's executor for metadata.json: `workers` = every worker seen during the run."""
+        try:
+            self.workers()
+        except Exception:  # the scheduler is gone: what was seen stays
+            pass
         return {"kind": "dask", "scheduler": self.client.scheduler.address,
                 "local_cluster": self.cluster is not None, "retries": self.cfg.retries,
-                "exclusive_timing": self.cfg.exclusive_timing, "workers": self.workers()}
+                "exclusive_timing": self.cfg.exclusive_timing, "workers": dict(self.seen)}
 
     def results(self, cells: Iterable, work: Callable[[object], dict]) -> Iterator[tuple[object, dict | None, Failure | None]]:
         from distributed import wait
@@ -174,17 +184,32 @@ class DaskExecutor:
             RunAborted: the client lost its scheduler (its futures are then cancelled, or it closes
                 after failing to reconnect), where waiting on would never end.
         """
+        idle, told = 0, False  # polls in a row with nothing finished; the no-worker line printed
         while pending:
             try:
                 yield from wait(list(pending), timeout=POLL_S, return_when="FIRST_COMPLETED").done
+                idle = 0
             except Exception as exc:  # TimeoutError: nothing finished within POLL_S
                 if isinstance(exc, TimeoutError) and self.client.status in ("running", "connecting"):
+                    idle += 1
+                    if not told and idle * POLL_S >= WORKER_WAIT_S and not self._alive():
+                        print(f"icl-bench: waiting: the cluster at {self.cfg.scheduler or 'the local cluster'} has no "
+                              f"worker ({len(pending)} cells in flight); start workers, or Ctrl-C and --resume later",
+                              file=sys.stderr, flush=True)
+                        told = True
                     continue
                 said = re.search(r"Message: ([^\n]*)", str(exc))  # distributed's FuturesCancelledError: "Client lost ..."
                 why = said.group(1).strip() if said else (str(exc).splitlines() or [""])[0]
                 raise RunAborted(f"executor.scheduler: the run lost its Dask scheduler at "
                                  f"{self.cfg.scheduler or 'the local cluster'} ({type(exc).__name__}: {why[:200]}) "
                                  f"with {len(pending)} cells in flight") from None
+
+    def _alive(self) -> bool:
+        """Whether the cluster has a worker now (True when the scheduler cannot be asked)."""
+        try:
+            return bool(self.workers())
+        except Exception:
+            return True
 
     def close(self) -> None:
         log = logging.getLogger("distributed.client")

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
 from icl_bench.startup import sigint_recorded
 from icl_bench.bench import hostload, schema, store
-from icl_bench.bench.cells import Cell, cell_prompts, expand_cells, same_matrix
+from icl_bench.bench.cells import Cell, cell_prompts, digest_mismatch, expand_cells, same_matrix
 from icl_bench.bench.config import Executor, MatrixConfig
 from icl_bench.bench.executors import make_executor, worker_name
 from icl_bench.bench.metrics import prediction_metrics
@@ -173,7 +173,16 @@ def failed_row(cell: Cell, status: str, message: str) -> dict:
 
 def run_cell_task(cell: Cell, *, threads: int = 0, exclusive: bool = False, executor: str = "local") -> dict:
     """run_cell as an executor task: marks this process busy on its machine, records the cells
-    running there while it was timed (bench/hostload.py), and where it ran."""
+    running there while it was timed (bench/hostload.py), and where it ran. In another process
+    than the driver's (executor "dask") the cell is first checked against the code and input files
+    its key names (cells.digest_mismatch): a worker that differs gives an error row, not numbers."""
+    differ = digest_mismatch(cell) if executor != "local" else ""
+    if differ:
+        row = failed_row(cell, "error", f"this worker's solver code or input files differ from the driver's ({differ}): "
+                                        "install the same icl-bench, solver and package versions on every worker, and "
+                                        "give checkpoints as absolute paths")
+        row.update(executor=executor, worker=worker_name())
+        return row
     with torch_threads(threads), hostload.busy():
         row = run_cell(cell, timing_slot=lambda: hostload.timing_slot(exclusive))
     row.update(executor=executor, worker=worker_name())
