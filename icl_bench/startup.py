@@ -9,7 +9,8 @@ Ctrl-C there becomes the CLI's usual "icl-bench: interrupted" (exit 130) once th
 (about 1.3 s). A KeyboardInterrupt raised inside a C callback (llvmlite's, during a numba
 compile) is printed and dropped by ctypes; the runner's cell loop records SIGINT too
 (`sigint_recorded(reraise=True)`) and stops after the cell. SIGTERM stops a command the same way
-once the libraries are loaded (`sigterm_as_interrupt`), with exit code 143.
+once the libraries are loaded (`sigterm_as_interrupt`, recorded too: `sigterm_seen`), with exit
+code 143.
 """
 from __future__ import annotations
 
@@ -53,17 +54,30 @@ class Terminated(KeyboardInterrupt):
     cells kept, the resume line printed) and exits with 143 (128 + 15)."""
 
 
+_sigterms: list[int] = []  # SIGTERMs seen inside sigterm_as_interrupt (one raised in a C callback is dropped)
+
+
+def sigterm_seen() -> bool:
+    """Whether a SIGTERM came since the current sigterm_as_interrupt block began: the runner's
+    cell loop checks it after each cell, as it checks SIGINT, because a Terminated raised inside a
+    C callback (llvmlite's, during a numba compile) is printed and dropped by ctypes."""
+    return bool(_sigterms)
+
+
 @contextmanager
 def sigterm_as_interrupt():
     """While the block runs, SIGTERM raises Terminated in the main thread instead of killing the
-    process silently. Installed only from the main thread over the default action; the earlier
-    handler comes back after the block."""
+    process silently, and is recorded (sigterm_seen). Installed only from the main thread over
+    the default action; the earlier handler comes back after the block."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         yield
         return
 
     def handler(signum, frame):
+        _sigterms.append(signum)
         raise Terminated
+
+    _sigterms.clear()
 
     signal.signal(signal.SIGTERM, handler)
     try:

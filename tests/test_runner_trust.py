@@ -532,6 +532,43 @@ def test_sigterm_stops_a_run_like_ctrl_c_with_the_resume_line(tmp_path, capsys):
     assert (pd.read_parquet(out / "results.parquet").status == "ok").all()
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # ctypes reports what it dropped
+def test_a_sigterm_that_a_c_callback_swallows_still_stops_the_run(tmp_path, capsys):
+    """A SIGTERM that lands inside a C callback (llvmlite's, while numba compiles a kernel) raised
+    Terminated there, which ctypes prints and drops: the run went on to the end and exited 0
+    (found by an adversarial review). The runner now checks after each cell that none came."""
+    import ctypes
+    import os
+    import signal
+
+    def in_callback():
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(10_000):  # the handler runs here; ctypes drops what it raises
+            pass
+
+    callback = ctypes.CFUNCTYPE(None)(in_callback)
+    sent = []
+
+    @register_solver("test-sigterm-c")
+    class SigtermInC(Solver):
+        """Answers like OLS; the process receives SIGTERM inside a C callback, in its cell at N = 6."""
+        params = {}
+
+        def predict(self, batch):
+            if batch.N == 6 and not sent:
+                sent.append(True)
+                callback()
+            return batch.ols_prediction.to(batch.dtype)
+
+    cfg, out = _cfg(tmp_path, dict(RAW, solvers={"test-sigterm-c": {}})), tmp_path / "run"
+    try:
+        code, _, err = _run(capsys, "--config", cfg, "--out", out)
+    finally:
+        REGISTRY.unregister("test-sigterm-c")
+    assert sent and code == 143 and "icl-bench: terminated (SIGTERM); the finished cells are kept in" in err, err
+    assert not (out / "results.parquet").exists()  # stopped after the cell, not at the end of the run
+
+
 def test_the_no_answer_warning_names_the_parameter_setting(capsys):
     """`mean-y: no finite prediction in 2 of 12 cells` did not say which shift answered nothing,
     and counted every shift's cells (found by a plugin author's tryout)."""

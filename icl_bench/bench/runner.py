@@ -32,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
-from icl_bench.startup import sigint_recorded
+from icl_bench.startup import Terminated, sigint_recorded, sigterm_seen
 from icl_bench.bench import hostload, schema, store
 from icl_bench.bench.cells import Cell, cell_prompts, digest_mismatch, expand_cells, same_matrix
 from icl_bench.bench.config import Executor, MatrixConfig
@@ -276,7 +276,9 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
                     rows[key] = row
                     bar.set_postfix_str(cell.describe(), refresh=False)
                     bar.update()
-                    if seen:  # a Ctrl-C that a C callback swallowed (startup.py)
+                    if sigterm_seen():  # a SIGTERM or Ctrl-C that a C callback swallowed (startup.py)
+                        raise Terminated
+                    if seen:
                         raise KeyboardInterrupt
             bar.close()
             table = schema.table([rows[key] for key in keys])
