@@ -15,7 +15,7 @@ def cmd_analyze(args) -> int:
     """Print the headline numbers, the sparsity per parameter and the alignment of a checkpoint;
     write every number to --out as standard JSON."""
     from icl_bench.analysis.analyze import HEADLINE, LABELS, analyze_checkpoint, check_out
-    from icl_bench.bench.runner import torch_threads
+    from icl_bench.startup import torch_threads
     from icl_bench.files import write_json
     from icl_bench.solvers.checkpoint import checkpoint_path
 

@@ -99,3 +99,19 @@ def load_libraries() -> bool:
             except Exception:  # noqa: BLE001 (not ours to report here)
                 pass
     return bool(seen)
+
+
+@contextmanager
+def torch_threads(n: int):
+    """torch.set_num_threads(n) inside the block (n = 0: unchanged); the old count is restored.
+    Code of many small torch operations (the fingerprint's GD trajectories, a cell's solver) runs
+    several times faster on one thread than on torch's default of one per core."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

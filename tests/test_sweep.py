@@ -42,6 +42,28 @@ def test_sweep_writes_tables_and_reuses(tmp_path):
     pd.testing.assert_frame_equal(again, table)
 
 
+def test_reuse_analyses_on_one_torch_thread(tmp_path, monkeypatch):
+    # the analysis is many small torch ops: on torch's default threads `--reuse` (no training, which
+    # used to leave one thread set for the process) ran 4-8x slower (found by a new-user tryout)
+    import torch
+
+    from icl_bench.training import sweep
+
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(TINY.format(out=tmp_path / "out" / "l1.v1"))
+    run_sweep(str(cfg), progress=False)
+    seen, analyze = [], sweep.analyze
+    monkeypatch.setattr(sweep, "analyze", lambda *a, **k: seen.append(torch.get_num_threads()) or analyze(*a, **k))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        run_sweep(str(cfg), reuse=True, force=True, progress=False)
+        assert torch.get_num_threads() == 2  # restored
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 1]
+
+
 def test_summary_says_how_many_seeds_its_shares_are_of_and_counts_nan_predictions():
     """A seed whose analysis failed left layer2_division's mean over the others while `seeds`
     counted it, and predictions left out of mse_vs_ols were not counted (found by a review)."""

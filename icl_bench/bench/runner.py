@@ -32,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
-from icl_bench.startup import Terminated, sigint_recorded, sigterm_seen
+from icl_bench.startup import Terminated, sigint_recorded, sigterm_seen, torch_threads
 from icl_bench.bench import hostload, schema, store
 from icl_bench.bench.cells import Cell, cell_prompts, digest_mismatch, expand_cells, same_matrix
 from icl_bench.bench.config import Executor, MatrixConfig
@@ -187,18 +187,6 @@ def run_cell_task(cell: Cell, *, threads: int = 0, exclusive: bool = False, exec
         row = run_cell(cell, timing_slot=lambda: hostload.timing_slot(exclusive))
     row.update(executor=executor, worker=worker_name())
     return row
-
-
-@contextmanager
-def torch_threads(n: int):
-    """torch.set_num_threads(n) inside the block (n = 0: unchanged); the old count is restored."""
-    before = torch.get_num_threads()
-    if n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: bool = False,
