@@ -811,6 +811,7 @@ def test_report_md_has_no_empty_notes_heading(run_dir, tmp_path, monkeypatch):
     import icl_bench.report.publish
 
     monkeypatch.setattr(icl_bench.report.publish, "_figures", lambda *a: ({}, []))
+    monkeypatch.setattr(icl_bench.report.publish, "shared_timing_notes", lambda t: [])  # (other tests' cells ran beside)
     assert main(["publish", str(run_dir), "--out", str(tmp_path / "quiet")]) == 0
     assert "## Notes" not in (tmp_path / "quiet" / "report.md").read_text()  # no notes: no heading
     monkeypatch.setattr(icl_bench.report.publish, "_figures", lambda *a: ({}, ["x.png not drawn: why"]))

@@ -76,6 +76,29 @@ def unfinished_notes(metas: dict) -> list[str]:
             for run, meta in metas.items() if meta is None]
 
 
+def shared_timing(rows: pd.DataFrame) -> pd.Series:
+    """(rows,) bool: the ok rows whose prompts_per_s was timed while other icl-bench cells ran on
+    the same machine (concurrency > 1; False where it is not recorded: runs from before the column)."""
+    if "concurrency" not in rows.columns:
+        return pd.Series(False, index=rows.index)
+    return (rows["status"] == "ok") & (rows["concurrency"].astype(float) > 1)
+
+
+def shared_timing_notes(table: pd.DataFrame) -> list[str]:
+    """A note when ok rows were timed while other cells ran on their machine, naming how many and
+    where. Their throughput is kept (a run beside another one on a shared machine would otherwise
+    show none) but it measures the load too: docs/design.md §10, docs/scale-out.md "Honest timing"."""
+    shared = shared_timing(table)
+    if not shared.any():
+        return []
+    n_ok = int((table["status"] == "ok").sum())
+    runs = ", ".join(sorted(set(table.loc[shared, "run"])))
+    return [f"throughput: {int(shared.sum())} of {n_ok} ok rows were timed while other icl-bench cells ran on the "
+            f"same machine (concurrency > 1, in {runs}): their prompts/s measure that load too and understate the "
+            "solver alone; quote only rows with concurrency == 1 (results.parquet), or time with the local executor "
+            "on an otherwise idle machine (docs/scale-out.md, \"Honest timing\")"]
+
+
 REPEAT_SAME = {  # a column that must agree between rows of one cell and seed, and what it means when not
     "n_prompts": "another n_prompts draws other prompts (a cell's n prompts are not the first n of a larger batch)",
     "data_sha256": "the CSV file's bytes differ (other data under the same path)",

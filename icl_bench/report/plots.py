@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 from icl_bench.report import style
 from icl_bench.report.aggregate import failed_answers, select, series_order
 from icl_bench.report.coverage import setting_words, varied_axes
+from icl_bench.report.load import shared_timing
 from icl_bench.solvers.registry import get_solver_class
 
 MSE_OLS_LABEL = "MSE vs OLS prediction (y units²)"
@@ -295,6 +296,7 @@ def throughput(table: pd.DataFrame) -> Figure:
     d = table[(table["status"] == "ok") & np.isfinite(table["prompts_per_s"].astype(float))]
     if d.empty:
         raise PlotSkipped("throughput: no ok cell has a finite prompts_per_s")
+    shared = int(shared_timing(d).sum())  # timed beside other cells: the title says so (load.shared_timing_notes)
     order = series_order(d)
     dtypes = sorted(d["dtype"].unique())
     colours = dict(zip(dtypes, sns.color_palette("deep", len(dtypes))))
@@ -328,7 +330,8 @@ def throughput(table: pd.DataFrame) -> Figure:
     pooled = ", ".join(["N", "noise", "R", *sorted(varied_axes(d) & {"d", "ood"})])
     scale = "log axis: equal distances are equal ratios" if log_x else "linear axis from 0"
     fig = _finish(fig, panels, LABELS["prompts_per_s"], "", f"Throughput (median over the {pooled} cells)",
-                  f"dot and label: median prompts/s; whiskers: 25th-75th percentile over cells; {scale}",
+                  f"dot and label: median prompts/s; whiskers: 25th-75th percentile over cells; {scale}"
+                  + (f"; {shared} of {len(d)} cells timed while other cells ran on their machine" if shared else ""),
                   legend_title="dtype")
     return fig
 

@@ -35,7 +35,7 @@ import pandas as pd
 
 from icl_bench.report import aggregate as report
 from icl_bench.report import coverage, mechanism, scaling
-from icl_bench.report.load import unfinished_notes
+from icl_bench.report.load import shared_timing_notes, unfinished_notes
 from icl_bench.errors import ConfigError
 
 PLOT_TITLES = {
@@ -271,7 +271,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         f"Made by `{command}`{'' if force else ' (add --force to regenerate into the same folder)'}; "
         "the 95 % CI method is described in icl_bench/report/aggregate.py.", ""])
     figs, notes = _figures(table, summary, setting, checkpoints)
-    notes = unfinished_notes(metas) + silent + ill + notes  # an unfinished run first: it qualifies every number
+    notes = unfinished_notes(metas) + silent + ill + shared_timing_notes(table) + notes  # an unfinished run first
     ctx = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command,
            "headline": head, "headline_md": headline_md, "headline_at": headline_at, "plots": list(figs),
            "notes": notes, "failures": report.failure_summary(table), "sparsity": report.sparsity(table),
