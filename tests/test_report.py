@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import scipy.stats
 import pandas as pd
 import pytest
 import torch
@@ -714,6 +715,13 @@ def test_scaling_exponents_ln_closed_form_r_minus_4_and_ols_flat(tmp_path, table
     # a known slope is recovered with its interval; points at the floor are left out
     got = scaling.fit_exponent([10, 100, 1000, 1e4], [1e-2, 1e-4 * 1.1, 1e-6, 1e-40], "float64")
     assert got["n_points"] == 3 and got["n_floor"] == 1 and got["exponent"] == pytest.approx(-2, abs=0.05)
+    # three means that happen to lie on a line (a solver that never reads R, prompts redrawn per R):
+    # the interval includes each mean's sampling error, so it covers 0 (the fit alone: [0.028, 0.036])
+    flat = scaling.fit_exponent([10, 100, 1000], [0.673, 0.725, 0.779], "float64", [0.06, 0.06, 0.06])
+    assert flat["ci_low"] < 0 < flat["ci_high"] and flat["exponent"] == pytest.approx(0.0318, abs=1e-3)
+    bent = scaling.fit_exponent([10, 100, 1000], [1e-2, 1e-5, 1e-6], "float64", [1e-4, 1e-7, 1e-8])
+    assert bent["ci_high"] - bent["ci_low"] == pytest.approx(  # tiny errors: the lack-of-fit interval stays
+        2 * float(scipy.stats.t.ppf(0.975, 1)) * scipy.stats.linregress(np.log([10, 100, 1000]), np.log([1e-2, 1e-5, 1e-6])).stderr)
     # a NaN MSE (no prompt answered) is neither a fitted point nor "at float floor"
     got = scaling.fit_exponent([10, 100, 1000, 1e4], [1e-2, 1e-4, math.nan, 1e-40], "float64")
     assert (got["n_points"], got["n_floor"], got["n_nan"]) == (2, 1, 1)

@@ -2,12 +2,17 @@
 
 For each series and setting, the exponent p of MSE vs OLS ∝ v^p (v = R or N, the other axes
 fixed) is the slope of the least-squares line through (log v, log MSE) over the summary's points
-whose MSE is above the float floor. Its 95 % confidence interval is slope ± t · se(slope), with
-se(slope) = sqrt(SSR / (n - 2) / Σ (log v - mean)^2) and t the 0.975 quantile of Student's t with
-n - 2 degrees of freedom (scipy.stats.linregress gives the slope and se); the interval treats the
-log-MSE means as exact values on a line, so it measures how straight the points are, not the
-prompt sampling error (which the summary's own CIs show). Two points give the slope without an
-interval; fewer give no fit.
+whose MSE is above the float floor. Its 95 % confidence interval is the union of two:
+  - lack of fit: slope ± t · se_fit, se_fit = sqrt(SSR / (n - 2) / Σ (log v - mean)^2), t the 0.975
+    quantile of Student's t with n - 2 degrees of freedom (scipy.stats.linregress): how straight
+    the points are;
+  - sampling: slope ± z · se_sampling, z = 1.96, se_sampling^2 = Σ (x_i - mean)^2 s_i^2 / (Σ (x_i -
+    mean)^2)^2 (the variance of the least-squares slope from independent errors of its points),
+    s_i = se(MSE_i) / MSE_i the delta-method standard error of log MSE_i (mse_vs_ols_se): the
+    prompts are drawn anew at every grid point, so three means that happen to lie on a line would
+    otherwise give a tight interval around a slope that is sampling noise (a solver that never
+    reads R got "0.03 [0.03, 0.04]" vs R).
+Two points give the slope without an interval; fewer give no fit.
 
 Float floor. A prediction rounded in a float format of machine epsilon eps (float32 1.19e-7,
 float64 2.22e-16) is off by about eps × |prediction| even when its method is exact, so an MSE
@@ -34,11 +39,13 @@ def float_floor(dtype: str) -> float:
     return (FLOOR_ULPS * EPS.get(str(dtype), EPS["float64"])) ** 2
 
 
-def fit_exponent(v, mse, dtype: str) -> dict:
+def fit_exponent(v, mse, dtype: str, se=None) -> dict:
     """Fit MSE ∝ v^p over the points above the float floor of `dtype`.
 
     Args:
         v: grid values (R or N), positive. mse: mean MSE vs OLS at those values (y units²).
+        se: the standard errors of those means (y units²; None or NaN: that term of the interval
+            is left out, as for tables from before the column).
     Returns:
         {"exponent", "ci_low", "ci_high", "n_points" (used), "n_floor" (left out: at or below the
         floor), "n_nan" (left out: no finite MSE, e.g. a solver that answered no prompt)};
@@ -56,7 +63,13 @@ def fit_exponent(v, mse, dtype: str) -> dict:
     out["exponent"] = float(fit.slope)
     if good.sum() >= 3:
         t = float(stats.t.ppf(0.5 + LEVEL / 2, good.sum() - 2))
-        out["ci_low"], out["ci_high"] = fit.slope - t * fit.stderr, fit.slope + t * fit.stderr
+        half = t * fit.stderr  # lack of fit
+        s_log = (np.asarray(se, dtype=float)[good] if se is not None else np.full(good.sum(), np.nan)) / m[good]
+        if np.isfinite(s_log).all():  # sampling: each point's own error, propagated to the slope
+            dx = lx - lx.mean()
+            z = float(stats.norm.ppf(0.5 + LEVEL / 2))
+            half = max(half, z * math.sqrt(float((dx**2 * s_log**2).sum())) / float((dx**2).sum()))
+        out["ci_low"], out["ci_high"] = fit.slope - half, fit.slope + half
     return out
 
 
@@ -77,7 +90,8 @@ def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
             if g[vs].nunique() < 2:
                 continue
             row = dict(zip(fixed, key), vs=vs, **{vs: math.nan})
-            row.update(fit_exponent(g[vs], g["mse_vs_ols"], key[fixed.index("dtype")]))
+            se = g["mse_vs_ols_se"] if "mse_vs_ols_se" in g else None
+            row.update(fit_exponent(g[vs], g["mse_vs_ols"], key[fixed.index("dtype")], se))
             row["max_mse"] = float(g["mse_vs_ols"].max())
             rows.append(row)
     cols = [*keys, "vs", "exponent", "ci_low", "ci_high", "n_points", "n_floor", "n_nan", "max_mse"]
