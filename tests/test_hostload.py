@@ -1,11 +1,14 @@
-"""hostload: counts the processes of this machine running a cell (a dead one never counts), and
-exclusive timing keeps timed sections of separate processes from overlapping (with a control)."""
+"""hostload: counts the cells of this machine running now and during a timed section (each thread
+its own cell, short cells that came and went inside the section too, a killed one only while it
+overlapped), and exclusive timing keeps timed sections of separate processes from overlapping (with a
+control)."""
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
 import signal
 import tempfile
+import threading
 import time
 
 import pytest
@@ -41,7 +44,8 @@ def test_count_busy_sees_other_processes_and_forgets_dead_ones():
         os.kill(child.pid, signal.SIGKILL)  # dies without any clean-up
         child.join()
         assert hostload.count_busy() == 1  # the kernel dropped its lock
-    assert not (hostload._folder() / f"{child.pid}.busy").exists()  # its marker was removed
+    left = [f for f in os.listdir(hostload._folder()) if f.startswith(f"{child.pid}-")]
+    assert len(left) == 1 and left[0].endswith(".dead")  # its marker became a tombstone
 
 
 def _timed_sections(exclusive, barrier, out):
@@ -71,7 +75,109 @@ def _overlaps(sections) -> int:
 
 def test_exclusive_timing_never_overlaps_and_the_control_does():
     shared = _run_two(exclusive=False)
-    assert _overlaps(shared) > 0 and max(c for *_, c in shared) == 2  # control: both timed at once, and seen
+    # control: both timed at once, and seen (>= 2: the other process's next cell can start inside too)
+    assert _overlaps(shared) > 0 and max(c for *_, c in shared) >= 2
     alone = _run_two(exclusive=True)
     assert _overlaps(alone) == 0
     assert all(c >= 1 for *_, c in alone)
+
+
+def _count_when_asked(ask, out):
+    ask.wait(30)
+    out.put(hostload.count_busy())
+
+
+def test_threads_of_one_process_are_separate_cells():
+    """Two threads of one process (a Dask worker with --nthreads 2) are two cells, and one leaving
+    its cell does not end the other's."""
+    ask, out = fork.Event(), fork.Queue()
+    counter = fork.Process(target=_count_when_asked, args=(ask, out))  # forked before the threads start
+    counter.start()
+    both_in, b_left, infos = threading.Barrier(2), threading.Event(), {}
+
+    def cell(name):
+        with hostload.busy():
+            with hostload.timing_slot(False) as infos[name]:
+                both_in.wait(10)
+                if name == "a":  # still inside when b has left: another process still sees a
+                    assert b_left.wait(10)
+                    ask.set()
+                    infos["seen"] = out.get(timeout=30)
+        if name == "b":
+            b_left.set()
+
+    threads = [threading.Thread(target=cell, args=(name,)) for name in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    counter.join()
+    assert infos["a"]["concurrency"] == 2 and infos["b"]["concurrency"] == 2
+    assert infos["seen"] == 1
+
+
+def _one_cell(seconds):
+    with hostload.busy():
+        time.sleep(seconds)
+
+
+def test_a_cell_inside_the_timed_section_counts_and_one_before_it_does_not():
+    before = fork.Process(target=_one_cell, args=(0.01,))
+    before.start()
+    before.join()  # negative control: over before the timed section starts
+    with hostload.busy():
+        with hostload.timing_slot(False) as info:
+            inside = fork.Process(target=_one_cell, args=(0.05,))
+            inside.start()
+            inside.join()  # started after the timed section began, ended before it ends
+    assert info["concurrency"] == 2
+
+
+def test_a_killed_cell_counts_while_it_overlapped_and_never_after(monkeypatch):
+    with hostload.busy():
+        with hostload.timing_slot(False) as during:
+            ready, release = fork.Event(), fork.Event()
+            child = fork.Process(target=_hold_busy, args=(ready, release))
+            child.start()
+            assert ready.wait(30)
+            os.kill(child.pid, signal.SIGKILL)  # dies inside its cell, without any clean-up
+            child.join()
+        with hostload.timing_slot(False) as after:
+            time.sleep(0.01)
+        assert hostload.count_busy() == 1
+    assert during["concurrency"] == 2 and after["concurrency"] == 1
+    monkeypatch.setattr(hostload, "KEEP_S", 0.0)
+    hostload.count_busy()  # tombstones past KEEP_S are removed
+    assert not [f for f in os.listdir(hostload._folder()) if f.startswith(f"{child.pid}-")]
+
+
+def _fork_inside_busy():
+    with hostload.busy():
+        child = os.fork()
+        if child:
+            _, status = os.waitpid(child, 0)
+            return os.waitstatus_to_exitcode(status), hostload.count_busy()
+    code = 1
+    try:  # the child, out of the parent's block: the parent's cell must still run
+        code = 0 if hostload.count_busy() == 1 else 2
+    finally:
+        os._exit(code)
+
+
+def test_a_forked_child_leaving_the_block_leaves_the_parents_cell_alone():
+    assert _fork_inside_busy() == (0, 1)
+
+
+def test_one_file_per_thread_not_per_cell():
+    for _ in range(50):
+        with hostload.busy(), hostload.timing_slot(False) as info:
+            pass
+    assert info["concurrency"] == 1
+    assert len(os.listdir(hostload._folder())) == 1
+
+
+def test_without_flock_counts_are_nan(monkeypatch):
+    monkeypatch.setattr(hostload, "fcntl", None)
+    with hostload.busy(), hostload.timing_slot(True) as info:
+        assert hostload.count_busy() != hostload.count_busy()  # NaN
+    assert info["concurrency"] != info["concurrency"]
