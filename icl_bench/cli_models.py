@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from pathlib import Path
 
 from icl_bench import resources
@@ -81,13 +82,36 @@ def cmd_train(args) -> int:
     for c in cfgs:  # e.g. a folder named m.json: refused now, not after the training
         check_writable(out / c.name)
     out.mkdir(parents=True, exist_ok=True)  # an OSError here is one line, exit 2 (main)
-    for cfg in cfgs:
-        stem = train_and_save(cfg, out)
-        meta = json.loads(Path(f"{stem}.json").read_text())["metrics"]
-        num = lambda k, f: "nan" if meta.get(k) is None else format(meta[k], f)  # noqa: E731 (null = NaN: diverged)
-        print(f"{cfg.name}: {meta['step']} steps, held-out MSE vs OLS {num('eval_mse_vs_ols', '.3e')} "
-              f"({num('eval_rel_mse', '.2%')} of var(OLS)), sparsity {num('sparsity', '.2f')} -> {stem}.safetensors", flush=True)
+    done = []
+    try:
+        for cfg in cfgs:
+            stem = train_and_save(cfg, out)
+            done.append(cfg.name)
+            meta = json.loads(Path(f"{stem}.json").read_text())["metrics"]
+            num = lambda k, f: "nan" if meta.get(k) is None else format(meta[k], f)  # noqa: E731 (null = NaN: diverged)
+            print(f"{cfg.name}: {meta['step']} steps, held-out MSE vs OLS {num('eval_mse_vs_ols', '.3e')} "
+                  f"({num('eval_rel_mse', '.2%')} of var(OLS)), sparsity {num('sparsity', '.2f')} -> {stem}.safetensors",
+                  flush=True)
+    except KeyboardInterrupt:  # (main prints "interrupted"): which runs are saved, and how to train the rest
+        if done and len(done) < len(cfgs):
+            print(f"icl-bench: saved in {out}: {', '.join(done)}; train the rest with:\n  "
+                  f"{_rest_command(getattr(args, 'argv', None), [c.name for c in cfgs if c.name not in done])}",
+                  file=sys.stderr, flush=True)
+        raise
     return 0
+
+
+def _rest_command(argv: list[str] | None, names: list[str]) -> str:
+    """The `icl-bench train ...` line that trains only the runs `names` (argv's --run flags replaced)."""
+    rest, skip = [], False
+    for a in argv or ["train"]:
+        if skip:
+            skip = False
+        elif a == "--run":
+            skip = True
+        elif not a.startswith("--run="):
+            rest.append(a)
+    return shlex.join(["icl-bench", *rest, *(x for n in names for x in ("--run", n))])
 
 
 def cmd_sweep(args) -> int:

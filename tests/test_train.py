@@ -121,6 +121,34 @@ def test_a_run_selected_twice_trains_once(tmp_path, capsys):
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["a.json", "a.safetensors"]
 
 
+def test_an_interrupted_train_says_which_runs_are_saved_and_how_to_train_the_rest(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during run b of a, b, c printed only "interrupted", and the rerun was refused because
+    a's checkpoint was there (found by an adversarial review)."""
+    import shlex
+
+    from icl_bench.training import train as train_mod
+
+    path = tmp_path / "t.toml"
+    path.write_text('[defaults]\nsteps = 2\nbatch_size = 16\neval_every = 1\neval_prompts = 16\n[runs.a]\n[runs.b]\n[runs.c]\n')
+    real = train_mod.train_and_save
+
+    def stop_at_b(cfg, out):
+        if cfg.name == "b":
+            raise KeyboardInterrupt
+        return real(cfg, out)
+
+    monkeypatch.setattr(train_mod, "train_and_save", stop_at_b)
+    argv = ["train", "--config", str(path), "--out", str(tmp_path / "m"), "--run", "a", "--run=b", "--run", "c",
+            "--no-progress"]
+    assert cli_main(argv) == 130
+    err = capsys.readouterr().err
+    rest = f"icl-bench train --config {shlex.quote(str(path))} --out {shlex.quote(str(tmp_path / 'm'))} --no-progress --run b --run c"
+    assert f"icl-bench: saved in {tmp_path / 'm'}: a; train the rest with:\n  {rest}\n" in err, err
+    monkeypatch.setattr(train_mod, "train_and_save", real)
+    assert cli_main(shlex.split(rest)[1:]) == 0  # the printed command trains the rest beside a
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == [f"{n}.{e}" for n in "abc" for e in ("json", "safetensors")]
+
+
 @pytest.mark.parametrize("solver, layernorm", [("trained-lsa", False), ("trained-nol1", True), ("trained-l1", True),
                                                ("trained-l1-noaug", True), ("", True)])
 def test_layernorm_left_out_follows_the_solver(solver, layernorm):
