@@ -5,6 +5,7 @@ similarity and the exact-zero fraction (docs/training.md, docs/analysis.md).
     python -m benchmarks.experiments.mechanism_seeds train --recipe ramp12k --seeds 0-9   # resumable
     python -m benchmarks.experiments.mechanism_seeds train --recipe ramp12k --seeds 0 --set l1_prox=0.1 --tag cal0.1
     python -m benchmarks.experiments.mechanism_seeds table   # -> results/mechanism/seeds.{csv,md}
+    python -m benchmarks.experiments.mechanism_seeds table --reanalyse   # every row from its checkpoint again
 
 Checkpoints: results/mechanism/models/<recipe>[-<tag>]-s<seed>.{safetensors,json}. Training runs
 niced, one torch thread (the CPU is shared); an existing checkpoint is not retrained.
@@ -68,7 +69,7 @@ def cmd_table(args) -> None:
     from benchmarks.experiments.mechanism_table import write_table
 
     torch.set_num_threads(1)
-    write_table(Path(args.out), n_prompts=args.n_prompts)
+    write_table(Path(args.out), n_prompts=args.n_prompts, reanalyse=args.reanalyse)
 
 
 def main() -> None:
@@ -84,6 +85,8 @@ def main() -> None:
     t.set_defaults(func=cmd_train)
     s = sub.add_parser("table", help="analyse every checkpoint -> seeds.csv / seeds.md")
     s.add_argument("--out", default=OUT)
+    s.add_argument("--reanalyse", action="store_true", help="recompute every row from its checkpoint (default: "
+                   "only checkpoints without a cached row in rows/ that is newer; the rest are read back)")
     s.add_argument("--n-prompts", type=int, default=4096)
     s.set_defaults(func=cmd_table)
     args = p.parse_args()

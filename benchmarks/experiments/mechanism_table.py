@@ -112,13 +112,15 @@ def _stale(row: dict) -> bool:
     return "success.p1" not in row or ("ln1.r2_raw" not in row and row.get("ln1.r2") is not None)
 
 
-def write_table(out: Path, n_prompts: int = 4096) -> pd.DataFrame:
-    """Analyse every checkpoint under out/models and write out/seeds.csv and out/seeds.md."""
+def write_table(out: Path, n_prompts: int = 4096, reanalyse: bool = False) -> pd.DataFrame:
+    """Analyse every checkpoint under out/models and write out/seeds.csv and out/seeds.md. A row
+    cached in out/rows/ and newer than its checkpoint is read back (reanalyse=False), so `table`
+    alone re-assembles the committed rows; reanalyse=True recomputes every row."""
     rows, gd_cache = [], {}
     (out / "rows").mkdir(exist_ok=True)
     for path in sorted((out / "models").glob("*.json")):
         cache = out / "rows" / path.name  # one analysed row per checkpoint, redone if the checkpoint is newer
-        if cache.exists() and cache.stat().st_mtime >= path.stat().st_mtime:
+        if not reanalyse and cache.exists() and cache.stat().st_mtime >= path.stat().st_mtime:
             rows.append(json.loads(cache.read_text()))
             if _stale(rows[-1]):  # redo the functional columns only (the similarity is the slow part)
                 model, meta = load_checkpoint(path)
