@@ -15,6 +15,7 @@ import math
 import os
 import secrets
 import tempfile
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +36,34 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str | Path, data: bytes, *, mode: int | None = None) -> None:
-    """Replace `path` by `data` atomically: unique temp file, fsync, rename, fsync of the folder.
-
-    The temp file is `.<name>.<pid>-<hex>.tmp` beside `path`; it is removed if the write fails.
-    `mode`: permission bits of the new file (e.g. those of the file it replaces); None: 0o666
-    less the umask, as for open().
-    Raises:
-        OSError: the folder is missing or not writable (nothing is left behind).
-    """
+def temp_path(path: str | Path) -> Path:
+    """A new unique temporary name beside `path`: `.<name>.<pid>-<hex>.tmp` (write_atomic's)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}")
+    return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}")
+
+
+def fsync_file(path: str | Path) -> None:
+    """Flush the contents of the file `path` (written by someone else, e.g. a library) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def discard(*paths: str | Path | None) -> None:
+    """Remove each file of `paths` that exists (None: skipped); an error is ignored (cleanup only)."""
+    for p in paths:
+        if p is not None:
+            with suppress(OSError):
+                os.unlink(p)
+
+
+def write_temp(path: str | Path, data: bytes, *, mode: int | None = None) -> Path:
+    """Write `data` to a new temp_path(path), flushed and fsynced, and return that name: the first
+    half of write_atomic, for a caller that renames several files into place in its own order.
+    The temp file is removed if the write fails (an OSError naming `path`: e.g. the disk is full)."""
+    tmp = temp_path(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
     try:
         with os.fdopen(fd, "wb") as f:
@@ -54,12 +72,30 @@ def write_atomic(path: str | Path, data: bytes, *, mode: int | None = None) -> N
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+    except BaseException as exc:
+        discard(tmp)
+        if isinstance(exc, OSError) and exc.errno is not None:  # named as `path`, not as the hidden temp file
+            raise OSError(exc.errno, exc.strerror, str(path)) from None  # (a write's own error names no file)
+        raise
+    return tmp
+
+
+def write_atomic(path: str | Path, data: bytes, *, mode: int | None = None) -> None:
+    """Replace `path` by `data` atomically: unique temp file, fsync, rename, fsync of the folder.
+
+    The temp file is `.<name>.<pid>-<hex>.tmp` beside `path` (write_temp); it is removed if the
+    write fails.
+    `mode`: permission bits of the new file (e.g. those of the file it replaces); None: 0o666
+    less the umask, as for open().
+    Raises:
+        OSError: the folder is missing or not writable (nothing is left behind).
+    """
+    path = Path(path)
+    tmp = write_temp(path, data, mode=mode)
+    try:
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        discard(tmp)
         raise
     fsync_dir(path.parent)
 
