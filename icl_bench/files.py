@@ -10,6 +10,7 @@ scalars as numbers, tuples as lists. Readers turn null back into NaN where a col
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -104,6 +105,21 @@ def blocking_file(path: str | Path) -> Path | None:
     """The first folder above `path` that exists as something other than a folder (so `path`
     cannot be created), or None."""
     return next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
+
+
+def link_loop(path: str | Path) -> str | None:
+    """Why `path` cannot be used when it, or a folder above it, is a symbolic link loop (links that
+    lead in a circle: stat fails with ELOOP), naming the outermost such link; else None. (exists()
+    and is_dir() read a loop as a missing file; Path.resolve raises RuntimeError for it.)"""
+    path = Path(path)
+    for p in reversed((path, *path.parents)):
+        try:
+            os.stat(p)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                target = f"a link to {os.readlink(p)}, " if p.is_symlink() else ""
+                return f"{p} is a symbolic link loop ({target}whose links lead in a circle)"
+    return None
 
 
 def cannot_create(path: str | Path) -> str | None:

@@ -37,6 +37,7 @@ from icl_bench.report import aggregate as report
 from icl_bench.report import coverage, mechanism, scaling
 from icl_bench.report.load import unfinished_notes
 from icl_bench.errors import ConfigError
+from icl_bench.files import link_loop
 
 PLOT_TITLES = {
     "mse_vs_n": "Error vs context length N",
@@ -83,6 +84,8 @@ def _inside(path, out: Path) -> bool:
 def _check_out(out: Path, runs: list[Path], force: bool, checkpoints=(), readme=None) -> None:
     from icl_bench.solvers.checkpoint import checkpoint_path, stem_of
 
+    if link_loop(out):  # (resolve, below, raises RuntimeError for it)
+        raise ConfigError(f"--out: {link_loop(out)}; remove it or choose another folder")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} exists and is not a folder")
     for run in runs:
