@@ -10,11 +10,13 @@ scalars as numbers, tuples as lists. Readers turn null back into NaN where a col
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import secrets
 import tempfile
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +37,34 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str | Path, data: bytes, *, mode: int | None = None) -> None:
-    """Replace `path` by `data` atomically: unique temp file, fsync, rename, fsync of the folder.
-
-    The temp file is `.<name>.<pid>-<hex>.tmp` beside `path`; it is removed if the write fails.
-    `mode`: permission bits of the new file (e.g. those of the file it replaces); None: 0o666
-    less the umask, as for open().
-    Raises:
-        OSError: the folder is missing or not writable (nothing is left behind).
-    """
+def temp_path(path: str | Path) -> Path:
+    """A new unique temporary name beside `path`: `.<name>.<pid>-<hex>.tmp` (write_atomic's)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}")
+    return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}")
+
+
+def fsync_file(path: str | Path) -> None:
+    """Flush the contents of the file `path` (written by someone else, e.g. a library) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def discard(*paths: str | Path | None) -> None:
+    """Remove each file of `paths` that exists (None: skipped); an error is ignored (cleanup only)."""
+    for p in paths:
+        if p is not None:
+            with suppress(OSError):
+                os.unlink(p)
+
+
+def write_temp(path: str | Path, data: bytes, *, mode: int | None = None) -> Path:
+    """Write `data` to a new temp_path(path), flushed and fsynced, and return that name: the first
+    half of write_atomic, for a caller that renames several files into place in its own order.
+    The temp file is removed if the write fails (an OSError naming `path`: e.g. the disk is full)."""
+    tmp = temp_path(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
     try:
         with os.fdopen(fd, "wb") as f:
@@ -54,12 +73,30 @@ def write_atomic(path: str | Path, data: bytes, *, mode: int | None = None) -> N
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+    except BaseException as exc:
+        discard(tmp)
+        if isinstance(exc, OSError) and exc.errno is not None:  # named as `path`, not as the hidden temp file
+            raise OSError(exc.errno, exc.strerror, str(path)) from None  # (a write's own error names no file)
+        raise
+    return tmp
+
+
+def write_atomic(path: str | Path, data: bytes, *, mode: int | None = None) -> None:
+    """Replace `path` by `data` atomically: unique temp file, fsync, rename, fsync of the folder.
+
+    The temp file is `.<name>.<pid>-<hex>.tmp` beside `path` (write_temp); it is removed if the
+    write fails.
+    `mode`: permission bits of the new file (e.g. those of the file it replaces); None: 0o666
+    less the umask, as for open().
+    Raises:
+        OSError: the folder is missing or not writable (nothing is left behind).
+    """
+    path = Path(path)
+    tmp = write_temp(path, data, mode=mode)
+    try:
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        discard(tmp)
         raise
     fsync_dir(path.parent)
 
@@ -68,6 +105,21 @@ def blocking_file(path: str | Path) -> Path | None:
     """The first folder above `path` that exists as something other than a folder (so `path`
     cannot be created), or None."""
     return next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
+
+
+def link_loop(path: str | Path) -> str | None:
+    """Why `path` cannot be used when it, or a folder above it, is a symbolic link loop (links that
+    lead in a circle: stat fails with ELOOP), naming the outermost such link; else None. (exists()
+    and is_dir() read a loop as a missing file; Path.resolve raises RuntimeError for it.)"""
+    path = Path(path)
+    for p in reversed((path, *path.parents)):
+        try:
+            os.stat(p)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                target = f"a link to {os.readlink(p)}, " if p.is_symlink() else ""
+                return f"{p} is a symbolic link loop ({target}whose links lead in a circle)"
+    return None
 
 
 def cannot_create(path: str | Path) -> str | None:

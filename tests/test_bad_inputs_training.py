@@ -226,3 +226,26 @@ def test_checkpoint_names_local_first_then_shipped_and_a_folder_never_hides_one(
         with pytest.raises(ConfigError) as exc:
             checkpoint_path(bad, "--checkpoint")
         assert str(exc.value).startswith(msg) and "\n" not in str(exc.value), str(exc.value)
+
+
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_old_pair(capsys, tmp_path, monkeypatch):
+    """safetensors reports a full disk as its own SafetensorError, not an OSError: `train` printed a
+    traceback, exit 1 (found by an adversarial review). It is one line naming --out's file, exit 2,
+    and the pair that was there is left as it was, with no temporary file beside it."""
+    from safetensors import SafetensorError
+
+    import icl_bench.solvers.checkpoint as checkpoint
+
+    def full(tensors, filename, metadata=None):
+        with open(filename, "wb") as f:  # safetensors had begun its file
+            f.write(b"\0" * 100)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(checkpoint, "save_file", full)
+    (tmp_path / "o").mkdir()
+    for half in ("m.json", "m.safetensors"):
+        (tmp_path / "o" / half).write_text("an earlier checkpoint")
+    msg = run(capsys, tmp_path, ["train", "--config", tmp_path / "c.toml", "--out", tmp_path / "o", "--force", "--no-progress"],
+              "[runs.m]\n" + TINY)
+    assert msg == f"--out: {tmp_path / 'o' / 'm.safetensors'}: No space left on device\n"
+    assert all((tmp_path / "o" / half).read_text() == "an earlier checkpoint" for half in ("m.json", "m.safetensors"))

@@ -1,10 +1,16 @@
 """Checkpoint round trip. The rejection of bad checkpoint files (truncated, pickles, wrong shapes,
 bad JSON, ...) is in the bad-input catalogue, tests/test_bad_inputs.py."""
+import errno
 import json
+import os
+import signal
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
 
+from icl_bench.errors import ConfigError
 from icl_bench.solvers.checkpoint import load_checkpoint, save_checkpoint
 from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
@@ -52,3 +58,60 @@ def test_json_is_strict(tmp_path):
 
     meta = json.loads(stem.with_suffix(".json").read_text(), parse_constant=reject)
     assert meta["history"][0]["loss"] is None and meta["x"] is None
+
+
+@contextmanager
+def _file_size_limit(limit: int):
+    """Writes past `limit` bytes fail with EFBIG (RLIMIT_FSIZE, SIGXFSZ ignored): a real write error
+    part-way through a file, as a disk filling up gives, for this process only."""
+    resource = pytest.importorskip("resource")
+    old_limit, old_handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, old_limit[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+
+
+@pytest.mark.parametrize("fails", ["weights", "metadata"])
+def test_a_save_that_fails_part_way_keeps_the_old_pair(tmp_path, fails):
+    """`train --force` on a full disk wrote the new .safetensors over the old one, then failed
+    part-way through the .json it was overwriting in place: the old checkpoint was gone and the
+    new one half written (found by an adversarial review). Both files now go to temporary names
+    first: a failure in either leaves the old pair byte for byte and no temporary file; the error
+    is an OSError naming the file (safetensors' own SafetensorError for the weights included)."""
+    save_checkpoint(_model(), tmp_path / "m", {"R": 10.0})
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    new = _model(d_model=4)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(1.0)
+    limit = 1000 if fails == "weights" else 20_000  # the weights are 2272 bytes, the metadata > 100 000
+    with _file_size_limit(limit), pytest.raises(OSError) as info:
+        save_checkpoint(new, tmp_path / "m", {"R": 10.0, "history": [{"loss": 1.0, "step": i} for i in range(3000)]})
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert info.value.errno == errno.EFBIG
+    assert info.value.filename == str(tmp_path / ("m.safetensors" if fails == "weights" else "m.json"))
+
+
+def test_the_json_is_renamed_in_last_and_marks_a_complete_pair(tmp_path, monkeypatch):
+    """A crash between the two renames leaves new weights without a .json, refused as incomplete,
+    never new weights beside the old pair's metadata (which could load as a wrong checkpoint)."""
+    import icl_bench.solvers.checkpoint as checkpoint
+
+    save_checkpoint(_model(), tmp_path / "m", {"R": 10.0})
+    renamed, real = [], os.replace
+
+    def crash_before_the_json(a, b):
+        if str(b).endswith(".json"):
+            raise KeyboardInterrupt  # stands in for a kill between the renames
+        renamed.append(Path(b).name)
+        real(a, b)
+
+    monkeypatch.setattr(checkpoint.os, "replace", crash_before_the_json)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(_model(d_model=4), tmp_path / "m", {"R": 100.0})
+    assert renamed == ["m.safetensors"] and sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
+    with pytest.raises(ConfigError, match="metadata file .*m.json is missing"):
+        load_checkpoint(tmp_path / "m")

@@ -465,3 +465,29 @@ def test_help_and_version_answer_without_loading_torch(argv):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False False", out.stdout
+
+
+def test_a_symbolic_link_loop_is_named_in_one_line(tmp_path, capsys, tiny_raw, monkeypatch):
+    """`publish` with a link loop as RUN_DIR or --out gave a `RuntimeError: Symlink loop` traceback
+    (Path.resolve); `run --out loop1` said "a link to loop2, which does not exist" (found by an
+    adversarial review). Each is one line saying it is a loop, exit 2, nothing written."""
+    (tmp_path / "c.toml").write_text(tomli_w.dumps(tiny_raw))
+    assert main(["run", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "loop1").symlink_to("loop2")
+    (tmp_path / "loop2").symlink_to("loop1")
+    capsys.readouterr()
+    loop = "loop1 is a symbolic link loop (a link to loop2, whose links lead in a circle)"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for argv, expected in (
+            (["publish", "--out", "pub", "loop1"], f"RUN_DIR: {loop}; give the --out folder of `icl-bench run`"),
+            (["publish", "--out", "pub", "run", "loop1"], f"RUN_DIR: {loop}; give the --out folder of `icl-bench run`"),
+            (["publish", "--out", "loop1", "run"], f"--out: {loop}; remove it or choose another folder"),
+            (["publish", "--out", "loop1/pub", "run"], f"--out: {loop}; remove it or choose another folder"),
+            (["run", "--config", "c.toml", "--out", "loop1"], f"--out: {loop}; remove it or choose another folder"),
+            (["run", "--config", "c.toml", "--out", "loop1", "--resume"], f"--out: {loop}; remove it or choose another folder"),
+            (["run", "--config", "c.toml", "--out", "o", "--cache", "loop1"], f"--cache: {loop}; remove it or choose another folder"),
+            (["train", "--out", "loop1", "--steps", "1"], f"--out: {loop}; remove it or choose another folder")):
+        code, err = _run(capsys, argv)
+        assert code == 2 and err == f"icl-bench: error: {expected}\n", (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -341,3 +341,67 @@ def test_a_full_disk_mid_run_is_one_line_and_the_stored_cells_resume(tmp_path, m
     monkeypatch.setattr(store.sqlite3, "connect", connect)
     assert main(["run", "--config", str(cfg), "--out", str(out), "--no-progress", "--resume"]) == 0
     assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == 3
+
+
+def _damage_page(db_path: Path, name: str = "cells") -> None:
+    """Overwrite the first page of table / index `name` of the SQLite file (not its header page)
+    with text, as `printf 'GARBAGE%.0s' {1..600} | dd of=cells.sqlite seek=... conv=notrunc` does."""
+    db = sqlite3.connect(db_path)
+    root = db.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (name,)).fetchone()[0]
+    size = db.execute("PRAGMA page_size").fetchone()[0]
+    db.close()
+    assert root > 1 and not Path(f"{db_path}-wal").exists()
+    with open(db_path, "r+b") as f:
+        f.seek((root - 1) * size)
+        f.write(b"GARBAGE" * 600)
+
+
+@pytest.mark.parametrize("page", ["cells", "sqlite_autoindex_cells_1"])
+@pytest.mark.parametrize("where", ["--out", "--cache"])
+def test_a_damaged_page_of_the_store_or_cache_is_one_line_and_writes_nothing(tmp_path, capsys, where, page):
+    """A damaged page (not the header) of cells.sqlite was a `database disk image is malformed`
+    traceback, exit 1, on --resume and with --cache (found by an adversarial review); with --cache it
+    also left a started --out (config.json + cells.sqlite) that the next run refused as not empty."""
+    from icl_bench.cli import main
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(tomli_w.dumps(SMALL))
+    run = ["run", "--config", str(cfg), "--no-progress"]
+    assert main([*run, "--out", str(tmp_path / "run"), "--cache", str(tmp_path / "cache")]) == 0
+    capsys.readouterr()
+    db = tmp_path / ("run" if where == "--out" else "cache") / "cells.sqlite"
+    _damage_page(db, page)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    argv = [*run, "--out", str(tmp_path / "run"), "--resume"] if where == "--out" else \
+        [*run, "--out", str(tmp_path / "new"), "--cache", str(tmp_path / "cache")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    remedy = "recompute the run's cells" if where == "--out" else "start a new cache"
+    assert err.startswith(f"icl-bench: error: {where}: {db} is damaged (database disk image is malformed")
+    assert err.endswith(f"); move it away to {remedy}\n") and err.count("\n") == 1, err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # no --out started either
+    db.rename(tmp_path / "damaged.sqlite")  # as the message says: the run goes on, its cells recomputed
+    assert main(argv) == 0
+
+
+def test_a_page_damaged_after_the_check_is_one_line_too(tmp_path, monkeypatch):
+    """Damage that SQLite meets only mid-run (here: the open-time check skipped) is the same
+    one-line ConfigError, from a lookup in the cache and from a store's write."""
+    monkeypatch.setattr(store, "_check_intact", lambda db: None)
+    cols = ("x", "status")
+    with store.CellStore(tmp_path / "o", cols, resume=False) as db:
+        db.put("k", {"x": 1.0, "status": "ok"})
+    cache = store.CellCache(tmp_path / "cache", cols)
+    cache.put("k", {"x": 1.0, "status": "ok"})
+    cache.close()
+    _damage_page(tmp_path / "cache" / "cells.sqlite", "sqlite_autoindex_cells_1")
+    _damage_page(tmp_path / "o" / "cells.sqlite", "sqlite_autoindex_cells_1")
+    cache = store.CellCache(tmp_path / "cache", cols)
+    try:
+        with pytest.raises(ConfigError, match=r"^--cache: .*cells.sqlite is damaged \(database disk image is malformed\)"):
+            cache.get(["k"])
+    finally:
+        cache.close()
+    with store.CellStore(tmp_path / "o", cols, resume=True) as db:
+        with pytest.raises(ConfigError, match=r"^--out: .*cells.sqlite is damaged \(database disk image is malformed\)"):
+            db.put("k9", {"x": 2.0, "status": "ok"})

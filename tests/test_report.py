@@ -1219,3 +1219,41 @@ def test_a_series_that_ran_at_the_setting_without_an_ok_cell_is_no_note_of_absen
     assert "not in the headline" not in out + head, out + head
     assert "series plugin-mean-y: a row of (no ok cell) in the headline at" in " ".join(head.split()), head
     assert "its ok cells have d = 1" in head
+
+
+def test_a_killed_publish_leaves_no_temp_folder_for_good(tmp_path, run_dir, monkeypatch):
+    """A publish killed while writing left its private `.OUT.*.tmp` folder beside OUT, and no later
+    publish removed it (found by an adversarial review). The next publish into OUT removes those of
+    a process that is gone, or older than an hour, and nothing else."""
+    import os
+    import subprocess
+    import sys
+
+    import icl_bench.report.publish
+
+    monkeypatch.setattr(icl_bench.report.publish, "_figures", lambda *a: ({}, ["plots left out (fast test)"]))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live, hour_ago = os.getppid(), os.stat(tmp_path).st_mtime - 7200
+
+    def temp(name, files=("index.html", "plots/mse_vs_n.png"), old=False):
+        folder = tmp_path / name
+        for f in files:
+            (folder / f).parent.mkdir(parents=True, exist_ok=True)
+            (folder / f).write_text("half written")
+        if old:
+            os.utime(folder, (hour_ago, hour_ago))
+        return name
+
+    gone = [temp(f".pub.{dead.pid}-abcd_123.tmp"), temp(f".pub.{live}-zzzzzzzz.tmp", old=True),
+            temp(".pub.k2x9q1ab.tmp", old=True)]  # (a publish from before the pid was in the name)
+    kept = [temp(f".pub.{live}-abcd_123.tmp"),  # a publish running now
+            temp(".pub.k2x9q1ab.tmp".replace("k2", "k3")),  # no pid and recent: may be running
+            temp(f".pub.{dead.pid}-qqqqqqqq.tmp", files=("index.html", "mine.txt")),  # holds what publish never writes
+            temp(f".pub.{dead.pid}-rrrrrrrr.old", files=("previous/index.html",)),  # maybe the only copy of a report
+            temp(f".pubs.{dead.pid}-abcd_123.tmp"), temp(f".pub.{dead.pid}-abcd_1234.tmp"),  # other names
+            temp(f".pub.{dead.pid}-abcd_123.tmp.txt")]
+    (tmp_path / ".pub.notes.tmp").write_text("a file, not a folder")
+    kept.append(".pub.notes.tmp")
+    assert main(["publish", str(run_dir), "--out", str(tmp_path / "pub")]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept + ["pub"])

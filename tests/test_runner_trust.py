@@ -413,7 +413,7 @@ def test_bad_cache_or_out_paths_write_nothing(tmp_path, capsys):
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     for cache, msg in (("dang", f"dang is a symbolic link to {tmp_path / 'nowhere'}, which is missing"),
                        ("dang/sub", f"dang is a symbolic link to {tmp_path / 'nowhere'}, which is missing"),
-                       ("loop", "cannot use ")):
+                       ("loop", f"loop is a symbolic link loop (a link to {tmp_path / 'loop'}, whose links lead in a circle)")):
         code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "o6", "--cache", tmp_path / cache)
         assert code == 2 and err.startswith(f"icl-bench: error: --cache: ") and msg in err, err
         assert not (tmp_path / "o6").exists() and "Traceback" not in err

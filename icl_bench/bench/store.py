@@ -62,7 +62,23 @@ def _checksum(key: str, values: list) -> int:
     return zlib.crc32(repr((key, values)).encode())
 
 
-def _write(db: sqlite3.Connection, path: Path, sql: str, params: tuple) -> None:
+def _check_intact(db: sqlite3.Connection) -> None:
+    """Raise sqlite3.DatabaseError unless SQLite's quick_check of every page of a store / cache passes."""
+    rows = [r[0] for r in db.execute("PRAGMA quick_check")]  # raises itself on some damage
+    if rows != ["ok"]:
+        first = next((x for r in rows for x in r.splitlines() if not x.startswith("***")), rows[0])
+        raise sqlite3.DatabaseError(f"database disk image is malformed: {first}")
+
+
+def _refusal(exc: sqlite3.Error, flag: str, path: Path, otherwise: str) -> ConfigError:
+    """One line for a database SQLite cannot use: a damaged page says to move it away, else `otherwise`."""
+    if "malformed" not in str(exc):  # e.g. a damaged header: "file is not a database"
+        return ConfigError(f"{flag}: {otherwise} ({exc})")
+    remedy = "recompute the run's cells" if flag == "--out" else "start a new cache"
+    return ConfigError(f"{flag}: {path} is damaged ({exc}); move it away to {remedy}")
+
+
+def _write(db: sqlite3.Connection, path: Path, sql: str, params: tuple, flag: str = "--out") -> None:
     """db.execute(sql, params); a full disk (or another write failure) is an OSError naming the
     file, so the command line reports it in one line under the flag whose folder holds it."""
     try:
@@ -70,6 +86,8 @@ def _write(db: sqlite3.Connection, path: Path, sql: str, params: tuple) -> None:
     except sqlite3.OperationalError as exc:
         code = errno.ENOSPC if "full" in str(exc) else errno.EIO
         raise OSError(code, f"{exc}; the cells stored before it are kept (--resume continues)", str(path)) from None
+    except sqlite3.DatabaseError as exc:  # a damaged page: a ConfigError naming `flag`
+        raise _refusal(exc, flag, path, f"cannot write to {path}") from None
 
 
 class CellStore:
@@ -98,6 +116,8 @@ class CellStore:
             have = [r[1] for r in self._db.execute("PRAGMA table_info(cells)")]
             if have and not {"key", "crc"} <= set(have):  # checked before any write: a foreign file is left as it is
                 raise sqlite3.DatabaseError(f"its table 'cells' is not a cell store's (columns: {', '.join(have)})")
+            if have:  # --resume: a damaged page is refused now (_check_intact), not mid-run
+                _check_intact(self._db)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: every commit survives kill -9 (see above)
             cols = ", ".join(f'"{c}"' for c in self.columns)  # no declared type: values kept as given
@@ -108,7 +128,7 @@ class CellStore:
                     self._db.execute(f'ALTER TABLE cells ADD COLUMN "{c}"')
         except sqlite3.Error as exc:
             self.close()
-            raise ConfigError(f"--out: cannot use {self.out / STORE_NAME} as a cell store ({exc})") from None
+            raise _refusal(exc, "--out", self.out / STORE_NAME, f"cannot use {self.out / STORE_NAME} as a cell store") from None
         self._insert = (f"INSERT OR REPLACE INTO cells (key, {cols}, crc) "
                         f"VALUES ({', '.join('?' * (len(self.columns) + 2))})")
 
@@ -124,7 +144,7 @@ class CellStore:
         present), so --resume tries those cells again."""
         cols = ", ".join(f'"{c}"' for c in self.columns)
         out = {}
-        for key, *values, crc in self._db.execute(f"SELECT key, {cols}, crc FROM cells"):
+        for key, *values, crc in self._db.execute(f"SELECT key, {cols}, crc FROM cells"):  # (pages checked on open)
             values = [math.nan if v is None else v for v in values]
             if _checksum(key, values) != crc:
                 continue
@@ -322,6 +342,8 @@ class CellCache:
             have = {r[1] for r in self._db.execute("PRAGMA table_info(cells)")}
             if have and not {"key", "crc"} <= have:  # a foreign table: checked before any write
                 raise sqlite3.DatabaseError(f"its table 'cells' is not a cell cache's (columns: {', '.join(sorted(have))})")
+            if have:  # opened before --out is made: a damaged page leaves no run folder behind
+                _check_intact(self._db)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute(f"CREATE TABLE IF NOT EXISTS cells (key TEXT PRIMARY KEY, {cols}, crc INTEGER NOT NULL)")
@@ -330,14 +352,17 @@ class CellCache:
                     self._db.execute(f'ALTER TABLE cells ADD COLUMN "{c}"')
         except (OSError, sqlite3.Error) as exc:
             self.close()
-            raise ConfigError(f"--cache: cannot use {self.folder} as a cell cache ({exc})") from None
+            raise _refusal(exc, "--cache", self.folder / STORE_NAME, f"cannot use {self.folder} as a cell cache") from None
         self._cols = cols
 
     def get(self, keys) -> dict[str, dict]:
         """key -> row for the keys found with a valid CRC."""
         out = {}
         for key in keys:
-            hit = self._db.execute(f"SELECT {self._cols}, crc FROM cells WHERE key = ?", (key,)).fetchone()
+            try:
+                hit = self._db.execute(f"SELECT {self._cols}, crc FROM cells WHERE key = ?", (key,)).fetchone()
+            except sqlite3.DatabaseError as exc:  # (checked when opened: damaged since, by another run)
+                raise _refusal(exc, "--cache", self.folder / STORE_NAME, "cannot read the cache") from None
             if hit is None:
                 continue
             values = [math.nan if v is None else v for v in hit[:-1]]
@@ -351,7 +376,7 @@ class CellCache:
             return
         values = [_plain(row[c]) for c in self.columns]
         _write(self._db, self.folder / STORE_NAME, f"INSERT OR REPLACE INTO cells (key, {self._cols}, crc) VALUES "
-               f"({', '.join('?' * (len(self.columns) + 2))})", (key, *values, _checksum(key, values)))
+               f"({', '.join('?' * (len(self.columns) + 2))})", (key, *values, _checksum(key, values)), "--cache")
 
     def close(self) -> None:
         if self._db is not None:

@@ -14,8 +14,9 @@ Writes into DIR (nothing else, nothing typed by hand):
     plots/*.png      mse_vs_n, mse_vs_r, gd_steps, throughput, weights, probes (each when possible)
     publish.json     inputs, the representative setting, notes (skipped plots and why), versions,
                      and the files written (so a later --force deletes nothing else)
-Everything is first written to a hidden temporary folder beside DIR and moved into place at the
-end, so DIR never holds a half-written report. A non-empty DIR is refused unless force=True, and
+Everything is first written to a hidden temporary folder beside DIR (`.DIR.<pid>-<random>.tmp`)
+and moved into place at the end, so DIR never holds a half-written report; such a folder left by
+a killed publish is removed by the next publish into DIR (`_remove_stale_temps`). A non-empty DIR is refused unless force=True, and
 even then unless an earlier publish wrote it and it holds nothing else; a --checkpoint inside DIR
 is refused.
 Folders are made 0o755 and files 0o644 (mkdtemp's 0o700 would make the report private).
@@ -25,9 +26,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import tempfile
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -37,6 +40,7 @@ from icl_bench.report import aggregate as report
 from icl_bench.report import coverage, mechanism, scaling
 from icl_bench.report.load import shared_timing_notes, unfinished_notes
 from icl_bench.errors import ConfigError
+from icl_bench.files import link_loop
 
 PLOT_TITLES = {
     "mse_vs_n": "Error vs context length N",
@@ -74,6 +78,40 @@ def _not_published(out: Path) -> str | None:
     return None
 
 
+STALE_S = 3600  # a temp folder of publish older than this is stale, whatever its pid says (reused, another host)
+
+
+def _remove_stale_temps(out: Path) -> None:
+    """Delete the temporary folders a killed publish into `out` left beside it: named as publish
+    names them (`.OUT.<pid>-<random>.tmp`; `.OUT.<random>.tmp` before the pid was in the name),
+    holding only files publish writes (_not_published), and whose process is gone or that are
+    older than STALE_S. Nothing else is touched (a `.OUT.*.old` folder may hold the only copy
+    of the previous report: a publish killed between its two renames)."""
+    own = re.compile(rf"\.{re.escape(out.name)}\.(?:(\d+)-)?[a-z0-9_]{{8}}\.tmp")  # mkdtemp: 8 of [a-z0-9_]
+    try:  # best effort: a folder that vanishes meanwhile (another publish cleaning) is no error
+        for p in out.parent.iterdir():
+            m = own.fullmatch(p.name)
+            if m is None or p.is_symlink() or not p.is_dir() or _not_published(p) is not None:
+                continue
+            if time.time() - p.stat().st_mtime > STALE_S or (m.group(1) and not _alive(int(m.group(1)))):
+                shutil.rmtree(p, ignore_errors=True)
+    except OSError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` may still be running a publish (this process's folder is made later)."""
+    if pid == os.getpid() or os.name != "posix":  # not ours; on Windows os.kill would end the process:
+        return pid != os.getpid()  # its age alone decides
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. another user's process
+        pass
+    return True
+
+
 def _inside(path, out: Path) -> bool:
     """Whether `path` lies inside `out`, each as typed or with its links followed."""
     spellings = lambda p: (Path(os.path.abspath(p)), Path(p).resolve())  # noqa: E731
@@ -83,6 +121,8 @@ def _inside(path, out: Path) -> bool:
 def _check_out(out: Path, runs: list[Path], force: bool, checkpoints=(), readme=None) -> None:
     from icl_bench.solvers.checkpoint import checkpoint_path, stem_of
 
+    if link_loop(out):  # (resolve, below, raises RuntimeError for it)
+        raise ConfigError(f"--out: {link_loop(out)}; remove it or choose another folder")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} exists and is not a folder")
     for run in runs:
@@ -283,8 +323,9 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     ctx["summary_shown"] = ctx["summary"].drop(columns=["prompts"] if one_source else [])
     given, out = out, Path(os.path.realpath(out)) if out.is_symlink() else out  # a link: its target is
     out.parent.mkdir(parents=True, exist_ok=True)  # replaced, the link kept (renaming over it replaced the link)
+    _remove_stale_temps(out)
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}-", suffix=".tmp", dir=out.parent))
     except OSError as exc:  # named as --out, not as the hidden folder beside it (a read-only or full disk)
         raise OSError(exc.errno, exc.strerror, str(out)) from None
     try:

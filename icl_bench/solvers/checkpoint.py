@@ -11,14 +11,23 @@ A checkpoint is a pair of files with one stem:
 Loading never unpickles anything (safetensors holds raw tensors and a JSON header; the
 metadata is JSON), so a checkpoint cannot run code. Every problem with the pair (missing
 file, truncated or corrupt data, a pickle renamed to .safetensors, tensors whose names or
-shapes do not fit the config) is a one-line `ConfigError`. `checkpoint_path` turns what a user
+shapes do not fit the config) is a one-line `ConfigError`.
+
+Saving replaces a pair without ever mixing two: both files are written under temporary names
+beside it and fsynced, then the old .json is removed, the .safetensors renamed into place and the
+.json last. The .json is the pair's completeness mark: a failure while writing (a full disk)
+leaves the old pair as it was and no temporary file; a crash between the renames leaves weights
+without their .json, which every reader refuses as "metadata file ... is missing", never new
+weights beside old metadata. `checkpoint_path` turns what a user
 typed (a path, or a shipped model's name such as trained-l1-R100) into the pair to load.
 """
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -27,7 +36,7 @@ from safetensors.torch import load_file, save_file
 
 from icl_bench import provenance, resources
 from icl_bench.errors import ConfigError
-from icl_bench.files import blocking_file, cannot_create, dumps
+from icl_bench.files import blocking_file, cannot_create, discard, dumps, fsync_dir, fsync_file, temp_path, write_temp
 from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
 FORMAT = "icl-bench-checkpoint"
@@ -51,6 +60,9 @@ def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None
             "git_commit" unless given. Non-finite floats are stored as null.
     Raises:
         TypeError: meta is not JSON-serialisable.
+        OSError: a file could not be written (e.g. the disk is full; safetensors' own error is
+            turned into one naming the .safetensors file): the pair that was there is kept intact
+            (see the module docstring).
     """
     stem = stem_of(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
@@ -59,9 +71,25 @@ def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None
     doc.update(format=FORMAT, version=VERSION, model_config=model.cfg.to_dict(),
                created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     text = dumps(doc, indent=2, sort_keys=True)
-    save_file(tensors, str(stem) + ".safetensors", metadata={"format": FORMAT})
-    os.chmod(str(stem) + ".safetensors", 0o644)  # safetensors writes 0o600: a shared model must be readable
-    Path(str(stem) + ".json").write_text(text + "\n")
+    spath, jpath = Path(f"{stem}.safetensors"), Path(f"{stem}.json")
+    stmp, jtmp = temp_path(spath), None
+    try:
+        try:
+            save_file(tensors, str(stmp), metadata={"format": FORMAT})
+        except SafetensorError as exc:  # e.g. "I/O error: No space left on device (os error 28)"
+            code = int(m.group(1)) if (m := re.search(r"os error (\d+)", str(exc))) else errno.EIO
+            raise OSError(code, os.strerror(code) if m else str(exc).splitlines()[0], str(spath)) from None
+        os.chmod(stmp, 0o644)  # safetensors writes 0o600: a shared model must be readable
+        fsync_file(stmp)
+        jtmp = write_temp(jpath, (text + "\n").encode())
+        jpath.unlink(missing_ok=True)  # from here the pair is incomplete until its .json is renamed in
+        fsync_dir(stem.parent)
+        os.replace(stmp, spath)
+        os.replace(jtmp, jpath)  # last: the completeness mark
+    except BaseException:
+        discard(stmp, jtmp)
+        raise
+    fsync_dir(stem.parent)
     return stem
 
 
