@@ -320,6 +320,11 @@ def _legend(fig):
     return [t.get_text() for t in fig.legends[0].get_texts()]
 
 
+REFERENCE_NOTE = ("weights.png and probes.png draw the LayerNorm construction (R = 10) for reference only: no transformer "
+                  "solver with LayerNorm weights (ln-closed-form, a trained-* checkpoint) has ok cells at the setting, and "
+                  "no --checkpoint was given")
+
+
 def test_line_plots_have_labelled_axes_and_one_line_per_solver(figs):
     from icl_bench.report import style
 
@@ -690,7 +695,9 @@ def test_model_plots_draw_the_construction_and_its_probes_without_running_solver
     table, _, setting = tables
     models, notes = model_plots.collect_models(table, setting, n_prompts=128)
     assert list(models) == ["construction (R=10)"], notes  # the run's only weighted solver is no checkpoint
-    assert notes == []
+    # no transformer solver in the run: the construction is a reference, and says so (changed: the
+    # note was empty; test_the_construction_alone_is_marked_as_a_reference)
+    assert notes == [REFERENCE_NOTE] and models["construction (R=10)"]["reference"]
     fig = model_plots.weight_heatmaps(models)
     assert [ax.get_title().split("  (")[0] for ax in fig.axes if ax.axison][:4] == ["embed", "readout", "L1H1 QK", "L1H1 OV"]
     (ln,) = [ax for ax in fig.axes if ax.get_title().startswith("L1 LN γ/β")]
@@ -703,6 +710,32 @@ def test_model_plots_draw_the_construction_and_its_probes_without_running_solver
     assert [ax.get_xlabel().split("(")[-1] for ax in fig.axes] == ["x units)", "y units)", "y units)"]
     assert fig.axes[2].get_xlabel().startswith("closed form b_hat (u - x_bar)")
     assert "passed by any accurate model: not a mechanism test" in fig._suptitle.get_text()  # docs/analysis.md
+
+
+def test_the_construction_alone_is_marked_as_a_reference(tables):
+    """A run without a transformer solver (ols, scipy-lstsq and plugins here) published weights.png
+    and probes.png of the construction as if it were one of its models (found by a new-user tryout).
+    It is still drawn, as the reference the benchmark's transformers are read against, but its
+    titles and a note say so; beside ln-closed-form (whose weights it is) or a checkpoint it is not."""
+    from icl_bench.report import model_plots
+
+    table, _, setting = tables
+    models, notes = model_plots.collect_models(table, setting, n_prompts=16)
+    assert notes == [REFERENCE_NOTE] and models["construction (R=10)"]["reference"]
+    fig = model_plots.weight_heatmaps(models)
+    assert fig.subfigs[1]._suptitle.get_text() == "construction (R=10)  (reference only: no transformer solver in the runs)"
+    fig = model_plots.probe_scatter(models)
+    assert fig._suptitle.get_text().endswith("\nconstruction (R=10): reference only: no transformer solver in the runs")
+    assert all(ax.get_title().startswith("construction (R=10) (reference only)\n") for ax in fig.axes)
+    ok = table[(table.status == "ok") & (table.solver == "ols")]
+    with_ln = pd.concat([table, ok.assign(solver="ln-closed-form")])  # the construction is the run's solver
+    models, notes = model_plots.collect_models(with_ln, setting, n_prompts=16)
+    assert notes == [] and not models["construction (R=10)"]["reference"]
+    fig = model_plots.weight_heatmaps(models)
+    assert fig.subfigs[1]._suptitle.get_text() == "construction (R=10)"
+    assert "reference" not in model_plots.probe_scatter(models)._suptitle.get_text()
+    models, notes = model_plots.collect_models(table, setting, ["trained-l1-R100"], n_prompts=16)  # beside a model
+    assert not any(m["reference"] for m in models.values()) and not any("reference" in n for n in notes)
 
 
 def test_probe_scatter_leaves_out_a_model_it_cannot_fit_with_a_note(tables):
@@ -1226,9 +1259,10 @@ def test_probe_prompts_shrink_at_large_N(tables):
     models, notes = model_plots.collect_models(table, {**setting, "N": 100_000})
     (trace,) = [m["trace"] for m in models.values()]
     assert trace["tokens"].shape == (2, 100_001, 3)
-    assert notes == [f"probes at N=100000 drawn from 2 prompts (at most {model_plots.PROBE_TOKENS} tokens)"]
+    assert notes == [f"probes at N=100000 drawn from 2 prompts (at most {model_plots.PROBE_TOKENS} tokens)",
+                     REFERENCE_NOTE]
     small, notes = model_plots.collect_models(table, setting)  # the default matrix's N: all 512 prompts
-    assert next(iter(small.values()))["trace"]["tokens"].shape[0] == 512 and notes == []
+    assert next(iter(small.values()))["trace"]["tokens"].shape[0] == 512 and notes == [REFERENCE_NOTE]
 
 
 def test_left_out_note_when_each_value_has_ok_cells_but_not_together():
