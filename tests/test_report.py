@@ -320,7 +320,13 @@ def _legend(fig):
     return [t.get_text() for t in fig.legends[0].get_texts()]
 
 
+REFERENCE_NOTE = ("weights.png and probes.png draw the LayerNorm construction (R = 10) for reference only: no transformer "
+                  "solver with LayerNorm weights (ln-closed-form, a trained-* checkpoint) has ok cells at the setting, and "
+                  "no --checkpoint was given")
+
+
 def test_line_plots_have_labelled_axes_and_one_line_per_solver(figs):
+    from icl_bench.report import style
 
     fig = figs["mse_vs_n"]  # plots.mse_vs_n(summary, setting) at the representative setting
     assert [ax.get_title() for ax in fig.axes] == ["noise σ = 0", "noise σ = 0.1"]
@@ -328,12 +334,67 @@ def test_line_plots_have_labelled_axes_and_one_line_per_solver(figs):
         assert ax.get_xlabel() == "context length N (examples)" and _lines(ax) == sorted(SERIES)
         assert [t.get_text() for t in ax.get_xticklabels()] == ["5", "12"]  # ticks at the grid values only
     assert fig.axes[0].get_ylabel() == "MSE vs OLS prediction (y units²)" and fig.axes[0].get_yscale() == "log"
-    assert _legend(fig) == SERIES  # one legend for the figure, in series order
+    # one legend for the figure, in series order; ols and scipy-lstsq sit at the float floor, so the
+    # floor line's entry follows (added with the floor line: test_error_plots_draw_rounding_on_a_float_floor_line)
+    assert _legend(fig) == SERIES + [style.FLOOR_LABEL]
     fig = figs["mse_vs_r"]
     assert [ax.get_title() for ax in fig.axes] == ["dtype = float32", "dtype = float64"]
     for ax in fig.axes:
         assert ax.get_xlabel() == "embedding constant R (token units)" and ax.get_xscale() == "log"
         assert _lines(ax) == sorted(SERIES)  # at N = 5 test-fails has ok cells too
+
+
+def test_error_plots_draw_rounding_on_a_float_floor_line(tables, figs):
+    """mse_vs_r shared one log axis between its float32 and float64 panels, from float64 ols at 1e-31
+    to 1: ten of thirteen series were squeezed into its top tenth (found by a new-user tryout). A
+    mean at or below the float floor of its dtype is drawn on a marked line at the bottom of its
+    panel (the floor marker, per series), each dtype's panels have their own y range, nothing above
+    the floor is hidden, and the note and legend say what was done; mse_vs_n draws the same."""
+    from matplotlib.collections import PolyCollection
+    from matplotlib.markers import MarkerStyle
+
+    from icl_bench.report import plots, scaling, style
+
+    _, summary, setting = tables
+    s = summary.copy()  # test-weighted in float64 at 1e-20: above its floor, below float32's; its band
+    low = (s.solver == "test-weighted") & (s.dtype == "float64")  # in float32 reaches 0 (the floor)
+    s.loc[low, ["mse_vs_ols", "mse_vs_ols_ci_low", "mse_vs_ols_ci_high"]] = [1e-20, 5e-21, 2e-20]
+    s.loc[(s.solver == "test-weighted") & (s.dtype == "float32"), "mse_vs_ols_ci_low"] = 0.0
+    fig = plots.mse_vs_r(s, setting)
+    f32, f64 = fig.axes
+    assert not f32.get_shared_y_axes().joined(f32, f64)
+    assert f32.get_ylim()[0] > 1e-11 and f64.get_ylim()[0] < 5e-21  # float64's 1e-20 does not stretch float32's
+    marker = MarkerStyle(style.FLOOR_MARKER)
+    marker = marker.get_path().transformed(marker.get_transform()).vertices
+    for ax, dtype in ((f32, "float32"), (f64, "float64")):
+        (floor,) = [c for c in ax.collections if c.get_gid() == "float-floor"]
+        y = floor.get_segments()[0][0][1]
+        lines = {ln.get_label(): ln for ln in ax.get_lines()}
+        assert ax.get_ylim()[0] < y < min(np.nanmin(ln.get_ydata()) for ln in lines.values() if ln.get_label() != "ols"
+                                          and not np.isnan(ln.get_ydata()).all())
+        ticks = dict(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels())))
+        assert ticks[y] == f"≤{scaling.float_floor(dtype):.2g}", ticks
+        for series in ("ols", "scipy-lstsq", "test-fails"):  # 1e-14, 1e-31 and 0: on the line, as the floor marker
+            (pts,) = [c for c in ax.collections if c.get_gid() == f"float-floor:{series}"]
+            assert np.allclose(pts.get_offsets()[:, 1], y) and sorted(pts.get_offsets()[:, 0]) == [10.0, 100.0]
+            assert np.allclose(pts.get_paths()[0].vertices, marker)
+            assert np.isnan(lines[series].get_ydata()).all()  # not at their value
+        assert list(lines["test-steps steps=4"].get_ydata()) == pytest.approx([1 / 16] * 2, rel=1e-5)
+        # no band below the line; test-weighted's float32 band, down to 0, ends on it
+        bands = min(p.get_paths()[0].vertices[:, 1].min() for p in ax.collections
+                    if isinstance(p, PolyCollection) and p.get_paths())
+        assert bands >= y * (1 - 1e-12) and (bands == pytest.approx(y, rel=1e-12, abs=0)) == (dtype == "float32")
+    assert list(lines["test-weighted"].get_ydata()) == [1e-20, 1e-20] and f64.get_ylim()[0] < 5e-21
+    assert _legend(fig)[-1] == style.FLOOR_LABEL
+    note = " ".join(" ".join(t.get_text() for t in fig.texts).split())
+    assert ("↓ on the dashed line: a mean MSE at or below the float floor (100 eps)² of its dtype (float32 1.4e-10, "
+            "float64 4.9e-28), i.e. rounding, not method error") in note, note
+    assert "in legend order: ols 4 of 4 points, scipy-lstsq 4 of 4 points, test-fails 4 of 4 points (2 exactly 0)" in note
+    assert "; y range per dtype" in note and "large open circles" not in note
+    for ax in figs["mse_vs_n"].axes:  # the same code path: one panel per noise, float32
+        assert [c.get_gid() for c in ax.collections if str(c.get_gid()).startswith("float-floor")][:3] == [
+            "float-floor:ols", "float-floor:scipy-lstsq", "float-floor:test-fails"]
+        assert [t.get_text() for t in ax.get_yticklabels()][0] == "≤1.4e-10"
 
 
 def test_series_labels_carry_every_distinguishing_parameter():
@@ -400,7 +461,7 @@ def test_identical_series_are_overlaid_and_named_and_one_value_axes_are_centred(
     _, summary, setting = twins_summary
     fig = plots.mse_vs_n(summary, setting)
     assert _legend(fig) == ["gd steps=1", "gd steps=4", "gd-lsa steps=1 (= gd steps=1)",
-                            "gd-lsa steps=4 (= gd steps=4)", "ols"]
+                            "gd-lsa steps=4 (= gd steps=4)", "ols", style.FLOOR_LABEL]  # ols at float64's floor
     (ax,) = fig.axes
     lines = {ln.get_label(): ln for ln in ax.get_lines()}
     twin, first = lines["gd-lsa steps=4 (= gd steps=4)"], lines["gd steps=4"]
@@ -503,7 +564,7 @@ def test_series_that_answered_nan_on_well_posed_prompts_are_flagged_in_the_plots
     """A solver that answered NaN on half the well-posed prompts has its MSE over the other half:
     it read as the best series, unmarked, while the headline said "(32 of 64 NaN)" (found by a
     new-user tryout). Its legend label says how many, summed over the points drawn, and the note why."""
-    from icl_bench.report import plots
+    from icl_bench.report import plots, style
 
     _, summary, setting = twins_summary  # 32 prompts per cell, N = 8 and 16
     nan = summary.solver.isin(["ols", "gd-lsa"])
@@ -512,7 +573,7 @@ def test_series_that_answered_nan_on_well_posed_prompts_are_flagged_in_the_plots
     fig = plots.mse_vs_n(summary, setting)
     assert _legend(fig) == ["gd steps=1", "gd steps=4", "gd-lsa steps=1 (NaN/inf on 32 of 64 well-posed) (= gd steps=1)",
                             "gd-lsa steps=4 (NaN/inf on 32 of 64 well-posed) (= gd steps=4)",
-                            "ols (NaN/inf on 32 of 64 well-posed)"]
+                            "ols (NaN/inf on 32 of 64 well-posed)", style.FLOOR_LABEL]  # ols at float64's floor
     note = " ".join(fig.texts[-1].get_text().split())
     assert "NaN/inf on k of n well-posed: the solver answered NaN or inf on k of the n prompts" in note, note
     fig = plots.gd_steps(summary, setting)  # per line: gd-lsa over its steps and N
@@ -634,7 +695,9 @@ def test_model_plots_draw_the_construction_and_its_probes_without_running_solver
     table, _, setting = tables
     models, notes = model_plots.collect_models(table, setting, n_prompts=128)
     assert list(models) == ["construction (R=10)"], notes  # the run's only weighted solver is no checkpoint
-    assert notes == []
+    # no transformer solver in the run: the construction is a reference, and says so (changed: the
+    # note was empty; test_the_construction_alone_is_marked_as_a_reference)
+    assert notes == [REFERENCE_NOTE] and models["construction (R=10)"]["reference"]
     fig = model_plots.weight_heatmaps(models)
     assert [ax.get_title().split("  (")[0] for ax in fig.axes if ax.axison][:4] == ["embed", "readout", "L1H1 QK", "L1H1 OV"]
     (ln,) = [ax for ax in fig.axes if ax.get_title().startswith("L1 LN γ/β")]
@@ -647,6 +710,32 @@ def test_model_plots_draw_the_construction_and_its_probes_without_running_solver
     assert [ax.get_xlabel().split("(")[-1] for ax in fig.axes] == ["x units)", "y units)", "y units)"]
     assert fig.axes[2].get_xlabel().startswith("closed form b_hat (u - x_bar)")
     assert "passed by any accurate model: not a mechanism test" in fig._suptitle.get_text()  # docs/analysis.md
+
+
+def test_the_construction_alone_is_marked_as_a_reference(tables):
+    """A run without a transformer solver (ols, scipy-lstsq and plugins here) published weights.png
+    and probes.png of the construction as if it were one of its models (found by a new-user tryout).
+    It is still drawn, as the reference the benchmark's transformers are read against, but its
+    titles and a note say so; beside ln-closed-form (whose weights it is) or a checkpoint it is not."""
+    from icl_bench.report import model_plots
+
+    table, _, setting = tables
+    models, notes = model_plots.collect_models(table, setting, n_prompts=16)
+    assert notes == [REFERENCE_NOTE] and models["construction (R=10)"]["reference"]
+    fig = model_plots.weight_heatmaps(models)
+    assert fig.subfigs[1]._suptitle.get_text() == "construction (R=10)  (reference only: no transformer solver in the runs)"
+    fig = model_plots.probe_scatter(models)
+    assert fig._suptitle.get_text().endswith("\nconstruction (R=10): reference only: no transformer solver in the runs")
+    assert all(ax.get_title().startswith("construction (R=10) (reference only)\n") for ax in fig.axes)
+    ok = table[(table.status == "ok") & (table.solver == "ols")]
+    with_ln = pd.concat([table, ok.assign(solver="ln-closed-form")])  # the construction is the run's solver
+    models, notes = model_plots.collect_models(with_ln, setting, n_prompts=16)
+    assert notes == [] and not models["construction (R=10)"]["reference"]
+    fig = model_plots.weight_heatmaps(models)
+    assert fig.subfigs[1]._suptitle.get_text() == "construction (R=10)"
+    assert "reference" not in model_plots.probe_scatter(models)._suptitle.get_text()
+    models, notes = model_plots.collect_models(table, setting, ["trained-l1-R100"], n_prompts=16)  # beside a model
+    assert not any(m["reference"] for m in models.values()) and not any("reference" in n for n in notes)
 
 
 def test_probe_scatter_leaves_out_a_model_it_cannot_fit_with_a_note(tables):
@@ -1170,9 +1259,10 @@ def test_probe_prompts_shrink_at_large_N(tables):
     models, notes = model_plots.collect_models(table, {**setting, "N": 100_000})
     (trace,) = [m["trace"] for m in models.values()]
     assert trace["tokens"].shape == (2, 100_001, 3)
-    assert notes == [f"probes at N=100000 drawn from 2 prompts (at most {model_plots.PROBE_TOKENS} tokens)"]
+    assert notes == [f"probes at N=100000 drawn from 2 prompts (at most {model_plots.PROBE_TOKENS} tokens)",
+                     REFERENCE_NOTE]
     small, notes = model_plots.collect_models(table, setting)  # the default matrix's N: all 512 prompts
-    assert next(iter(small.values()))["trace"]["tokens"].shape[0] == 512 and notes == []
+    assert next(iter(small.values()))["trace"]["tokens"].shape[0] == 512 and notes == [REFERENCE_NOTE]
 
 
 def test_left_out_note_when_each_value_has_ok_cells_but_not_together():

@@ -32,7 +32,7 @@ from icl_bench.prompts.ols import ols_fit
 from icl_bench.report.aggregate import select
 from icl_bench.report.plots import PlotSkipped
 from icl_bench.solvers.checkpoint import checkpoint_path, load_checkpoint, stem_of
-from icl_bench.solvers.ln_closed_form import build_construction
+from icl_bench.solvers.ln_closed_form import LNClosedForm, build_construction
 from icl_bench.solvers.registry import get_solver_class
 
 MAX_POINTS = 1500  # points per scatter panel (a random subset when there are more)
@@ -103,9 +103,13 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
     n_prompts (N + 1) would exceed PROBE_TOKENS (at least 2 prompts; a note says how many), so a
     run at N = 100 000 publishes in bounded memory.
 
+    The construction drawn alone (no ln-closed-form with ok cells at the setting, no checkpoint
+    drawn: a run of ols and a plugin) is a reference, not a result of the runs: its entry has
+    "reference": True (the figures say so in its title) and a note says why it is there.
+
     Returns:
-        (models, notes): models = label -> {"weights": dict, "trace": dict} (trace: the model's
-        probe() intermediates plus "tokens"); notes = what was left out and why.
+        (models, notes): models = label -> {"weights": dict, "trace": dict, "reference": bool}
+        (trace: the model's probe() intermediates plus "tokens"); notes = what was left out and why.
     """
     notes, models = [], {}
     R, N = float(setting["R"]), int(setting["N"])
@@ -118,9 +122,11 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
     def add(label: str, model) -> None:
         model = model.to(torch.float64).eval()
         with torch.no_grad():
-            models[label] = {"weights": model.weight_matrices(), "trace": {"tokens": tokens, **model.probe(tokens)}}
+            models[label] = {"weights": model.weight_matrices(), "trace": {"tokens": tokens, **model.probe(tokens)},
+                             "reference": False}
 
-    add(f"construction (R={R:g})", build_construction(R))
+    construction = f"construction (R={R:g})"
+    add(construction, build_construction(R))
     drawn = {}  # weights file reached (_file_key) -> its label: one model is drawn once, however it was named
     at = select(table[table["status"] == "ok"], setting, ("N", "noise", "R", "d"))
     for (solver, params), _ in at.groupby(["solver", "solver_params"]):
@@ -156,7 +162,23 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
                              + (f" (--at R={meta['R']:g} probes it at its own)" if own else ""))
         except Exception as exc:
             notes.append(f"--checkpoint {path}: not drawn ({type(exc).__name__}: {exc})")
+    if len(models) == 1 and not any(_is_construction(s) for s in set(at["solver"])):
+        models[construction]["reference"] = True  # the construction alone, and no solver of the runs
+        notes.append(f"weights.png and probes.png draw the LayerNorm construction (R = {R:g}) for reference only: no "
+                     "transformer solver with LayerNorm weights (ln-closed-form, a trained-* checkpoint) has ok cells "
+                     "at the setting, and no --checkpoint was given")
     return models, notes
+
+
+REFERENCE = "reference only: no transformer solver in the runs"  # the title of a model collect_models marks so
+
+
+def _is_construction(solver: str) -> bool:
+    """True for ln-closed-form (or a solver built on it): its weights are the construction drawn."""
+    try:
+        return issubclass(get_solver_class(solver), LNClosedForm)
+    except Exception:  # a plugin not installed where the report is made
+        return False
 
 
 def _file_key(path) -> Path:
@@ -207,7 +229,8 @@ def weight_heatmaps(models: dict[str, dict]) -> Figure:
     fig = Figure(figsize=(width, height))
     header, *subs = fig.subfigures(len(maps) + 1, 1, height_ratios=[0.35, *blocks], squeeze=False)[:, 0]
     for sub, (label, mm) in zip(subs, maps.items()):
-        sub.suptitle(label, fontsize=9, x=0.02, ha="left", fontweight="bold")
+        ref = f"  ({REFERENCE})" if models[label].get("reference") else ""
+        sub.suptitle(label + ref, fontsize=9, x=0.02, ha="left", fontweight="bold")
         lay = layouts[label]
         axes = sub.subplots(len(lay), ncols, squeeze=False)
         for i, row in enumerate(lay):
@@ -304,11 +327,14 @@ def probe_scatter(models: dict[str, dict], notes: list[str] | None = None) -> Fi
             ax.plot(line, f.slope * line + f.intercept, color="k", lw=0.8, label=f"slope {f.slope:.3g}")
             n_rows = f" ({f.n} of {tx.size} rows finite)" if f.n < tx.size else ""
             where = PROBE_PLACES.get(f.source, f.source)
-            ax.set_title(f"{label}\n{where}\nslot {f.slot}, R² = {f.r2:.4f}{n_rows}", fontsize=7)
+            ref = f" ({REFERENCE.split(':')[0]})" if models[label].get("reference") else ""
+            ax.set_title(f"{label}{ref}\n{where}\nslot {f.slot}, R² = {f.r2:.4f}{n_rows}", fontsize=7)
             ax.set_xlabel(f"closed form {f.target} ({'x' if key == 'centering.x' else 'y'} units)", fontsize=7)
             ax.set_ylabel(f"stream slot {f.slot} (model units)", fontsize=7)
             ax.legend(fontsize=6)
+    refs = [label for label in fits if models[label].get("reference")]
     fig.suptitle("LayerNorm probes: stream slot vs the closed form's statistic (the division column is passed by "
-                 "any accurate model: not a mechanism test; icl-bench analyze's ln.state is)", fontsize=8)
+                 "any accurate model: not a mechanism test; icl-bench analyze's ln.state is)"
+                 + "".join(f"\n{label}: {REFERENCE}" for label in refs), fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     return fig

@@ -6,8 +6,11 @@ One line (or, for throughput, one dot per dtype) per series, where a series is a
 that tell it apart (report.add_series), styled by icl_bench/report/style.py (colour = family, marker =
 parameter set, series that coincide overlaid and named). Error plots draw the mean with its 95 % CI
 as a band. An axis is logarithmic when its positive values span more than two decades (one decade for
-N and R); on a logarithmic error axis an MSE of exactly 0 (e.g. float64 OLS against itself) is
-drawn at the axis floor as an open marker, and a note under the figure says so.
+N and R). In mse_vs_n and mse_vs_r a mean at or below the float floor of its dtype (rounding, 0
+included: ols at 1e-31 in float64) is drawn on a marked floor line at the bottom of its panel,
+not at its value, the axis above spanning the values above the floor, each dtype's panels on their
+own y range (style.floor_layout); in gd_steps an MSE of exactly 0 is drawn at the axis floor. A
+note under the figure says either.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from icl_bench.report import style
 from icl_bench.report.aggregate import failed_answers, select, series_order
@@ -68,7 +72,9 @@ def _panels(data: pd.DataFrame, col: str, col_title: str, width: float = 3.6, he
 
 
 def _finish(fig: Figure, panels: list, xlabel: str, ylabel: str, title: str, note: str,
-            legend_title: str = "solver (colour: family)") -> Figure:
+            legend_title: str = "solver (colour: family)", extra=()) -> Figure:
+    """Axis labels, one legend for the figure (every series once, then the `extra` (handle,
+    label) pairs), the title and the note, laid out so that none is cut off."""
     ncols = fig.axes[0].get_gridspec().ncols
     for i, (ax, _) in enumerate(panels):
         ax.set_xlabel(xlabel)
@@ -77,6 +83,8 @@ def _finish(fig: Figure, panels: list, xlabel: str, ylabel: str, title: str, not
     for ax, _ in panels:  # every series once, in drawing order, from whichever panel has it
         for h, lab in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(lab, h)
+    for h, lab in extra:
+        seen.setdefault(lab, h)
     width, height = fig.get_size_inches()
     reserve = 0.1  # inches kept free at the right for the legend
     leg = None
@@ -88,7 +96,9 @@ def _finish(fig: Figure, panels: list, xlabel: str, ylabel: str, title: str, not
         if reserve > LEGEND_ROOM:  # long labels ("gd steps=4 · d2.csv x→y"): widen, not squeeze the panels
             width += reserve - LEGEND_ROOM
     text, lines = style.wrap_note(note, width)
-    foot = 0.14 * lines + 0.06  # inches the note takes at the bottom
+    foot = 0.14 * lines + 0.06  # inches the note takes at the bottom: added, so a long note never squeezes the panels
+    height += foot
+    fig.set_size_inches(width, height)
     if leg is not None:  # the legend stands between the title (0.35 in) and the note, the figure as tall as all need
         height = max(height, box.height / fig.dpi + foot + 0.45)
         fig.set_size_inches(width, height)
@@ -122,44 +132,70 @@ def _flag_nan(data: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric: str, ylabel: str,
                    title: str) -> Figure:
     """Panels by `col`, one line per series of metric (mean) vs x with its 95 % CI band; a series
-    that answered NaN on well-posed prompts says so in its label (_flag_nan)."""
+    that answered NaN on well-posed prompts says so in its label (_flag_nan).
+
+    On a log axis a mean at or below the float floor of its dtype (rounding, not method error:
+    0 included) is drawn on a dashed floor line at the bottom of its panel as style.FLOOR_MARKER
+    (style.floor_layout), a band reaching the floor ends on that line, and the panels of one
+    floor (dtype) share a y range of their own: float64 ols at 1e-31 squeezed every other series of
+    both dtypes into the top tenth of the panels (found by a new-user tryout). The note names
+    the series on the floor line and how many of their points are there."""
     data, nan_note = _flag_nan(data)
-    fig, panels = _panels(data, col, col_title)
+    fig, panels = _panels(data, col, col_title, sharey=False)
     styles = style.series_styles(data)
     twins = style.identical_series(data, [col, x], metric)
-    y_all = data[[metric, f"{metric}_ci_low", f"{metric}_ci_high"]].to_numpy(dtype=float).ravel()
-    log_y = style.spans(y_all, 2)
-    pos = y_all[np.isfinite(y_all) & (y_all > 0)]
-    floor = pos.min() / 10 if log_y else 0.0
-    zeros = 0
+    panels = [(ax, style.against_floor(d, x, metric)) for ax, d in panels]
+    key = {id(ax): tuple(sorted(set(d["_floor"]))) for ax, d in panels}  # panels of one floor share a range
+    low = {id(ax): bool(d["_at"].any() or (d["_lo"] <= d["_floor"]).any()) for ax, d in panels}
+    log_y = any(low.values()) or style.spans(np.concatenate([style.above_floor(d) for _, d in panels]), 2)
+    layouts = {}
+    for k in dict.fromkeys(key.values()):
+        mine = [d for ax, d in panels if key[id(ax)] == k]
+        strip = any(low[id(ax)] for ax, _ in panels if key[id(ax)] == k)
+        layouts[k] = style.floor_layout(np.concatenate([style.above_floor(d) for d in mine]), min(k) if strip else None)
+    counts, floored, broken = {}, False, False  # counts: series -> [points on the floor line, points drawn]
     for ax, d in panels:
-        d = d.sort_values(["series", x]).assign(_y=d[metric].astype(float), _lo=d[f"{metric}_ci_low"].astype(float),
-                                                _hi=d[f"{metric}_ci_high"].astype(float))
-        if log_y:
-            zero = d["_y"] <= 0
-            zeros += int(zero.sum())
-            d["_y"] = d["_y"].where(~zero, floor)
-            d["_lo"], d["_hi"] = d["_lo"].where(d["_lo"] > 0, floor), d["_hi"].where(d["_hi"] > 0, floor)
-            for s, dz in d[zero].groupby("series"):
-                ax.scatter(dz[x], dz["_y"], s=60, marker="o", facecolors="none", edgecolors=[styles[s]["color"]],
-                           linewidths=1.2, zorder=5)
+        lay = layouts[key[id(ax)]] if log_y else None
+        if any(low.values()):
+            ax.margins(x=0.09)  # room for floor markers set beside the first and last x (in every panel: aligned)
+        line = lay["line"] if lay else None
+        if line is not None:
+            d["_lo"] = d["_lo"].where(d["_lo"] > d["_floor"], line)  # a band reaching the floor ends on its line
+            d.loc[d["_at"], ["_y", "_lo", "_hi"]] = np.nan  # drawn on the line below, apart from the series' line
         for s in [s for s in styles if s in set(d["series"])]:
             ds = d[d["series"] == s]
             style.draw_series(ax, ds[x], ds["_y"], styles[s], s, twins.get(s, (None,))[0])
             if s not in twins:
                 ax.fill_between(ds[x], ds["_lo"], ds["_hi"], color=styles[s]["color"], alpha=0.12, linewidth=0)
-        if log_y:
+            n = counts.setdefault(s, [0, 0])
+            n[0], n[1] = n[0] + int(ds["_at"].sum()), n[1] + int(ds[metric].notna().sum())
+        if line is not None:
+            at = [s for s in styles if s in set(d.loc[d["_at"], "series"])]
+            step = min(style.FLOOR_DODGE, 42 / max(len(at), 1))
+            for j, s in enumerate(at):
+                style.floor_points(ax, d.loc[d["_at"] & (d["series"] == s), x], line, styles[s]["color"],
+                                   (j - (len(at) - 1) / 2) * step, s)
+            floors = sorted(set(d["_floor"]))
+            style.floor_axis(ax, lay, f"≤{floors[0]:.2g}" if len(floors) == 1 else "≤ float floor")
+            floored, broken = True, broken or lay["cut"] is not None
+        elif log_y:
             ax.set_yscale("log")
-            style.log_ticks(ax, "y", pos)
+            ax.set_ylim(lay["bottom"], lay["top"])
+            style.log_ticks(ax, "y", style.above_floor(d))
         style.grid_axis(ax, data[x], style.spans(data[x], 1))
     note = "band: 95 % CI over prompts and seeds"
-    if zeros:
-        note += f"; large open circles: MSE exactly 0 ({zeros} points), drawn at the axis floor"
+    if floored:
+        at = {s: n for s, n in counts.items() if n[0]}
+        note += "; " + style.floor_note(pd.concat([d for _, d in panels]), metric, at, broken)
+    if log_y and len(set(key.values())) > 1:
+        note += "; y range per dtype"
     if twins:
         note += "; " + style.twins_note(twins)
     if nan_note:
         note += "; " + nan_note
-    return _finish(fig, panels, LABELS.get(x, x), ylabel, title, note)
+    extra = [(Line2D([], [], color="0.35", ls="--", lw=0.9, marker=style.FLOOR_MARKER, ms=9, mfc="0.2", mec="0.2"),
+              style.FLOOR_LABEL)] if floored else []
+    return _finish(fig, panels, LABELS.get(x, x), ylabel, title, note, extra=extra)
 
 
 def _check_varied(d: pd.DataFrame, x: str, name: str) -> None:

@@ -15,7 +15,8 @@ difference.
 Axes: a logarithmic axis gets ticks at powers of ten, plus 2 and 5 times them when it spans
 less than two decades (so a narrow log axis never shows a single tick); an axis of grid values
 (N, R, steps) gets ticks at exactly those values, fewer when they would collide, and an axis
-with one value is centred on it instead of matplotlib's [v - 1, v + 1] default.
+with one value is centred on it instead of matplotlib's [v - 1, v + 1] default. An error axis with
+points at the float floor of their dtype gets a floor line at its bottom (floor_layout, below).
 """
 from __future__ import annotations
 
@@ -25,7 +26,10 @@ import textwrap
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from matplotlib import ticker
+from matplotlib import ticker, transforms
+from matplotlib.collections import LineCollection
+
+from icl_bench.report.scaling import FLOOR_ULPS, float_floor
 
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "h"]
 DASHES = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 1))]
@@ -208,3 +212,135 @@ def wrap_note(text: str, width_in: float, fontsize: float = 7) -> tuple[str, int
     lines = [ln.replace("\0", " ") for para in text.split("\n")
              for ln in (textwrap.wrap(para, chars, break_on_hyphens=False) or [""])]
     return "\n".join(lines), len(lines)
+
+
+# Float floor (report/scaling.py float_floor): on a logarithmic error axis a mean MSE at or below
+# the floor of its dtype is rounding, not method error. mse_vs_n and mse_vs_r draw such points on a
+# dashed floor line at the bottom of the panel, as FLOOR_MARKER in the series' colour, the series
+# side by side (FLOOR_DODGE points apart) in series order; the axis above it spans only the values
+# above the floor. Where the floor lies more than FLOOR_GAP decades below them (float64's 4.9e-28
+# under values of 1e-11 and up), the axis is broken: the line sits just below the data in a grey
+# strip, under // marks, and its tick reads "≤ <floor>" (the floor, not the line's height).
+FLOOR_MARKER = r"$\downarrow$"
+FLOOR_LABEL = "≤ float floor (rounding; ↓ in the series' colour)"
+FLOOR_GAP = 0.2  # decades between the lowest value above the floor and the floor line, at least
+FLOOR_DODGE = 7.0  # points between the floor markers of two series at one x
+
+
+def floor_layout(values, floor: float | None) -> dict:
+    """Where a log error axis puts its floor line: {"bottom", "top" (y limits), "line" (the floor
+    line's y, None without one), "cut" (the lowest y of the true scale when the axis is broken
+    below it, else None)}, all in y units.
+
+    Args:
+        values: the values drawn above the floor (means, CI bounds; non-finite and ≤ 0 ignored).
+        floor: the float floor when a point of the panels is at or below it, else None.
+    Margins are fractions of the values' span in decades (at least one decade), so a panel of 3
+    decades and one of 30 look alike; a floor within FLOOR_GAP (or 15 % of the span) of the lowest
+    value is drawn at its own height, without a break.
+    """
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if not v.size:  # every point at the floor: the line alone, at its height
+        f = floor if floor is not None else 1.0
+        return {"bottom": f / 10**0.5, "top": f * 10**0.5, "line": floor, "cut": None}
+    lo, hi = float(v.min()), float(v.max())
+    span = max(math.log10(hi / lo), 1.0)
+    top = hi * 10 ** (0.05 * span)
+    if floor is None:
+        return {"bottom": lo / 10 ** (0.05 * span), "top": top, "line": None, "cut": None}
+    gap = max(0.15 * span, FLOOR_GAP)
+    if lo / floor <= 10**gap:  # the floor is near: at its own height
+        return {"bottom": min(floor, lo) / 10 ** (0.06 * span), "top": top, "line": floor, "cut": None}
+    cut = lo / 10 ** (0.03 * span)
+    line = cut / 10**gap
+    return {"bottom": line / 10 ** (0.06 * span), "top": top, "line": line, "cut": cut}
+
+
+def floor_axis(ax, layout: dict, floor_text: str) -> None:
+    """A log y axis laid out by floor_layout: its limits, the dashed floor line (a LineCollection,
+    gid "float-floor", so it is no series' line), and on a broken axis the grey strip and // marks
+    on both spines; ticks at powers of ten (1, 2, 5 × them below two decades) on the true scale
+    only, plus one at the line reading `floor_text` ("≤1.4e-10")."""
+    bottom, top, line, cut = layout["bottom"], layout["top"], layout["line"], layout["cut"]
+    ax.set_yscale("log")
+    ax.set_ylim(bottom, top)
+    lo = cut if cut is not None else bottom
+    if line is not None:
+        ax.hlines(line, 0, 1, transform=ax.get_yaxis_transform(), colors="0.35", linestyles="--", linewidth=0.9,
+                  zorder=2.5, gid="float-floor")
+    if cut is not None:
+        brk = math.sqrt(line * cut)  # the break: halfway (in decades) between the line and the true scale
+        ax.axhspan(bottom, brk, color="0.92", zorder=0, linewidth=0, gid="float-floor-strip")
+        f = math.log10(brk / bottom) / math.log10(top / bottom)  # its height in axes fractions
+        marks = [[(x - 0.012, f + dy - 0.012), (x + 0.012, f + dy + 0.012)] for x in (0, 1) for dy in (-0.008, 0.008)]
+        ax.add_collection(LineCollection(marks, transform=ax.transAxes, colors="0.2", linewidths=0.9, clip_on=False,
+                                         zorder=5, gid="float-floor-break"))
+    k0, k1 = math.ceil(math.log10(lo) - 1e-9), math.floor(math.log10(top) + 1e-9)
+    narrow = k1 - k0 < 2
+    if narrow:
+        ticks = [m * 10.0**k for k in range(k0 - 1, k1 + 1) for m in (1, 2, 5) if lo <= m * 10.0**k <= top]
+    else:
+        step = math.ceil((k1 - k0 + 1) / 8)
+        ticks = [10.0**k for k in range(k1, k0 - 1, -step)]  # from the top: the top decade always shown
+    if line is not None:  # no tick label crowding the floor's
+        room = 0.06 * math.log10(top / bottom)
+        ticks = [t for t in ticks if abs(math.log10(t / line)) > room] + [line]
+    ax.yaxis.set_major_locator(ticker.FixedLocator(sorted(ticks)))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(
+        lambda t, _: floor_text if line is not None and t == line else _short(t) if narrow else _decade(t)))
+    ax.yaxis.set_minor_locator(ticker.NullLocator())
+
+
+def _decade(t: float) -> str:
+    """A power of ten as a tick label, 10^k in mathtext (as LogFormatterSciNotation writes it)."""
+    return f"$\\mathdefault{{10^{{{round(math.log10(t))}}}}}$"
+
+
+def floor_points(ax, x, y: float, colour, shift: float, label: str) -> None:
+    """The points of one series at or below the float floor: FLOOR_MARKER on the floor line at y,
+    in the series' colour, `shift` points to the side (so series at one x stay apart; unclipped, so
+    one beside the last x is not cut at the spine); a scatter (gid "float-floor:<series>"), not a
+    line, so the series' own line keeps its label alone."""
+    off = transforms.ScaledTranslation(shift / 72, 0, ax.figure.dpi_scale_trans)
+    ax.update_datalim(np.column_stack([np.asarray(x, dtype=float), np.full(len(x), y)]))  # autoscale skips the
+    ax.autoscale_view()  # shifted transform: a series only on the floor line still sets the x range
+    ax.scatter(x, np.full(len(x), y), marker=FLOOR_MARKER, s=70, color=[colour], linewidths=0.3, zorder=6,
+               transform=ax.transData + off, gid=f"float-floor:{label}", clip_on=False)
+
+
+def against_floor(d: pd.DataFrame, x: str, metric: str) -> pd.DataFrame:
+    """Rows of one panel, sorted by series and x, with the float floor of their dtype (_floor,
+    float_floor), the mean and CI bounds as floats (_y, _lo, _hi), and _at: the mean is
+    at or below the floor (rounding; 0 included), so it is drawn on the floor line, not at its value."""
+    d = d.sort_values(["series", x])
+    dtypes = d["dtype"] if "dtype" in d else pd.Series("float64", index=d.index)
+    d = d.assign(_floor=[float_floor(t) for t in dtypes], _y=d[metric].astype(float),
+                 _lo=d[f"{metric}_ci_low"].astype(float), _hi=d[f"{metric}_ci_high"].astype(float))
+    return d.assign(_at=d["_y"] <= d["_floor"])
+
+
+def above_floor(d: pd.DataFrame) -> np.ndarray:
+    """The values of `d` (against_floor) drawn on the true scale: means above the floor and
+    their CI bounds that are above it too."""
+    v = d.loc[~d["_at"], ["_y", "_lo", "_hi"]].to_numpy(float)
+    return v[v > d.loc[~d["_at"], ["_floor"]].to_numpy(float)]
+
+
+def floor_note(d: pd.DataFrame, metric: str, at: dict[str, list], broken: bool) -> str:
+    """The figure note on the floor line: what it means (the floors of the figure's dtypes), that
+    its points are not at their value, and per series how many of its points it holds.
+
+    Args:
+        d: the drawn rows (against_floor). at: series -> [points on the floor line, points drawn].
+        broken: whether some panel's axis is broken below its true scale.
+    """
+    dtypes = sorted(set(d["dtype"] if "dtype" in d else ["float64"]))
+    zeros = int((d[metric] == 0).sum())
+    on = ", ".join(f"{s} {k} of {n} points" for s, (k, n) in at.items()) or "none (only bands reach it)"
+    return (f"↓ on the dashed line: a mean MSE at or below the float floor ({FLOOR_ULPS} eps)² of its dtype ("
+            + ", ".join(f"{t} {float_floor(t):.2g}" for t in dtypes) + "), i.e. rounding, not method error (left out "
+            "of the scaling fits too), drawn on the line" + (" (below a break in the axis, //, where the floor lies far "
+            "below the data)" if broken else "")
+            + f", not at its value, series side by side in legend order: {on}"
+            + (f" ({zeros} exactly 0)" if zeros else "") + "; bands reaching the floor end on it")
