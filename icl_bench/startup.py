@@ -78,12 +78,12 @@ def sigterm_as_interrupt():
         raise Terminated
 
     _sigterms.clear()
-
     signal.signal(signal.SIGTERM, handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _sigterms.clear()  # a later run_matrix outside the block (the API, a notebook) starts clean
 
 
 def load_libraries() -> bool:

@@ -176,6 +176,20 @@ def test_one_file_per_thread_not_per_cell():
     assert len(os.listdir(hostload._folder())) == 1
 
 
+def test_a_removed_activity_folder_is_made_again(tmp_path):
+    # a /tmp cleaner under a long-lived worker: every later timed cell raised FileNotFoundError
+    import shutil
+
+    with hostload.busy(), hostload.timing_slot(False) as info:
+        pass
+    shutil.rmtree(hostload._folder())
+    for _ in range(2):
+        with hostload.busy(), hostload.timing_slot(False) as info:
+            pass
+        assert info["concurrency"] == 1
+    assert len(os.listdir(hostload._folder())) == 1
+
+
 def test_without_flock_counts_are_nan(monkeypatch):
     monkeypatch.setattr(hostload, "fcntl", None)
     with hostload.busy(), hostload.timing_slot(True) as info:

@@ -344,6 +344,23 @@ def test_line_plots_have_labelled_axes_and_one_line_per_solver(figs):
         assert _lines(ax) == sorted(SERIES)  # at N = 5 test-fails has ok cells too
 
 
+def test_linear_error_panels_of_one_dtype_share_their_y_range(tables):
+    # values within two decades and above the floor: a linear axis, on which the noise panels of
+    # mse_vs_n must still compare (found by a review: each panel had its own range, unsaid)
+    from icl_bench.report import plots
+
+    _, summary, setting = tables
+    s = summary[(summary.solver == "test-steps") & (summary.dtype == setting["dtype"])].copy()
+    s = s[s.solver_params == s.solver_params.iloc[0]]
+    scale = np.where(s.noise == 0.0, 1.0, 10.0)  # the two noise panels an order of magnitude apart
+    for c in ("mse_vs_ols", "mse_vs_ols_ci_low", "mse_vs_ols_ci_high"):
+        s[c] = scale * (1.0 + s.N / 10) * {"mse_vs_ols": 1.0, "mse_vs_ols_ci_low": 0.9, "mse_vs_ols_ci_high": 1.1}[c]
+    fig = plots.mse_vs_n(s, setting)
+    a, b = fig.axes[:2]
+    assert a.get_yscale() == b.get_yscale() == "linear" and a.get_ylim() == b.get_ylim()
+    assert a.get_ylim()[1] >= s.mse_vs_ols_ci_high.max()
+
+
 def test_error_plots_draw_rounding_on_a_float_floor_line(tables, figs):
     """mse_vs_r shared one log axis between its float32 and float64 panels, from float64 ols at 1e-31
     to 1: ten of thirteen series were squeezed into its top tenth (found by a new-user tryout). A

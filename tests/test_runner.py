@@ -187,12 +187,23 @@ def test_a_worker_with_other_code_or_checkpoints_gives_an_error_row_not_numbers(
            "solvers": {"ols": {}, "trained-l1": {"models_dir": "models"}}}
     monkeypatch.chdir(tmp_path / "driver")
     ols, trained = expand_cells(parse_config(raw))
-    cells_mod._digests_here.cache_clear()
     assert run_cell_task(trained, executor="dask")["status"] == "ok"  # the same files: computed
     monkeypatch.chdir(tmp_path / "worker")  # the worker's relative models_dir holds other bytes
-    cells_mod._digests_here.cache_clear()
     row = run_cell_task(trained, executor="dask")
     assert row["status"] == "error" and "inputs_sha256" in row["message"] and math.isnan(row["mse_vs_ols"]), row
+    # a later run whose driver reads those bytes too (a checkpoint retrained in place): the
+    # long-lived worker reads its files again, it keeps no digest of the earlier run
+    (_, again) = expand_cells(parse_config(raw))
+    assert run_cell_task(again, executor="dask")["status"] == "ok"
+    # a solver registered from a script (its module is __main__: on a hand-started worker that is
+    # the dask command, another file) cannot be compared, and is not
+    cls = type("ScriptMean", (cells_mod.get_solver_class("ols"),), {"__module__": "__main__"})
+    monkeypatch.setattr(cells_mod, "get_solver_class", lambda name: cls)
+    cells_mod._codes_here.cache_clear()
+    assert cells_mod.digest_mismatch(ols.__class__(**{**ols.__dict__, "code_sha256": "0" * 64})) == ""
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path / "worker")
+    cells_mod._codes_here.cache_clear()
     other = ols.__class__(**{**ols.__dict__, "code_sha256": "0" * 64})  # the driver ran other code
     row = run_cell_task(other, executor="dask")
     assert row["status"] == "error" and "code_sha256 000000000000 on the driver" in row["message"], row

@@ -567,6 +567,12 @@ def test_a_sigterm_that_a_c_callback_swallows_still_stops_the_run(tmp_path, caps
         REGISTRY.unregister("test-sigterm-c")
     assert sent and code == 143 and "icl-bench: terminated (SIGTERM); the finished cells are kept in" in err, err
     assert not (out / "results.parquet").exists()  # stopped after the cell, not at the end of the run
+    from icl_bench.bench import runner
+    from icl_bench.bench.config import parse_config
+    try:  # a later run in this process goes on (the SIGTERM was recorded for main's run only)
+        assert len(runner.run_matrix(parse_config(RAW), progress=False)) == 2
+    except KeyboardInterrupt as exc:  # (Terminated is one: it would end the test session)
+        pytest.fail(f"a later run_matrix stopped: {exc!r}")
 
 
 def test_the_no_answer_warning_names_the_parameter_setting(capsys):

@@ -104,30 +104,33 @@ def inputs_digest(name: str, params: dict) -> str:
 
 
 @lru_cache(maxsize=256)
-def _digests_here(name: str, params: str) -> tuple[tuple[str, ...] | None, str]:
-    """(code digests that match here, inputs_sha256) of solver `name` with JSON `params` as this
-    process sees them. The code digests: that of the solver's module, and that of no module
-    (icl_bench and the package versions alone), which a driver that could not load the solver keys
-    its cells by (a solver registered on the workers only). None when the module has no source file
-    here (a class registered from a script or a Dask WorkerPlugin: provenance.source_digest), or
-    the solver does not load: nothing to compare."""
-    module, inputs = _module(name), inputs_digest(name, json.loads(params))
-    if not module or source_digest(module.split(".")[0]).startswith(NO_SOURCE):
-        return None, inputs
-    return (code_digest(module), code_digest("")), inputs
+def _codes_here(name: str) -> tuple[str, ...] | None:
+    """Code digests of solver `name` that match in this process: that of the solver's module, and
+    that of no module (icl_bench and the package versions alone), which a driver that could not
+    load the solver keys its cells by (a solver registered on the workers only). None: nothing to
+    compare, where the solver does not load, its module has no source file here, or it is a
+    script's `__main__` (a class registered from a script, on the workers by a WorkerPlugin: a
+    worker's own `__main__` is the dask command, another file; provenance.source_digest)."""
+    module = _module(name)
+    top = module.split(".")[0]
+    if not module or top in ("__main__", "__mp_main__") or source_digest(top).startswith(NO_SOURCE):
+        return None
+    return code_digest(module), code_digest("")
 
 
 def digest_mismatch(cell: Cell) -> str:
     """"" when this process would compute `cell` with the code and input files its key names, else
     what differs. A Dask worker with another checkout, other package versions or other checkpoints
     under a relative models_dir would otherwise store its numbers under the driver's digests, and a
-    cache would hand them to later runs (docs/scale-out.md, "Workers"). Computed once per process
-    and solver setting (the code a process runs is the code it imported). Where the solver's code
-    cannot be compared (`_digests_here` gives None) or the driver could not load the solver, its
-    files are not compared either: the driver's key names none."""
-    codes, inputs = _digests_here(cell.solver, cell.solver_params)
+    cache would hand them to later runs (docs/scale-out.md, "Workers"). The code is hashed once per
+    process per solver (the code a process runs is the code it imported); the input files are read again
+    for every cell (a checkpoint retrained between two runs on a long-lived worker). Where the
+    solver's code cannot be compared (`_codes_here` gives None) or the driver could not load the
+    solver, its files are not compared either: the driver's key names none."""
+    codes = _codes_here(cell.solver)
     if codes is None or cell.code_sha256 == codes[-1]:
         return ""
+    inputs = inputs_digest(cell.solver, json.loads(cell.solver_params))
     differ = [f"{what} {theirs[:12] or '(none)'} on the driver, {mine[:12] or '(none)'} here"
               for what, mine, theirs in (("code_sha256", codes[0], cell.code_sha256),
                                          ("inputs_sha256", inputs, cell.inputs_sha256)) if mine != theirs]

@@ -71,8 +71,10 @@ if hasattr(os, "register_at_fork"):
 
 
 def _folder() -> str:
+    """The activity folder of the current temp dir, made again if removed (a /tmp cleaner under a
+    long-lived worker: its markers are then lost, and made anew at the next cell)."""
     tmp = tempfile.gettempdir()
-    if _state.get("tmp") != tmp:
+    if _state.get("tmp") != tmp or not os.path.isdir(_state["folder"]):
         uid = os.getuid() if hasattr(os, "getuid") else 0
         _state["folder"] = folder = os.path.join(tmp, f"icl-bench-activity-{uid}")
         os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -114,7 +116,12 @@ class _Marker:
 
 def _marker() -> _Marker:
     m, folder = getattr(_local, "marker", None), _folder()
-    if m is None or m.lost or m.pid != os.getpid() or m.folder != folder:  # first, forked, moved
+    gone = m is not None and m.pid == os.getpid() and (m.lost or not os.path.exists(m.path))  # folder removed
+    if gone and m.fd in _held:  # our lock on a file no longer there: let it go
+        _held.discard(m.fd)
+        _mine.discard(m.id)
+        os.close(m.fd)
+    if m is None or gone or m.pid != os.getpid() or m.folder != folder:  # first, forked, moved, removed
         m = _local.marker = _Marker(folder)
     return m
 

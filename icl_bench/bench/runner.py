@@ -180,7 +180,8 @@ def run_cell_task(cell: Cell, *, threads: int = 0, exclusive: bool = False, exec
     if differ:
         row = failed_row(cell, "error", f"this worker's solver code or input files differ from the driver's ({differ}): "
                                         "install the same icl-bench, solver and package versions on every worker, and "
-                                        "give checkpoints as absolute paths")
+                                        "let every worker read the driver's checkpoint files (absolute paths on a "
+                                        "shared file system)")
         row.update(executor=executor, worker=worker_name())
         return row
     with torch_threads(threads), hostload.busy():

@@ -183,11 +183,17 @@ def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric:
             ax.set_ylim(lay["bottom"], lay["top"])
             style.log_ticks(ax, "y", style.above_floor(d))
         style.grid_axis(ax, data[x], style.spans(data[x], 1))
+    if not log_y:  # a linear axis: the panels of one dtype share one range, as the log ones do
+        for k in set(key.values()):
+            axes = [ax for ax, _ in panels if key[id(ax)] == k]
+            lims = [ax.get_ylim() for ax in axes]
+            for ax in axes:
+                ax.set_ylim(min(lo for lo, _ in lims), max(hi for _, hi in lims))
     note = "band: 95 % CI over prompts and seeds"
     if floored:
         at = {s: n for s, n in counts.items() if n[0]}
         note += "; " + style.floor_note(pd.concat([d for _, d in panels]), metric, at, broken)
-    if log_y and len(set(key.values())) > 1:
+    if len(set(key.values())) > 1:
         note += "; y range per dtype"
     if twins:
         note += "; " + style.twins_note(twins)
