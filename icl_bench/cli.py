@@ -28,7 +28,7 @@ from pathlib import Path
 from icl_bench import resources
 from icl_bench.cli_models import cmd_analyze, cmd_sweep, cmd_train
 from icl_bench.errors import ConfigError, RunAborted
-from icl_bench.files import link_loop
+from icl_bench.files import refuse_link_loop
 from icl_bench.startup import Terminated, load_libraries, sigterm_as_interrupt
 
 
@@ -233,8 +233,7 @@ def cmd_publish(args) -> int:
         read_block(args.readme, "headline")
     seen = set()
     for d in args.run_dirs:  # the same run twice would count every cell twice
-        if link_loop(d):  # (resolve raises RuntimeError for it)
-            raise ConfigError(f"RUN_DIR: {link_loop(d)}; give the --out folder of `icl-bench run`")
+        refuse_link_loop(d, "RUN_DIR", "give the --out folder of `icl-bench run`")  # (resolve raises RuntimeError)
         key = Path(d).resolve()
         if key in seen:
             raise ConfigError(f"RUN_DIR: {d} is given twice")

@@ -10,7 +10,7 @@ from pathlib import Path
 from icl_bench import resources
 from icl_bench.config_base import MAX_SEED, MAX_THREADS
 from icl_bench.errors import ConfigError
-from icl_bench.files import link_loop
+from icl_bench.files import refuse_link_loop
 
 
 def cmd_analyze(args) -> int:
@@ -74,8 +74,7 @@ def cmd_train(args) -> int:
     if args.steps is not None:  # a quick check of a packaged config: fewer steps, same recipe
         cfgs = [c.model_copy(update={"steps": args.steps, "eval_every": min(c.eval_every, args.steps)}) for c in cfgs]
     out = Path(args.out)
-    if link_loop(out):  # not "--out: loop1: File exists"
-        raise ConfigError(f"--out: {link_loop(out)}; remove it or choose another folder")
+    refuse_link_loop(out, "--out")  # not "--out: loop1: File exists"
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} exists and is not a folder")
     pairs = [Path(f"{stem_of(out / c.name)}{s}") for c in cfgs for s in (".safetensors", ".json")]  # as saved:

@@ -20,6 +20,8 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+from icl_bench.errors import ConfigError
+
 TMP_SUFFIX = ".tmp"
 
 
@@ -120,6 +122,14 @@ def link_loop(path: str | Path) -> str | None:
                 target = f"a link to {os.readlink(p)}, " if p.is_symlink() else ""
                 return f"{p} is a symbolic link loop ({target}whose links lead in a circle)"
     return None
+
+
+def refuse_link_loop(path: str | Path, flag: str, advice: str = "remove it or choose another folder") -> None:
+    """Raise ConfigError "<flag>: <path> is a symbolic link loop (...); <advice>" when link_loop
+    finds one in `path`; else nothing (the one check of every command that takes a folder)."""
+    why = link_loop(path)
+    if why:
+        raise ConfigError(f"{flag}: {why}; {advice}")
 
 
 def cannot_create(path: str | Path) -> str | None:

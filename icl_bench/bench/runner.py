@@ -40,10 +40,10 @@ from icl_bench.bench.executors import make_executor, worker_name
 from icl_bench.bench.metrics import prediction_metrics
 from icl_bench.bench.schema import CELL_COLUMNS, COLUMNS, METRIC_COLUMNS, NO_COUNTS, RESULT_COLUMNS
 from icl_bench.bench.timing import sync, time_passes
-from icl_bench.files import dumps, link_loop
+from icl_bench.files import dumps, refuse_link_loop
 from icl_bench.solvers.base import SkipCell
 from icl_bench.solvers.multivariate import check_regressors
-from icl_bench.errors import ConfigError, cell_message
+from icl_bench.errors import cell_message
 from icl_bench.solvers.registry import SolverLoadError, get_solver
 
 
@@ -215,8 +215,8 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
             reached or dask is not installed. Nothing is written to `out` then.
     """
     for flag, path in (("--out", out), ("--cache", cache)):  # not "a link to ..., which does not exist"
-        if path is not None and str(path).strip() and link_loop(path):
-            raise ConfigError(f"{flag}: {link_loop(path)}; remove it or choose another folder")
+        if path is not None and str(path).strip():
+            refuse_link_loop(path, flag)
     cells = expand_cells(config)
     ex_cfg = executor or config.executor
     ex = make_executor(ex_cfg)  # before `out` is touched: an unreachable scheduler writes nothing

@@ -12,7 +12,7 @@ import pandas as pd
 
 from icl_bench.bench.axes import AXIS_NAMES, BY_NAME
 from icl_bench.errors import ConfigError
-from icl_bench.files import link_loop
+from icl_bench.files import refuse_link_loop
 from icl_bench.report.validate import check_table, read_metadata
 
 AXES = AXIS_NAMES  # the grid axes of a result row (their one definition: bench/axes.py)
@@ -36,8 +36,7 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict | None]:
             the table has no rows, or it does not fit the result schema (validate.check_table).
     """
     path = Path(path)
-    if link_loop(path):  # not "is not a folder"
-        raise ConfigError(f"RUN_DIR: {link_loop(path)}; give the --out folder of `icl-bench run`")
+    refuse_link_loop(path, "RUN_DIR", "give the --out folder of `icl-bench run`")  # not "is not a folder"
     if not path.is_dir():
         raise ConfigError(f"RUN_DIR: {path} is not a folder (expected the --out folder of `icl-bench run`)")
     parquet = path / "results.parquet"

@@ -40,7 +40,7 @@ from icl_bench.report import aggregate as report
 from icl_bench.report import coverage, mechanism, scaling
 from icl_bench.report.load import shared_timing_notes, unfinished_notes
 from icl_bench.errors import ConfigError
-from icl_bench.files import link_loop
+from icl_bench.files import refuse_link_loop
 
 PLOT_TITLES = {
     "mse_vs_n": "Error vs context length N",
@@ -101,8 +101,10 @@ def _remove_stale_temps(out: Path) -> None:
 
 def _alive(pid: int) -> bool:
     """Whether process `pid` may still be running a publish (this process's folder is made later)."""
-    if pid == os.getpid() or os.name != "posix":  # not ours; on Windows os.kill would end the process:
-        return pid != os.getpid()  # its age alone decides
+    if pid == os.getpid():  # made before this publish began: a reused pid, not ours
+        return False
+    if os.name != "posix":  # os.kill would end the process there: its age alone decides
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -121,8 +123,7 @@ def _inside(path, out: Path) -> bool:
 def _check_out(out: Path, runs: list[Path], force: bool, checkpoints=(), readme=None) -> None:
     from icl_bench.solvers.checkpoint import checkpoint_path, stem_of
 
-    if link_loop(out):  # (resolve, below, raises RuntimeError for it)
-        raise ConfigError(f"--out: {link_loop(out)}; remove it or choose another folder")
+    refuse_link_loop(out, "--out")  # (resolve, below, raises RuntimeError for it)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} exists and is not a folder")
     for run in runs:
