@@ -498,7 +498,7 @@ def test_identical_series_are_overlaid_and_named_and_one_value_axes_are_centred(
     with pytest.raises(plots.PlotSkipped, match=r"mse_vs_n: N did not vary \(N = 8\)"):
         plots.mse_vs_n(summary[summary.N == 8], setting)
     fig = plots.gd_steps(summary, setting)
-    assert _legend(fig) == ["gd", "gd-lsa (= gd)", "ols (no steps)"]
+    assert _legend(fig) == ["gd", "gd-lsa (= gd)", "ols (no steps)", style.FLOOR_LABEL]
     with pytest.raises(plots.PlotSkipped, match=r"steps did not vary \(gd steps=4, gd-lsa steps=4\)"):
         plots.gd_steps(summary[summary.solver_params == '{"steps": 4}'], setting)
     # gd-lsa left at its default steps records no parameters: it is a point at that K (16), not a
@@ -573,8 +573,23 @@ def test_gd_steps_plot_lines_beside_solvers_without_steps(tables, figs):
     assert lines["ols (no steps)"].get_marker() != lines["ols a=1 (no steps)"].get_marker()
     assert "exactly 0" not in " ".join(t.get_text() for t in fig.texts)
     zero = summary.assign(mse_vs_ols=summary.mse_vs_ols.where(summary.solver != "ols", 0.0))
-    note = " ".join(" ".join(t.get_text() for t in plots.gd_steps(zero, setting).texts).split())
-    assert "an MSE of exactly 0 (2 points) is drawn at the axis floor" in note, note
+    fig = plots.gd_steps(zero, setting)
+    note = " ".join(" ".join(t.get_text() for t in fig.texts).split())
+    assert "series side by side in legend order: ols 2 of 2 points" in note and "(2 exactly 0)" in note, note
+    # a level line at the float floor is drawn on the floor line, the axis above it spanning only the
+    # values above it (float32 ols at 1e-14 squeezed the other lines into the top half, as in mse_vs_r)
+    ax = fig.axes[0]
+    gids = {c.get_gid() for c in ax.collections}
+    assert {"float-floor", "float-floor:ols"} <= gids, gids
+    assert [t.get_text() for t in ax.get_yticklabels()][0] == "≤1.4e-10"
+    above = zero[(zero.N == 5) & (zero.mse_vs_ols > 1.4e-10)].mse_vs_ols
+    assert ax.get_ylim()[1] < 10 * above.max()
+    # a solver that answered nothing (mean NaN) has no line: it was drawn at the axis floor, the best
+    # line in the figure (found by a new-user tryout)
+    nan = summary.assign(mse_vs_ols=summary.mse_vs_ols.where(summary.solver != "ols", np.nan))
+    ax = plots.gd_steps(nan, setting).axes[0]
+    assert np.isnan(ax.get_lines()[[ln.get_label() for ln in ax.get_lines()].index("ols (no steps)")].get_ydata()).all()
+    assert "float-floor:ols" not in {c.get_gid() for c in ax.collections}
 
 
 def test_series_that_answered_nan_on_well_posed_prompts_are_flagged_in_the_plots(twins_summary):
@@ -595,7 +610,7 @@ def test_series_that_answered_nan_on_well_posed_prompts_are_flagged_in_the_plots
     assert "NaN/inf on k of n well-posed: the solver answered NaN or inf on k of the n prompts" in note, note
     fig = plots.gd_steps(summary, setting)  # per line: gd-lsa over its steps and N
     assert _legend(fig) == ["gd", "gd-lsa (NaN/inf on 64 of 128 well-posed) (= gd)",
-                            "ols (NaN/inf on 32 of 64 well-posed) (no steps)"]
+                            "ols (NaN/inf on 32 of 64 well-posed) (no steps)", style.FLOOR_LABEL]  # ols at the floor
     assert "NaN/inf on k of n well-posed" in " ".join(fig.texts[-1].get_text().split())
     ill = summary.assign(n_ill_posed=8, n_nonfinite=8, n_nonfinite_well_posed=0)  # NaN on ill-posed prompts: right
     assert not any("NaN" in label for label in _legend(plots.mse_vs_n(ill, setting)))
@@ -1364,3 +1379,30 @@ def test_a_killed_publish_leaves_no_temp_folder_for_good(tmp_path, run_dir, monk
     kept.append(".pub.notes.tmp")
     assert main(["publish", str(run_dir), "--out", str(tmp_path / "pub")]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept + ["pub"])
+
+
+def test_probe_titles_use_the_series_label_and_wrap(tables, tmp_path):
+    """A trained solver with its own models_dir was titled with its raw JSON parameters in
+    probes.png, one line per panel, so long that it ran past the figure's edge (and read
+    "trained-nol1-R10" for the R100 model) or into the next panel (found by a new-user tryout). The
+    model plots now use the error plots' series label, and a probe title wraps to its panel."""
+    import json
+    import shutil
+
+    from icl_bench.report import model_plots
+    from icl_bench.resources import models_dir
+
+    table, _, setting = tables
+    mine = tmp_path / ("my-checkpoints-" + "x" * 60)
+    mine.mkdir()
+    for half in ("json", "safetensors"):
+        shutil.copy(models_dir() / f"trained-nol1-R10.{half}", mine / f"trained-nol1-R10.{half}")
+    ok = table[(table.status == "ok") & (table.solver == "ols")]
+    label = f"trained-nol1 models_dir={mine}"
+    rows = ok.assign(solver="trained-nol1", solver_params=json.dumps({"models_dir": str(mine)}), series=label)
+    models, _ = model_plots.collect_models(pd.concat([table, rows]), setting, n_prompts=16)
+    assert f"{label} (trained-nol1-R10)" in models, list(models)
+    fig = model_plots.probe_scatter({k: v for k, v in models.items() if k.startswith("trained-nol1")})
+    titles = [ax.get_title() for ax in fig.axes]
+    assert all(max(len(line) for line in t.split("\n")) <= 60 for t in titles), titles
+    assert all("".join(t.split("\n")[:-2]).replace(" ", "").startswith(label.replace(" ", "")) for t in titles)

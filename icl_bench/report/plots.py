@@ -9,8 +9,8 @@ as a band. An axis is logarithmic when its positive values span more than two de
 N and R). In mse_vs_n and mse_vs_r a mean at or below the float floor of its dtype (rounding, 0
 included: ols at 1e-31 in float64) is drawn on a marked floor line at the bottom of its panel,
 not at its value, the axis above spanning the values above the floor, each dtype's panels on their
-own y range (style.floor_layout); in gd_steps an MSE of exactly 0 is drawn at the axis floor. A
-note under the figure says either.
+own y range (style.floor_layout); gd_steps does the same for its lines and its level lines (one
+dtype per figure). A note under the figure says so.
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 
 from icl_bench.report import style
 from icl_bench.report.aggregate import failed_answers, select, series_order
@@ -170,11 +169,7 @@ def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric:
             n = counts.setdefault(s, [0, 0])
             n[0], n[1] = n[0] + int(ds["_at"].sum()), n[1] + int(ds[metric].notna().sum())
         if line is not None:
-            at = [s for s in styles if s in set(d.loc[d["_at"], "series"])]
-            step = min(style.FLOOR_DODGE, 42 / max(len(at), 1))
-            for j, s in enumerate(at):
-                style.floor_points(ax, d.loc[d["_at"] & (d["series"] == s), x], line, styles[s]["color"],
-                                   (j - (len(at) - 1) / 2) * step, s)
+            style.floor_markers(ax, d, x, styles, line)
             floors = sorted(set(d["_floor"]))
             style.floor_axis(ax, lay, f"≤{floors[0]:.2g}" if len(floors) == 1 else "≤ float floor")
             floored, broken = True, broken or lay["cut"] is not None
@@ -199,8 +194,7 @@ def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric:
         note += "; " + style.twins_note(twins)
     if nan_note:
         note += "; " + nan_note
-    extra = [(Line2D([], [], color="0.35", ls="--", lw=0.9, marker=style.FLOOR_MARKER, ms=9, mfc="0.2", mec="0.2"),
-              style.FLOOR_LABEL)] if floored else []
+    extra = style.floor_legend() if floored else []
     return _finish(fig, panels, LABELS.get(x, x), ylabel, title, note, extra=extra)
 
 
@@ -259,7 +253,9 @@ def _steps(solver: str, params: str):
 def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     """MSE vs OLS against the `steps` parameter (gd-lsa, gd, or any solver that has one), one
     line per such solver (and its other parameters), beside every solver without `steps` as a
-    horizontal line (the closed forms); one panel per N; noise, R, dtype, device fixed.
+    horizontal line (the closed forms); one panel per N; noise, R, dtype, device fixed. A mean at
+    or below the float floor is drawn on a floor line (style.floor_layout), as in mse_vs_n: float32
+    ols at 1e-14 squeezed every other line into the top half of the panels.
     Raises PlotSkipped when no solver in the runs has a `steps` parameter, or when steps took a
     single value per solver (the message says which)."""
     axes = ("noise", "R", "dtype", "device", "d", "ood")
@@ -284,48 +280,57 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     fig, panels = _panels(stepped, "N", "N")
     styles = style.series_styles(pd.concat([stepped, refs]))
     twins = style.identical_series(stepped, ["N", "steps"], "mse_vs_ols")
-    y_all = pd.concat([stepped["mse_vs_ols"], refs["mse_vs_ols"]]).to_numpy(float)
-    log_y = style.spans(y_all, 2)
-    pos = y_all[np.isfinite(y_all) & (y_all > 0)]
-    floor = pos.min() / 10 if pos.size else 1.0
-    zeros = 0  # MSE exactly 0 on a log axis: drawn at the floor, and the note says how many
+    xs = np.sort(stepped["steps"].unique())  # a level line with its series' marker at every steps value
+    sd, rd = (style.against_floor(t, "steps", "mse_vs_ols") for t in (stepped, refs.assign(steps=np.nan)))
+    both = pd.concat([sd, rd])
+    low = bool(both["_at"].any() or (both["_lo"] <= both["_floor"]).any())  # a mean or band at the float floor
+    log_y = low or style.spans(style.above_floor(both), 2)
+    lay = style.floor_layout(style.above_floor(both), both["_floor"].min() if low else None) if log_y else None
+    line = lay["line"] if lay else None
+    counts = {}  # series -> [points on the floor line, points drawn]
     for ax, ds in panels:
-        ds = ds.sort_values(["series", "steps"])
-        y = ds["mse_vs_ols"].astype(float)
-        lo = ds["mse_vs_ols_ci_low"].astype(float)
-        hi = ds["mse_vs_ols_ci_high"].astype(float)
-        if log_y:
-            zeros += int((y <= 0).sum())
-            ds = ds.assign(mse_vs_ols=y.where(y > 0, floor), mse_vs_ols_ci_low=lo.where(lo > 0, floor),
-                           mse_vs_ols_ci_high=hi.where(hi > 0, floor))
+        n = ds["N"].iloc[0]
+        ds, rs = sd[sd["N"] == n].copy(), rd[rd["N"] == n].sort_values("series_rank")
+        if line is not None:
+            ds["_lo"] = ds["_lo"].where(ds["_lo"] > ds["_floor"], line)  # a band reaching the floor ends on its line
+            ds.loc[ds["_at"], ["_y", "_lo", "_hi"]] = np.nan  # drawn on the line below
+            ax.margins(x=0.09)  # room for floor markers beside the first and last steps value
         for s in [s for s in styles if s in set(ds["series"])]:
             dss = ds[ds["series"] == s]
-            style.draw_series(ax, dss["steps"], dss["mse_vs_ols"], styles[s], s, twins.get(s, (None,))[0])
+            style.draw_series(ax, dss["steps"], dss["_y"], styles[s], s, twins.get(s, (None,))[0])
             if s not in twins:
-                ax.fill_between(dss["steps"], dss["mse_vs_ols_ci_low"], dss["mse_vs_ols_ci_high"],
-                                color=styles[s]["color"], alpha=0.12, linewidth=0)
-        n = ds["N"].iloc[0]
-        xs = np.sort(stepped["steps"].unique())  # a level line with its series' marker at every steps value
-        for _, r in refs[refs["N"] == n].sort_values("series_rank").iterrows():
-            y = r["mse_vs_ols"] if not log_y or r["mse_vs_ols"] > 0 else floor
-            zeros += int(log_y and not r["mse_vs_ols"] > 0 and np.isfinite(r["mse_vs_ols"]))
+                ax.fill_between(dss["steps"], dss["_lo"], dss["_hi"], color=styles[s]["color"], alpha=0.12, linewidth=0)
+            c = counts.setdefault(s, [0, 0])
+            c[0], c[1] = c[0] + int(dss["_at"].sum()), c[1] + int(dss["mse_vs_ols"].notna().sum())
+        for _, r in rs.iterrows():
             st = styles[r["series"]]
+            y = np.nan if line is not None and r["_at"] else r["_y"]  # on the floor: its markers, below
             ax.plot(xs, np.full(xs.shape, y), ls=st["linestyle"] if st["linestyle"] != "-" else (0, (6, 2)), lw=1.1,
                     color=st["color"], marker=st["marker"], ms=4, mfc="none", label=f"{r['series']} (no steps)")
-        if log_y:
+            c = counts.setdefault(r["series"], [0, 0])
+            c[0], c[1] = c[0] + int(r["_at"]), c[1] + int(pd.notna(r["mse_vs_ols"]))
+        if line is not None:  # a level line on the floor: its marker at every steps value
+            on = rs[rs["_at"]]
+            on = on.iloc[np.repeat(np.arange(len(on)), len(xs))].assign(steps=np.tile(xs, len(on)))
+            style.floor_markers(ax, pd.concat([ds, on]), "steps", styles, line)
+            style.floor_axis(ax, lay, f"≤{both['_floor'].min():.2g}")
+        elif log_y:
             ax.set_yscale("log")
-            style.log_ticks(ax, "y", pos)
+            ax.set_ylim(lay["bottom"], lay["top"])
+            style.log_ticks(ax, "y", style.above_floor(both))
         style.grid_axis(ax, stepped["steps"], style.spans(stepped["steps"], 1))
     note = "band: 95 % CI over prompts and seeds"
-    if zeros:
-        note += f"; an MSE of exactly 0 ({zeros} points) is drawn at the axis floor"
+    if line is not None:
+        note += "; " + style.floor_note(both, "mse_vs_ols", {s: c for s, c in counts.items() if c[0]},
+                                        lay["cut"] is not None)
     if twins:
         note += "; " + style.twins_note(twins)
     if nan_note:
         note += "; " + nan_note
+    extra = style.floor_legend() if line is not None else []
     return _finish(fig, panels, LABELS["steps"], MSE_OLS_LABEL,
                    f"GD steps vs error{'; horizontal lines: solvers without steps' if len(refs) else ''} "
-                   f"({setting_words(setting, axes, summary)})", note)
+                   f"({setting_words(setting, axes, summary)})", note, extra=extra)
 
 
 def throughput(table: pd.DataFrame) -> Figure:

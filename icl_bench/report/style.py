@@ -28,6 +28,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib import ticker, transforms
 from matplotlib.collections import LineCollection
+from matplotlib.lines import Line2D
 
 from icl_bench.report.scaling import FLOOR_ULPS, float_floor
 
@@ -307,6 +308,20 @@ def floor_points(ax, x, y: float, colour, shift: float, label: str) -> None:
     ax.autoscale_view()  # shifted transform: a series only on the floor line still sets the x range
     ax.scatter(x, np.full(len(x), y), marker=FLOOR_MARKER, s=70, color=[colour], linewidths=0.3, zorder=6,
                transform=ax.transData + off, gid=f"float-floor:{label}", clip_on=False)
+
+
+def floor_legend() -> list:
+    """The legend entry of the floor line: [(handle, FLOOR_LABEL)], for _finish's `extra`."""
+    return [(Line2D([], [], color="0.35", ls="--", lw=0.9, marker=FLOOR_MARKER, ms=9, mfc="0.2", mec="0.2"), FLOOR_LABEL)]
+
+
+def floor_markers(ax, d: pd.DataFrame, x: str, styles: dict, line: float) -> None:
+    """floor_points for every series of `d` (against_floor rows of one panel) with means at or
+    below the floor, side by side in legend (styles) order, FLOOR_DODGE points apart at most."""
+    at = [s for s in styles if s in set(d.loc[d["_at"], "series"])]
+    step = min(FLOOR_DODGE, 42 / max(len(at), 1))
+    for j, s in enumerate(at):
+        floor_points(ax, d.loc[d["_at"] & (d["series"] == s), x], line, styles[s]["color"], (j - (len(at) - 1) / 2) * step, s)
 
 
 def against_floor(d: pd.DataFrame, x: str, metric: str) -> pd.DataFrame:
