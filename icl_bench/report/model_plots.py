@@ -30,6 +30,7 @@ from icl_bench.errors import ConfigError
 from icl_bench.prompts.generator import PromptSpec, sample_prompts
 from icl_bench.prompts.ols import ols_fit
 from icl_bench.report.aggregate import select
+from icl_bench.report import style
 from icl_bench.report.plots import PlotSkipped
 from icl_bench.solvers.checkpoint import checkpoint_path, load_checkpoint, stem_of
 from icl_bench.solvers.ln_closed_form import LNClosedForm, build_construction
@@ -129,8 +130,9 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
     add(construction, build_construction(R))
     drawn = {}  # weights file reached (_file_key) -> its label: one model is drawn once, however it was named
     at = select(table[table["status"] == "ok"], setting, ("N", "noise", "R", "d"))
-    for (solver, params), _ in at.groupby(["solver", "solver_params"]):
-        label = f"{solver} {params}" if params not in ("", "{}") else solver
+    for (solver, params), g in at.groupby(["solver", "solver_params"]):
+        label = (g["series"].iloc[0] if "series" in g else  # the label of the error plots ("trained-nol1 models_dir=m")
+                 f"{solver} {params}" if params not in ("", "{}") else solver)
         try:
             path = _fitting_checkpoint(solver, params, R, N)
         except Exception as exc:  # an unknown or broken solver: a note, not the end of the report
@@ -328,7 +330,8 @@ def probe_scatter(models: dict[str, dict], notes: list[str] | None = None) -> Fi
             n_rows = f" ({f.n} of {tx.size} rows finite)" if f.n < tx.size else ""
             where = PROBE_PLACES.get(f.source, f.source)
             ref = f" ({REFERENCE.split(':')[0]})" if models[label].get("reference") else ""
-            ax.set_title(f"{label}{ref}\n{where}\nslot {f.slot}, R² = {f.r2:.4f}{n_rows}", fontsize=7)
+            head = style.wrap_note(f"{label}{ref}", 10 / 3, fontsize=7)[0]  # a long label ran into the next panel
+            ax.set_title(f"{head}\n{where}\nslot {f.slot}, R² = {f.r2:.4f}{n_rows}", fontsize=7)
             ax.set_xlabel(f"closed form {f.target} ({'x' if key == 'centering.x' else 'y'} units)", fontsize=7)
             ax.set_ylabel(f"stream slot {f.slot} (model units)", fontsize=7)
             ax.legend(fontsize=6)
