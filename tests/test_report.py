@@ -981,6 +981,13 @@ def test_mechanism_section_reads_ood_rows_or_says_they_are_missing(run_dir):
     assert got.loc["gd-lsa steps=4", "verdict"] == "GD-like" and got.loc["trained-l1", "verdict"] == "neither"
     assert got.loc["trained-l1", "x_shift=5"] == pytest.approx(0.4)
     assert list(got.columns[:3]) == ["none", "x_shift=5", "x_scale=10"]
+    # a solver that never answered (every cell errored, or NaN on well-posed prompts) read "neither",
+    # a finding about a solver that measured nothing (found by a new-user tryout)
+    dead = [{**r, "solver": "bad", "solver_params": "{}", "status": s, "mse_vs_ols": math.nan,
+             "n_nonfinite_well_posed": w} for r in rows[:3] for s, w in (("error", 0), ("ok", 5))]
+    got = mechanism.section(report.add_series(pd.DataFrame(rows + dead)))["table"].set_index("series")
+    assert got.loc["bad", "verdict"] == "no verdict" and "none of its 2 x-shift / x-scale cells" in got.loc["bad", "why"]
+    assert got.loc["trained-l1", "verdict"] == "neither"
 
 
 def test_mechanism_table_sorts_steps_numerically(run_dir):
