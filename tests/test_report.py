@@ -650,6 +650,13 @@ def test_throughput_plot_one_dot_per_solver_and_dtype_at_the_median(tables, figs
     fig = plots.throughput(pd.concat([table, table[table.solver == "ols"].assign(device="cuda")]))
     assert [ax.get_title() for ax in fig.axes] == ["device = cpu", "device = cuda"]
     assert [len(c[0].get_xdata()) for c in fig.axes[1].containers] == [1, 1]  # only ols ran on cuda
+    # a solver answering NaN is fast at it: it read as the fastest, unflagged (found by a new-user tryout)
+    nan = table.assign(n_nonfinite_well_posed=table.n_nonfinite_well_posed.where(table.solver != "ols", 3))
+    fig = plots.throughput(nan)
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert [s for s in labels if s.startswith("ols")] == [f"ols (NaN/inf on {3 * int((ok.solver == 'ols').sum())} of "
+                                                          f"{int(ok[ok.solver == 'ols'].n_prompts.sum())} well-posed)"]
+    assert "its prompts/s counts the prompts it did not answer" in " ".join(fig.texts[-1].get_text().split())
 
 
 def test_log_axes_of_narrow_ranges_get_enough_ticks():

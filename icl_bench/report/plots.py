@@ -338,12 +338,14 @@ def throughput(table: pd.DataFrame) -> Figure:
     cell (all N, noise, R); the whisker spans the 25th-75th percentile over those cells and each
     dot is labelled with its value. Dots, not bars: on a logarithmic axis a bar's length is
     measured from an arbitrary floor, so bar lengths misstate ratios (a solver 1000x slower looked
-    50x slower); a dot's position reads in decades. Raises PlotSkipped when no ok cell has a
+    50x slower); a dot's position reads in decades. A series that answered NaN / inf on well-posed
+    prompts says so in its label, as in the error plots. Raises PlotSkipped when no ok cell has a
     finite throughput."""
     d = table[(table["status"] == "ok") & np.isfinite(table["prompts_per_s"].astype(float))]
     if d.empty:
         raise PlotSkipped("throughput: no ok cell has a finite prompts_per_s")
     shared = int(shared_timing(d).sum())  # timed beside other cells: the title says so (load.shared_timing_notes)
+    d, nan_note = _flag_nan(d)  # a solver answering NaN is fast at it: unflagged it read as the fastest
     order = series_order(d)
     dtypes = sorted(d["dtype"].unique())
     colours = dict(zip(dtypes, sns.color_palette("deep", len(dtypes))))
@@ -378,7 +380,8 @@ def throughput(table: pd.DataFrame) -> Figure:
     scale = "log axis: equal distances are equal ratios" if log_x else "linear axis from 0"
     fig = _finish(fig, panels, LABELS["prompts_per_s"], "", f"Throughput (median over the {pooled} cells)",
                   f"dot and label: median prompts/s; whiskers: 25th-75th percentile over cells; {scale}"
-                  + (f"; {shared} of {len(d)} cells timed while other cells ran on their machine" if shared else ""),
+                  + (f"; {shared} of {len(d)} cells timed while other cells ran on their machine" if shared else "")
+                  + (f"; {nan_note} (its prompts/s counts the prompts it did not answer)" if nan_note else ""),
                   legend_title="dtype")
     return fig
 
