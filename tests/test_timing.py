@@ -104,6 +104,9 @@ def test_runner_warms_up_outside_the_timer_and_reports_seconds_per_pass(clock):
     assert solver.sizes[:2] == [20, 10]  # warm-up: first chunk, then the odd-sized last chunk
     assert solver.sizes[2:] == [20, 20, 10] * 3  # three timed passes of three chunks each
     assert seconds == pytest.approx(50 * 1e-3)  # warm-up excluded: one pass = 50 prompts x 1 ms
+    solver.sizes = []  # the timed section's count (hostload.timing_slot's START) starts after the warm-up
+    _timed_predictions(solver, batch, cell, started=lambda: solver.sizes.append("start"))
+    assert solver.sizes[:3] == [20, 10, "start"] and solver.sizes.count("start") == 1
 
 
 def test_run_matrix_uses_timing_threads_and_restores_them(tiny_raw, monkeypatch):

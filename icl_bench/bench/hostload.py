@@ -11,12 +11,13 @@ thread has started and whether it is inside one:
 
     busy()            marks one cell running in this thread for the duration of the block
     count_busy()      the number of cells of this machine running now (this one included)
-    timing_slot(excl) context for the timed section of a cell: yields a dict that holds, on exit,
-                      `concurrency` = the number of distinct cells that ran on this machine at some
-                      moment of the timed section (this one included): those running when it
-                      started, and every one started before it ended, short ones that came and
-                      went inside it too; with excl=True the block first takes the machine's
-                      timing lock, so at most one cell per machine is inside its timed section
+    timing_slot(excl) context for the warm-up and timed section of a cell: yields a dict that holds,
+                      on exit, `concurrency` = the number of distinct cells that ran on this machine
+                      at some moment of the timed section (this one included): those running when it
+                      started (dict[START]() marks that, after the warm-up), and every one started
+                      before it ended, short ones that came and went inside it too; with excl=True
+                      the block first takes the machine's timing lock, so at most one cell per
+                      machine is inside its warm-up and timed section
 
 A cell is counted per thread, so the two threads of a Dask worker with --nthreads 2 are two cells.
 timing_slot lists the folder when the timed section starts and when it ends: each thread adds the
@@ -48,6 +49,7 @@ try:
 except ImportError:  # not POSIX: no activity tracking (concurrency is reported as NaN)
     fcntl = None
 
+START = "start_timing"  # key of timing_slot's dict: call it where the timed passes begin
 KEEP_S = 600.0  # tombstones are kept this long (a longer timed section may miss a dead thread's cells)
 
 _state: dict = {}  # "tmp", "folder": the activity folder of the current temp dir
@@ -211,7 +213,12 @@ def _overlapping(before: dict, after: dict, t1: float) -> int:
 
 @contextmanager
 def timing_slot(exclusive: bool = False):
-    """Context of a cell's timed section; the yielded dict gets `concurrency` on exit (see above)."""
+    """Context of a cell's timed section; the yielded dict gets `concurrency` on exit (see above).
+
+    The lock (exclusive) is taken on entry, so a cell's warm-up (a kernel compile: seconds) does
+    not run beside another cell's timed passes; the count starts on entry too, or when the block
+    calls the dict's START entry (the runner does after its warm-up: a 12 s compile counted every
+    cell that ran during it, 225 in a tryout, against passes that ran alone). START is removed on exit."""
     info: dict = {}
     if fcntl is None:
         yield info
@@ -223,10 +230,12 @@ def timing_slot(exclusive: bool = False):
             lock = os.open(os.path.join(_folder(), "timing.lock"), os.O_RDWR | os.O_CREAT, 0o600)
             _held.add(lock)
             fcntl.flock(lock, fcntl.LOCK_EX)  # waits for the machine's other timed cell
-        before = _scan()
+        before = [_scan()]
+        info[START] = lambda: before.__setitem__(0, _scan())  # the warm-up done: count from here
         yield info
         t1 = time.monotonic()
-        info["concurrency"] = _overlapping(before, _scan(), t1)
+        info.pop(START, None)
+        info["concurrency"] = _overlapping(before[0], _scan(), t1)
     finally:
         if lock is not None and os.getpid() == pid:  # not a forked child leaving the parent's block
             _held.discard(lock)

@@ -62,12 +62,13 @@ def no_answer_message(pred: torch.Tensor, batch) -> str:
     return f"{NO_ANSWER}: NaN/inf on all {int(well_posed.sum())} well-posed prompts"
 
 
-def _timed_predictions(solver, batch, cell: Cell) -> tuple[torch.Tensor, float]:
+def _timed_predictions(solver, batch, cell: Cell, started=None) -> tuple[torch.Tensor, float]:
     """Warm up, then time full passes of predict over the batch in chunks (icl_bench.bench.timing).
 
     Returns (predictions of the last pass (B,), median seconds per pass). Only predict() is
     inside the timer (the chunks are views cut before it starts); CUDA work is synchronised
     before each clock read; passes shorter than timing.MIN_SAMPLE_S are grouped per sample.
+    `started`: called between the warm-up and the timed passes (hostload.timing_slot's START).
     """
     chunks = [batch.slice(i, i + cell.batch_size) for i in range(0, batch.B, cell.batch_size)]
     with torch.no_grad():
@@ -75,6 +76,8 @@ def _timed_predictions(solver, batch, cell: Cell) -> tuple[torch.Tensor, float]:
         if chunks[-1].B != chunks[0].B:
             solver.predict(chunks[-1])  # the odd-sized last chunk too
         sync(cell.device)
+        if started is not None:
+            started()
         preds, seconds, _, _ = time_passes(lambda: [solver.predict(c) for c in chunks], cell.device,
                                            repeats=cell.repeats, max_seconds=cell.max_seconds)
     for p, c in zip(preds, chunks):
@@ -133,7 +136,7 @@ def run_cell(cell: Cell, timing_slot=None) -> dict:
         check_regressors(solver, batch)  # d > 1 and no multivariate path: skipped, with the reason
         solver.check_batch(batch)
         with (timing_slot or _no_slot)() as extra:
-            pred, seconds = _timed_predictions(solver, batch, cell)
+            pred, seconds = _timed_predictions(solver, batch, cell, extra.get(hostload.START))
         row.update(extra)
         _check_untouched(batch, pristine)
         row.update(prediction_metrics(pred, batch))
