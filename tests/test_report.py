@@ -1420,3 +1420,20 @@ def test_probe_titles_use_the_series_label_and_wrap(tables, tmp_path):
     titles = [ax.get_title() for ax in fig.axes]
     assert all(max(len(line) for line in t.split("\n")) <= 60 for t in titles), titles
     assert all("".join(t.split("\n")[:-2]).replace(" ", "").startswith(label.replace(" ", "")) for t in titles)
+
+
+def test_error_bands_say_over_how_many_prompts_and_seeds_and_that_they_under_cover(twins_summary):
+    """The bands were captioned "95 % CI over prompts and seeds" with one prompt seed per cell, and
+    the interval covers about 0.6-0.8 for heavy-tailed errors (results/ci_coverage.md; found by a
+    review): the note now gives the counts and says so."""
+    from icl_bench.report import plots
+
+    _, summary, setting = twins_summary
+    per = int((summary.n_prompts / summary.n_seeds).iloc[0])
+    for fig in (plots.mse_vs_n(summary, setting), plots.gd_steps(summary, setting)):
+        note = " ".join(fig.texts[-1].get_text().split())
+        assert f"band: nominal 95 % CI of the mean over the prompts of a point ({per} per prompt seed, 1 seed;" in note
+        assert "under-covers heavy-tailed errors, results/ci_coverage.md" in note, note
+    two = pd.concat([summary, summary.assign(n_seeds=3, n_prompts=summary.n_prompts * 3, solver="x", series="x")])
+    note = " ".join(plots.mse_vs_n(two, setting).texts[-1].get_text().split())
+    assert f"({per} per prompt seed, 1–3 seeds;" in note, note

@@ -15,118 +15,20 @@ dtype per figure). A note under the figure says so.
 from __future__ import annotations
 
 import json
-import math
 import numbers
 
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from icl_bench.report import style
-from icl_bench.report.aggregate import failed_answers, select, series_order
+from icl_bench.report.figure import (LABELS, MSE_OLS_LABEL, PlotSkipped, band_note, finish, flag_nan, fmt,
+                                     make_panels)
+from icl_bench.report.aggregate import select, series_order
 from icl_bench.report.coverage import setting_words, varied_axes
 from icl_bench.report.load import shared_timing
 from icl_bench.solvers.registry import get_solver_class
-
-MSE_OLS_LABEL = "MSE vs OLS prediction (y units²)"
-MSE_TRUTH_LABEL = "MSE vs truth a + b·u (y units²)"
-LABELS = {
-    "N": "context length N (examples)",
-    "R": "embedding constant R (token units)",
-    "steps": "GD steps K (= LSA layers)",
-    "prompts_per_s": "throughput (prompts / s)",
-}
-LEGEND_ROOM = 2.2  # inches a figure keeps for its legend; a wider legend widens the figure
-
-
-class PlotSkipped(Exception):
-    """The runs hold no data for this plot; the message says what is missing."""
-
-
-def _fmt(v) -> str:
-    return "n/a" if isinstance(v, float) and math.isnan(v) else f"{v:g}" if isinstance(v, float) else str(v)
-
-
-def _panels(data: pd.DataFrame, col: str, col_title: str, width: float = 3.6, height: float = 3.6,
-            sharey: bool = True, max_cols: int = 3) -> tuple[Figure, list]:
-    """A figure with one panel per value of `col` (NaN last), at most max_cols per row:
-    [(ax, rows of that value), ...]; unused grid cells are hidden."""
-    sns.set_theme(style="whitegrid", context="paper")
-    values = sorted(data[col].dropna().unique().tolist()) + ([math.nan] if data[col].isna().any() else [])
-    nrows = math.ceil(len(values) / max_cols)
-    ncols = math.ceil(len(values) / nrows)  # 4 panels: 2 x 2, not 3 + 1
-    n_series = data["series"].nunique() if "series" in data else 0
-    fig = Figure(figsize=(width * ncols + LEGEND_ROOM, max(height * nrows, 1.3 + 0.16 * n_series)))
-    grid = fig.subplots(nrows, ncols, sharey=sharey, squeeze=False)
-    for ax in grid.ravel()[len(values):]:
-        ax.set_visible(False)
-    out = []
-    for ax, v in zip(grid.ravel(), values):
-        rows = data[data[col].isna()] if isinstance(v, float) and math.isnan(v) else data[data[col] == v]
-        ax.set_title(f"{col_title} = {_fmt(v)}")
-        out.append((ax, rows))
-    return fig, out
-
-
-def _finish(fig: Figure, panels: list, xlabel: str, ylabel: str, title: str, note: str,
-            legend_title: str = "solver (colour: family)", extra=()) -> Figure:
-    """Axis labels, one legend for the figure (every series once, then the `extra` (handle,
-    label) pairs), the title and the note, laid out so that none is cut off."""
-    ncols = fig.axes[0].get_gridspec().ncols
-    for i, (ax, _) in enumerate(panels):
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel if i % ncols == 0 else "")
-    seen = {}
-    for ax, _ in panels:  # every series once, in drawing order, from whichever panel has it
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            seen.setdefault(lab, h)
-    for h, lab in extra:
-        seen.setdefault(lab, h)
-    width, height = fig.get_size_inches()
-    reserve = 0.1  # inches kept free at the right for the legend
-    leg = None
-    if seen:
-        leg = fig.legend(list(seen.values()), list(seen), fontsize=7, title=legend_title, title_fontsize=7,
-                         loc="center right")
-        box = leg.get_window_extent(FigureCanvasAgg(fig).get_renderer())
-        reserve = box.width / fig.dpi + 0.2
-        if reserve > LEGEND_ROOM:  # long labels ("gd steps=4 · d2.csv x→y"): widen, not squeeze the panels
-            width += reserve - LEGEND_ROOM
-    text, lines = style.wrap_note(note, width)
-    foot = 0.14 * lines + 0.06  # inches the note takes at the bottom: added, so a long note never squeezes the panels
-    height += foot
-    fig.set_size_inches(width, height)
-    if leg is not None:  # the legend stands between the title (0.35 in) and the note, the figure as tall as all need
-        height = max(height, box.height / fig.dpi + foot + 0.45)
-        fig.set_size_inches(width, height)
-        leg.set_bbox_to_anchor((1 - 0.05 / width, (foot + (height - 0.35 - foot) / 2) / height), transform=fig.transFigure)
-    fig.suptitle(style.wrap_note(title, width, fontsize=10)[0], fontsize=10, y=1 - 0.06 / height, va="top")
-    fig.text(0.01, 0.01, text, fontsize=7, color="0.3", va="bottom")
-    fig.tight_layout(rect=(0, min(0.4, foot / height), 1 - reserve / width, 1), h_pad=0.6)
-    return fig
-
-
-NAN_NOTE = ("NaN/inf on k of n well-posed: the solver answered NaN or inf on k of the n prompts with a least-squares answer "
-            "at the points drawn; its line is the MSE over the other prompts only")
-
-
-def _flag_nan(data: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """`data` (summary rows) with " (NaN/inf on k of n well-posed)" appended to the series label of
-    every series that answered NaN on well-posed prompts at its rows, k and n summed over them
-    (aggregate.failed_answers, the headline's "(k of n NaN)"): its MSE is over the finite answers
-    only, so unflagged it could read as the best series. Returns (data, NAN_NOTE or ""); data
-    unchanged without the counts (no n_prompts column: not a summary of aggregate.aggregate)."""
-    if "n_prompts" not in data:
-        return data, ""
-    bad, of = failed_answers(data)
-    sums = pd.DataFrame({"bad": bad, "of": of}).groupby(data["series"], sort=False).sum()
-    flagged = {s: f"{s} (NaN/inf on {int(r.bad)} of {int(r.of)} well-posed)" for s, r in sums[sums["bad"] > 0].iterrows()}
-    if not flagged:
-        return data, ""
-    return data.assign(series=[flagged.get(s, s) for s in data["series"]]), NAN_NOTE
-
 
 def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric: str, ylabel: str,
                    title: str) -> Figure:
@@ -139,8 +41,8 @@ def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric:
     floor (dtype) share a y range of their own: float64 ols at 1e-31 squeezed every other series of
     both dtypes into the top tenth of the panels (found by a new-user tryout). The note names
     the series on the floor line and how many of their points are there."""
-    data, nan_note = _flag_nan(data)
-    fig, panels = _panels(data, col, col_title, sharey=False)
+    data, nan_note = flag_nan(data)
+    fig, panels = make_panels(data, col, col_title, sharey=False)
     styles = style.series_styles(data)
     twins = style.identical_series(data, [col, x], metric)
     panels = [(ax, style.against_floor(d, x, metric)) for ax, d in panels]
@@ -184,7 +86,7 @@ def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric:
             lims = [ax.get_ylim() for ax in axes]
             for ax in axes:
                 ax.set_ylim(min(lo for lo, _ in lims), max(hi for _, hi in lims))
-    note = "band: 95 % CI over prompts and seeds"
+    note = band_note(data)
     if floored:
         at = {s: n for s, n in counts.items() if n[0]}
         note += "; " + style.floor_note(pd.concat([d for _, d in panels]), metric, at, broken)
@@ -195,14 +97,14 @@ def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric:
     if nan_note:
         note += "; " + nan_note
     extra = style.floor_legend() if floored else []
-    return _finish(fig, panels, LABELS.get(x, x), ylabel, title, note, extra=extra)
+    return finish(fig, panels, LABELS.get(x, x), ylabel, title, note, extra=extra)
 
 
 def _check_varied(d: pd.DataFrame, x: str, name: str) -> None:
     """PlotSkipped when the x axis has one value: a plot of one point per series shows no trend."""
     values = sorted(d[x].dropna().unique())
     if len(values) < 2:
-        shown = ", ".join(_fmt(v) for v in values) or "none"
+        shown = ", ".join(fmt(v) for v in values) or "none"
         raise PlotSkipped(f"{name}: {x} did not vary ({x} = {shown}); add a list of {x} values to the config's [grid] "
                           "to draw it")
 
@@ -274,10 +176,10 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     # one line per solver and its parameters other than steps
     stepped["series"] = [" ".join(w for w in s.split() if not w.startswith("steps=")) for s in stepped["series"]]
     stepped["series_rank"] = stepped.groupby("series")["series_rank"].transform("min")
-    stepped, nan_note = _flag_nan(stepped)  # per line drawn: a solver over its steps
-    refs, ref_note = _flag_nan(d[d["steps"].isna()])
+    stepped, nan_note = flag_nan(stepped)  # per line drawn: a solver over its steps
+    refs, ref_note = flag_nan(d[d["steps"].isna()])
     nan_note = nan_note or ref_note
-    fig, panels = _panels(stepped, "N", "N")
+    fig, panels = make_panels(stepped, "N", "N")
     styles = style.series_styles(pd.concat([stepped, refs]))
     twins = style.identical_series(stepped, ["N", "steps"], "mse_vs_ols")
     xs = np.sort(stepped["steps"].unique())  # a level line with its series' marker at every steps value
@@ -319,7 +221,7 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
             ax.set_ylim(lay["bottom"], lay["top"])
             style.log_ticks(ax, "y", style.above_floor(both))
         style.grid_axis(ax, stepped["steps"], style.spans(stepped["steps"], 1))
-    note = "band: 95 % CI over prompts and seeds"
+    note = band_note(pd.concat([stepped, refs]))
     if line is not None:
         note += "; " + style.floor_note(both, "mse_vs_ols", {s: c for s, c in counts.items() if c[0]},
                                         lay["cut"] is not None)
@@ -328,7 +230,7 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     if nan_note:
         note += "; " + nan_note
     extra = style.floor_legend() if line is not None else []
-    return _finish(fig, panels, LABELS["steps"], MSE_OLS_LABEL,
+    return finish(fig, panels, LABELS["steps"], MSE_OLS_LABEL,
                    f"GD steps vs error{'; horizontal lines: solvers without steps' if len(refs) else ''} "
                    f"({setting_words(setting, axes, summary)})", note, extra=extra)
 
@@ -345,12 +247,12 @@ def throughput(table: pd.DataFrame) -> Figure:
     if d.empty:
         raise PlotSkipped("throughput: no ok cell has a finite prompts_per_s")
     shared = int(shared_timing(d).sum())  # timed beside other cells: the title says so (load.shared_timing_notes)
-    d, nan_note = _flag_nan(d)  # a solver answering NaN is fast at it: unflagged it read as the fastest
+    d, nan_note = flag_nan(d)  # a solver answering NaN is fast at it: unflagged it read as the fastest
     order = series_order(d)
     dtypes = sorted(d["dtype"].unique())
     colours = dict(zip(dtypes, sns.color_palette("deep", len(dtypes))))
     height = 0.9 + 0.16 * len(order) * max(len(dtypes), 1) + 0.5
-    fig, panels = _panels(d, "device", "device", width=4.6, height=max(2.6, height), sharey=True)
+    fig, panels = make_panels(d, "device", "device", width=4.6, height=max(2.6, height), sharey=True)
     log_x = style.spans(d["prompts_per_s"], 1)
     v = d["prompts_per_s"].astype(float)
     for ax, dd in panels:
@@ -378,7 +280,7 @@ def throughput(table: pd.DataFrame) -> Figure:
         ax.tick_params(axis="y", labelsize=7)
     pooled = ", ".join(["N", "noise", "R", *sorted(varied_axes(d) & {"d", "ood"})])
     scale = "log axis: equal distances are equal ratios" if log_x else "linear axis from 0"
-    fig = _finish(fig, panels, LABELS["prompts_per_s"], "", f"Throughput (median over the {pooled} cells)",
+    fig = finish(fig, panels, LABELS["prompts_per_s"], "", f"Throughput (median over the {pooled} cells)",
                   f"dot and label: median prompts/s; whiskers: 25th-75th percentile over cells; {scale}"
                   + (f"; {shared} of {len(d)} cells timed while other cells ran on their machine" if shared else "")
                   + (f"; {nan_note} (its prompts/s counts the prompts it did not answer)" if nan_note else ""),
