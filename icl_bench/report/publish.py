@@ -310,7 +310,8 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         report.to_markdown(head), *[f"Warning: {n}." for n in silent], *[f"Note: {n}." for n in ill],
         *([f"Left out: {'; '.join(gaps)}.", ""] if gaps else []),
         f"Made by `{command}`{'' if force else ' (add --force to regenerate into the same folder)'}; "
-        "the 95 % CI method is described in icl_bench/report/aggregate.py.", ""])
+        "the 95 % CI (over the prompts; normal theory) is described in icl_bench/report/aggregate.py: "
+        "it under-covers these heavy-tailed errors (results/ci_coverage.md).", ""])
     figs, notes = _figures(table, summary, setting, checkpoints)
     notes = unfinished_notes(metas) + silent + ill + shared_timing_notes(table) + notes  # an unfinished run first
     ctx = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command,
