@@ -38,6 +38,11 @@ def cmd_analyze(args) -> int:
         raise ConfigError(msg) from None
     if path != args.checkpoint:  # a shipped model: its place in the package, not this machine's path
         result["checkpoint"] = f"icl_bench/models/{Path(path).name}"
+    elif "/" not in path and (resources.models_dir() / f"{path.removesuffix('.json').removesuffix('.safetensors')}"
+                                                      ".json").is_file():  # a local pair takes a shipped name
+        print(f"note: {path} is the checkpoint in this folder ({Path(path).resolve().parent}), not the shipped "
+              "model of that name (give ./NAME or the package's path to be explicit)", file=sys.stderr)
+        result["checkpoint"] = str(Path(path).resolve())
     fmt = lambda v: "nan" if v is None or v != v else f"{v:.4g}"  # noqa: E731
     for k in HEADLINE:
         none = "n/a (no LayerNorm)" if k.startswith("ln.ln") else "n/a"  # not computed: not in --out either

@@ -154,6 +154,31 @@ def test_the_shuffled_null_is_nan_only_where_the_similarity_cannot_compare(monke
         mechanism_table.shuffled_similarity(Transformer(TransformerConfig()), 100.0)
 
 
+def test_the_seed_table_judges_each_prompt_draw_with_its_own_layernorm_state(monkeypatch):
+    """success.p<s> used seed 0's LayerNorm state on every draw, so a checkpoint whose state flips
+    with the draw (ramp12k-R10-s1: "layer-2 division" on 3 of 5) read 0 successes (found by a
+    review). Each draw now re-runs the LayerNorm tests; a fake state that differs per draw shows it."""
+    from types import SimpleNamespace
+
+    from benchmarks.experiments import mechanism_table
+    from icl_bench.analysis.fingerprint import transforms
+    from icl_bench.solvers.transformer import Transformer, TransformerConfig
+
+    states = {0: "layer-2 division", 1: "neither", 2: "layer-2 division", 3: "neither", 4: "layer-2 division"}
+    good = {t.name: 1e-4 for t in transforms()}  # every map within tolerance, on every draw
+    monkeypatch.setattr(mechanism_table, "ln_functional",
+                        lambda model, R, N, n_prompts, seed=0: {"rel_mse": 1e-3, "state": states[seed]})
+    monkeypatch.setattr(mechanism_table, "default_prompts", lambda **k: None)
+    monkeypatch.setattr(mechanism_table, "gd_reference", lambda batch: None)
+    monkeypatch.setattr(mechanism_table, "profile", lambda solver, batch: good)
+    monkeypatch.setattr(mechanism_table, "classify", lambda *a: SimpleNamespace(
+        scores=good, row=lambda: {f"fp.{k}": v for k, v in good.items()} | {"fp.verdict": "closed-form-like"}))
+    row = mechanism_table.functional(Transformer(TransformerConfig()), 100.0, {}, 16)
+    assert [row[f"state.p{s}"] for s in (1, 2, 3, 4)] == [states[s] for s in (1, 2, 3, 4)]
+    assert [row[f"success.p{s}"] for s in (1, 2, 3, 4)] == [False, True, False, True]
+    assert mechanism_table._stale({k: v for k, v in row.items() if not k.startswith("state.p")} | {"ln1.r2_raw": 1})
+
+
 def test_similarity_rejects_other_architectures(construction):
     three = Transformer(TransformerConfig(n_layers=3)).to(torch.float64)
     with pytest.raises(ConfigError, match="3 layers"):
@@ -270,6 +295,23 @@ def test_analyze_checkpoint_and_command(construction, tmp_path, capsys):
         mp.setattr(analyze_module, "analyze_checkpoint", stub)
         assert main(["analyze", str(stem), "--threads", "3"]) == 2 and main(["analyze", str(stem)]) == 2
     assert seen == [3, 1] and torch.get_num_threads() == before
+
+
+def test_analyze_says_when_a_local_checkpoint_takes_a_shipped_name(construction, tmp_path, capsys, monkeypatch):
+    """`icl-bench analyze trained-l1-R100` in a folder holding a trained-l1-R100 pair of one's own
+    analyses that pair (documented), but said only "trained-l1-R100": which file was analysed could
+    not be told (found by a new-user tryout). A note on stderr and the output's path now say."""
+    import icl_bench.solvers.checkpoint as ckpt
+    from icl_bench.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    ckpt.save_checkpoint(construction, tmp_path / "trained-l1-R100", {"R": R, "N": 12, "seed": 0})
+    assert main(["analyze", "trained-l1-R100", "--out", "a.json", "--n-prompts", "64"]) == 0
+    err = capsys.readouterr().err
+    assert f"note: trained-l1-R100 is the checkpoint in this folder ({tmp_path.resolve()}), not the shipped" in err
+    assert json.loads((tmp_path / "a.json").read_text())["checkpoint"] == str((tmp_path / "trained-l1-R100").resolve())
+    ckpt.save_checkpoint(construction, tmp_path / "mine", {"R": R, "N": 12, "seed": 0})  # no shipped model of that name
+    assert main(["analyze", "mine", "--n-prompts", "64"]) == 0 and "note:" not in capsys.readouterr().err
 
 
 def test_analyze_of_a_model_without_layernorm_says_na_not_nan(tmp_path, capsys):
