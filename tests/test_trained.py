@@ -58,7 +58,7 @@ def test_trained_l1_meets_one_percent_goal(R):
 def test_skips_an_R_without_checkpoint(name):
     batch = sample_prompts(PromptSpec(N=10, R=37.0), 8, seed=0)
     solver = get_solver(name)
-    with pytest.raises(SkipCell, match=r"no checkpoint for R=37.*available: R=10"):
+    with pytest.raises(SkipCell, match=r"no checkpoint for R=37 in .*available: R=10"):  # query readout: no N
         solver.check_batch(batch)
     with pytest.raises(SkipCell):
         solver.predict(batch)

@@ -177,7 +177,9 @@ class TrainedSolver(Solver):
                              f"{' ...' if len(damaged) > 3 else ''}; repair or remove them")
         have = ", ".join(sorted({f"R={m.get('R')}" + (f",N={m['model_config'].get('N')}" if m.get("model_config", {}).get("readout") == "flatten" else "")
                                  for _, m in found})) or "none"
-        raise SkipCell(f"{self.name}: no checkpoint for R={R:g}, N={N} in {self.models_dir} (available: {have}); "
+        flatten = any(m.get("model_config", {}).get("readout") == "flatten" for _, m in found)
+        at = f"R={R:g}" + (f", N={N}" if flatten else "")  # a query readout serves every N: one reason per R
+        raise SkipCell(f"{self.name}: no checkpoint for {at} in {self.models_dir} (available: {have}); "
                        "train one with `icl-bench train --out DIR` and set models_dir = DIR (docs/training.md)")
 
     def input_files(self) -> list[Path]:
