@@ -61,10 +61,33 @@ def test_other_shapes(d_model, n_heads, n_layers, layernorm):
     """Other shapes than the shipped d_model 4 / 2 heads, among them one above SPLIT_MAX (d_model 3
     with 4 heads: 36 key-value products, masked loops only) and a single key (N = 1)."""
     assert 3 * 3 * 4 > fused_source.SPLIT_MAX
-    m = random_model(d_model=d_model, n_heads=n_heads, n_layers=n_layers, layernorm=layernorm)
+    m = random_model(d_model=d_model, n_heads=n_heads, n_layers=n_layers, layernorm=layernorm, ln_sum="slots")
     t = tokens(B=5, N=1 if n_layers == 1 else 33)  # N = 1: a single key
     with torch.no_grad():
         assert torch.allclose(fused.fused_forward(m, t), m.forward_eager(t), rtol=1e-12, atol=1e-12)
+
+
+@needs_numba
+def test_a_layernorm_in_torch_sum_order_above_four_slots_runs_eager():
+    """The kernel sums LayerNorm's mean slot by slot; torch's own order (ln_sum = "torch") is that
+    order up to 4 slots only. The float32 multivariate construction with ln_sum = "torch" answered
+    5e-14 fused where its eager forward answers 1.4e-6, so the experiment contrasting the two orders
+    measured one twice (found by a review). Such a model now runs eager; in slot order, fused."""
+    from icl_bench import PromptSpec
+    from icl_bench.prompts.multivariate import make_tokens_mv, sample_prompts_mv
+    from icl_bench.solvers.ln_closed_form_mv import build_ln_construction_mv
+
+    b = sample_prompts_mv(PromptSpec(N=50, noise=0.1, R=1e5), 500, d=2, seed=0, dtype="float32")
+    t = make_tokens_mv(b.x, b.y, b.x_query, 1e5)
+    mse = lambda p: float(((p.double() - b.ols_prediction) ** 2).mean())  # noqa: E731
+    with torch.no_grad():
+        torch_order = build_ln_construction_mv(1e5, 2, dtype=torch.float32, ln_sum="torch")
+        assert fused.fused_forward(torch_order, t) is None and torch.equal(torch_order(t), torch_order.forward_eager(t))
+        slots = build_ln_construction_mv(1e5, 2, dtype=torch.float32, ln_sum="slots")
+        assert fused.fused_forward(slots, t) is not None
+        assert mse(torch_order(t)) > 1e3 * mse(slots(t)), (mse(torch_order(t)), mse(slots(t)))  # the order shows
+        four = random_model(d_model=4)  # torch's order is slot order: the kernel runs
+        assert four.cfg.ln_sum == "torch" and fused.fused_forward(four, tokens()) is not None
 
 
 @needs_numba

@@ -8,13 +8,13 @@ from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
 
 def random_model(keys="masked", layernorm=True, readout="query", N=None, n_layers=3, n_heads=2, d_model=4,
-                 dtype=torch.float64, seed=0, scale=0.5, ln_bias=0.1) -> Transformer:
+                 dtype=torch.float64, seed=0, scale=0.5, ln_bias=0.1, ln_sum="torch") -> Transformer:
     """A model with random weights of a modest scale (entries ~ N(0, scale^2 / fan-in)), so the
     activations stay O(1) through the layers and a 1e-12 comparison in float64 is meaningful;
     LayerNorm gains ~ 1 and biases ~ ln_bias (so LN's bias path is used)."""
     torch.manual_seed(seed)
     cfg = TransformerConfig(d_model=d_model, n_layers=n_layers, n_heads=n_heads, layernorm=layernorm, keys=keys,
-                            readout=readout, N=N)
+                            readout=readout, N=N, ln_sum=ln_sum)
     m = Transformer(cfg).to(dtype).eval()
     with torch.no_grad():
         for name, p in m.named_parameters():

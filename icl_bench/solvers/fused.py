@@ -231,9 +231,20 @@ def sparse_applies(cfg, pattern: Pattern, zeros: float, dtype: torch.dtype = tor
     return not (cfg.layernorm and eps_is_zero and not all(all(g) for g in pattern.gain))
 
 
+TORCH_SUM_MAX_D = 4  # d_model up to which torch's sum over LayerNorm's slots adds them in slot order
+
+
 def applies(model, tokens: torch.Tensor) -> bool:
     """Whether `fused_forward` runs for these tokens: numba present and enabled, CPU float32 /
-    float64 tokens in the model's dtype, and no gradient wanted."""
+    float64 tokens in the model's dtype, no gradient wanted, and a LayerNorm whose sum order the
+    kernel keeps: it sums the mean slot by slot (ln_sum = "slots"), which is also torch's order
+    (ln_sum = "torch", TransformerConfig's default) up to TORCH_SUM_MAX_D slots; above that torch's
+    order changes with the token count (docs/ln-closed-form-multivariate.md, "Fragility"), so such
+    a model runs the eager forward (the kernel had answered in slot order: a float32 experiment that
+    contrasts the two orders measured the same number twice, found by a review)."""
+    cfg = model.cfg
+    if cfg.layernorm and cfg.ln_sum == "torch" and cfg.d_model > TORCH_SUM_MAX_D:
+        return False
     if not available() or tokens.device.type != "cpu" or tokens.dtype not in (torch.float32, torch.float64):
         return False
     if tokens.ndim != 3 or tokens.shape[1] < 2 or tokens.shape[2] != model.cfg.d_in:
