@@ -1,4 +1,4 @@
-"""The mechanism experiment: train each recipe of benchmarks/mechanism.toml over seeds, then
+"""The mechanism experiment: train each recipe of benchmarks/experiments/mechanism.toml over seeds, then
 tabulate per seed the functional tests, the state, the behavioural verdict, the weight
 similarity and the exact-zero fraction (docs/training.md, docs/analysis.md).
 
