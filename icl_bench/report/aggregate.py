@@ -22,14 +22,10 @@ mean was taken over, where its prediction and the reference are finite: `scored`
 standard error se = sqrt(sum(n_i^2 se_i^2)) / n. The 95 % interval is taken for log(m) by the
 delta method (se of log m ~ se / m) and mapped back: [m / f, m * f], f = exp(t * se / m), t the
 0.975 quantile of Student's t with n - 1 degrees of freedom (scipy.stats). Squared errors are
-skewed and heavy-tailed (prompts with nearly equal x have large errors), so the symmetric
-m +- t se would often reach below 0; the log interval stays positive and is asymmetric like the
-sampling distribution of m. Its coverage is normal theory's, and measured below it: the top 1 %
-of prompts carry 58-86 % of the squared error of ln-closed-form, gd (16 steps) and the trained
-models, and their intervals held the true mean in 62-81 % of 512-prompt cells (71-89 % at 4096;
-BCa bootstrap: 66-84 % at 512), 95 % for gd-lsa at 4 steps, whose errors are not heavy-tailed
-(benchmarks/experiments/ci_coverage.py, results/ci_coverage.md). An m of exactly 0 gets [0, 0].
-Runs written before the runner stored standard errors give NaN intervals.
+skewed and heavy-tailed, so m +- t se would often reach below 0; the log interval stays positive.
+Its coverage is below 95 % for heavy-tailed errors: 71-89 % of 4096-prompt cells held the true
+mean (results/ci_coverage.md, docs/report.md). An m of exactly 0 gets [0, 0]. Runs written
+before the runner stored standard errors give NaN intervals.
 """
 from __future__ import annotations
 
