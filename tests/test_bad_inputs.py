@@ -433,6 +433,9 @@ CASES += [
     ckpt("json-empty", _bytes(".json", b""), "checkpoint: {stem}.json is not valid JSON"),
     ckpt("json-invalid", _bytes(".json", b"{not json"), "checkpoint: {stem}.json is not valid JSON"),
     ckpt("json-list", _bytes(".json", b"[]"), "checkpoint: {stem}.json is not an icl-bench checkpoint"),
+    ckpt("newer-version", _meta(lambda m: m.update(version=99)),  # was analysed without a word
+         "checkpoint: {stem}.json has version 99; this icl-bench reads version 1"),
+    ckpt("version-not-a-number", _meta(lambda m: m.update(version="1")), "checkpoint: {stem}.json has version '1'"),
     ckpt("json-nested-too-deep", _bytes(".json", b"[" * 100_000 + b"]" * 100_000),  # was a RecursionError
          "checkpoint: {stem}.json is not valid JSON (nested too deeply to read)"),
     ckpt("integer-weights", lambda s: _weights(s, {k: v.to(torch.int32) for k, v in Transformer(GOOD).state_dict().items()}),

@@ -142,6 +142,10 @@ def read_meta(path: str | Path) -> dict:
         raise ConfigError(f"checkpoint: {jpath} is not valid JSON (nested too deeply to read)") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("model_config"), dict):
         raise ConfigError(f"checkpoint: {jpath} is not an icl-bench checkpoint (needs format={FORMAT!r} and model_config)")
+    version = meta.get("version", VERSION)  # (every checkpoint written so far has version 1)
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= VERSION:
+        raise ConfigError(f"checkpoint: {jpath} has version {version!r}; this icl-bench reads version {VERSION} "
+                          "(a newer icl-bench may have written it: upgrade, or retrain with this one)")
     return meta
 
 
