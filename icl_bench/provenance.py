@@ -9,6 +9,7 @@ import functools
 import hashlib
 import importlib.util
 import platform
+import shlex
 import subprocess
 import sys
 import uuid
@@ -20,6 +21,19 @@ import torch
 PACKAGES = ("icl-bench", "torch", "numpy", "numba", "scipy", "pandas", "pyarrow", "matplotlib", "seaborn",
             "safetensors")
 ARITHMETIC = ("torch", "numpy", "numba", "scipy")  # of PACKAGES, those whose version can move a cell's numbers
+
+
+def command_line() -> str:
+    """The command that started this process, as typed: `icl-bench run --out results/runs/default`
+    for the CLI (its console script, or `python -m icl_bench`), else `python <argv>` (a script or
+    a test runner calling the Python API). Paths stay as typed: relative to where it was run."""
+    argv = [str(a) for a in sys.argv]
+    if not argv:
+        return "python"
+    first = Path(argv[0])
+    if first.name == "icl-bench" or (first.name == "__main__.py" and first.parent.name == "icl_bench"):
+        return shlex.join(["icl-bench", *argv[1:]])
+    return shlex.join(["python", *argv])
 
 
 def package_versions() -> dict[str, str]:

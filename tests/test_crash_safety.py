@@ -80,6 +80,7 @@ def test_sigkill_mid_run_then_resume_recomputes_only_unfinished_cells(tmp_path):
     assert {k: after[k] for k in done} == done  # finished cells were not recomputed (same timing, same values)
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["n_cells_reused"] == len(done) and meta["n_cells"] == total
+    assert meta["command"] == f"icl-bench run --config {cfg_path} --out {out} --no-progress --resume"  # this session's
     reference = run_matrix(parse_config(SLOW), progress=False)  # uninterrupted, in memory
     pd.testing.assert_frame_equal(_stable(pd.read_parquet(out / "results.parquet")), _stable(reference))
 

@@ -121,7 +121,8 @@ def test_publish_writes_markdown_csv_png_and_html(published):
         assert (published / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "git_commit" in page and "packages" in page and "config" in page
     md = (published / "report.md").read_text()  # the markdown names its runs' facts and the scaling fits' setting too
-    assert f"## Runs\n\n- `{published.parent / 'seed0'}`: git_commit " in md and "status_counts {" in md
+    assert f"## Runs\n\n- `{published.parent / 'seed0'}`: command " in md and "status_counts {" in md
+    assert ", git_commit " in md  # the command that made the run first (its seed and commit follow)
     assert "Against R at N = 5, noise = 0, device = cpu; against N at R = 10, noise = 0, device = cpu;" in md
     head = (published / "headline.md").read_text()
     assert f"icl-bench publish {published.parent / 'seed0'} --out {published}`" in head  # --force was not passed

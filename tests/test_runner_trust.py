@@ -588,3 +588,19 @@ def test_the_no_answer_warning_names_the_parameter_setting(capsys):
     cell_warnings(pd.DataFrame(rows + [skipped]))
     err = capsys.readouterr().err
     assert err.startswith(f"icl-bench: WARNING: mean-y shift=5: {NO_ANSWER} in 2 of the 2 cells it ran (e.g. N=10"), err
+
+
+def test_metadata_records_the_command_as_typed(monkeypatch, tmp_path):
+    """metadata.json records the command that made the run (a report named only the publish
+    command; found by a review): the CLI as `icl-bench ...`, whichever way it was started."""
+    import sys
+
+    from icl_bench import provenance
+
+    for argv0 in ("/venv/bin/icl-bench", "/src/icl_bench/__main__.py"):
+        monkeypatch.setattr(sys, "argv", [argv0, "run", "--out", "results/runs/my run"])
+        assert provenance.command_line() == "icl-bench run --out 'results/runs/my run'"
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--fast"])
+    assert provenance.command_line() == "python bench.py --fast"
+    monkeypatch.setattr(sys, "argv", [])
+    assert provenance.command_line() == "python"

@@ -41,6 +41,7 @@ from icl_bench.bench.metrics import prediction_metrics
 from icl_bench.bench.schema import CELL_COLUMNS, COLUMNS, METRIC_COLUMNS, NO_COUNTS, RESULT_COLUMNS
 from icl_bench.bench.timing import sync, time_passes
 from icl_bench.files import dumps, refuse_link_loop
+from icl_bench import provenance
 from icl_bench.solvers.base import SkipCell
 from icl_bench.solvers.multivariate import check_regressors
 from icl_bench.errors import cell_message
@@ -281,6 +282,7 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
                 meta = store.run_metadata(config, started=started, table=table)
                 meta["n_cells_reused"] = reused  # cells taken from an earlier run (--resume) or the cell cache
                 meta["executor"] = ex.describe()
+                meta["command"] = provenance.command_line()  # of this session (a resumed run: the resume)
                 if config.data is not None:
                     from icl_bench.prompts.data import data_summary
 

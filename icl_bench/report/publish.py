@@ -234,7 +234,8 @@ def _inline_code(text: str):
 def _run_facts(meta: dict) -> dict:
     """The facts of a run's metadata.json shown for every run (the page also folds out device,
     packages and config)."""
-    return {k: meta.get(k) for k in ("git_commit", "seed", "started_at", "finished_at", "n_cells", "status_counts")}
+    keys = ("command", "git_commit", "seed", "started_at", "finished_at", "n_cells", "status_counts")
+    return {k: meta.get(k) for k in keys if k != "command" or "command" in meta}  # (runs before it: none)
 
 
 def _scaling_at(ctx: dict, fixed: str) -> str:
