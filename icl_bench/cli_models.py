@@ -19,7 +19,7 @@ def cmd_analyze(args) -> int:
     from icl_bench.analysis.analyze import HEADLINE, LABELS, analyze_checkpoint, check_out
     from icl_bench.startup import torch_threads
     from icl_bench.files import write_json
-    from icl_bench.solvers.checkpoint import checkpoint_path
+    from icl_bench.solvers.checkpoint import checkpoint_path, shadows_shipped
 
     if args.out is not None:
         check_out(args.out)
@@ -38,8 +38,7 @@ def cmd_analyze(args) -> int:
         raise ConfigError(msg) from None
     if path != args.checkpoint:  # a shipped model: its place in the package, not this machine's path
         result["checkpoint"] = f"icl_bench/models/{Path(path).name}"
-    elif "/" not in path and (resources.models_dir() / f"{path.removesuffix('.json').removesuffix('.safetensors')}"
-                                                      ".json").is_file():  # a local pair takes a shipped name
+    elif shadows_shipped(args.checkpoint, path):  # a local pair takes a shipped model's name
         print(f"note: {path} is the checkpoint in this folder ({Path(path).resolve().parent}), not the shipped "
               "model of that name (give ./NAME or the package's path to be explicit)", file=sys.stderr)
         result["checkpoint"] = str(Path(path).resolve())

@@ -312,6 +312,9 @@ def test_analyze_says_when_a_local_checkpoint_takes_a_shipped_name(construction,
     assert json.loads((tmp_path / "a.json").read_text())["checkpoint"] == str((tmp_path / "trained-l1-R100").resolve())
     ckpt.save_checkpoint(construction, tmp_path / "mine", {"R": R, "N": 12, "seed": 0})  # no shipped model of that name
     assert main(["analyze", "mine", "--n-prompts", "64"]) == 0 and "note:" not in capsys.readouterr().err
+    from icl_bench.resources import models_dir  # in the package's own folder the name is the shipped model
+    monkeypatch.chdir(models_dir())
+    assert main(["analyze", "trained-lsa-R10", "--n-prompts", "64"]) == 0 and "note:" not in capsys.readouterr().err
 
 
 def test_analyze_of_a_model_without_layernorm_says_na_not_nan(tmp_path, capsys):

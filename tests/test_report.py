@@ -657,7 +657,8 @@ def test_throughput_plot_one_dot_per_solver_and_dtype_at_the_median(tables, figs
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert [s for s in labels if s.startswith("ols")] == [f"ols (NaN/inf on {3 * int((ok.solver == 'ols').sum())} of "
                                                           f"{int(ok[ok.solver == 'ols'].n_prompts.sum())} well-posed)"]
-    assert "its prompts/s counts the prompts it did not answer" in " ".join(fig.texts[-1].get_text().split())
+    note = " ".join(fig.texts[-1].get_text().split())
+    assert "with a least-squares answer; its prompts/s counts them too" in note and "MSE" not in note, note
 
 
 def test_log_axes_of_narrow_ranges_get_enough_ticks():
@@ -996,6 +997,9 @@ def test_mechanism_section_reads_ood_rows_or_says_they_are_missing(run_dir):
     got = mechanism.section(report.add_series(pd.DataFrame(rows + dead)))["table"].set_index("series")
     assert got.loc["bad", "verdict"] == "no verdict" and "none of its 2 x-shift / x-scale cells" in got.loc["bad", "why"]
     assert got.loc["trained-l1", "verdict"] == "neither"
+    huge = [{**r, "solver": "huge", "solver_params": "{}", "mse_vs_ols": math.inf} for r in rows[:3]]  # answered, and
+    got = mechanism.section(report.add_series(pd.DataFrame(rows + huge)))["table"].set_index("series")  # overflowed:
+    assert got.loc["huge", "verdict"] == "neither"  # a failed cell, not "no verdict"
 
 
 def test_mechanism_table_sorts_steps_numerically(run_dir):
@@ -1414,12 +1418,13 @@ def test_probe_titles_use_the_series_label_and_wrap(tables, tmp_path):
         shutil.copy(models_dir() / f"trained-nol1-R10.{half}", mine / f"trained-nol1-R10.{half}")
     ok = table[(table.status == "ok") & (table.solver == "ols")]
     label = f"trained-nol1 models_dir={mine}"
-    rows = ok.assign(solver="trained-nol1", solver_params=json.dumps({"models_dir": str(mine)}), series=label)
+    rows = ok.assign(solver="trained-nol1", solver_params=json.dumps({"models_dir": str(mine)}),
+                     series=label + " · x=uniform(-1, 2)")  # its prompt source: not the probes' prompts, left out
     models, _ = model_plots.collect_models(pd.concat([table, rows]), setting, n_prompts=16)
     assert f"{label} (trained-nol1-R10)" in models, list(models)
     fig = model_plots.probe_scatter({k: v for k, v in models.items() if k.startswith("trained-nol1")})
     titles = [ax.get_title() for ax in fig.axes]
-    assert all(max(len(line) for line in t.split("\n")) <= 60 for t in titles), titles
+    assert all(max(len(line) for line in t.split("\n")) <= 45 for t in titles), titles  # a panel's width
     assert all("".join(t.split("\n")[:-2]).replace(" ", "").startswith(label.replace(" ", "")) for t in titles)
 
 
@@ -1430,11 +1435,32 @@ def test_error_bands_say_over_how_many_prompts_and_seeds_and_that_they_under_cov
     from icl_bench.report import plots
 
     _, summary, setting = twins_summary
-    per = int((summary.n_prompts / summary.n_seeds).iloc[0])
+    per = int(summary.n_prompts.iloc[0])
     for fig in (plots.mse_vs_n(summary, setting), plots.gd_steps(summary, setting)):
         note = " ".join(fig.texts[-1].get_text().split())
-        assert f"band: nominal 95 % CI of the mean over the prompts of a point ({per} per prompt seed, 1 seed;" in note
+        assert f"band: nominal 95 % CI of the mean over the prompts of a point ({per} prompts, 1 prompt seed;" in note
         assert "under-covers heavy-tailed errors, results/ci_coverage.md" in note, note
-    two = pd.concat([summary, summary.assign(n_seeds=3, n_prompts=summary.n_prompts * 3, solver="x", series="x")])
+    # seeds of 256 and 512 prompts: the counts per point (an average per seed, 384, was no seed's)
+    two = pd.concat([summary, summary.assign(n_seeds=2, n_prompts=summary.n_prompts * 3, solver="x", series="x")])
     note = " ".join(plots.mse_vs_n(two, setting).texts[-1].get_text().split())
-    assert f"({per} per prompt seed, 1–3 seeds;" in note, note
+    assert f"({per}–{3 * per} prompts, 1–2 prompt seeds;" in note, note
+
+
+def test_a_local_checkpoint_taking_a_shipped_name_is_noted(tables, tmp_path, monkeypatch):
+    """`publish --checkpoint trained-l1-R100` beside a pair of one's own of that name draws one's
+    own (as analyze does), which a note now says; from the package's own folder it is the shipped
+    model, and nothing is said (analyze said it falsely there; found by a review)."""
+    import shutil
+
+    from icl_bench.report import model_plots
+    from icl_bench.resources import models_dir
+
+    table, _, setting = tables
+    for half in ("json", "safetensors"):
+        shutil.copy(models_dir() / f"trained-nol1-R10.{half}", tmp_path / f"trained-l1-R100.{half}")
+    monkeypatch.chdir(tmp_path)
+    _, notes = model_plots.collect_models(table, setting, ["trained-l1-R100"], n_prompts=16)
+    assert f"--checkpoint trained-l1-R100: the pair in this folder ({tmp_path.resolve()}), not the shipped model of that name" in notes
+    monkeypatch.chdir(models_dir())
+    _, notes = model_plots.collect_models(table, setting, ["trained-l1-R100"], n_prompts=16)
+    assert not any("the pair in this folder" in n for n in notes), notes

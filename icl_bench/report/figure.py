@@ -132,8 +132,7 @@ def band_note(data: pd.DataFrame) -> str:
     forms and trained models at 512 prompts (results/ci_coverage.md, found by a review)."""
     if "n_prompts" not in data or "n_seeds" not in data:
         return "band: nominal 95 % CI of the mean"
-    per = data["n_prompts"] / data["n_seeds"].where(data["n_seeds"] > 0)
     seeds = span(data["n_seeds"])
-    return (f"band: nominal 95 % CI of the mean over the prompts of a point ({span(per)} per prompt seed, {seeds} "
-            f"seed{'' if seeds == '1' else 's'}; normal theory: it under-covers heavy-tailed errors, "
+    return (f"band: nominal 95 % CI of the mean over the prompts of a point ({span(data['n_prompts'])} prompts, "
+            f"{seeds} prompt seed{'' if seeds == '1' else 's'}; normal theory: it under-covers heavy-tailed errors, "
             "results/ci_coverage.md)")

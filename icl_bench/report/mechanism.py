@@ -37,7 +37,7 @@ normalises by var(OLS), not by the signal power below, is `icl-bench analyze`'s:
                       a steps parameter (a trained model) is compared with the gd series closest
                       in error (smallest mean |log10 ratio| over the cells both have);
     neither           otherwise;  "no OOD rows" when the solver has no such cell, "no verdict" when
-                      none of them has a finite error (every cell errored or answered NaN / inf).
+                      none of them has an error (every cell errored or answered NaN / inf).
 """
 from __future__ import annotations
 
@@ -206,8 +206,8 @@ def _verdict(r: pd.Series, mine: dict, gd: dict, where) -> tuple[str, str]:
     tested = {k: v for k, v in mine.items() if not math.isnan(_tol(k[1]))}
     if not tested:
         return "no OOD rows", "no x-shift / x-scale cells in the judged range for this solver"
-    if not any(math.isfinite(v) for v in tested.values()):  # nothing measured: "neither" read as a finding
-        return "no verdict", (f"none of its {len(tested)} x-shift / x-scale cells has a finite relative error: each "
+    if all(math.isnan(v) for v in tested.values()):  # nothing measured: "neither" read as a finding (an inf
+        return "no verdict", (f"none of its {len(tested)} x-shift / x-scale cells has a relative error: each "  # is one)
                               "errored or answered NaN / inf on a well-posed prompt (failures.md, the headline's counts)")
     # an inf or NaN error (overflow, no finite answer) fails its cell: it is not left out of the test
     bad = {k: v / _tol(k[1]) if math.isfinite(v) else math.inf for k, v in tested.items() if not v <= _tol(k[1])}

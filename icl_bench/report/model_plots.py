@@ -32,7 +32,7 @@ from icl_bench.prompts.ols import ols_fit
 from icl_bench.report.aggregate import select
 from icl_bench.report import style
 from icl_bench.report.plots import PlotSkipped
-from icl_bench.solvers.checkpoint import checkpoint_path, load_checkpoint, stem_of
+from icl_bench.solvers.checkpoint import checkpoint_path, load_checkpoint, shadows_shipped, stem_of
 from icl_bench.solvers.ln_closed_form import LNClosedForm, build_construction
 from icl_bench.solvers.registry import get_solver_class
 
@@ -131,8 +131,8 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
     drawn = {}  # weights file reached (_file_key) -> its label: one model is drawn once, however it was named
     at = select(table[table["status"] == "ok"], setting, ("N", "noise", "R", "d"))
     for (solver, params), g in at.groupby(["solver", "solver_params"]):
-        label = (g["series"].iloc[0] if "series" in g else  # the label of the error plots ("trained-nol1 models_dir=m")
-                 f"{solver} {params}" if params not in ("", "{}") else solver)
+        label = (g["series"].iloc[0].split(" · ")[0] if "series" in g else  # the error plots' label, less its prompt
+                 f"{solver} {params}" if params not in ("", "{}") else solver)  # source: the model is probed on its own
         try:
             path = _fitting_checkpoint(solver, params, R, N)
         except Exception as exc:  # an unknown or broken solver: a note, not the end of the report
@@ -156,6 +156,9 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
                 notes.append(f"--checkpoint {path}: drawn once, as {drawn[_file_key(resolved)]!r}")
                 continue
             model, meta = load_checkpoint(resolved)
+            if shadows_shipped(str(path), resolved):
+                notes.append(f"--checkpoint {path}: the pair in this folder ({Path(resolved).resolve().parent}), not "
+                             "the shipped model of that name")
             drawn[_file_key(resolved)] = f"checkpoint {path}"
             add(f"checkpoint {path}", model)
             if isinstance(meta.get("R"), (int, float)) and float(meta["R"]) != R:  # its probes at another R
@@ -232,7 +235,8 @@ def weight_heatmaps(models: dict[str, dict]) -> Figure:
     header, *subs = fig.subfigures(len(maps) + 1, 1, height_ratios=[0.35, *blocks], squeeze=False)[:, 0]
     for sub, (label, mm) in zip(subs, maps.items()):
         ref = f"  ({REFERENCE})" if models[label].get("reference") else ""
-        sub.suptitle(label + ref, fontsize=9, x=0.02, ha="left", fontweight="bold")
+        sub.suptitle(style.wrap_note(label + ref, width - 0.3, fontsize=10)[0], fontsize=9, x=0.02, ha="left",
+                     fontweight="bold")  # (bold 9 pt: wrapped as 10 pt)
         lay = layouts[label]
         axes = sub.subplots(len(lay), ncols, squeeze=False)
         for i, row in enumerate(lay):
@@ -330,7 +334,7 @@ def probe_scatter(models: dict[str, dict], notes: list[str] | None = None) -> Fi
             n_rows = f" ({f.n} of {tx.size} rows finite)" if f.n < tx.size else ""
             where = PROBE_PLACES.get(f.source, f.source)
             ref = f" ({REFERENCE.split(':')[0]})" if models[label].get("reference") else ""
-            head = style.wrap_note(f"{label}{ref}", 10 / 3, fontsize=7)[0]  # a long label ran into the next panel
+            head = style.wrap_note(f"{label}{ref}", 2.5, fontsize=7)[0]  # a panel's width: a long label ran into the next
             ax.set_title(f"{head}\n{where}\nslot {f.slot}, R² = {f.r2:.4f}{n_rows}", fontsize=7)
             ax.set_xlabel(f"closed form {f.target} ({'x' if key == 'centering.x' else 'y'} units)", fontsize=7)
             ax.set_ylabel(f"stream slot {f.slot} (model units)", fontsize=7)

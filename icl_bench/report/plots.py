@@ -283,7 +283,8 @@ def throughput(table: pd.DataFrame) -> Figure:
     fig = finish(fig, panels, LABELS["prompts_per_s"], "", f"Throughput (median over the {pooled} cells)",
                   f"dot and label: median prompts/s; whiskers: 25th-75th percentile over cells; {scale}"
                   + (f"; {shared} of {len(d)} cells timed while other cells ran on their machine" if shared else "")
-                  + (f"; {nan_note} (its prompts/s counts the prompts it did not answer)" if nan_note else ""),
+                  + ("; NaN/inf on k of n well-posed: the solver answered NaN or inf on k of the n prompts with a "
+                     "least-squares answer; its prompts/s counts them too" if nan_note else ""),
                   legend_title="dtype")
     return fig
 

@@ -232,6 +232,18 @@ def checkpoint_path(name: str, key: str = "CHECKPOINT") -> str:
     raise ConfigError(f"{key}: no checkpoint {name!r} (a file pair's stem, or a shipped one: {', '.join(names)})")
 
 
+def shadows_shipped(name: str, resolved: str) -> bool:
+    """Whether `resolved` (checkpoint_path(name)) is a pair in the current folder that takes the
+    name of a different shipped model: `icl-bench analyze trained-l1-R100` run beside one's own
+    trained-l1-R100 pair reads that pair, which callers say (a bare name, not a path)."""
+    stem = resolved.removesuffix(".json").removesuffix(".safetensors")
+    shipped = resources.models_dir() / f"{stem}.json"
+    if resolved != name or "/" in name or os.sep in name or not shipped.is_file():
+        return False
+    here = Path(f"{stem}.json")
+    return not (here.is_file() and os.path.samefile(here, shipped))  # run from the package's own folder: the same
+
+
 def _reads_as_meta(stem: str) -> bool:
     try:
         read_meta(stem)
