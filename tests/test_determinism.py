@@ -20,7 +20,7 @@ from icl_bench.bench.cells import cell_prompts, expand_cells, prompt_seed
 from icl_bench.bench.schema import RESULT_COLUMNS, TIMING_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
-TIME_KEYS = ("started_at", "finished_at")  # metadata.json's wall-clock fields
+TIME_KEYS = ("started_at", "finished_at", "command")  # metadata.json's wall-clock fields, and the command (its --out)
 RAW = {"seed": 11, "n_prompts": 50, "batch_size": 20, "timing": {"repeats": 1},
        "grid": {"N": [2, 9], "noise": [0.3], "R": [10.0], "dtype": ["float32", "float64"]}}
 # no [solvers]: every registered solver, so each new one is checked as it lands
