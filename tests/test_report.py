@@ -1398,6 +1398,7 @@ def test_a_killed_publish_leaves_no_temp_folder_for_good(tmp_path, run_dir, monk
     kept.append(".pub.notes.tmp")
     assert main(["publish", str(run_dir), "--out", str(tmp_path / "pub")]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept + ["pub"])
+    assert not any((tmp_path / g).exists() for g in gone)  # (implied above: said, so a rename cannot hide it)
 
 
 def test_probe_titles_use_the_series_label_and_wrap(tables, tmp_path):

@@ -415,7 +415,7 @@ def test_bad_cache_or_out_paths_write_nothing(tmp_path, capsys):
                        ("dang/sub", f"dang is a symbolic link to {tmp_path / 'nowhere'}, which is missing"),
                        ("loop", f"loop is a symbolic link loop (a link to {tmp_path / 'loop'}, whose links lead in a circle)")):
         code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "o6", "--cache", tmp_path / cache)
-        assert code == 2 and err.startswith(f"icl-bench: error: --cache: ") and msg in err, err
+        assert code == 2 and err.startswith("icl-bench: error: --cache: ") and msg in err, err
         assert not (tmp_path / "o6").exists() and "Traceback" not in err
     (tmp_path / "bad" / "cells.sqlite").mkdir(parents=True)  # an unusable cache is refused before --out is made
     code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "o6", "--cache", tmp_path / "bad")

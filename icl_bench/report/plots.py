@@ -25,7 +25,8 @@ from matplotlib.figure import Figure
 from icl_bench.report import style
 from icl_bench.report.figure import (LABELS, MSE_OLS_LABEL, PlotSkipped, band_note, finish, flag_nan, fmt,
                                      make_panels)
-from icl_bench.report.aggregate import select, series_order
+from icl_bench.report.aggregate import select
+from icl_bench.report.series import series_order
 from icl_bench.report.coverage import setting_words, varied_axes
 from icl_bench.report.load import shared_timing
 from icl_bench.solvers.registry import get_solver_class
