@@ -16,9 +16,9 @@ Writes into DIR (nothing else, nothing typed by hand):
                      and the files written (so a later --force deletes nothing else)
 Everything is first written to a hidden temporary folder beside DIR (`.DIR.<pid>-<random>.tmp`)
 and moved into place at the end, so DIR never holds a half-written report; such a folder left by
-a killed publish is removed by the next publish into DIR (`_remove_stale_temps`). A non-empty DIR is refused unless force=True, and
-even then unless an earlier publish wrote it and it holds nothing else; a --checkpoint inside DIR
-is refused.
+a killed publish is removed by the next publish into DIR. A non-empty DIR is refused unless
+force=True, and even then unless an earlier publish wrote it and it holds nothing else; a
+--checkpoint inside DIR is refused (both: outdir.py).
 Folders are made 0o755 and files 0o644 (mkdtemp's 0o700 would make the report private).
 """
 from __future__ import annotations
@@ -26,131 +26,26 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shlex
 import shutil
 import tempfile
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 
 from icl_bench.report import aggregate as report
-from icl_bench.report import coverage, mechanism, scaling
+from icl_bench.report import coverage, mechanism, outdir, scaling
 from icl_bench.report.load import shared_timing_notes, unfinished_notes
-from icl_bench.errors import ConfigError
-from icl_bench.files import refuse_link_loop
 
-PLOT_TITLES = {
-    "mse_vs_n": "Error vs context length N",
-    "mse_vs_r": "Error vs embedding constant R (float32 vs float64)",
-    "gd_steps": "GD steps vs error, beside the closed forms",
-    "throughput": "Throughput per solver, device and dtype",
-    "weights": "Weights of the transformer solvers beside the construction",
-    "probes": "LayerNorm probes",
-}
-
-
-# What publish writes (relative to --out), for a publish.json of before it listed its "files".
-OWN_FILES = {"index.html", "report.md", "headline.md", "summary.csv", "summary.md", "failures.csv", "failures.md",
-             "sparsity.csv", "sparsity.md", "scaling.csv", "mechanism.csv", "results.csv", "publish.json",
-             *(f"plots/{name}.png" for name in PLOT_TITLES)}
-
-
-def _not_published(out: Path) -> str | None:
-    """The first path under `out` (relative, in sorted order) that the publish which wrote `out`
-    did not write (publish.json's "files"; OWN_FILES when it has none), or None. Links are never its."""
-    try:
-        files = json.loads((out / "publish.json").read_text()).get("files")
-    except (OSError, ValueError, AttributeError, RecursionError):  # RecursionError: nested too deeply
-        files = None
-    own = set(files) if isinstance(files, list) and all(isinstance(f, str) for f in files) else OWN_FILES
-    dirs = {"plots"} | {str(Path(f).parent) for f in own}
-    for root, subdirs, names in os.walk(out):  # links to folders are listed, not followed
-        subdirs.sort()
-        rel = Path(root).relative_to(out)
-        for name in sorted(names) + subdirs:
-            path = (rel / name).as_posix()
-            is_dir = name in subdirs and not (Path(root) / name).is_symlink()
-            if (path not in dirs) if is_dir else (path not in own or (Path(root) / name).is_symlink()):
-                return path
-    return None
-
-
-STALE_S = 3600  # a temp folder of publish older than this is stale, whatever its pid says (reused, another host)
-
-
-def _remove_stale_temps(out: Path) -> None:
-    """Delete the temporary folders a killed publish into `out` left beside it: named as publish
-    names them (`.OUT.<pid>-<random>.tmp`; `.OUT.<random>.tmp` before the pid was in the name),
-    holding only files publish writes (_not_published), and whose process is gone or that are
-    older than STALE_S. Nothing else is touched (a `.OUT.*.old` folder may hold the only copy
-    of the previous report: a publish killed between its two renames)."""
-    own = re.compile(rf"\.{re.escape(out.name)}\.(?:(\d+)-)?[a-z0-9_]{{8}}\.tmp")  # mkdtemp: 8 of [a-z0-9_]
-    try:  # best effort: a folder that vanishes meanwhile (another publish cleaning) is no error
-        for p in out.parent.iterdir():
-            m = own.fullmatch(p.name)
-            if m is None or p.is_symlink() or not p.is_dir() or _not_published(p) is not None:
-                continue
-            if time.time() - p.stat().st_mtime > STALE_S or (m.group(1) and not _alive(int(m.group(1)))):
-                shutil.rmtree(p, ignore_errors=True)
-    except OSError:
-        pass
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` may still be running a publish (this process's folder is made later)."""
-    if pid == os.getpid():  # made before this publish began: a reused pid, not ours
-        return False
-    if os.name != "posix":  # os.kill would end the process there: its age alone decides
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # e.g. another user's process
-        pass
-    return True
-
-
-def _inside(path, out: Path) -> bool:
-    """Whether `path` lies inside `out`, each as typed or with its links followed."""
-    spellings = lambda p: (Path(os.path.abspath(p)), Path(p).resolve())  # noqa: E731
-    return any(o in p.parents for o in spellings(out) for p in spellings(path))
-
-
-def _check_out(out: Path, runs: list[Path], force: bool, checkpoints=(), readme=None) -> None:
-    from icl_bench.solvers.checkpoint import checkpoint_path, stem_of
-
-    refuse_link_loop(out, "--out")  # (resolve, below, raises RuntimeError for it)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out: {out} exists and is not a folder")
-    for run in runs:
-        r, o = run.resolve(), out.resolve()
-        if r == o or o in r.parents or r in o.parents:
-            raise ConfigError(f"--out: {out} overlaps the run folder {run}; choose a folder outside it")
-    if readme and _inside(readme, out):  # --force would delete it before its block is rewritten
-        raise ConfigError(f"--readme: {readme} is inside --out {out}, which publish replaces; keep it outside")
-    for name in checkpoints:  # --force would delete it with the old report
-        try:
-            stem = stem_of(checkpoint_path(str(name), "--checkpoint"))
-        except ConfigError:
-            continue  # not a checkpoint: a note (the command line refuses it before publish)
-        if any(_inside(f, out) for f in (stem, f"{stem}.safetensors", f"{stem}.json")):
-            raise ConfigError(f"--checkpoint: {name} is inside --out {out}, which publish replaces; keep it outside")
-    if out.is_dir() and any(out.iterdir()):
-        if not force:
-            raise ConfigError(f"--out: {out} is not empty; pass --force to replace it")
-        if not (out / "publish.json").is_file():  # --force never deletes a folder publish did not write
-            raise ConfigError(f"--out: {out} is not a folder written by icl-bench publish (no publish.json); "
-                              "--force only replaces such a folder")
-        other = _not_published(out)
-        if other is not None:  # nor what was put there after it (a run folder, a model, notes)
-            raise ConfigError(f"--out: {out} holds {other}, which icl-bench publish did not write there; --force would "
-                              "delete it: move it out or choose another folder")
-    if out.resolve() == Path.cwd().resolve():
-        raise ConfigError(f"--out: {out} is the current folder; choose a subfolder")
+PLOT_TITLES = dict(zip(outdir.PLOTS, (
+    "Error vs context length N",
+    "Error vs embedding constant R (float32 vs float64)",
+    "GD steps vs error, beside the closed forms",
+    "Throughput per solver, device and dtype",
+    "Weights of the transformer solvers beside the construction",
+    "LayerNorm probes",
+)))
 
 
 def _figures(table, summary, setting, checkpoints):
@@ -297,7 +192,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     runs, out = [Path(r) for r in run_dirs], Path(out)
     table, metas = report.load_runs(runs)  # read-only: bad run folders and --at values first
     setting = report.representative(table, at)
-    _check_out(out, runs, force, checkpoints, readme)
+    outdir.check_out(out, runs, force, checkpoints, readme)
     summary = report.aggregate(table)
     head = report.headline(summary, setting, table)
     headline_at = {k: v for k, v in setting.items() if k != "N"}
@@ -326,7 +221,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     ctx["summary_shown"] = ctx["summary"].drop(columns=["prompts"] if one_source else [])
     given, out = out, Path(os.path.realpath(out)) if out.is_symlink() else out  # a link: its target is
     out.parent.mkdir(parents=True, exist_ok=True)  # replaced, the link kept (renaming over it replaced the link)
-    _remove_stale_temps(out)
+    outdir.remove_stale_temps(out)
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}-", suffix=".tmp", dir=out.parent))
     except OSError as exc:  # named as --out, not as the hidden folder beside it (a read-only or full disk)
