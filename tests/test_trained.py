@@ -253,3 +253,22 @@ def test_checkpoint_lookup_sees_a_link_moved_to_a_folder_of_look_alike_copies(tm
     link.unlink()
     link.symlink_to("v2")
     assert [m["R"] for _, m in find_checkpoints(link, "trained-nol1")] == [20.0]
+
+
+def test_every_shipped_checkpoint_records_its_own_sparsity_and_l1():
+    """The model card's sparsity and Σ|w| come from each checkpoint's JSON; trained-l1-R10 and
+    -R1000 (derived from the R = 100 run) carried the R = 100 model's, 0.663 where R = 1000 reads
+    0.667 (found by a review). Every shipped JSON now matches its own weights."""
+    import json
+
+    from icl_bench.resources import models_dir
+    from icl_bench.solvers.checkpoint import load_checkpoint
+    from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
+
+    paths = sorted(models_dir().glob("*.json"))
+    assert len(paths) == 12
+    for path in paths:
+        model, meta = load_checkpoint(path)
+        w = model.weight_matrices()
+        assert meta["metrics"]["sparsity"] == pytest.approx(weight_sparsity(w), abs=1e-12), path.name
+        assert meta["metrics"]["weight_l1"] == pytest.approx(weight_l1(w), rel=1e-6), path.name

@@ -45,7 +45,9 @@ def main() -> None:
              "by `python -m benchmarks.experiments.ship_trained_l1`, the same configuration; docs/mechanism.md); this card by "
              "`python -m benchmarks.experiments.checkpoint_table`. rel = MSE vs OLS / var(OLS prediction) on 4096 "
              "fresh prompts per N (noise 0.1); wall time and steps/s were measured on a shared 2-core machine; commit: "
-             "the git commit it was trained at (`-dirty`: with uncommitted edits in the checkout).", "",
+             "the git commit it was trained at (`-dirty`: with uncommitted edits in the checkout). trained-l1-R10 and "
+             "-R1000 are derived from the R = 100 run (its embedding's R column rescaled): their held-out MSE, steps, wall "
+             "time, steps/s and commit are that run's; rel, sparsity and Σ\\|w\\| are their own.", "",
              row(head), row(["---"] * len(head))]
     for path in sorted(models.glob("*.json")):
         meta = json.loads(path.read_text())

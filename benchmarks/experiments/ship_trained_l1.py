@@ -14,7 +14,8 @@ seed to 2-3 digits in most seeds and land in another state in one seed of ten, s
 `icl-bench train --config train --run trained-l1-R10` (trained at R = 10) does not regenerate
 the shipped R = 10 file; only trained-l1-R100 is reproduced bit for bit by its train.toml run.
 The JSON says so ("derived_from"), and every metric in it is measured again on the derived model
-at its own R (fresh prompts, functional LayerNorm tests, fingerprint).
+at its own R (fresh prompts, functional LayerNorm tests, fingerprint, sparsity and Σ|w|), except the
+training run's own (held-out MSE, steps, time: "eval_of_R" says they are the R = 100 run's).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import torch
 from icl_bench.analysis.fingerprint import default_prompts, fingerprint
 from icl_bench.analysis.lnfunc import ln_functional
 from icl_bench.solvers.checkpoint import load_checkpoint, save_checkpoint
+from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
 from icl_bench.training.augment import exact_zero_fraction
 from icl_bench.training.train import fresh_metrics
 
@@ -77,7 +79,11 @@ def ship(src: Path, models_dir: Path) -> None:
         new = {**meta, "solver": "trained-l1", "R": R,
                "derived_from": {"checkpoint": src.name, "R": R0, "rule": f"embedding R column x {R0 / R:g}"},
                "mechanism": {**ln, "fingerprint": fp.row(), "exact_zero": exact_zero_fraction(m)}}
-        new["metrics"] = {**meta["metrics"], "fresh_noise0.1": fresh_metrics(m, R)}
+        # the training run's metrics are the R = 100 source's (its held-out prompts, its time); the
+        # weights' measures are taken again: the copied sparsity of R = 100 was printed for R = 10 and
+        # 1000 (the threshold is relative to the largest weight; found by a review)
+        new["metrics"] = {**meta["metrics"], "fresh_noise0.1": fresh_metrics(m, R), "eval_of_R": R0,
+                          "sparsity": weight_sparsity(m.weight_matrices()), "weight_l1": weight_l1(m.weight_matrices())}
         stem = save_checkpoint(m, models_dir / f"trained-l1-R{R:g}", new)
         print(f"{stem.name}: state {ln['state']}, verdict {fp.verdict}, x+5 {fp.scores['x+5']:.2e}, "
               f"rel MSE N=20 {ln['rel_mse']:.2e}")
