@@ -864,6 +864,30 @@ def test_scaling_exponents_ln_closed_form_r_minus_4_and_ols_flat(tmp_path, table
     assert shown.to_dict() == {"never": "no finite MSE", "exact": "at float floor (1 NaN)", "mixed": "-2.00 (2 pts, 1 NaN)"}
 
 
+def test_rounding_dominated_float32_points_leave_the_fit():
+    """float32 ln-closed-form's rounding grows with R (a U-curve), far above the one-number float
+    floor: at R = 1000 2.3e-9 against 7.2e-11 in float64, and the fit through it read "-3.06" for
+    a curve that turns up there (found by a review). A float32 mean over 3x its float64 twin's is
+    left out (n_rounding); a float32 point near its twin (control) stays."""
+    from icl_bench.report import scaling
+
+    cells = [("ln", "float32", [3.8e-3, 5.8e-7, 2.3e-9]), ("ln", "float64", [3.8e-3, 7.1e-7, 7.2e-11]),
+             ("gd", "float32", [0.70, 0.72, 0.75]), ("gd", "float64", [0.70, 0.72, 0.75])]
+    summary = pd.DataFrame([{"series": s, "solver": s, "solver_params": "{}", "prompts": "", "N": 30, "noise": 0.1, "R": R,
+                             "dtype": dt, "device": "cpu", "d": 1, "ood": "none", "mse_vs_ols": m, "mse_vs_ols_se": 0.05 * m}
+                            for s, dt, ms in cells for R, m in zip((10.0, 100.0, 1000.0), ms)])
+    assert scaling.rounding_dominated(summary).tolist() == [False, False, True] + [False] * 9
+    fits = scaling.scaling_table(summary).set_index(["series", "dtype", "vs"])
+    ln32, ln64 = fits.loc[("ln", "float32", "R")], fits.loc[("ln", "float64", "R")]
+    assert (ln32.n_points, ln32.n_rounding) == (2, 1) and ln32.exponent == pytest.approx(-3.82, abs=0.01)
+    assert (ln64.n_points, ln64.n_rounding) == (3, 0) and ln64.exponent == pytest.approx(-3.86, abs=0.01)
+    assert (fits.loc[("gd", "float32", "R")].n_rounding, fits.loc[("gd", "float32", "R")].n_points) == (0, 3)
+    shown = scaling.scaling_at(fits.reset_index(), {"N": 30, "noise": 0.1, "R": 100.0, "device": "cpu", "d": 1, "ood": "none"},
+                               ["ln"]).set_index("dtype")["exponent vs R"]
+    assert shown["float32"] == "-3.82 (2 pts, 1 rounding)"
+    assert scaling.fit_exponent([10, 100], [1e-3, 1e-5], "float32", rounding=[True, True])["n_rounding"] == 2
+
+
 def test_publishing_runs_with_different_grids_names_what_it_left_out(run_dir, tmp_path, monkeypatch, solvers):
     import icl_bench.report.publish
 

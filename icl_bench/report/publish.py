@@ -143,7 +143,7 @@ def _report_md(ctx: dict) -> str:
              ctx["headline_md"]]
     if ctx["left_out"]:
         lines += ["Left out:", ""] + [f"- {n}" for n in ctx["left_out"]] + [""]
-    lines += ["## Scaling laws (exponent p of MSE vs OLS ∝ R^p, N^p; 95 % CI)", "",
+    lines += ["## Scaling laws (exponent p of MSE vs OLS ∝ R^p, N^p; 95 % CI, conservative)", "",
               f"Against R at {_scaling_at(ctx, 'N')}; against N at {_scaling_at(ctx, 'R')}; every setting: "
               "[scaling.csv](scaling.csv).", "", report.to_markdown(ctx["scaling_at"]),
               "## Mechanism", "", ctx["mechanism"]["status"], ""]

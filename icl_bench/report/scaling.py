@@ -14,6 +14,17 @@ whose MSE is above the float floor. Its 95 % confidence interval is the union of
     reads R got "0.03 [0.03, 0.04]" vs R).
 Two points give the slope without an interval; fewer give no fit.
 
+Rounding-dominated points. The floor is one number per dtype; rounding that grows with the
+grid value (float32 ln-closed-form, whose R + m loses digits as R grows: a U-curve in R) lies far
+above it. A point in a precision below float64 whose mean is more than ROUNDING_RATIO = 3 times
+the float64 mean of the same series and cell is left out too and counted in `n_rounding`
+(`rounding_dominated`; only where the runs hold both dtypes).
+
+The interval is conservative: the wider of two intervals each meant to cover 95 % covers more,
+and with 3 points the lack-of-fit term uses t with 1 degree of freedom (12.7). With three equally
+spaced log v (the default R grid) the least-squares slope is the slope between the end points:
+the middle point moves only the interval.
+
 Float floor. A prediction rounded in a float format of machine epsilon eps (float32 1.19e-7,
 float64 2.22e-16) is off by about eps × |prediction| even when its method is exact, so an MSE
 vs OLS at or below (FLOOR_ULPS · eps)² y-units² (prompts of the default generator have
@@ -32,6 +43,7 @@ from scipy import stats
 FLOOR_ULPS = 100
 EPS = {"float16": 9.77e-4, "bfloat16": 7.81e-3, "float32": 1.19e-7, "float64": 2.22e-16}
 LEVEL = 0.95
+ROUNDING_RATIO = 3.0  # a float32 mean this many times its float64 twin's is rounding-dominated
 
 
 def float_floor(dtype: str) -> float:
@@ -39,23 +51,27 @@ def float_floor(dtype: str) -> float:
     return (FLOOR_ULPS * EPS.get(str(dtype), EPS["float64"])) ** 2
 
 
-def fit_exponent(v, mse, dtype: str, se=None) -> dict:
+def fit_exponent(v, mse, dtype: str, se=None, rounding=None) -> dict:
     """Fit MSE ∝ v^p over the points above the float floor of `dtype`.
 
     Args:
         v: grid values (R or N), positive. mse: mean MSE vs OLS at those values (y units²).
         se: the standard errors of those means (y units²; None or NaN: that term of the interval
             is left out, as for tables from before the column).
+        rounding: per point, whether it is rounding-dominated (rounding_dominated; None: none is).
     Returns:
         {"exponent", "ci_low", "ci_high", "n_points" (used), "n_floor" (left out: at or below the
-        floor), "n_nan" (left out: no finite MSE, e.g. a solver that answered no prompt)};
-        exponent NaN when fewer than 2 points remain, interval NaN when fewer than 3.
+        floor), "n_rounding" (left out: rounding-dominated), "n_nan" (left out: no finite MSE, e.g.
+        a solver that answered no prompt)}; exponent NaN when fewer than 2 points remain, interval
+        NaN when fewer than 3.
     """
     v, m = np.asarray(v, dtype=float), np.asarray(mse, dtype=float)
     usable = np.isfinite(v) & (v > 0) & np.isfinite(m)
-    good = usable & (m > float_floor(dtype))
+    above = usable & (m > float_floor(dtype))
+    good = above & ~(np.asarray(rounding, dtype=bool) if rounding is not None else np.zeros_like(above))
     out = {"exponent": math.nan, "ci_low": math.nan, "ci_high": math.nan, "n_points": int(good.sum()),
-           "n_floor": int((usable & ~good).sum()), "n_nan": int((~usable).sum())}
+           "n_floor": int((usable & ~above).sum()), "n_rounding": int((above & ~good).sum()),
+           "n_nan": int((~usable).sum())}
     if good.sum() < 2 or len(set(v[good])) < 2:
         return out
     lx, ly = np.log(v[good]), np.log(m[good])
@@ -73,6 +89,20 @@ def fit_exponent(v, mse, dtype: str, se=None) -> dict:
     return out
 
 
+def rounding_dominated(summary: pd.DataFrame) -> pd.Series:
+    """Per summary row: a mean in a lower precision than float64 more than ROUNDING_RATIO times the
+    float64 mean of the same series and cell, so mostly its rounding, not its method (the float
+    floor is one number per dtype and misses rounding that grows with R: float32 ln-closed-form at
+    R = 1000 reads 2.3e-9 against 7.2e-11 in float64, and the fit through it gave "-3.06" for a
+    U-curve; found by a review). False where the cell has no float64 row."""
+    cell = ["series", "solver_params", "prompts", "N", "noise", "R", "device", "d", "ood"]
+    cell = [c for c in cell if c in summary]
+    ref = summary[summary["dtype"] == "float64"].groupby(cell, dropna=False)["mse_vs_ols"].first()
+    keys = pd.MultiIndex.from_frame(summary[cell]) if len(cell) > 1 else pd.Index(summary[cell[0]])
+    f64 = pd.Series(ref.reindex(keys).to_numpy(), index=summary.index)
+    return (summary["dtype"] != "float64") & (summary["mse_vs_ols"] > ROUNDING_RATIO * f64)
+
+
 def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
     """Every fit: one row per (series, vs ∈ {R, N}, the other grid axes).
 
@@ -84,6 +114,7 @@ def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
     """
     rows = []
     keys = ["series", "solver", "solver_params", "prompts", "N", "noise", "R", "dtype", "device", "d", "ood"]
+    summary = summary.assign(_rounding=rounding_dominated(summary))
     for vs in ("R", "N"):
         fixed = [k for k in keys if k != vs]
         for key, g in summary.groupby(fixed, dropna=False, sort=True):
@@ -91,10 +122,10 @@ def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
                 continue
             row = dict(zip(fixed, key), vs=vs, **{vs: math.nan})
             se = g["mse_vs_ols_se"] if "mse_vs_ols_se" in g else None
-            row.update(fit_exponent(g[vs], g["mse_vs_ols"], key[fixed.index("dtype")], se))
+            row.update(fit_exponent(g[vs], g["mse_vs_ols"], key[fixed.index("dtype")], se, g["_rounding"]))
             row["max_mse"] = float(g["mse_vs_ols"].max())
             rows.append(row)
-    cols = [*keys, "vs", "exponent", "ci_low", "ci_high", "n_points", "n_floor", "n_nan", "max_mse"]
+    cols = [*keys, "vs", "exponent", "ci_low", "ci_high", "n_points", "n_floor", "n_rounding", "n_nan", "max_mse"]
     return pd.DataFrame(rows, columns=cols).drop(columns="prompts")
 
 
@@ -108,11 +139,13 @@ def scaling_at(fits: pd.DataFrame, setting: dict, order: list[str]) -> pd.DataFr
         nan = f"{r['n_nan']} NaN" if r["n_nan"] else ""
         if not math.isfinite(r["exponent"]):
             if r["n_points"] == 0:
-                what = "at float floor" if r["n_floor"] else "no finite MSE"
+                what = ("rounding-dominated" if r.get("n_rounding", 0) else "at float floor" if r["n_floor"]
+                        else "no finite MSE")
                 return f"{what} ({nan})" if nan and r["n_floor"] else what
             return f"({r['n_points']} point above floor{', ' + nan if nan else ''})"
         ci = f" [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if math.isfinite(r["ci_low"]) else ""
-        dropped = "".join(f", {d}" for d in (f"{r['n_floor']} at floor" if r["n_floor"] else "", nan) if d)
+        rounding = f"{r['n_rounding']} rounding" if r.get("n_rounding", 0) else ""  # (a scaling.csv of before it)
+        dropped = "".join(f", {d}" for d in (f"{r['n_floor']} at floor" if r["n_floor"] else "", rounding, nan) if d)
         return f"{r['exponent']:.2f}{ci} ({r['n_points']} pts{dropped})"
 
     def pick(df, vs, axes):
