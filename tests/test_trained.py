@@ -259,8 +259,6 @@ def test_every_shipped_checkpoint_records_its_own_sparsity_and_l1():
     """The model card's sparsity and Σ|w| come from each checkpoint's JSON; trained-l1-R10 and
     -R1000 (derived from the R = 100 run) carried the R = 100 model's, 0.663 where R = 1000 reads
     0.667 (found by a review). Every shipped JSON now matches its own weights."""
-    import json
-
     from icl_bench.resources import models_dir
     from icl_bench.solvers.checkpoint import load_checkpoint
     from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
