@@ -110,12 +110,13 @@ def cmd_train(args) -> int:
 def _rest_command(argv: list[str] | None, names: list[str]) -> str:
     """The `icl-bench train ...` line that trains only the runs `names` (argv's --run flags replaced)."""
     rest, skip = [], False
+    run = lambda a: len(a) >= 4 and "--run".startswith(a)  # noqa: E731 (argparse takes --ru for --run too)
     for a in argv or ["train"]:
         if skip:
             skip = False
-        elif a == "--run":
+        elif run(a):
             skip = True
-        elif not a.startswith("--run="):
+        elif not run(a.split("=", 1)[0]):
             rest.append(a)
     return shlex.join(["icl-bench", *rest, *(x for n in names for x in ("--run", n))])
 

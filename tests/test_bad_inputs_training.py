@@ -31,6 +31,9 @@ def run(capsys, tmp_path, argv, toml=None):
     ('[runs."a/b"]\n' + TINY, "runs: bad run name 'a/b'"),
     ('[runs.""]\n' + TINY, "runs: bad run name ''"),
     ("[runs]\n", "runs: empty table"),
+    ("[default]\nsteps = 30\n[runs.a]\n" + TINY, "default: unknown key beside [runs]; accepted: defaults, runs"),  # a typo
+    ("steps = 30\n[runs.a]\n" + TINY, "steps: unknown key beside [runs]"),  # trained on defaults, silently (a review)
+    ("[runs.a]\neval_prompts = 1\n", "runs.a.eval_prompts: must be >= 2 (got 1)"),  # a variance of one: NaN
     ("defaults = 3\n[runs.a]\n" + TINY, "defaults: must be a table"),
     ("[runs.a]\neval_every = 'x'\n", "runs.a.eval_every: expected an integer >= 1"),
     ("[runs.a]\nthreads = 100000\n", "runs.a.threads: must be <= 1024"),

@@ -138,8 +138,8 @@ def test_an_interrupted_train_says_which_runs_are_saved_and_how_to_train_the_res
         return real(cfg, out)
 
     monkeypatch.setattr(train_mod, "train_and_save", stop_at_b)
-    argv = ["train", "--config", str(path), "--out", str(tmp_path / "m"), "--run", "a", "--run=b", "--run", "c",
-            "--no-progress"]
+    argv = ["train", "--config", str(path), "--out", str(tmp_path / "m"), "--run", "a", "--ru=b", "--ru", "c",
+            "--no-progress"]  # (--ru: argparse's abbreviation of --run, which the printed command kept; found by a review)
     assert cli_main(argv) == 130
     err = capsys.readouterr().err
     rest = f"icl-bench train --config {shlex.quote(str(path))} --out {shlex.quote(str(tmp_path / 'm'))} --no-progress --run b --run c"

@@ -40,6 +40,7 @@ MAX_ACTIVATIONS = MAX_VALUES  # batch_size * (N + 1) * n_layers * n_heads * 4 * 
 MAX_STEPS = 10**6
 MAX_TRAIN_SEED = (MAX_SEED - MAX_STEPS - 10**9) // 10**6
 Int1 = Annotated[int, BeforeValidator(integer(1))]
+Int2 = Annotated[int, BeforeValidator(integer(2))]  # a variance needs two: one held-out prompt gave NaN and a torch warning
 Width = Annotated[int, BeforeValidator(integer(1, MAX_WIDTH))]
 Pos = Annotated[float, BeforeValidator(number(gt=0))]
 NonNeg = Annotated[float, BeforeValidator(number(ge=0))]
@@ -87,7 +88,7 @@ class TrainConfig(ConfigModel):
     l1_stop: Annotated[float, BeforeValidator(number(gt=0, le=1))] = 1.0  # after this fraction: no shrinking, zeros kept
     # --- evaluation / stopping ---
     eval_every: Int1 = 250  # steps between evaluations on the held-out prompts
-    eval_prompts: Int1 = 4096  # held-out prompts (fixed, per training N)
+    eval_prompts: Int2 = 4096  # held-out prompts (fixed, per training N)
     stop_rel_mse: NonNeg = 0.0  # stop once held-out MSE vs OLS / var(OLS) <= this (0: never)
     progress: Flag = True  # show a tqdm bar (loss, MSE vs OLS, sparsity)
     threads: Annotated[int, BeforeValidator(integer(1, MAX_THREADS))] = 1  # torch threads (one per run: docs/training.md)
@@ -191,6 +192,10 @@ def load_runs(path: str | Path, names: list[str] | None = None, *, labelled: boo
     if "runs" not in doc:
         runs = {str(doc.get("name", "model")): doc}
     else:
+        other = sorted(set(doc) - {"defaults", "runs"})  # a `[default]` typo dropped every default silently
+        if other:
+            raise ConfigError(f"{other[0]}: unknown key beside [runs]; accepted: defaults, runs (a run's settings "
+                              "go in [defaults] or its [runs.NAME] table)")
         defaults = doc.get("defaults", {})
         if not isinstance(defaults, dict):
             raise ConfigError(f"defaults: must be a table (got {type(defaults).__name__})")
