@@ -308,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
                     f"({_packaged('sweep')}; default: l1_sweep)")
     sw.add_argument("--reuse", action="store_true", help="reuse checkpoints already saved by an earlier sweep")
     sw.add_argument("--force", action="store_true", help="overwrite the tables <out>.md / .csv and retrain over the "
-                    "checkpoints in <out>_models/ (with --reuse: the tables, and half pairs)")
+                    "checkpoints in <out>_models/ (with --reuse: the tables, and a saved checkpoint that cannot be reused: a half pair, a damaged file, other [train] settings)")
     sw.add_argument("--no-progress", action="store_true", help="no progress bars")
     sw.set_defaults(func=cmd_sweep)
     return p

@@ -165,7 +165,13 @@ def test_reuse_and_train_refuse_unusable_checkpoint_files_before_training(tmp_pa
     assert main(["sweep", "--config", str(cfg), "--reuse", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("icl-bench: error: checkpoint: ") and "l1-0.001-seed0.safetensors is not a readable" in err, err
+    assert err.rstrip().endswith("(--reuse --force retrains this run over it)"), err
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    # --reuse --force retrains it, as its help says (it was refused with or without --force; a review)
+    assert main(["sweep", "--config", str(cfg), "--reuse", "--force", "--no-progress"]) == 0
+    assert "--reuse --force: retraining l1-0.001-seed0 (checkpoint: " in capsys.readouterr().out
+    assert (models / "l1-0.001-seed0.safetensors").stat().st_size > 200 and (models / "l1-0-seed0.safetensors").is_file()
+    (models / "l1-0-seed0.safetensors").unlink()
     (models / "l1-0.001-seed0.safetensors").unlink()
     (models / "l1-0.001-seed0.json").unlink()
     (models / "l1-0.001-seed0.json").mkdir()  # a folder where the new checkpoint's JSON goes

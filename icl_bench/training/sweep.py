@@ -193,9 +193,15 @@ def run_sweep(config: str | Path, reuse: bool = False, progress: bool = True, fo
     reused = {run.name for run in runs if reuse and Path(f"{models / run.name}.safetensors").is_file()}
     for run in runs:  # every saved checkpoint loads and fits, every new one can be saved, before any training
         if run.name in reused:
-            check_reusable(run, models / run.name)
-            load_checkpoint(models / run.name)
-            continue
+            try:
+                check_reusable(run, models / run.name)
+                load_checkpoint(models / run.name)
+                continue
+            except ConfigError as exc:  # a half pair, a damaged file, other [train] settings
+                if not force:
+                    raise ConfigError(f"{exc} (--reuse --force retrains this run over it)") from None
+                reused.discard(run.name)  # --force: retrained, as its help says (it was refused; a review)
+                print(f"--reuse --force: retraining {run.name} ({exc})", flush=True)
         check_writable(models / run.name, "sweep.out")
         old = [p for p in (Path(f"{models / run.name}{s}") for s in (".safetensors", ".json")) if p.exists()]
         # like train, a checkpoint is never trained over silently (with reuse only a lone .json is: a missing one)
