@@ -105,13 +105,17 @@ class _Marker:
         except OSError:  # the folder was removed under us: untracked until the next marker
             self.lost = True
 
+    def release(self):
+        """Let go of the marker's lock (closing its file): it is no longer this process's."""
+        _held.discard(self.fd)
+        _mine.discard(self.id)
+        os.close(self.fd)
+
     def __del__(self):  # the thread ended: its count stays readable for KEEP_S
         try:
             if self.pid == os.getpid() and self.fd in _held:
                 self.rename(f"{self.id}_{self.n}_{time.monotonic():.6f}.dead")
-                _held.discard(self.fd)
-                _mine.discard(self.id)
-                os.close(self.fd)
+                self.release()
         except Exception:  # interpreter shutdown: the kernel drops the lock, a scan makes the tombstone
             pass
 
@@ -120,9 +124,7 @@ def _marker() -> _Marker:
     m, folder = getattr(_local, "marker", None), _folder()
     gone = m is not None and m.pid == os.getpid() and (m.lost or not os.path.exists(m.path))  # folder removed
     if gone and m.fd in _held:  # our lock on a file no longer there: let it go
-        _held.discard(m.fd)
-        _mine.discard(m.id)
-        os.close(m.fd)
+        m.release()
     if m is None or gone or m.pid != os.getpid() or m.folder != folder:  # first, forked, moved, removed
         m = _local.marker = _Marker(folder)
     return m

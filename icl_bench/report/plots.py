@@ -62,24 +62,14 @@ def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric:
             ax.margins(x=0.09)  # room for floor markers set beside the first and last x (in every panel: aligned)
         line = lay["line"] if lay else None
         if line is not None:
-            d["_lo"] = d["_lo"].where(d["_lo"] > d["_floor"], line)  # a band reaching the floor ends on its line
-            d.loc[d["_at"], ["_y", "_lo", "_hi"]] = np.nan  # drawn on the line below, apart from the series' line
-        for s in [s for s in styles if s in set(d["series"])]:
-            ds = d[d["series"] == s]
-            style.draw_series(ax, ds[x], ds["_y"], styles[s], s, twins.get(s, (None,))[0])
-            if s not in twins:
-                ax.fill_between(ds[x], ds["_lo"], ds["_hi"], color=styles[s]["color"], alpha=0.12, linewidth=0)
-            n = counts.setdefault(s, [0, 0])
-            n[0], n[1] = n[0] + int(ds["_at"].sum()), n[1] + int(ds[metric].notna().sum())
+            style.onto_floor(d, line)
+        style.draw_means(ax, d, x, metric, styles, twins, counts)
         if line is not None:
             style.floor_markers(ax, d, x, styles, line)
-            floors = sorted(set(d["_floor"]))
-            style.floor_axis(ax, lay, f"≤{floors[0]:.2g}" if len(floors) == 1 else "≤ float floor")
             floored, broken = True, broken or lay["cut"] is not None
-        elif log_y:
-            ax.set_yscale("log")
-            ax.set_ylim(lay["bottom"], lay["top"])
-            style.log_ticks(ax, "y", style.above_floor(d))
+        if log_y:
+            floors = sorted(set(d["_floor"]))
+            style.error_axis(ax, lay, f"≤{floors[0]:.2g}" if len(floors) == 1 else "≤ float floor", style.above_floor(d))
         style.grid_axis(ax, data[x], style.spans(data[x], 1))
     if not log_y:  # a linear axis: the panels of one dtype share one range, as the log ones do
         for k in set(key.values()):
@@ -195,16 +185,9 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
         n = ds["N"].iloc[0]
         ds, rs = sd[sd["N"] == n].copy(), rd[rd["N"] == n].sort_values("series_rank")
         if line is not None:
-            ds["_lo"] = ds["_lo"].where(ds["_lo"] > ds["_floor"], line)  # a band reaching the floor ends on its line
-            ds.loc[ds["_at"], ["_y", "_lo", "_hi"]] = np.nan  # drawn on the line below
+            style.onto_floor(ds, line)
             ax.margins(x=0.09)  # room for floor markers beside the first and last steps value
-        for s in [s for s in styles if s in set(ds["series"])]:
-            dss = ds[ds["series"] == s]
-            style.draw_series(ax, dss["steps"], dss["_y"], styles[s], s, twins.get(s, (None,))[0])
-            if s not in twins:
-                ax.fill_between(dss["steps"], dss["_lo"], dss["_hi"], color=styles[s]["color"], alpha=0.12, linewidth=0)
-            c = counts.setdefault(s, [0, 0])
-            c[0], c[1] = c[0] + int(dss["_at"].sum()), c[1] + int(dss["mse_vs_ols"].notna().sum())
+        style.draw_means(ax, ds, "steps", "mse_vs_ols", styles, twins, counts)
         for _, r in rs.iterrows():
             st = styles[r["series"]]
             y = np.nan if line is not None and r["_at"] else r["_y"]  # on the floor: its markers, below
@@ -216,11 +199,8 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
             on = rs[rs["_at"]]
             on = on.iloc[np.repeat(np.arange(len(on)), len(xs))].assign(steps=np.tile(xs, len(on)))
             style.floor_markers(ax, pd.concat([ds, on]), "steps", styles, line)
-            style.floor_axis(ax, lay, f"≤{both['_floor'].min():.2g}")
-        elif log_y:
-            ax.set_yscale("log")
-            ax.set_ylim(lay["bottom"], lay["top"])
-            style.log_ticks(ax, "y", style.above_floor(both))
+        if log_y:
+            style.error_axis(ax, lay, f"≤{both['_floor'].min():.2g}", style.above_floor(both))
         style.grid_axis(ax, stepped["steps"], style.spans(stepped["steps"], 1))
     note = band_note(pd.concat([stepped, refs]))
     if line is not None:

@@ -216,7 +216,7 @@ def wrap_note(text: str, width_in: float, fontsize: float = 7) -> tuple[str, int
 
 
 # Float floor (report/scaling.py float_floor): on a logarithmic error axis a mean MSE at or below
-# the floor of its dtype is rounding, not method error. mse_vs_n and mse_vs_r draw such points on a
+# the floor of its dtype is rounding, not method error. mse_vs_n, mse_vs_r and gd_steps draw such points on a
 # dashed floor line at the bottom of the panel, as FLOOR_MARKER in the series' colour, the series
 # side by side (FLOOR_DODGE points apart) in series order; the axis above it spans only the values
 # above the floor. Where the floor lies more than FLOOR_GAP decades below them (float64's 4.9e-28
@@ -310,8 +310,40 @@ def floor_points(ax, x, y: float, colour, shift: float, label: str) -> None:
                transform=ax.transData + off, gid=f"float-floor:{label}", clip_on=False)
 
 
+def onto_floor(d: pd.DataFrame, line: float) -> None:
+    """In place, for rows of one panel (against_floor) drawn on an axis with a floor line at
+    `line`: a band reaching the floor ends on the line, and a mean at the floor leaves its series'
+    line (NaN: drawn as floor_markers instead)."""
+    d["_lo"] = d["_lo"].where(d["_lo"] > d["_floor"], line)
+    d.loc[d["_at"], ["_y", "_lo", "_hi"]] = np.nan
+
+
+def draw_means(ax, d: pd.DataFrame, x: str, metric: str, styles: dict, twins: dict, counts: dict) -> None:
+    """One line per series of `d` (against_floor rows of one panel) in legend (styles) order, its
+    band unless it is a twin (identical_series); counts[series] += [points on the floor line,
+    points with a mean] (for floor_note)."""
+    for s in [s for s in styles if s in set(d["series"])]:
+        ds = d[d["series"] == s]
+        draw_series(ax, ds[x], ds["_y"], styles[s], s, twins.get(s, (None,))[0])
+        if s not in twins:
+            ax.fill_between(ds[x], ds["_lo"], ds["_hi"], color=styles[s]["color"], alpha=0.12, linewidth=0)
+        n = counts.setdefault(s, [0, 0])
+        n[0], n[1] = n[0] + int(ds["_at"].sum()), n[1] + int(ds[metric].notna().sum())
+
+
+def error_axis(ax, layout: dict, floor_text: str, values) -> None:
+    """A log error axis laid out by floor_layout: with its floor line (floor_axis), or without one
+    its limits and log_ticks over `values` (those drawn above the floor)."""
+    if layout["line"] is not None:
+        floor_axis(ax, layout, floor_text)
+        return
+    ax.set_yscale("log")
+    ax.set_ylim(layout["bottom"], layout["top"])
+    log_ticks(ax, "y", values)
+
+
 def floor_legend() -> list:
-    """The legend entry of the floor line: [(handle, FLOOR_LABEL)], for _finish's `extra`."""
+    """The legend entry of the floor line: [(handle, FLOOR_LABEL)], for figure.finish's `extra`."""
     return [(Line2D([], [], color="0.35", ls="--", lw=0.9, marker=FLOOR_MARKER, ms=9, mfc="0.2", mec="0.2"), FLOOR_LABEL)]
 
 
