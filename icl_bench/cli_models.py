@@ -91,7 +91,7 @@ def cmd_train(args) -> int:
     done = []
     try:
         for cfg in cfgs:
-            stem = train_and_save(cfg, out)
+            stem = train_and_save(cfg, out, replace=args.force)  # a pair saved meanwhile by another train is kept
             done.append(cfg.name)
             meta = json.loads(Path(f"{stem}.json").read_text())["metrics"]
             num = lambda k, f: "nan" if meta.get(k) is None else format(meta[k], f)  # noqa: E731 (null = NaN: diverged)

@@ -16,11 +16,16 @@ import math
 import os
 import secrets
 import tempfile
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 from icl_bench.errors import ConfigError
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: folder_lock runs its block unlocked
+    fcntl = None
 
 TMP_SUFFIX = ".tmp"
 
@@ -37,6 +42,28 @@ def fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+@contextmanager
+def folder_lock(path: str | Path, *, shared: bool = False):
+    """Hold an flock on folder `path` for the `with` block: exclusive for a writer that renames
+    several files into place (a checkpoint pair), shared for a reader of such a set, so a reader
+    never sees one writer's file beside another's and two writers never interleave their renames.
+    The kernel releases it if the process dies. Where the folder cannot be opened or takes no
+    flock (some network file systems), the block runs unlocked, as it did before locks existed."""
+    try:
+        fd = os.open(path, os.O_RDONLY) if fcntl is not None else None
+    except OSError:
+        fd = None
+    if fd is None:
+        yield
+        return
+    try:
+        with suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def temp_path(path: str | Path) -> Path:

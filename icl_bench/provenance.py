@@ -25,14 +25,17 @@ ARITHMETIC = ("torch", "numpy", "numba", "scipy")  # of PACKAGES, those whose ve
 
 def command_line() -> str:
     """The command that started this process, as typed: `icl-bench run --out results/runs/default`
-    for the CLI (its console script, or `python -m icl_bench`), else `python <argv>` (a script or
-    a test runner calling the Python API). Paths stay as typed: relative to where it was run."""
+    for the CLI (its console script, or `python -m icl_bench`), `python -m <package> <args>` for another
+    package run with -m (a test runner calling the Python API), else `python <argv>` (a script).
+    Paths stay as typed: relative to where it was run."""
     argv = [str(a) for a in sys.argv]
     if not argv:
         return "python"
     first = Path(argv[0])
     if first.name == "icl-bench" or (first.name == "__main__.py" and first.parent.name == "icl_bench"):
         return shlex.join(["icl-bench", *argv[1:]])
+    if first.name == "__main__.py":  # `python -m pytest ...`: argv[0] is this machine's path of the package
+        return shlex.join(["python", "-m", first.parent.name, *argv[1:]])
     return shlex.join(["python", *argv])
 
 

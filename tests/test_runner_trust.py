@@ -602,5 +602,7 @@ def test_metadata_records_the_command_as_typed(monkeypatch, tmp_path):
         assert provenance.command_line() == "icl-bench run --out 'results/runs/my run'"
     monkeypatch.setattr(sys, "argv", ["bench.py", "--fast"])
     assert provenance.command_line() == "python bench.py --fast"
+    monkeypatch.setattr(sys, "argv", ["/venv/lib/python3.11/site-packages/pytest/__main__.py", "-q"])
+    assert provenance.command_line() == "python -m pytest -q"  # not this machine's path (a serial pytest's report)
     monkeypatch.setattr(sys, "argv", [])
     assert provenance.command_line() == "python"

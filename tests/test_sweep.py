@@ -215,7 +215,7 @@ def test_sweep_refuses_to_overwrite_tables_and_checkpoints_without_force(tmp_pat
 
     trained = []
     real = sweep_mod.train_and_save
-    monkeypatch.setattr(sweep_mod, "train_and_save", lambda run, out: trained.append(run.name) or real(run, out))
+    monkeypatch.setattr(sweep_mod, "train_and_save", lambda run, out, **k: trained.append(run.name) or real(run, out, **k))
     cfg = tmp_path / "s.toml"
     cfg.write_text(SMALL.format(out=tmp_path / "notes"))
     (tmp_path / "notes.md").write_text("MY NOTES\n")
@@ -240,3 +240,34 @@ def test_sweep_refuses_to_overwrite_tables_and_checkpoints_without_force(tmp_pat
     assert (tmp_path / "notes.csv").read_text() == "MY NUMBERS\n"
     assert main(["sweep", "--config", str(cfg), "--reuse", "--force", "--no-progress"]) == 0
     assert (tmp_path / "notes.csv").read_text().startswith("l1,seed,R,steps,") and len(trained) == 1  # reused
+
+
+def test_a_checkpoint_saved_by_another_sweep_meanwhile_is_kept(tmp_path, capsys, monkeypatch):
+    """Two sweeps of one config both passed the "already exists" check before training, and the
+    later one overwrote the other's checkpoints silently (found by a review). Without --force the
+    pair saved meanwhile is kept and this run is saved beside it; with --reuse a lone .json (no
+    weights: a missing checkpoint) is still trained over, as before."""
+    import os
+
+    from icl_bench.solvers.checkpoint import load_checkpoint
+    from icl_bench.training import train as train_mod
+
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(SMALL.format(out=tmp_path / "l1"))
+    stem = tmp_path / "l1_models" / "l1-0-seed0"
+    real = train_mod.train
+
+    def other_sweep_saves_first(c):
+        out = real(c)
+        save_checkpoint(out[0], stem, {"by": "the other sweep"})
+        return out
+
+    monkeypatch.setattr(train_mod, "train", other_sweep_saves_first)
+    assert main(["sweep", "--config", str(cfg), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"sweep.out: {stem}.safetensors was saved by another process" in err and f"l1-0-seed0-pid{os.getpid()}" in err
+    assert load_checkpoint(stem)[1]["by"] == "the other sweep" and not (tmp_path / "l1.md").exists()
+    monkeypatch.setattr(train_mod, "train", real)
+    stem.with_suffix(".safetensors").unlink()  # a lone .json: --reuse trains the run over it
+    assert main(["sweep", "--config", str(cfg), "--reuse", "--no-progress"]) == 0
+    assert "by" not in load_checkpoint(stem)[1]

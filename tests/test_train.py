@@ -1,5 +1,6 @@
 """Training: a tiny run learns (loss falls >= 10x), is reproducible, and configs are validated."""
 import math
+import os
 import warnings
 
 import pytest
@@ -132,10 +133,10 @@ def test_an_interrupted_train_says_which_runs_are_saved_and_how_to_train_the_res
     path.write_text('[defaults]\nsteps = 2\nbatch_size = 16\neval_every = 1\neval_prompts = 16\n[runs.a]\n[runs.b]\n[runs.c]\n')
     real = train_mod.train_and_save
 
-    def stop_at_b(cfg, out):
+    def stop_at_b(cfg, out, **kw):
         if cfg.name == "b":
             raise KeyboardInterrupt
-        return real(cfg, out)
+        return real(cfg, out, **kw)
 
     monkeypatch.setattr(train_mod, "train_and_save", stop_at_b)
     argv = ["train", "--config", str(path), "--out", str(tmp_path / "m"), "--run", "a", "--ru=b", "--ru", "c",
@@ -157,3 +158,34 @@ def test_layernorm_left_out_follows_the_solver(solver, layernorm):
     cfg = TrainConfig.from_dict({"solver": solver, "R": 100.0})
     assert cfg.layernorm is layernorm and cfg.transformer_config().layernorm is layernorm
     assert TrainConfig.from_dict({"solver": solver, "layernorm": layernorm}).layernorm is layernorm
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_pair_saved_by_another_train_meanwhile_is_kept_without_force(tmp_path, capsys, monkeypatch, force):
+    """Two `train`s of one name into one folder both passed the "already holds" check before
+    training, and the one that finished last overwrote the other's checkpoint silently (found by a
+    review). Without --force the pair saved meanwhile is now kept and this run is saved beside it
+    (exit 2, one line naming both); with --force the newer run replaces it, as --force says."""
+    from icl_bench.solvers.checkpoint import load_checkpoint, save_checkpoint
+    from icl_bench.training import train as train_mod
+
+    path = tmp_path / "t.toml"
+    path.write_text('[defaults]\nsteps = 2\nbatch_size = 16\neval_every = 1\neval_prompts = 16\n[runs.a]\n')
+    real = train_mod.train
+
+    def other_process_saves_first(cfg):
+        out = real(cfg)
+        save_checkpoint(out[0], tmp_path / "m" / "a", {"by": "the other train"})
+        return out
+
+    monkeypatch.setattr(train_mod, "train", other_process_saves_first)
+    rc = main(["--config", str(path), "--out", str(tmp_path / "m"), "--no-progress", *(["--force"] if force else [])])
+    kept = load_checkpoint(tmp_path / "m" / "a")[1]
+    if force:
+        assert rc == 0 and "by" not in kept and sorted(p.name for p in (tmp_path / "m").iterdir()) == ["a.json", "a.safetensors"]
+        return
+    alt = tmp_path / "m" / f"a-pid{os.getpid()}"
+    err = capsys.readouterr().err
+    assert rc == 2 and kept["by"] == "the other train" and err.count("\n") == 1, err
+    assert f"--out: {tmp_path / 'm' / 'a.safetensors'} was saved by another process" in err and f"{alt}.safetensors" in err
+    assert load_checkpoint(alt)[1]["train_config"]["name"] == "a"

@@ -18,7 +18,10 @@ beside it and fsynced, then the old .json is removed, the .safetensors renamed i
 .json last. The .json is the pair's completeness mark: a failure while writing (a full disk)
 leaves the old pair as it was and no temporary file; a crash between the renames leaves weights
 without their .json, which every reader refuses as "metadata file ... is missing", never new
-weights beside old metadata. `checkpoint_path` turns what a user
+weights beside old metadata. The renames run under an exclusive flock of the folder and loading
+under a shared one (`icl_bench.files.folder_lock`), so two processes saving one stem at once leave
+one of their pairs, never one's weights beside the other's metadata, and a reader never loads such
+a mix either. `checkpoint_path` turns what a user
 typed (a path, or a shipped model's name such as trained-l1-R100) into the pair to load.
 """
 from __future__ import annotations
@@ -36,7 +39,8 @@ from safetensors.torch import load_file, save_file
 
 from icl_bench import provenance, resources
 from icl_bench.errors import ConfigError
-from icl_bench.files import blocking_file, cannot_create, discard, dumps, fsync_dir, fsync_file, temp_path, write_temp
+from icl_bench.files import (blocking_file, cannot_create, discard, dumps, folder_lock, fsync_dir, fsync_file, temp_path,
+                             write_temp)
 from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
 FORMAT = "icl-bench-checkpoint"
@@ -49,7 +53,8 @@ def stem_of(path: str | Path) -> Path:
     return p.with_suffix("") if p.suffix in (".safetensors", ".json") else p
 
 
-def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None = None) -> Path:
+def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None = None, *,
+                    replace: bool = True) -> Path:
     """Write `<stem>.safetensors` and `<stem>.json`; returns the stem.
 
     Args:
@@ -58,8 +63,12 @@ def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None
         meta: JSON-serialisable fields to store beside the config (e.g. train_config, metrics,
             seed, R, N). "format", "version", "model_config" and "created" are set here, and
             "git_commit" unless given. Non-finite floats are stored as null.
+        replace: whether a pair already at `path_stem` is replaced; False: FileExistsError instead
+            (checked under the folder's lock, so a pair saved by another process after the caller
+            looked is never overwritten).
     Raises:
         TypeError: meta is not JSON-serialisable.
+        FileExistsError: replace is False and either file of the pair exists (nothing written).
         OSError: a file could not be written (e.g. the disk is full; safetensors' own error is
             turned into one naming the .safetensors file): the pair that was there is kept intact
             (see the module docstring).
@@ -82,10 +91,14 @@ def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None
         os.chmod(stmp, 0o644)  # safetensors writes 0o600: a shared model must be readable
         fsync_file(stmp)
         jtmp = write_temp(jpath, (text + "\n").encode())
-        jpath.unlink(missing_ok=True)  # from here the pair is incomplete until its .json is renamed in
-        fsync_dir(stem.parent)
-        os.replace(stmp, spath)
-        os.replace(jtmp, jpath)  # last: the completeness mark
+        with folder_lock(stem.parent):  # another process saving this stem waits: never its weights, our .json
+            taken = [p for p in (spath, jpath) if p.exists() or p.is_symlink()]
+            if taken and not replace:  # written since the caller checked (another train of this name)
+                raise FileExistsError(errno.EEXIST, "written by another process while this one ran", str(taken[0]))
+            jpath.unlink(missing_ok=True)  # from here the pair is incomplete until its .json is renamed in
+            fsync_dir(stem.parent)
+            os.replace(stmp, spath)
+            os.replace(jtmp, jpath)  # last: the completeness mark
     except BaseException:
         discard(stmp, jtmp)
         raise
@@ -164,20 +177,21 @@ def load_checkpoint(path: str | Path, *, device: str = "cpu") -> tuple[Transform
             shapes that do not match the config.
     """
     stem = stem_of(path)
-    meta = read_meta(stem)
-    spath = Path(str(stem) + ".safetensors")
-    if not spath.is_file():
-        link = f" (a link to {os.readlink(spath)}, which is missing)" if spath.is_symlink() else ""
-        raise ConfigError(f"checkpoint: weights file {spath} is missing{link}")
-    try:
-        cfg = TransformerConfig(**meta["model_config"])
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"checkpoint: {stem}.json has a bad model_config: {exc}".replace("\n", " ")) from None
-    try:
-        tensors = load_file(str(spath), device="cpu")
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"checkpoint: {spath} is not a readable safetensors file ({msg})") from None
+    with folder_lock(stem.parent, shared=True):  # not while a save_checkpoint renames a new pair in
+        meta = read_meta(stem)
+        spath = Path(str(stem) + ".safetensors")
+        if not spath.is_file():
+            link = f" (a link to {os.readlink(spath)}, which is missing)" if spath.is_symlink() else ""
+            raise ConfigError(f"checkpoint: weights file {spath} is missing{link}")
+        try:
+            cfg = TransformerConfig(**meta["model_config"])
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"checkpoint: {stem}.json has a bad model_config: {exc}".replace("\n", " ")) from None
+        try:
+            tensors = load_file(str(spath), device="cpu")
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ConfigError(f"checkpoint: {spath} is not a readable safetensors file ({msg})") from None
     with torch.device("meta"):  # shapes only: a config naming a huge model allocates nothing
         expected = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
     got = {k: tuple(v.shape) for k, v in tensors.items()}

@@ -191,6 +191,7 @@ def run_sweep(config: str | Path, reuse: bool = False, progress: bool = True, fo
     models = out.parent / (out.name + "_models")
     runs = sweep_runs(cfg, progress)
     reused = {run.name for run in runs if reuse and Path(f"{models / run.name}.safetensors").is_file()}
+    accepted = set()  # runs whose old files this sweep may replace
     for run in runs:  # every saved checkpoint loads and fits, every new one can be saved, before any training
         if run.name in reused:
             try:
@@ -205,6 +206,8 @@ def run_sweep(config: str | Path, reuse: bool = False, progress: bool = True, fo
         check_writable(models / run.name, "sweep.out")
         old = [p for p in (Path(f"{models / run.name}{s}") for s in (".safetensors", ".json")) if p.exists()]
         # like train, a checkpoint is never trained over silently (with reuse only a lone .json is: a missing one)
+        if old:
+            accepted.add(run.name)  # (--force, or --reuse over a lone .json) any other pair is never replaced
         if old and not (force or reuse):
             raise ConfigError(f"sweep.out: {old[0]} already exists; pass --reuse to use the saved checkpoints, "
                               "--force to retrain over them, or choose another out")
@@ -216,7 +219,7 @@ def run_sweep(config: str | Path, reuse: bool = False, progress: bool = True, fo
     for run in runs:
         stem = models / run.name
         if run.name not in reused:
-            train_and_save(run, models)
+            train_and_save(run, models, replace=force or run.name in accepted, key="sweep.out")
         rows.append(row_for(stem, sweep))
         r = rows[-1]
         print(f"{run.name}: rel_mse {r['rel_mse']:.2e}, sparsity {r['sparsity']:.2f}", flush=True)

@@ -22,6 +22,7 @@ Affine augmentation and proximal l1 (the mechanism recipe): icl_bench/training/a
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 import warnings
@@ -34,7 +35,7 @@ from tqdm.auto import tqdm
 
 from icl_bench.prompts.generator import PromptSpec, resolve_dtype, sample_prompts
 from icl_bench.errors import ConfigError
-from icl_bench.solvers.checkpoint import save_checkpoint
+from icl_bench.solvers.checkpoint import save_checkpoint, stem_of
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
 from icl_bench.solvers.transformer import Transformer
 from icl_bench.training.augment import ProxL1, training_batch
@@ -221,14 +222,19 @@ def fresh_metrics(model: Transformer, R: float, Ns=(10, 30, 100, 300), *, noise=
     return out
 
 
-def train_and_save(cfg: TrainConfig, out_dir: str | Path) -> Path:
+def train_and_save(cfg: TrainConfig, out_dir: str | Path, *, replace: bool = True, key: str = "--out") -> Path:
     """Train `cfg` and write the checkpoint `<out_dir>/<cfg.name>.{safetensors,json}`; returns the stem.
 
     The JSON carries the train config, R, N, seed, solver, the history, the final held-out
     metrics and `fresh_metrics` (noise 0.1, N in the default grid) for the model card.
+    `replace`: False when the caller checked that the pair is absent (no --force): a pair that
+    another process saved under this name while this one trained is then kept, and this run is
+    saved beside it as `<name>-pid<pid>` (hours of training are not thrown away either).
 
     Raises:
-        ConfigError: training diverged (a non-finite loss or weight): nothing is written.
+        ConfigError: training diverged (a non-finite loss or weight): nothing is written; or (naming
+            `key`) replace is False and the pair appeared while training: the message names where
+            this run was saved instead.
     """
     model, history = train(cfg)
     final = history[-1]
@@ -240,4 +246,10 @@ def train_and_save(cfg: TrainConfig, out_dir: str | Path) -> Path:
             "metrics": {**{k: final[k] for k in ("step", "eval_mse_vs_ols", "eval_rel_mse", "sparsity", "elapsed_s", "steps_per_s")},
                         "weight_l1": weight_l1(model.weight_matrices()), "fresh_noise0.1": fresh_metrics(model, cfg.R, n_prompts=cfg.eval_prompts)},
             "history": history}
-    return save_checkpoint(model, Path(out_dir) / cfg.name, meta)
+    stem = stem_of(Path(out_dir) / cfg.name)
+    try:
+        return save_checkpoint(model, stem, meta, replace=replace)
+    except FileExistsError as exc:  # another train / sweep of this name finished first: keep both
+        alt = save_checkpoint(model, stem.with_name(f"{stem.name}-pid{os.getpid()}"), meta, replace=False)
+        raise ConfigError(f"{key}: {exc.filename} was saved by another process while this run trained, so it was "
+                          f"not overwritten; this run is saved as {alt}.safetensors") from None
