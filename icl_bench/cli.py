@@ -21,6 +21,7 @@ import os
 import re
 import shlex
 import sys
+import warnings
 from datetime import datetime
 from importlib.metadata import version
 from pathlib import Path
@@ -326,6 +327,20 @@ def _interrupt_code(exc: KeyboardInterrupt) -> int:
 HELP = {"-h", "--help", "--version"}
 
 
+def _one_line_warning(fallback):
+    """A warnings.showwarning that prints the suite's own warnings (raised from a file of this
+    package) as one line, `icl-bench: warning: <message>`, not Python's two lines with a source
+    path; any other warning (torch's, a plugin's) goes to `fallback` as before."""
+    package = str(Path(__file__).resolve().parent) + os.sep
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if str(Path(filename).resolve()).startswith(package):
+            print(f"icl-bench: warning: {' '.join(str(message).splitlines())}", file=file or sys.stderr, flush=True)
+        else:
+            fallback(message, category, filename, lineno, file, line)
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `icl-bench` console script; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -342,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             raise ConfigError(f"{exc}{_param_flag_hint(str(exc), argv)}") from None
         args.argv = argv  # for messages that repeat the command (the resume line)
-        with sigterm_as_interrupt():  # `kill` / a batch time limit: stopped as on Ctrl-C, with the resume line
+        with sigterm_as_interrupt(), warnings.catch_warnings():  # (sigterm: `kill` / a batch time limit: stopped
+            warnings.showwarning = _one_line_warning(warnings.showwarning)  # as on Ctrl-C, with the resume line)
             return args.func(args)
     except ConfigError as exc:
         print(f"icl-bench: error: {' '.join(str(exc).splitlines())}", file=sys.stderr)  # always one line

@@ -95,7 +95,7 @@ def cmd_train(args) -> int:
             done.append(cfg.name)
             meta = json.loads(Path(f"{stem}.json").read_text())["metrics"]
             num = lambda k, f: "nan" if meta.get(k) is None else format(meta[k], f)  # noqa: E731 (null = NaN: diverged)
-            print(f"{cfg.name}: {meta['step']} steps, held-out MSE vs OLS {num('eval_mse_vs_ols', '.3e')} "
+            print(f"{cfg.name}: {meta['step']} step{'' if meta['step'] == 1 else 's'}, held-out MSE vs OLS {num('eval_mse_vs_ols', '.3e')} "
                   f"({num('eval_rel_mse', '.2%')} of var(OLS)), sparsity {num('sparsity', '.2f')} -> {stem}.safetensors",
                   flush=True)
     except KeyboardInterrupt:  # (main prints "interrupted"): which runs are saved, and how to train the rest

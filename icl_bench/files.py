@@ -159,6 +159,21 @@ def refuse_link_loop(path: str | Path, flag: str, advice: str = "remove it or ch
         raise ConfigError(f"{flag}: {why}; {advice}")
 
 
+def name_too_long(*paths: str | Path) -> str | None:
+    """Why one of `paths` (files to be written, or their temp_path names) cannot be created for the
+    length of its last name, or None: longer in bytes than the nearest existing folder above it takes
+    (PC_NAME_MAX; 255 where unknown). For checks before long work, as cannot_create."""
+    for path in map(Path, paths):
+        folder = next((p for p in path.absolute().parents if p.is_dir()), Path("/"))
+        try:
+            limit = os.pathconf(folder, "PC_NAME_MAX")
+        except (OSError, ValueError, AttributeError):
+            limit = 255
+        if len(os.fsencode(path.name)) > limit:
+            return f"the name {path.name[:40]}... is {len(os.fsencode(path.name))} bytes; {folder} takes at most {limit}"
+    return None
+
+
 def cannot_create(path: str | Path) -> str | None:
     """Why no file could be created at `path`, or None: its folder (or, where that is still to be
     made, the nearest existing folder above it) does not take new files: tried with a nameless

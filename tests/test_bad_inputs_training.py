@@ -252,3 +252,24 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_old_pair(capsys, tmp
               "[runs.m]\n" + TINY)
     assert msg == f"--out: {tmp_path / 'o' / 'm.safetensors'}: No space left on device\n"
     assert all((tmp_path / "o" / half).read_text() == "an earlier checkpoint" for half in ("m.json", "m.safetensors"))
+
+
+def test_names_too_long_to_save_are_refused_before_training(capsys, tmp_path, monkeypatch):
+    """A run name or a sweep out of ~230-250 characters passed every check, trained, and failed only
+    when the temporary file of the checkpoint or table was made (its name adds ~25 bytes; found by a
+    review): refused now before any training, one line naming the field."""
+    from icl_bench.errors import ConfigError
+    from icl_bench.solvers.checkpoint import check_writable
+    from icl_bench.training import train as train_mod
+
+    monkeypatch.setattr(train_mod, "train", lambda cfg: pytest.fail("training ran"))
+    msg = run(capsys, tmp_path, ["train", "--config", tmp_path / "c.toml", "--out", tmp_path / "o"],
+              toml=f"[runs.{'m' * 201}]\n" + TINY)  # run names stop at 200, whose temp names fit in 255 bytes
+    assert msg.startswith("runs: bad run name 'mmm") and msg.endswith("'.' (not first), at most 200\n")
+    with pytest.raises(ConfigError, match=r"^--out: the checkpoint name m{40}\.\.\. is too long to save \(the name \."):
+        check_writable(tmp_path / ("m" * 230))  # a legal file name; its temp names are not
+    check_writable(tmp_path / ("m" * 200))
+    (tmp_path / "s.toml").write_text(f'[sweep]\nl1 = [0.0]\nout = "{tmp_path / ("s" * 235)}"\n[train]\n' + TINY)
+    msg = run(capsys, tmp_path, ["sweep", "--config", tmp_path / "s.toml"])
+    assert msg.startswith("sweep.out: too long to write <out>.csv and <out>_models/ (the name .") and "takes at most 255" in msg
+    assert msg.endswith("; give a shorter out\n")

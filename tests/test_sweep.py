@@ -271,3 +271,34 @@ def test_a_checkpoint_saved_by_another_sweep_meanwhile_is_kept(tmp_path, capsys,
     stem.with_suffix(".safetensors").unlink()  # a lone .json: --reuse trains the run over it
     assert main(["sweep", "--config", str(cfg), "--reuse", "--no-progress"]) == 0
     assert "by" not in load_checkpoint(stem)[1]
+
+
+def test_a_diverged_sweep_run_names_its_field_and_an_interrupted_sweep_says_how_to_go_on(tmp_path, capsys, monkeypatch):
+    """A diverged sweep run was reported as `runs.<name>`, a key a sweep config does not have (its
+    lr is train.lr); Ctrl-C after some runs said only "interrupted", though --reuse keeps what was
+    saved (both found by a review)."""
+    import shlex
+
+    from icl_bench.training import train as train_mod
+
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(SMALL.replace("[train]\n", "[train]\nlr = 1e30\n").format(out=tmp_path / "d"))
+    assert main(["sweep", "--config", str(cfg), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("icl-bench: error: train.lr (sweep run l1-0-seed0): training diverged by step") and err.count("\n") == 1
+    cfg.write_text(SMALL.replace("l1 = [0.0]", "l1 = [0.0, 1e-3, 1e-2]").format(out=tmp_path / "l1"))
+    real, calls = train_mod.train, []
+
+    def stop_at_the_third(c):
+        calls.append(c.name)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(c)
+
+    monkeypatch.setattr(train_mod, "train", stop_at_the_third)
+    assert main(["sweep", "--config", str(cfg), "--no-progress"]) == 130
+    err = capsys.readouterr().err
+    again = f"icl-bench sweep --config {shlex.quote(str(cfg))} --no-progress --reuse"
+    assert f"icl-bench: 2 of 3 checkpoints are saved in {tmp_path / 'l1_models'}; finish the sweep with:\n  {again}\n" in err, err
+    assert main(shlex.split(again)[1:]) == 0 and calls[3:] == ["l1-0.01-seed0"]  # trains only the missing one
+    assert "2 of 3 checkpoints found" in capsys.readouterr().out

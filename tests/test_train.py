@@ -189,3 +189,19 @@ def test_a_pair_saved_by_another_train_meanwhile_is_kept_without_force(tmp_path,
     assert rc == 2 and kept["by"] == "the other train" and err.count("\n") == 1, err
     assert f"--out: {tmp_path / 'm' / 'a.safetensors'} was saved by another process" in err and f"{alt}.safetensors" in err
     assert load_checkpoint(alt)[1]["train_config"]["name"] == "a"
+
+
+def test_the_cli_prints_the_suites_own_warning_as_one_line(tmp_path, capsys):
+    """`train --steps 1` of a recipe whose proximal l1 then never acts printed Python's two-line
+    UserWarning with this machine's source path (found by a review): now one line."""
+    import warnings
+
+    path = tmp_path / "t.toml"
+    path.write_text('[defaults]\nsteps = 10\nbatch_size = 16\neval_every = 1\neval_prompts = 16\n'
+                    '[runs.p]\nl1_prox = 0.2\nl1_start = 0.5\nl1_stop = 0.8\n')
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        assert main(["--config", str(path), "--out", str(tmp_path / "m"), "--no-progress", "--steps", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "icl-bench: warning: p: proximal l1 never acts: (l1_start, l1_stop] x steps = (0.5, 0.8] holds no step\n"
+    assert "p: 1 step, held-out" in out

@@ -39,8 +39,8 @@ from safetensors.torch import load_file, save_file
 
 from icl_bench import provenance, resources
 from icl_bench.errors import ConfigError
-from icl_bench.files import (blocking_file, cannot_create, discard, dumps, folder_lock, fsync_dir, fsync_file, temp_path,
-                             write_temp)
+from icl_bench.files import (blocking_file, cannot_create, discard, dumps, folder_lock, fsync_dir, fsync_file, name_too_long,
+                             temp_path, write_temp)
 from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
 FORMAT = "icl-bench-checkpoint"
@@ -51,6 +51,13 @@ def stem_of(path: str | Path) -> Path:
     """`a/b.safetensors`, `a/b.json` or `a/b` -> Path("a/b")."""
     p = Path(path)
     return p.with_suffix("") if p.suffix in (".safetensors", ".json") else p
+
+
+def beside(stem: str | Path) -> Path:
+    """`<stem>-pid<PID>`: where this process saves a checkpoint whose own name another process took
+    while it trained (train_and_save without --force)."""
+    stem = stem_of(stem)
+    return stem.with_name(f"{stem.name}-pid{os.getpid()}")
 
 
 def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None = None, *,
@@ -111,8 +118,9 @@ def check_writable(stem: str | Path, key: str = "--out") -> None:
     .json suffix is dropped, as save_checkpoint drops it).
 
     Raises:
-        ConfigError (naming `key`): `<stem>.safetensors` or `<stem>.json` exists and is not a
-            regular file (a folder of that name made training fail only after it had run, and
+        ConfigError (naming `key`): the name is too long for the folder (with the temporary and
+            `-pid<PID>` names saving adds; `icl_bench.files.name_too_long`), `<stem>.safetensors` or
+            `<stem>.json` exists and is not a regular file (a folder of that name made training fail only after it had run, and
             left half a pair), is a symbolic link (dangling or not), a parent of `stem` is a file,
             or the folder takes no new files (read-only; `icl_bench.files.cannot_create`).
     """
@@ -126,6 +134,9 @@ def check_writable(stem: str | Path, key: str = "--out") -> None:
             raise ConfigError(f"{key}: {p} is a symbolic link, so the checkpoint would not be saved in place; remove it")
         if p.exists() and not p.is_file():
             raise ConfigError(f"{key}: {p} exists and is not a file, so the checkpoint cannot be saved there; remove it")
+    why = name_too_long(temp_path(f"{stem}.safetensors"), temp_path(f"{beside(stem)}.safetensors"))
+    if why is not None:
+        raise ConfigError(f"{key}: the checkpoint name {stem.name[:40]}... is too long to save ({why}); give a shorter name")
     why = cannot_create(f"{stem}.safetensors")
     if why is not None:  # a read-only folder: refused before training, not after it
         raise ConfigError(f"{key}: cannot write {stem}.safetensors ({why}); give another folder")

@@ -207,7 +207,8 @@ def load_runs(path: str | Path, names: list[str] | None = None, *, labelled: boo
             try:
                 file_stem(name)
             except Exception:
-                raise ConfigError(f"runs: bad run name {name!r}; accepted: letters, digits, '-', '_', '.' (not first)") from None
+                raise ConfigError(f"runs: bad run name {name!r}; accepted: letters, digits, '-', '_', '.' (not first), "
+                                  "at most 200") from None
         runs = {name: {**defaults, "name": name, **table} for name, table in doc["runs"].items()}
     if names:
         missing = [n for n in names if n not in runs]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -29,7 +30,7 @@ import torch
 from icl_bench.analysis.analyze import analyze
 from icl_bench.prompts.generator import PromptSpec, sample_prompts
 from icl_bench.errors import ConfigError
-from icl_bench.files import write_atomic
+from icl_bench.files import name_too_long, temp_path, write_atomic
 from icl_bench.solvers.checkpoint import check_writable, load_checkpoint, read_meta
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
 from icl_bench.startup import torch_threads
@@ -164,6 +165,9 @@ def check_out(out: str) -> None:
             else "is an existing folder"
         raise ConfigError(f"sweep.out: must be a non-empty path ending in a file stem (got {out!r}, which {what}); "
                           f"the sweep writes <out>.md, <out>.csv and <out>_models/: e.g. {str(Path(out) / 'l1_sweep')!r}")
+    why = name_too_long(temp_path(f"{out}.csv"), f"{out}_models")  # refused before training, not after it
+    if why:
+        raise ConfigError(f"sweep.out: too long to write <out>.csv and <out>_models/ ({why}); give a shorter out")
 
 
 def check_overwrite(out: Path, reuse: bool, force: bool) -> None:
@@ -215,15 +219,24 @@ def run_sweep(config: str | Path, reuse: bool = False, progress: bool = True, fo
     if reuse and len(reused) < len(runs):  # --reuse trains what is missing: said, not done silently
         print(f"--reuse: {len(reused)} of {len(runs)} checkpoints found in {models}; training the other "
               f"{len(runs) - len(reused)}", flush=True)
-    rows = []
-    for run in runs:
-        stem = models / run.name
-        if run.name not in reused:
-            train_and_save(run, models, replace=force or run.name in accepted, key="sweep.out")
-        rows.append(row_for(stem, sweep))
-        r = rows[-1]
-        print(f"{run.name}: rel_mse {r['rel_mse']:.2e}, sparsity {r['sparsity']:.2f}", flush=True)
-    table = pd.DataFrame(rows)
     command = command or f"icl-bench sweep --config {config}" + (" --reuse" if reuse else "")
+    rows, saved = [], len(reused)
+    try:
+        for run in runs:
+            stem = models / run.name
+            if run.name not in reused:
+                train_and_save(run, models, replace=force or run.name in accepted, key="sweep.out",
+                               where=f"train.lr (sweep run {run.name})")
+                saved += 1
+            rows.append(row_for(stem, sweep))
+            r = rows[-1]
+            print(f"{run.name}: rel_mse {r['rel_mse']:.2e}, sparsity {r['sparsity']:.2f}", flush=True)
+    except KeyboardInterrupt:  # (main prints "interrupted"): what is saved, and the command that keeps it
+        if saved:
+            again = command if " --reuse" in command else f"{command} --reuse"
+            print(f"icl-bench: {saved} of {len(runs)} checkpoints are saved in {models}; finish the sweep with:\n  "
+                  f"{again}", file=sys.stderr, flush=True)
+        raise
+    table = pd.DataFrame(rows)
     write_tables(table, out, sweep, command)
     return table

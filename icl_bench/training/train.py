@@ -22,7 +22,6 @@ Affine augmentation and proximal l1 (the mechanism recipe): icl_bench/training/a
 from __future__ import annotations
 
 import math
-import os
 import random
 import time
 import warnings
@@ -35,7 +34,7 @@ from tqdm.auto import tqdm
 
 from icl_bench.prompts.generator import PromptSpec, resolve_dtype, sample_prompts
 from icl_bench.errors import ConfigError
-from icl_bench.solvers.checkpoint import save_checkpoint, stem_of
+from icl_bench.solvers.checkpoint import beside, save_checkpoint, stem_of
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
 from icl_bench.solvers.transformer import Transformer
 from icl_bench.training.augment import ProxL1, training_batch
@@ -222,7 +221,8 @@ def fresh_metrics(model: Transformer, R: float, Ns=(10, 30, 100, 300), *, noise=
     return out
 
 
-def train_and_save(cfg: TrainConfig, out_dir: str | Path, *, replace: bool = True, key: str = "--out") -> Path:
+def train_and_save(cfg: TrainConfig, out_dir: str | Path, *, replace: bool = True, key: str = "--out",
+                   where: str | None = None) -> Path:
     """Train `cfg` and write the checkpoint `<out_dir>/<cfg.name>.{safetensors,json}`; returns the stem.
 
     The JSON carries the train config, R, N, seed, solver, the history, the final held-out
@@ -232,7 +232,8 @@ def train_and_save(cfg: TrainConfig, out_dir: str | Path, *, replace: bool = Tru
     saved beside it as `<name>-pid<pid>` (hours of training are not thrown away either).
 
     Raises:
-        ConfigError: training diverged (a non-finite loss or weight): nothing is written; or (naming
+        ConfigError: training diverged (a non-finite loss or weight): nothing is written (the
+            message begins with `where`, default `runs.<name>`: the config field to change); or (naming
             `key`) replace is False and the pair appeared while training: the message names where
             this run was saved instead.
     """
@@ -240,7 +241,7 @@ def train_and_save(cfg: TrainConfig, out_dir: str | Path, *, replace: bool = Tru
     final = history[-1]
     if (final["step"] > 0 and not math.isfinite(final["loss"])) or not all(bool(torch.isfinite(p).all())
                                                                            for p in model.parameters()):
-        raise ConfigError(f"runs.{cfg.name}: training diverged by step {final['step']} (loss {final['loss']}, "
+        raise ConfigError(f"{where or 'runs.' + cfg.name}: training diverged by step {final['step']} (loss {final['loss']}, "
                           f"lr = {cfg.lr:g}); no checkpoint written: lower lr" + ("" if cfg.clip > 0 else ", or set clip > 0"))
     meta = {"solver": cfg.solver, "R": float(cfg.R), "N": cfg.N, "seed": cfg.seed, "train_config": cfg.to_dict(),
             "metrics": {**{k: final[k] for k in ("step", "eval_mse_vs_ols", "eval_rel_mse", "sparsity", "elapsed_s", "steps_per_s")},
@@ -250,6 +251,6 @@ def train_and_save(cfg: TrainConfig, out_dir: str | Path, *, replace: bool = Tru
     try:
         return save_checkpoint(model, stem, meta, replace=replace)
     except FileExistsError as exc:  # another train / sweep of this name finished first: keep both
-        alt = save_checkpoint(model, stem.with_name(f"{stem.name}-pid{os.getpid()}"), meta, replace=False)
+        alt = save_checkpoint(model, beside(stem), meta, replace=False)
         raise ConfigError(f"{key}: {exc.filename} was saved by another process while this run trained, so it was "
                           f"not overwritten; this run is saved as {alt}.safetensors") from None
