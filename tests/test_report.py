@@ -621,13 +621,13 @@ def test_one_setting_solvers_of_a_family_get_their_own_markers():
     """trained-l1, -l1-noaug, -lsa and -nol1 each run with one parameter set: they were four circles
     in similar shades of one colour (found by a new-user tryout); parameter sets of one solver still
     take their rank's marker, so gd steps=4 and gd-lsa steps=4 share one."""
-    from icl_bench.report import style
+    from icl_bench.report import series
 
     rows = pd.DataFrame({"series": ["trained-l1", "trained-l1-noaug", "trained-lsa", "trained-nol1",
                                     "gd steps=1", "gd steps=4", "gd-lsa steps=1", "gd-lsa steps=4"],
                          "solver": ["trained-l1", "trained-l1-noaug", "trained-lsa", "trained-nol1",
                                     "gd", "gd", "gd-lsa", "gd-lsa"], "series_rank": range(8)})
-    st = style.series_styles(rows)
+    st = series.series_styles(rows)
     assert len({st[s]["marker"] for s in rows.series[:4]}) == 4
     assert st["gd steps=4"]["marker"] == st["gd-lsa steps=4"]["marker"] != st["gd steps=1"]["marker"]
 
@@ -1489,3 +1489,21 @@ def test_a_local_checkpoint_taking_a_shipped_name_is_noted(tables, tmp_path, mon
     monkeypatch.chdir(models_dir())
     _, notes = model_plots.collect_models(table, setting, ["trained-l1-R100"], n_prompts=16)
     assert not any("the pair in this folder" in n for n in notes), notes
+
+
+def test_a_plugin_family_keeps_its_colour_whatever_other_plugins_are_present():
+    """Plugin families took the free colours in order of appearance, so adding a plugin (or a run
+    folder) recoloured another one between publishes; each now takes its name's colour."""
+    from icl_bench.report import series
+
+    def colours(solvers):
+        rows = pd.DataFrame({"series": solvers, "solver": solvers, "series_rank": range(len(solvers))})
+        return {s: st["color"] for s, st in series.series_styles(rows).items()}
+
+    alone = colours(["ols", "ridge"])
+    for others in (["ols", "aaa", "ridge"], ["ols", "zzz", "kalman", "ridge"], ["ridge", "ols", "mine"]):
+        got = colours(others)
+        assert got["ridge"] == alone["ridge"] and got["ols"] == alone["ols"]
+        assert len(set(got.values())) == len(others)  # still one colour per family
+    many = colours(["ols"] + [f"p{i}" for i in range(8)])  # past the 5 free colours: distinct husl ones
+    assert len(set(many.values())) == 9

@@ -11,7 +11,7 @@ import pytest
 from icl_bench.bench.config import parse_config
 from icl_bench.bench.runner import run_matrix
 from icl_bench.report import aggregate as report
-from icl_bench.report import coverage, mechanism, plots, scaling, style
+from icl_bench.report import coverage, mechanism, plots, scaling, series
 from icl_bench.report.sources import source_labels
 
 GRID = {"N": [4, 8], "R": [100.0], "dtype": ["float64"], "device": ["cpu"]}
@@ -117,7 +117,7 @@ def test_styles_keep_a_marker_per_parameter_set_and_a_line_style_per_source():
     rows = pd.DataFrame({"solver": ["gd"] * 4, "solver_params": ['{"steps": 1}', '{"steps": 1}', '{"steps": 4}',
                                                                  '{"steps": 4}'],
                          "prompts": ["A", "B", "A", "B"]})
-    st = style.series_styles(report.add_series(rows))
+    st = series.series_styles(report.add_series(rows))
     one_a, one_b, four_a, four_b = (st[s] for s in report.series_order(report.add_series(rows)))
     assert one_a["marker"] == one_b["marker"] != four_a["marker"] == four_b["marker"]  # steps=1 circle on both
     assert one_a["linestyle"] == four_a["linestyle"] != one_b["linestyle"] == four_b["linestyle"]

@@ -26,7 +26,7 @@ from icl_bench.report import style
 from icl_bench.report.figure import (LABELS, MSE_OLS_LABEL, PlotSkipped, band_note, finish, flag_nan, fmt,
                                      make_panels)
 from icl_bench.report.aggregate import select
-from icl_bench.report.series import series_order
+from icl_bench.report.series import series_order, series_styles
 from icl_bench.report.coverage import setting_words, varied_axes
 from icl_bench.report.load import shared_timing
 from icl_bench.solvers.registry import get_solver_class
@@ -44,7 +44,7 @@ def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric:
     the series on the floor line and how many of their points are there."""
     data, nan_note = flag_nan(data)
     fig, panels = make_panels(data, col, col_title, sharey=False)
-    styles = style.series_styles(data)
+    styles = series_styles(data)
     twins = style.identical_series(data, [col, x], metric)
     panels = [(ax, style.against_floor(d, x, metric)) for ax, d in panels]
     key = {id(ax): tuple(sorted(set(d["_floor"]))) for ax, d in panels}  # panels of one floor share a range
@@ -171,7 +171,7 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     refs, ref_note = flag_nan(d[d["steps"].isna()])
     nan_note = nan_note or ref_note
     fig, panels = make_panels(stepped, "N", "N")
-    styles = style.series_styles(pd.concat([stepped, refs]))
+    styles = series_styles(pd.concat([stepped, refs]))
     twins = style.identical_series(stepped, ["N", "steps"], "mse_vs_ols")
     xs = np.sort(stepped["steps"].unique())  # a level line with its series' marker at every steps value
     sd, rd = (style.against_floor(t, "steps", "mse_vs_ols") for t in (stepped, refs.assign(steps=np.nan)))

@@ -4,12 +4,24 @@
                            prompt source when there are several) and "series_rank"
     series_order(df)       the distinct series in that order
     params_sort_key(p)     sort key of a solver_params JSON string, numbers numerically
+    series_styles(series)  series label -> matplotlib style
+
+Series style (docs/report.md, "Plots"): the colour names the solver *family* (the name before its
+first "-": gd and gd-lsa are one family, trained-l1 / -nol1 / -lsa another), each solver of a
+family gets its own shade of that colour, and the parameter set of a solver (steps = 1, 4, 16)
+gets its own marker (a solver with a single parameter set takes its family's k-th marker instead,
+so one-setting solvers of a family, e.g. trained-*, differ in marker too); solvers of one family
+also differ in line style, and so do the prompt sources of one solver when the runs hold several
+("gd steps=4 · d2.csv x→y"). Series that coincide on a plot: icl_bench/report/style.py.
 """
 from __future__ import annotations
 
 import json
+import zlib
 
+import numpy as np
 import pandas as pd
+import seaborn as sns
 
 from icl_bench.report.sources import source_labels
 from icl_bench.solvers.registry import get_solver_class
@@ -112,3 +124,80 @@ def series_order(df: pd.DataFrame) -> list[str]:
     if "series_rank" not in df:
         return sorted(df["series"].unique())
     return df.sort_values("series_rank")["series"].drop_duplicates().tolist()
+
+
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "h"]
+DASHES = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 1))]
+FAMILY_PALETTE = "tab10"
+# the built-in families keep their tab10 colour in every figure and run; plugins take the rest
+KNOWN_FAMILIES = {"gd": 0, "ln": 1, "ols": 2, "scipy": 3, "trained": 4}
+
+
+def family(solver: str) -> str:
+    """The solver family: the name up to its first "-" ("gd-lsa" -> "gd", "trained-l1" -> "trained")."""
+    return solver.split("-", 1)[0]
+
+
+def series_styles(series: pd.DataFrame) -> dict[str, dict]:
+    """series label -> matplotlib style {color, marker, linestyle, family}.
+
+    Args:
+        series: one row per series with columns "series", "solver", "series_rank" (report.add_series).
+    Colours: one tab10 hue per family (fixed for the built-in families, KNOWN_FAMILIES; a plugin
+    family's from its name, _plugin_colours), shades of it per solver;
+    line style: by solver within its family (and by prompt source within the solver when the rows
+    hold several `prompts`); marker: by the rank of the parameter set (solver_params) within its
+    solver (so gd steps=4 and gd-lsa steps=4 share one, whatever their source), or, for a solver
+    run with one parameter set, by the solver within its family (the four trained-* solvers: four
+    markers, not four circles).
+    """
+    rows = series.drop_duplicates("series").sort_values("series_rank")
+    params = rows["solver_params"] if "solver_params" in rows else rows["series"]  # (a table of labels only)
+    source = rows["prompts"].fillna("") if "prompts" in rows else pd.Series("", index=rows.index)
+    sources = list(dict.fromkeys(source))  # several: each its line style within a solver
+    families = list(dict.fromkeys(family(s) for s in rows["solver"]))
+    tab = sns.color_palette(FAMILY_PALETTE, 10)
+    colours = {f: tab[KNOWN_FAMILIES[f]] for f in families if f in KNOWN_FAMILIES}
+    colours.update(_plugin_colours([f for f in families if f not in KNOWN_FAMILIES], tab))
+    out = {}
+    for fam in families:
+        colour = colours[fam]
+        solvers = list(dict.fromkeys(s for s in rows["solver"] if family(s) == fam))
+        shades = _shades(colour, len(solvers))  # darkest first; one solver keeps the family colour
+        for k, (solver, shade) in enumerate(zip(solvers, shades)):
+            mine = rows[rows["solver"] == solver]
+            sets = list(dict.fromkeys(params[mine.index]))  # its parameter sets, in series order
+            for s, p, src in zip(mine["series"], params[mine.index], source[mine.index]):
+                m = sets.index(p) if len(sets) > 1 else k  # one parameter set: the solver's own marker (k) in its family
+                dash = DASHES[(k * len(sources) + sources.index(src)) % len(DASHES)]
+                out[s] = {"color": shade, "marker": MARKERS[m % len(MARKERS)], "linestyle": dash, "family": fam}
+    return out
+
+
+def _plugin_colours(others: list[str], tab: list) -> dict[str, tuple]:
+    """Colours of the families outside KNOWN_FAMILIES (plugins): each takes the free tab10 colour its
+    name hashes to (crc32, the same in every process), or the next free one after a family earlier in
+    name order took it, so a plugin keeps its colour from one publish to the next whichever other
+    plugins are present, as long as no other one collides with it; past the 5 free colours, husl."""
+    free = [c for i, c in enumerate(tab) if i not in KNOWN_FAMILIES.values()]
+    out, taken = {}, set()
+    for f in sorted(others):
+        if len(taken) == len(free):
+            break
+        slot = zlib.crc32(f.encode()) % len(free)
+        while slot in taken:
+            slot = (slot + 1) % len(free)
+        taken.add(slot)
+        out[f] = free[slot]
+    rest = [f for f in sorted(others) if f not in out]
+    out.update(zip(rest, sns.color_palette("husl", len(rest))))
+    return out
+
+
+def _shades(colour, n: int) -> list:
+    """n distinguishable shades of one colour: mixed towards black and towards white."""
+    if n == 1:
+        return [colour]
+    c = np.asarray(colour, dtype=float)
+    mix = np.linspace(-0.45, 0.5, n)  # < 0: towards black, > 0: towards white
+    return [tuple(c * (1 + m) if m < 0 else c + (1 - c) * m) for m in mix]

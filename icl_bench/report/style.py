@@ -1,16 +1,10 @@
 """Styling shared by the report's plots: how series look, how axes are ticked, how notes fit.
 
-Series style (docs/report.md, "Plots"): the colour names the solver *family* (the name before its
-first "-": gd and gd-lsa are one family, trained-l1 / -nol1 / -lsa another), each solver of a
-family gets its own shade of that colour, and the parameter set of a solver (steps = 1, 4, 16)
-gets its own marker (a solver with a single parameter set takes its family's k-th marker instead,
-so one-setting solvers of a family, e.g. trained-*, differ in marker too); solvers of one family
-also differ in line style, and so do the prompt sources of one solver when the runs hold several
-(report.add_series: "gd steps=4 · d2.csv x→y"). Series whose plotted numbers
-coincide on the plot (gd and gd-lsa run the same iterations; they agree to VISUAL_RTOL, 1 %) are
-drawn on top of each other: the later one with larger open markers and a dotted line, its legend
-label says "= <the other>", and the figure note names the pair with their largest relative
-difference.
+Series styles (colour by family, marker, line style) are in icl_bench/report/series.py. Series whose
+plotted numbers coincide on the plot (gd and gd-lsa run the same iterations; they agree to
+VISUAL_RTOL, 1 %) are drawn on top of each other: the later one with larger open markers and a
+dotted line, its legend label says "= <the other>", and the figure note names the pair with their
+largest relative difference.
 
 Axes: a logarithmic axis gets ticks at powers of ten, plus 2 and 5 times them when it spans
 less than two decades (so a narrow log axis never shows a single tick); an axis of grid values
@@ -25,76 +19,18 @@ import textwrap
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from matplotlib import ticker, transforms
 from matplotlib.collections import LineCollection
 from matplotlib.lines import Line2D
 
 from icl_bench.report.scaling import FLOOR_ULPS, float_floor
 
-MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "h"]
-DASHES = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 1))]
-FAMILY_PALETTE = "tab10"
-# the built-in families keep their tab10 colour in every figure and run; plugins take the rest
-KNOWN_FAMILIES = {"gd": 0, "ln": 1, "ols": 2, "scipy": 3, "trained": 4}
 # series whose values agree this closely coincide on the plot and are drawn as one: 1 % relative is
 # 0.0043 decades on a log axis, under a marker's width. A tolerance of float rounding would not do:
 # gd and gd-lsa (the same iterations, rounded differently) differ by up to 1.1e-4 relative in
 # float32 (MSE vs OLS at steps = 16 on the default matrix; 1e-13 in float64), and the note gives
 # the measured difference, so nothing is hidden by the tolerance
 VISUAL_RTOL = 1e-2
-
-
-def family(solver: str) -> str:
-    """The solver family: the name up to its first "-" ("gd-lsa" -> "gd", "trained-l1" -> "trained")."""
-    return solver.split("-", 1)[0]
-
-
-def series_styles(series: pd.DataFrame) -> dict[str, dict]:
-    """series label -> matplotlib style {color, marker, linestyle, family}.
-
-    Args:
-        series: one row per series with columns "series", "solver", "series_rank" (report.add_series).
-    Colours: one tab10 hue per family (fixed for the built-in families, KNOWN_FAMILIES; the
-    others in order of appearance), shades of it per solver;
-    line style: by solver within its family (and by prompt source within the solver when the rows
-    hold several `prompts`); marker: by the rank of the parameter set (solver_params) within its
-    solver (so gd steps=4 and gd-lsa steps=4 share one, whatever their source), or, for a solver
-    run with one parameter set, by the solver within its family (the four trained-* solvers: four
-    markers, not four circles).
-    """
-    rows = series.drop_duplicates("series").sort_values("series_rank")
-    params = rows["solver_params"] if "solver_params" in rows else rows["series"]  # (a table of labels only)
-    source = rows["prompts"].fillna("") if "prompts" in rows else pd.Series("", index=rows.index)
-    sources = list(dict.fromkeys(source))  # several: each its line style within a solver
-    families = list(dict.fromkeys(family(s) for s in rows["solver"]))
-    tab = sns.color_palette(FAMILY_PALETTE, 10)
-    free = [c for i, c in enumerate(tab) if i not in KNOWN_FAMILIES.values()]
-    others = [f for f in families if f not in KNOWN_FAMILIES]
-    extra = free + sns.color_palette("husl", max(len(others) - len(free), 0))
-    colours = {f: tab[KNOWN_FAMILIES[f]] if f in KNOWN_FAMILIES else extra[others.index(f)] for f in families}
-    out = {}
-    for fam in families:
-        colour = colours[fam]
-        solvers = list(dict.fromkeys(s for s in rows["solver"] if family(s) == fam))
-        shades = _shades(colour, len(solvers))  # darkest first; one solver keeps the family colour
-        for k, (solver, shade) in enumerate(zip(solvers, shades)):
-            mine = rows[rows["solver"] == solver]
-            sets = list(dict.fromkeys(params[mine.index]))  # its parameter sets, in series order
-            for s, p, src in zip(mine["series"], params[mine.index], source[mine.index]):
-                m = sets.index(p) if len(sets) > 1 else k  # one parameter set: the solver's own marker (k) in its family
-                dash = DASHES[(k * len(sources) + sources.index(src)) % len(DASHES)]
-                out[s] = {"color": shade, "marker": MARKERS[m % len(MARKERS)], "linestyle": dash, "family": fam}
-    return out
-
-
-def _shades(colour, n: int) -> list:
-    """n distinguishable shades of one colour: mixed towards black and towards white."""
-    if n == 1:
-        return [colour]
-    c = np.asarray(colour, dtype=float)
-    mix = np.linspace(-0.45, 0.5, n)  # < 0: towards black, > 0: towards white
-    return [tuple(c * (1 + m) if m < 0 else c + (1 - c) * m) for m in mix]
 
 
 def identical_series(data: pd.DataFrame, keys: list[str], value: str) -> dict[str, tuple[str, float]]:
