@@ -313,6 +313,24 @@ def test_headline_is_the_summary_at_the_representative_setting(published, tables
     assert "| test-steps steps=4" in (published / "headline.md").read_text()
 
 
+def test_the_median_table_is_the_typical_prompts_squared_error_from_the_rows(published, tables):
+    """The mean's interval under-covers heavy-tailed errors (results/ci_coverage.md), and a few prompts
+    carry most of a mean: the headline now has the median squared error beside it, read from each
+    cell's abs_err_median (median |prediction - OLS| over its prompts), squared."""
+    from icl_bench.report.aggregate import headline
+
+    table, summary, setting = tables
+    typical = headline(summary, setting, table, median=True).set_index("series")
+    assert list(typical.columns) == ["N=5", "N=12"] and typical.loc["test-fails", "N=12"] == "(no ok cell)"
+    ok = table[(table.status == "ok") & (table.noise == 0.0) & (table.R == 10.0) & (table.dtype == "float32")]
+    for (series, n), g in ok.groupby(["series", "N"]):
+        assert typical.loc[series, f"N={n}"] == f"{g.abs_err_median.median() ** 2:.3g}", (series, n)
+    md = (published / "headline.md").read_text()
+    assert "#### Median squared error vs OLS, (median |prediction − OLS|)², by solver and N" in md
+    assert md.index("#### Median") > md.index("### Mean MSE vs OLS") and "A typical prompt's error" in md
+    assert "Median squared error vs OLS" in (published / "index.html").read_text()
+
+
 def _lines(ax):
     return sorted(line.get_label() for line in ax.get_lines())
 

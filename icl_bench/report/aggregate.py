@@ -9,7 +9,8 @@ Several folders (other seeds, other machines) are stacked and aggregated togethe
               vs truth (with its CI), median throughput, number of seeds and prompts
     failures  every cell whose status is "error" or "skipped", with its message (never dropped)
     sparsity  solvers with weights: weight_sparsity and weight_l1 per solver, params and R
-    headline  mean MSE vs OLS by solver (rows) x N (columns) at one representative setting
+    headline  mean MSE vs OLS by solver (rows) x N (columns) at one representative setting; beside
+              it the median squared error (the typical prompt's), which the heavy tail does not move
 
 Confidence interval of a mean MSE ("over prompts and seeds"). Each cell row carries the mean
 squared error m_i over its n_i prompts and that mean's standard error se_i = sd / sqrt(n_i)
@@ -104,10 +105,12 @@ def aggregate(table: pd.DataFrame) -> pd.DataFrame:
         n_nonfinite_well_posed seed by seed, a seed of a run from before them counting each NaN
         as failed, NaN when no seed has them),
         mse_vs_ols (squared units of y) with _se, _ci_low, _ci_high; the same for mse_vs_truth;
-        prompts_per_s (median over every timed row, prompts per second). Sorted by KEYS.
+        abs_err_median (units of y: the median over a seed's prompts of |prediction - OLS|; with
+        several seeds the median of theirs), prompts_per_s (median over every timed row, prompts
+        per second). Sorted by KEYS.
     """
     ok = table[table["status"] == "ok"]
-    cols = ["mse_vs_ols", "mse_vs_ols_se", "mse_vs_truth", "mse_vs_truth_se", "n_prompts", *COUNTS]
+    cols = ["mse_vs_ols", "mse_vs_ols_se", "mse_vs_truth", "mse_vs_truth_se", "abs_err_median", "n_prompts", *COUNTS]
     cols = [c for c in cols if c in ok.columns]
     if ok.empty:
         return pd.DataFrame(columns=[*KEYS, "series", "n_seeds", "n_prompts", "mse_vs_ols", "mse_vs_truth", "prompts_per_s"])
@@ -124,6 +127,8 @@ def aggregate(table: pd.DataFrame) -> pd.DataFrame:
             row.update(n_ill_posed=int(round((g["n_prompts"] - of).sum())), n_nonfinite_well_posed=int(round(bad.sum())))
         for metric in ("mse_vs_ols", "mse_vs_truth"):
             row.update(_pooled(g, metric).to_dict())
+        if "abs_err_median" in g:  # a typical prompt's error, which the heavy tail does not move (median of seeds)
+            row["abs_err_median"] = float(g["abs_err_median"].median())
         rows.append(row)
     summary = pd.DataFrame(rows)
     speed = ok.groupby([*KEYS, "series"], dropna=False)["prompts_per_s"].median().rename("prompts_per_s")
@@ -228,14 +233,16 @@ def select(df: pd.DataFrame, setting: dict, axes) -> pd.DataFrame:
 NO_CELL = "(no ok cell)"  # a headline entry with nothing to average: skipped, errored or not run
 
 
-def headline(summary: pd.DataFrame, setting: dict, table: pd.DataFrame | None = None) -> pd.DataFrame:
+def headline(summary: pd.DataFrame, setting: dict, table: pd.DataFrame | None = None, *,
+             median: bool = False) -> pd.DataFrame:
     """Mean MSE vs OLS "mean [CI low, CI high]" by series (rows) x N (columns) at `setting`
     (noise, R, dtype, device fixed), "(k of n NaN)" appended where k predictions were not finite
     (the mean is over the others), NO_CELL where a series has no ok cell at that N (not a bare
     nan, which would read as a NaN answer). With the run's `table` (every status, load_runs'
     series), the series and N it ran at the setting without an ok cell are rows / columns of
     NO_CELL too: a series that errored everywhere is not silently absent. Empty when no ok cell
-    matches."""
+    matches. `median`: the typical prompt's squared error instead, abs_err_median² (squared units
+    of y; the top 1 % of prompts carry most of a mean, results/ci_coverage.md), no interval."""
     fixed = tuple(a for a in AXES if a != "N")
     at = select(summary, setting, fixed)
     if at.empty:
@@ -246,9 +253,13 @@ def headline(summary: pd.DataFrame, setting: dict, table: pd.DataFrame | None = 
         if "run" in ran:  # only the runs the headline shows: a left-out run adds no row or N
             ran = ran[ran["run"].isin(ran.loc[ran["status"] == "ok", "run"])]
     bad, of = failed_answers(at)
-    text = at.assign(cell=[f"{m:.3g} [{lo:.3g}, {hi:.3g}]" + (f" ({int(k)} of {int(n)} NaN)" if k > 0 else "")
-                           for m, lo, hi, k, n in zip(at["mse_vs_ols"], at["mse_vs_ols_ci_low"],
-                                                      at["mse_vs_ols_ci_high"], bad, of)])
+    if median:
+        typical = at["abs_err_median"] if "abs_err_median" in at else pd.Series(math.nan, index=at.index)
+        text = at.assign(cell=[f"{v * v:.3g}" for v in typical.astype(float)])
+    else:
+        text = at.assign(cell=[f"{m:.3g} [{lo:.3g}, {hi:.3g}]" + (f" ({int(k)} of {int(n)} NaN)" if k > 0 else "")
+                               for m, lo, hi, k, n in zip(at["mse_vs_ols"], at["mse_vs_ols_ci_low"],
+                                                          at["mse_vs_ols_ci_high"], bad, of)])
     wide = text.pivot_table(index="series", columns="N", values="cell", aggfunc="first")
     wide = wide.reindex(index=series_order(pd.concat([at, ran])), columns=sorted(set(at["N"]) | set(ran["N"])))
     wide = wide.astype(object).fillna(NO_CELL)  # (a column added for an N with no ok cell is float)

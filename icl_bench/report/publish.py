@@ -1,11 +1,13 @@
 """`icl-bench publish RUN_DIR... --out DIR`: run folders -> tables, plots and a static web page.
 
 Writes into DIR (nothing else, nothing typed by hand):
-    index.html       the page (jinja2 template templates/index.html.j2): headline table, what was
+    index.html       the page (jinja2 template templates/index.html.j2): headline tables, what was
                      left out, scaling laws, mechanism, every plot, failed / skipped cells, metadata
     report.md        the same in markdown (headline, plots, failures, sparsity, notes)
-    headline.md      the README table (mean MSE vs OLS by solver x N) and the command that made it
-    summary.csv/.md  report.aggregate: one row per cell key, mean MSE with 95 % CI, throughput
+    headline.md      the README tables (mean MSE vs OLS by solver x N, and the median squared error)
+                     and the command that made them
+    summary.csv/.md  report.aggregate: one row per cell key, mean MSE with 95 % CI, median |error|,
+                     throughput
     failures.csv/.md every error / skipped cell (csv), grouped by message (md)
     sparsity.csv/.md weight sparsity and L1 of the solvers with weights
     scaling.csv      every scaling-law fit (icl_bench/report/scaling.py)
@@ -46,6 +48,10 @@ PLOT_TITLES = dict(zip(outdir.PLOTS, (
     "Weights of the transformer solvers beside the construction",
     "LayerNorm probes",
 )))
+
+MEDIAN_NOTE = ("A typical prompt's error: where errors are heavy-tailed a few prompts carry most of the mean above "
+               "(results/ci_coverage.md), and the median does not move with them; with several seeds, the median of "
+               "their medians.")
 
 
 def _figures(table, summary, setting, checkpoints):
@@ -106,6 +112,7 @@ def _index_html(ctx: dict) -> str:
     return env.get_template("index.html.j2").render(
         generated_at=ctx["generated_at"], command=ctx["command"], forced=ctx["forced"],
         headline_at=_setting_text(ctx["headline_at"], ctx["varied"]), headline=_html_table(ctx["headline"]), left_out=ctx["left_out"],
+        typical=_html_table(ctx["typical"]), median_note=MEDIAN_NOTE,
         scaling=_html_table(ctx["scaling_at"]), scaling_at_r=_scaling_at(ctx, "N"), scaling_at_n=_scaling_at(ctx, "R"),
         floors={d: f"{scaling.float_floor(d):.1e}" for d in ("float32", "float64")},
         mechanism={"status": mech["status"], "source": mech["source"],
@@ -195,6 +202,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     outdir.check_out(out, runs, force, checkpoints, readme)
     summary = report.aggregate(table)
     head = report.headline(summary, setting, table)
+    typical = report.headline(summary, setting, table, median=True)
     headline_at = {k: v for k, v in setting.items() if k != "N"}
     varied = coverage.varied_axes(table)  # d / ood are named when the runs hold more than one value
     command = command_line(runs, out, at, checkpoints, force, readme)
@@ -207,11 +215,13 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         *([f"Left out: {'; '.join(gaps)}.", ""] if gaps else []),
         f"Made by `{command}`{'' if force else ' (add --force to regenerate into the same folder)'}; "
         "the 95 % CI (over the prompts; normal theory) is described in icl_bench/report/aggregate.py: "
-        "it under-covers these heavy-tailed errors (results/ci_coverage.md).", ""])
+        "it under-covers these heavy-tailed errors (results/ci_coverage.md).", "",
+        "#### Median squared error vs OLS, (median |prediction − OLS|)², by solver and N (same setting)", "",
+        report.to_markdown(typical), MEDIAN_NOTE, ""])
     figs, notes = _figures(table, summary, setting, checkpoints)
     notes = unfinished_notes(metas) + silent + ill + shared_timing_notes(table) + notes  # an unfinished run first
     ctx = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command,
-           "headline": head, "headline_md": headline_md, "headline_at": headline_at, "plots": list(figs),
+           "headline": head, "typical": typical, "headline_md": headline_md, "headline_at": headline_at, "plots": list(figs),
            "notes": notes, "failures": report.failure_summary(table), "sparsity": report.sparsity(table),
            "summary": summary.drop(columns=["series_rank"], errors="ignore"), "runs": metas, "forced": force,
            "left_out": gaps, "setting": setting, "varied": varied, "mechanism": mechanism.section(table)}
