@@ -130,8 +130,13 @@ def cmd_run(args) -> int:
         raw["solvers"] = {name: given.get(name, {}) for name in args.solver}
         raw["all_solvers"] = False
     if args.data is not None:
+        if not args.data.strip():
+            raise ConfigError("--data: empty path; give a CSV file")
         if not (args.x and args.y):
             raise ConfigError("--data: needs --x COLUMN and --y COLUMN")
+        if raw.get("data") is not None and path.resolve().parent != resources.configs_dir().resolve():
+            raise ConfigError(f"--data: {given} has a [data] table already; give the CSV file in one place: drop "
+                              "--data / --x / --y, or the config's [data]")
         if Path(args.data).is_dir():
             raise ConfigError(f"--data: {args.data} is a folder; give a CSV file")
         raw["data"] = {"path": args.data, "x": args.x, "y": args.y}

@@ -244,8 +244,8 @@ CASES = [
     Case("cli-executor", lambda tmp: ["run", "--executor", "slurm"], "--executor: unknown value 'slurm'; accepted: local, dask"),
     Case("toml-data-not-table", toml(lambda r: _set(r, "data.csv", "data")), "data: must be a table (got str)"),
     Case("toml-data-missing-file", toml_csv(lambda r: _set(r, {"path": "no/such.csv", "x": "x", "y": "y"}, "data")), "data.path: no such file"),
-    Case("toml-data-missing-key", toml_csv(lambda r: _set(r, {"path": "matplotlib:msft.csv", "x": "Open"}, "data")), "data.y: not given; the column of targets, one of: Date, Open"),
-    Case("toml-data-missing-column", toml_csv(lambda r: _set(r, {**MSFT, "y": "Shut"}, "data")), "data.y: no column 'Shut' in msft.csv; columns: Date, Open"),
+    Case("toml-data-missing-key", toml_csv(lambda r: _set(r, {"path": "matplotlib:msft.csv", "x": "Open"}, "data")), "data.y: not given; the column of targets, one of: 'Date', 'Open'"),
+    Case("toml-data-missing-column", toml_csv(lambda r: _set(r, {**MSFT, "y": "Shut"}, "data")), "data.y: no column 'Shut' in msft.csv; columns: 'Date', 'Open'"),
     Case("toml-data-text-column", toml_csv(lambda r: _set(r, {**MSFT, "x": "Date"}, "data")), "data.x: column 'Date' is not numeric (data row 1: "),
     Case("toml-data-too-few-rows", toml_csv(lambda r: (_set(r, MSFT, "data"), _set(r, [100], "grid", "N"))),
          "grid.N: N=100 needs at least 101 rows with finite x and y; msft.csv has 65"),
@@ -305,7 +305,18 @@ CASES = [
     Case("csv-one-text-cell", csv("x,y\n" + "1,1\n" * 4 + "abc,2\n" + "3,3\n" * 4),
          "--x: column 'x' is not numeric (data row 5: 'abc'); accepted: numbers"),  # it named no row
     Case("csv-text-column", csv("x,y\n" + "a,1\n" * 8), "--x: column 'x' is not numeric (data row 1: 'a'); accepted: numbers (inf too), and cells pandas reads as missing"),
-    Case("csv-missing-column", csv(ROWS, y="z"), "--y: no column 'z' in data.csv; columns: x, y"),
+    Case("csv-missing-column", csv(ROWS, y="z"), "--y: no column 'z' in data.csv; columns: 'x', 'y'"),
+    Case("csv-repeated-column", csv("x,x,y\n" + "".join(f"{i},{9 * i},{i + 1}\n" for i in range(12))),
+         "--x: column 'x' appears 2 times in the header of data.csv; accepted: a column whose name appears once"),
+    Case("csv-renamed-repeat", csv("x,x,y\n" + "".join(f"{i},{9 * i},{i + 1}\n" for i in range(12)), x="x.1"),
+         "--x: no column 'x.1' in data.csv; columns: 'x', 'x', 'y'"),  # pandas' name for the second x: not in the file
+    Case("csv-semicolons", csv(ROWS.replace(",", ";")), "--x: no column 'x' in data.csv; columns: 'x;y' (one column: is "
+         "the file separated by ';'? accepted: comma-separated values)"),
+    Case("csv-empty-data-flag", lambda tmp: [*toml_csv(lambda r: None)(tmp), "--data", "", "--x", "x", "--y", "y"],
+         "--data: empty path; give a CSV file"),  # said "is a folder": Path("") is "."
+    Case("csv-flag-beside-data-table", lambda tmp: [*data_table(lambda r: None)(tmp), "--data", str(tmp / "data.csv"),
+                                                    "--x", "x", "--y", "y"],
+         "--data: {tmp}/bad.toml has a [data] table already; give the CSV file in one place"),  # it replaced it, silently
     Case("csv-no-finite-rows", csv("x,y\n" + "nan,1\n1,inf\n" * 6), "grid.N: N=4 needs at least 5 rows with finite x and y; data.csv has 0 (of 12 rows)"),
     # compressed CSV is read by its name's ending (.gz, .zip, ...); a damaged one is refused in one line
     Case("csv-gz-plain-text", csv(ROWS, name="data.csv.gz"), "--data: cannot read"),

@@ -100,13 +100,19 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
             else type(exc).__name__  # the parser names the line ("Expected 2 fields in line 32, saw 3")
         raise ConfigError(f"data.path: cannot read {str(path)!r} as CSV ({why}); accepted: CSV text with as many "
                           "fields in every row as in the header, plain or compressed (.gz, .bz2, .xz, .zst, or a .zip / .tar[.gz|.bz2|.xz] holding one file)") from None
-    columns = ", ".join(map(str, frame.columns))
+    header = _header(path, data)  # as written: pandas renames a repeated name x to x.1
+    columns = ", ".join(map(repr, header))  # (quoted: a name with spaces around it shows them)
+    other = next((c for c in (";", "\t", "|") if len(header) == 1 and c in header[0]), None)
+    hint = f" (one column: is the file separated by {other!r}? accepted: comma-separated values)" if other else ""
     for k, what in (("x", "inputs"), ("y", "targets")):
         col = getattr(src, k)
         if not col:
-            raise ConfigError(f"data.{k}: not given; the column of {what}, one of: {columns}")
-        if col not in frame.columns:
-            raise ConfigError(f"data.{k}: no column {col!r} in {path.name}; columns: {columns}")
+            raise ConfigError(f"data.{k}: not given; the column of {what}, one of: {columns}{hint}")
+        if col not in frame.columns or col not in header:
+            raise ConfigError(f"data.{k}: no column {col!r} in {path.name}; columns: {columns}{hint}")
+        if header.count(col) > 1:  # pandas would take the first one, silently
+            raise ConfigError(f"data.{k}: column {col!r} appears {header.count(col)} times in the header of {path.name}; "
+                              "accepted: a column whose name appears once")
         text = ~_missing(frame[col]) & _numbers(frame[col]).isna()  # the cells that are no number
         if text.any():  # (a column of numbers pandas could not type, e.g. 99999999999999999999, is numbers)
             row = int(np.flatnonzero(text.to_numpy())[0])
@@ -176,6 +182,17 @@ def _frame(path: Path, data: bytes) -> pd.DataFrame:
             return pd.read_csv(io.BytesIO(data), compression=compression, index_col=False)
         except pd.errors.ParserWarning:
             raise ExtraFields("data rows with more fields than the header") from None
+
+
+@lru_cache(maxsize=2)
+def _header(path: Path, data: bytes) -> list[str]:
+    """The header line of the CSV bytes `data` (decompressed as _frame does), names as written:
+    `_frame`'s columns rename a repeated name ("x", "x" -> "x", "x.1")."""
+    name = path.name.lower()
+    compression = next((c for ext, c in _COMPRESSION.items() if name.endswith(ext)), None)
+    first = pd.read_csv(io.BytesIO(data), compression=compression, header=None, nrows=1, dtype=str,
+                        keep_default_na=False, index_col=False)
+    return [str(v) for v in first.iloc[0].tolist()] if len(first) else []
 
 
 # sha256 hex digest -> the bytes it was computed over: the file content a run's cells draw from

@@ -293,8 +293,9 @@ def ill_posed_note(summary: pd.DataFrame, setting: dict) -> list[str]:
     per_n = hit.groupby(["src", "N"], sort=False).agg(k=("n_ill_posed", "first"), n=("n_prompts", "first"))  # the top
     where = ", ".join(f"N={n}: {int(r.k)} of {int(r.n)}" + (f" ({label[s]})" if label.get(s) else "")
                       for (s, n), r in per_n.sort_index(level=1, sort_remaining=False).iterrows())
-    return [f"ill-posed prompts (no least-squares answer, e.g. x constant over the context: a solver should answer "
-            f"NaN there, and the MSE vs OLS leaves them out) at {where}"]
+    return [f"ill-posed prompts (no finite least-squares answer in the cell's dtype, e.g. x constant over the context, "
+            f"or CSV values beyond float32's range: a solver should answer NaN there, and the MSE vs OLS leaves them "
+            f"out) at {where}"]
 
 
 def to_markdown(df: pd.DataFrame) -> str:
