@@ -1525,3 +1525,26 @@ def test_a_plugin_family_keeps_its_colour_whatever_other_plugins_are_present():
         assert len(set(got.values())) == len(others)  # still one colour per family
     many = colours(["ols"] + [f"p{i}" for i in range(8)])  # past the 5 free colours: distinct husl ones
     assert len(set(many.values())) == 9
+
+
+def test_a_dollar_in_a_series_label_is_text_not_mathtext():
+    """A parameter value with "$" (tag = "x$\\frac{a$") crashed publish with a mathtext traceback, and
+    a paired one ("cost $5 or $6") was drawn as math italics (found by a review): labels, titles and
+    notes are now literal text; the float-floor marker and power-of-ten ticks stay mathtext."""
+    import io
+
+    from matplotlib.figure import Figure
+
+    from icl_bench.report.figure import finish
+
+    labels = ['mean-y tag="cost $5 or $6"', r"mean-y tag=x$\frac{a$"]
+    fig = Figure(figsize=(4, 3))
+    ax = fig.subplots()
+    for i, label in enumerate(labels):
+        ax.plot([1, 2], [i, i + 1], label=label)
+    ax.set_yscale("log")
+    finish(fig, [(ax, None)], "N", "MSE", r"title x$\frac{a$", r"note $\frac{b$")
+    fig.savefig(io.BytesIO(), format="png")  # the layout and the draw: raised ParseSyntaxException
+    texts = [t for t in fig.legends[0].get_texts()]
+    assert [t.get_text() for t in texts] == labels and not any(t.get_parse_math() for t in texts)
+    assert not fig._suptitle.get_parse_math() and not fig.texts[-1].get_parse_math()

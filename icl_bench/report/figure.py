@@ -56,7 +56,7 @@ def make_panels(data: pd.DataFrame, col: str, col_title: str, width: float = 3.6
     out = []
     for ax, v in zip(grid.ravel(), values):
         rows = data[data[col].isna()] if isinstance(v, float) and math.isnan(v) else data[data[col] == v]
-        ax.set_title(f"{col_title} = {fmt(v)}")
+        ax.set_title(f"{col_title} = {fmt(v)}", parse_math=False)
         out.append((ax, rows))
     return fig, out
 
@@ -81,6 +81,8 @@ def finish(fig: Figure, panels: list, xlabel: str, ylabel: str, title: str, note
     if seen:
         leg = fig.legend(list(seen.values()), list(seen), fontsize=7, title=legend_title, title_fontsize=7,
                          loc="center right")
+        for t in leg.get_texts():  # a series label is text, never mathtext: a "$" in a parameter value
+            t.set_parse_math(False)  # ("cost $5") garbled it, and an unpaired one crashed the layout (a review)
         box = leg.get_window_extent(FigureCanvasAgg(fig).get_renderer())
         reserve = box.width / fig.dpi + 0.2
         if reserve > LEGEND_ROOM:  # long labels ("gd steps=4 · d2.csv x→y"): widen, not squeeze the panels
@@ -93,8 +95,9 @@ def finish(fig: Figure, panels: list, xlabel: str, ylabel: str, title: str, note
         height = max(height, box.height / fig.dpi + foot + 0.45)
         fig.set_size_inches(width, height)
         leg.set_bbox_to_anchor((1 - 0.05 / width, (foot + (height - 0.35 - foot) / 2) / height), transform=fig.transFigure)
-    fig.suptitle(style.wrap_note(title, width, fontsize=10)[0], fontsize=10, y=1 - 0.06 / height, va="top")
-    fig.text(0.01, 0.01, text, fontsize=7, color="0.3", va="bottom")
+    fig.suptitle(style.wrap_note(title, width, fontsize=10)[0], fontsize=10, y=1 - 0.06 / height, va="top",
+                 parse_math=False)
+    fig.text(0.01, 0.01, text, fontsize=7, color="0.3", va="bottom", parse_math=False)
     fig.tight_layout(rect=(0, min(0.4, foot / height), 1 - reserve / width, 1), h_pad=0.6)
     return fig
 

@@ -236,7 +236,7 @@ def weight_heatmaps(models: dict[str, dict]) -> Figure:
     for sub, (label, mm) in zip(subs, maps.items()):
         ref = f"  ({REFERENCE})" if models[label].get("reference") else ""
         sub.suptitle(style.wrap_note(label + ref, width - 0.3, fontsize=10)[0], fontsize=9, x=0.02, ha="left",
-                     fontweight="bold")  # (bold 9 pt: wrapped as 10 pt)
+                     fontweight="bold", parse_math=False)  # (bold 9 pt: wrapped as 10 pt; a label is text, never mathtext)
         lay = layouts[label]
         axes = sub.subplots(len(lay), ncols, squeeze=False)
         for i, row in enumerate(lay):
@@ -261,7 +261,8 @@ def weight_heatmaps(models: dict[str, dict]) -> Figure:
                 ln = name.endswith("LN γ/β")  # rows gain and bias of each slot, not a map between slots
                 ax.set_yticks(range(a.shape[0]), ["γ", "β"] if ln else range(a.shape[0]))
                 ax.grid(False)
-                ax.set_title(f"{name}  (|max| {top:.2g}{f'; {bad} not finite, grey' if bad else ''})", fontsize=7)
+                ax.set_title(f"{name}  (|max| {top:.2g}{f'; {bad} not finite, grey' if bad else ''})", fontsize=7,
+                             parse_math=False)
                 qk = name.endswith(" QK")  # rows: the query token's slots, columns: the key token's
                 ax.set_xlabel("slot" if ln else "key slot" if qk else "input slot", fontsize=6)
                 ax.set_ylabel("" if ln or (j and not qk) else "query slot" if qk else "output slot", fontsize=6)
@@ -335,7 +336,7 @@ def probe_scatter(models: dict[str, dict], notes: list[str] | None = None) -> Fi
             where = PROBE_PLACES.get(f.source, f.source)
             ref = f" ({REFERENCE.split(':')[0]})" if models[label].get("reference") else ""
             head = style.wrap_note(f"{label}{ref}", 2.5, fontsize=7)[0]  # a panel's width: a long label ran into the next
-            ax.set_title(f"{head}\n{where}\nslot {f.slot}, R² = {f.r2:.4f}{n_rows}", fontsize=7)
+            ax.set_title(f"{head}\n{where}\nslot {f.slot}, R² = {f.r2:.4f}{n_rows}", fontsize=7, parse_math=False)
             ax.set_xlabel(f"closed form {f.target} ({'x' if key == 'centering.x' else 'y'} units)", fontsize=7)
             ax.set_ylabel(f"stream slot {f.slot} (model units)", fontsize=7)
             ax.legend(fontsize=6)

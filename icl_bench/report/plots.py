@@ -249,7 +249,7 @@ def throughput(table: pd.DataFrame) -> Figure:
             for x, yy, top in zip(med, y, hi):
                 ax.annotate(_rate(x), (max(top, x), yy), xytext=(4, 0), textcoords="offset points", va="center",
                             fontsize=6, color=colours[dtype])
-        ax.set_yticks(range(len(order)), order)
+        ax.set_yticks(range(len(order)), order, parse_math=False)  # series labels: text, never mathtext
         ax.set_ylim(len(order) - 0.5, -0.5)  # first series at the top
         ax.grid(axis="y", visible=False)
         if log_x:
