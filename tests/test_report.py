@@ -325,6 +325,14 @@ def test_the_median_table_is_the_typical_prompts_squared_error_from_the_rows(pub
     ok = table[(table.status == "ok") & (table.noise == 0.0) & (table.R == 10.0) & (table.dtype == "float32")]
     for (series, n), g in ok.groupby(["series", "N"]):
         assert typical.loc[series, f"N={n}"] == f"{g.abs_err_median.median() ** 2:.3g}", (series, n)
+    # NaN answers are flagged as in the mean table (a median over the finite answers alone read as good
+    # as ols; found by a review), and a run without the column reads "(not recorded)", not a bare nan
+    at = ((summary.series == "ols") & (summary.noise == 0.0) & (summary.R == 10.0) & (summary.dtype == "float32"))
+    hit = summary.copy()
+    hit.loc[at & (summary.N == 12), ["n_nonfinite", "n_nonfinite_well_posed"]] = 5
+    hit.loc[at & (summary.N == 5), "abs_err_median"] = np.nan
+    flagged = headline(hit, setting, table, median=True).set_index("series")
+    assert flagged.loc["ols", "N=12"].endswith(" (5 of 64 NaN)") and flagged.loc["ols", "N=5"] == "(not recorded)"
     md = (published / "headline.md").read_text()
     assert "#### Median squared error vs OLS, (median |prediction − OLS|)², by solver and N" in md
     assert md.index("#### Median") > md.index("### Mean MSE vs OLS") and "A typical prompt's error" in md
@@ -565,6 +573,9 @@ def test_series_that_coincide_on_the_plot_are_marked_with_their_difference():
     assert twins["gd-lsa steps=16"][1] == pytest.approx(1.1e-4, rel=1e-3)
     assert style.twins_note(twins) == ("gd-lsa steps=16 coincides with gd steps=16 (largest relative difference 0.00011; "
                                        "open markers on top)")
+    nan = pd.DataFrame({"series": ["all-nan"] * 2 + ["half-nan"] * 2, "series_rank": [0, 0, 1, 1], "N": [10, 30] * 2,
+                        "mse_vs_ols": [np.nan] * 4})
+    assert style.identical_series(nan, ["N"], "mse_vs_ols") == {}  # nothing drawn hides nothing (a review)
 
 
 def test_gd_steps_plot_lines_beside_solvers_without_steps(tables, figs):
@@ -1548,3 +1559,20 @@ def test_a_dollar_in_a_series_label_is_text_not_mathtext():
     texts = [t for t in fig.legends[0].get_texts()]
     assert [t.get_text() for t in texts] == labels and not any(t.get_parse_math() for t in texts)
     assert not fig._suptitle.get_parse_math() and not fig.texts[-1].get_parse_math()
+
+
+def test_tables_keep_grid_values_whole_and_escape_text_cells():
+    """Markdown and HTML tables printed noise 0.1001 and R 1004 as 0.1 and 1e+03 (3 significant
+    digits), so four cells read as one key; a label "tag=a|b" split its markdown row and moved every
+    value one column right; "<b>" in a label rendered as HTML (found by a review)."""
+    from icl_bench.report.aggregate import to_markdown
+    from icl_bench.report.publish import _html_table
+
+    df = pd.DataFrame({"series": ["tag=a|b", "<b>x</b> & y"], "noise": [0.1, 0.1001], "R": [1000.0, 1004.0],
+                       "mse_vs_ols": [1.23456, 2e-9], "N": [10, 30]})
+    md = to_markdown(df).splitlines()
+    assert [line.count("|") - line.count("\\|") for line in md] == [6] * 4  # every row has its 5 cells
+    assert "0.1001" in md[3] and "1004" in md[3] and "1.23 " in md[2] and "2e-09" in md[3]
+    assert "tag=a\\|b" in md[2] and "&lt;b>x&lt;/b> &amp; y" in md[3]
+    page = _html_table(df)
+    assert "<td>0.1001</td>" in page and "<td>1004</td>" in page and "<td>1.23</td>" in page

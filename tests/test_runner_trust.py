@@ -232,6 +232,13 @@ def test_a_solver_that_never_answers_is_flagged(tmp_path, capsys):
         rep = tmp_path / "rep"
         assert main(["publish", str(out), "--out", str(rep)]) == 0
         assert "no finite prediction" in (rep / "headline.md").read_text() + (rep / "index.html").read_text()
+        import shutil  # a copy of the run published beside it: its cells are not counted twice (a review)
+
+        shutil.copytree(out, tmp_path / "copy")
+        assert main(["publish", str(out), str(tmp_path / "copy"), "--out", str(tmp_path / "rep2")]) == 0
+        n = len(bad)
+        assert (f"test-all-nan: no finite prediction (NaN / inf on every well-posed prompt) in {n} of {n} cells"
+                in (tmp_path / "rep2" / "headline.md").read_text())
     finally:
         REGISTRY.unregister("test-all-nan")
 

@@ -173,10 +173,12 @@ def no_answer_notes(table: pd.DataFrame) -> list[str]:
     "no finite prediction ..."): their MSE is NaN, and a NaN must come with its reason."""
     from icl_bench.bench.runner import NO_ANSWER
 
+    cell = [*KEYS, "seed"]  # a cell repeated by two run folders (or in two seeds' runs) is one cell each
     rows = table[(table["status"] == "ok") & table["message"].fillna("").str.startswith(NO_ANSWER)]
-    return [f"{solver} {params}: {NO_ANSWER} (NaN / inf on every well-posed prompt) in {len(g)} of "
-            f"{int(((table.solver == solver) & (table.solver_params == params)).sum())} cells; its MSE there is NaN"
-            for (solver, params), g in rows.groupby(["solver", "solver_params"])]
+    label = "series" if "series" in table else "solver"  # (load_runs' tables have the series label)
+    return [f"{name}: {NO_ANSWER} (NaN / inf on every well-posed prompt) in {len(g.drop_duplicates(cell))} of "
+            f"{len(table[table[label] == name].drop_duplicates(cell))} cells; its MSE there is NaN"
+            for name, g in rows.groupby(label, sort=False)]
 
 
 def sparsity(table: pd.DataFrame) -> pd.DataFrame:
@@ -231,6 +233,7 @@ def select(df: pd.DataFrame, setting: dict, axes) -> pd.DataFrame:
 
 
 NO_CELL = "(no ok cell)"  # a headline entry with nothing to average: skipped, errored or not run
+NOT_RECORDED = "(not recorded)"  # a median table entry of a run written before abs_err_median existed
 
 
 def headline(summary: pd.DataFrame, setting: dict, table: pd.DataFrame | None = None, *,
@@ -242,7 +245,9 @@ def headline(summary: pd.DataFrame, setting: dict, table: pd.DataFrame | None = 
     series), the series and N it ran at the setting without an ok cell are rows / columns of
     NO_CELL too: a series that errored everywhere is not silently absent. Empty when no ok cell
     matches. `median`: the typical prompt's squared error instead, abs_err_median² (squared units
-    of y; the top 1 % of prompts carry most of a mean, results/ci_coverage.md), no interval."""
+    of y; the top 1 % of prompts carry most of a mean, results/ci_coverage.md), no interval, the
+    same "(k of n NaN)" (the median is over the finite answers), NOT_RECORDED where the cell's run
+    has no abs_err_median."""
     fixed = tuple(a for a in AXES if a != "N")
     at = select(summary, setting, fixed)
     if at.empty:
@@ -253,13 +258,14 @@ def headline(summary: pd.DataFrame, setting: dict, table: pd.DataFrame | None = 
         if "run" in ran:  # only the runs the headline shows: a left-out run adds no row or N
             ran = ran[ran["run"].isin(ran.loc[ran["status"] == "ok", "run"])]
     bad, of = failed_answers(at)
-    if median:
+    flag = [f" ({int(k)} of {int(n)} NaN)" if k > 0 else "" for k, n in zip(bad, of)]  # in both tables: a
+    if median:  # median over the finite answers alone would read as good as ols (found by a review)
         typical = at["abs_err_median"] if "abs_err_median" in at else pd.Series(math.nan, index=at.index)
-        text = at.assign(cell=[f"{v * v:.3g}" for v in typical.astype(float)])
+        text = at.assign(cell=[(f"{v * v:.3g}" if v == v or f else NOT_RECORDED) + f
+                               for v, f in zip(typical.astype(float), flag)])
     else:
-        text = at.assign(cell=[f"{m:.3g} [{lo:.3g}, {hi:.3g}]" + (f" ({int(k)} of {int(n)} NaN)" if k > 0 else "")
-                               for m, lo, hi, k, n in zip(at["mse_vs_ols"], at["mse_vs_ols_ci_low"],
-                                                          at["mse_vs_ols_ci_high"], bad, of)])
+        text = at.assign(cell=[f"{m:.3g} [{lo:.3g}, {hi:.3g}]{f}" for m, lo, hi, f in
+                               zip(at["mse_vs_ols"], at["mse_vs_ols_ci_low"], at["mse_vs_ols_ci_high"], flag)])
     wide = text.pivot_table(index="series", columns="N", values="cell", aggfunc="first")
     wide = wide.reindex(index=series_order(pd.concat([at, ran])), columns=sorted(set(at["N"]) | set(ran["N"])))
     wide = wide.astype(object).fillna(NO_CELL)  # (a column added for an N with no ok cell is float)
@@ -299,10 +305,34 @@ def ill_posed_note(summary: pd.DataFrame, setting: dict) -> list[str]:
 
 
 def to_markdown(df: pd.DataFrame) -> str:
-    """A DataFrame as a GitHub markdown table (3 significant digits); "(none)" when empty."""
+    """A DataFrame as a GitHub markdown table; "(none)" when empty. Metrics to 3 significant digits,
+    grid values (display_keys) in full; text cells escaped (md_cell)."""
     if df.empty:
         return "(none)\n"
-    return df.to_markdown(index=False, floatfmt=".3g") + "\n"
+    shown = display_keys(df)
+    for c in shown.columns:
+        if not pd.api.types.is_numeric_dtype(shown[c]):
+            shown[c] = shown[c].map(md_cell)
+    keys = [i for i, c in enumerate(shown.columns) if c in AXES and not pd.api.types.is_numeric_dtype(shown[c])]
+    return shown.to_markdown(index=False, floatfmt=".3g", disable_numparse=keys or False) + "\n"  # (keys: as written)
+
+
+def display_keys(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy of `df` whose float grid-axis columns (noise, R) are text with every digit they need
+    (12 significant): at 3, noise 0.1 and 0.1001, or R 1000 and 1004, read as one cell (a review)."""
+    out = df.copy()
+    for c in AXES:
+        if c in out and pd.api.types.is_float_dtype(out[c]):
+            out[c] = [f"{v:.12g}" for v in out[c]]
+    return out
+
+
+def md_cell(v):
+    """A table cell's text for markdown: "|" (it split the row: a label "tag=a|b" moved every value one
+    column right) and "<", "&" (raw HTML: a label "<b>x</b>" rendered bold) escaped; others as they are."""
+    if not isinstance(v, str):
+        return v
+    return v.replace("&", "&amp;").replace("<", "&lt;").replace("|", "\\|")
 
 
 def setting_text(setting: dict, axes=None, fmt=str, varied=()) -> str:

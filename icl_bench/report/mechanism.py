@@ -21,7 +21,8 @@ A cell is one grid point (N, noise, R, dtype, device, d, prompt source) of a ser
 value; its relative error is the mean over the cell's seeds and runs. A series is read only at
 the grid points where it has OOD rows (its in-distribution cells elsewhere, e.g. of another run
 published alongside, are not its "none"). The table shows per OOD value the largest relative
-error over those cells. The verdict is judged cell by cell, on the x maps only, with the two
+error over those cells that have one, and `unmeasured_cells` counts the cells without one (the
+cell errored, or answered NaN / inf on a well-posed prompt: such a cell fails the test). The verdict is judged cell by cell, on the x maps only, with the two
 thresholds of the mechanism study's success criterion (docs/mechanism.md), which judges only x + 5
 ≤ 0.01 and x × 10 ≤ 0.05, applied here to every shift with |T| ≤ 5 and every scale in [0.1, 10]:
 a model can meet the success criterion and read "neither" here (the shipped trained-l1 reads
@@ -146,13 +147,15 @@ def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     cells, grid = _cells(rows)
     idx = ["series", "solver", "solver_params"]
-    wide = cells.pivot_table(index=idx, columns="ood", values="rel_err", aggfunc=lambda s: s.max(skipna=False),
-                             dropna=False).reset_index()
+    wide = cells.pivot_table(index=idx, columns="ood", values="rel_err", aggfunc="max",  # over the measured cells:
+                             dropna=False).reset_index()  # one errored cell blanked every column (a review)
+    unmeasured = cells.assign(u=cells["rel_err"].isna()).groupby(idx, sort=False)["u"].sum().rename("unmeasured_cells")
+    wide = wide.merge(unmeasured.reset_index(), on=idx, how="left")
     wide = rows.drop_duplicates("series")[idx].merge(wide, on=idx, how="left")  # series without OOD rows: blank
     if "series_rank" in rows:  # the report's series order (numbers numerically: steps 1, 4, 16), not text order
         rank = rows.groupby("series")["series_rank"].min()
         wide = wide.sort_values("series", key=lambda s: s.map(rank), kind="stable").reset_index(drop=True)
-    ood_cols = sorted([c for c in wide.columns if c not in idx], key=_ood_order)
+    ood_cols = sorted([c for c in wide.columns if c not in (*idx, "unmeasured_cells")], key=_ood_order)
     by_series = {s: dict(zip(zip(g["point"], g["ood"]), g["rel_err"])) for s, g in cells.groupby("series", sort=False)}
     varied = [a for i, a in enumerate(grid) if len({p[i] for p in cells["point"]}) > 1]
     src = source_labels(cells["point"].map(lambda p: p[grid.index("prompts")]) if "prompts" in grid else [])
@@ -163,7 +166,8 @@ def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
     out = []
     for _, r in wide.iterrows():
         v, why = _verdict(r, by_series.get(r["series"], {}), gd, where)
-        out.append({"series": r["series"], **{c: r[c] for c in ood_cols}, "verdict": v, "why": why})
+        out.append({"series": r["series"], **{c: r[c] for c in ood_cols}, "unmeasured_cells": r["unmeasured_cells"],
+                    "verdict": v, "why": why})
     return pd.DataFrame(out)
 
 
@@ -216,7 +220,9 @@ def _verdict(r: pd.Series, mine: dict, gd: dict, where) -> tuple[str, str]:
                                     f"tolerance: ≤ {SHIFT_TOL} under shifts |T| ≤ {MAX_SHIFT:g}, ≤ {SCALE_TOL} under "
                                     f"scales {SCALE_RANGE[0]:g} ≤ S ≤ {SCALE_RANGE[1]:g}")
     worst = max(bad, key=bad.get)
-    not_inv = f"not invariant ({where(worst)}: {tested[worst]:.2g} > {_tol(worst[1])})"
+    w = tested[worst]
+    not_inv = (f"not invariant ({where(worst)}: {w:.2g} > {_tol(worst[1])})" if w == w else
+               f"not invariant ({where(worst)}: no error measured, the cell errored or answered NaN on a well-posed prompt)")
     if r["solver"] == "gd":
         return "GD-like", f"the gd baseline itself ({not_inv})"
     ref, how = _reference(_steps(r["solver_params"]), tested, gd)

@@ -42,10 +42,10 @@ from icl_bench.report.load import shared_timing_notes, unfinished_notes
 
 PLOT_TITLES = dict(zip(outdir.PLOTS, (
     "Error vs context length N",
-    "Error vs embedding constant R (float32 vs float64)",
+    "Error vs embedding constant R (one panel per dtype)",
     "GD steps vs error, beside the closed forms",
     "Throughput per solver, device and dtype",
-    "Weights of the transformer solvers beside the construction",
+    "Weights of the transformer solvers and of the LayerNorm construction",
     "LayerNorm probes",
 )))
 
@@ -83,7 +83,8 @@ def _figures(table, summary, setting, checkpoints):
 def _html_table(df: pd.DataFrame) -> str:
     if df.empty:
         return "<p>(none)</p>"
-    return df.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="NaN", border=0, classes="t")
+    return report.display_keys(df).to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="NaN", border=0,
+                                           classes="t")  # (to_html escapes the text)
 
 
 def _setting_text(setting: dict, varied=()) -> str:
@@ -105,8 +106,8 @@ def _index_html(ctx: dict) -> str:
     for run, meta in ctx["runs"].items():
         r = {"path": run, "meta": meta}
         if meta is not None:
-            r["facts"] = json.dumps(_run_facts(meta), indent=1)
-            r["details"] = [(k, json.dumps(meta.get(k), indent=1)) for k in ("device", "packages", "config")]
+            r["facts"] = json.dumps(_run_facts(meta), indent=1, ensure_ascii=False)  # é, not \u00e9 (escaped by jinja2)
+            r["details"] = [(k, json.dumps(meta.get(k), indent=1, ensure_ascii=False)) for k in ("device", "packages", "config")]
         runs.append(r)
     mech = ctx["mechanism"]
     return env.get_template("index.html.j2").render(
@@ -163,7 +164,7 @@ def _report_md(ctx: dict) -> str:
               f"All cells: [summary.csv](summary.csv) ({len(ctx['summary'])} rows).", "", "## Runs", ""]
     for run, meta in ctx["runs"].items():  # as on the page; its device, packages and config: metadata.json
         facts = "no metadata.json in this run folder" if meta is None else ", ".join(
-            f"{k} {json.dumps(v)}" for k, v in _run_facts(meta).items())
+            f"{k} {json.dumps(v, ensure_ascii=False)}" for k, v in _run_facts(meta).items())
         lines += [f"- `{run}`: {facts}"]
     return "\n".join(lines + [""])
 
@@ -247,19 +248,19 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         for name, df in frames.items():
             df.to_csv(tmp / f"{name}.csv", index=False)
         table.drop(columns=["series_rank"]).to_csv(tmp / "results.csv", index=False)
-        (tmp / "summary.md").write_text(report.to_markdown(ctx["summary_shown"]))
-        (tmp / "failures.md").write_text(report.to_markdown(ctx["failures"]))
-        (tmp / "sparsity.md").write_text(report.to_markdown(ctx["sparsity"]))
-        (tmp / "headline.md").write_text(headline_md)
-        (tmp / "report.md").write_text(_report_md(ctx))
-        (tmp / "index.html").write_text(_index_html(ctx))
+        (tmp / "summary.md").write_text(report.to_markdown(ctx["summary_shown"]), encoding="utf-8")
+        (tmp / "failures.md").write_text(report.to_markdown(ctx["failures"]), encoding="utf-8")
+        (tmp / "sparsity.md").write_text(report.to_markdown(ctx["sparsity"]), encoding="utf-8")
+        (tmp / "headline.md").write_text(headline_md, encoding="utf-8")
+        (tmp / "report.md").write_text(_report_md(ctx), encoding="utf-8")
+        (tmp / "index.html").write_text(_index_html(ctx), encoding="utf-8")
         info = {"command": command, "runs": [str(r) for r in runs], "setting": setting, "notes": notes, "left_out": gaps,
                 "generated_at": ctx["generated_at"], "ci": "95 % delta-method log interval (icl_bench/report/aggregate.py)",
                 "files": sorted([p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file()] + ["publish.json"])}
         from icl_bench.provenance import package_versions
 
         info["packages"] = package_versions()
-        (tmp / "publish.json").write_text(json.dumps(info, indent=2, default=_json_default))
+        (tmp / "publish.json").write_text(json.dumps(info, indent=2, default=_json_default), encoding="utf-8")
         _share(tmp)
         old = None
         if out.exists():  # empty, or force: move it aside, move the new report in, then delete it

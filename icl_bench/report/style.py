@@ -40,7 +40,8 @@ def identical_series(data: pd.DataFrame, keys: list[str], value: str) -> dict[st
     Args:
         data: rows with "series", "series_rank", the `keys` (x and panel columns) and `value`.
     Two series coincide when they have the same keys and the values agree to VISUAL_RTOL relative
-    (or are both NaN): drawn, they would hide each other. Earlier = lower series_rank.
+    (or are both NaN) with at least one finite point: drawn, they would hide each other (two series
+    with nothing drawn hide nothing). Earlier = lower series_rank.
     """
     order = data.sort_values("series_rank")["series"].drop_duplicates().tolist()
     vectors = {}
@@ -54,7 +55,7 @@ def identical_series(data: pd.DataFrame, keys: list[str], value: str) -> dict[st
             if t in same:
                 continue
             k2, v2 = vectors[t]
-            if k == k2 and len(v) and np.allclose(v, v2, rtol=VISUAL_RTOL, atol=0, equal_nan=True):
+            if k == k2 and np.isfinite(v).any() and np.allclose(v, v2, rtol=VISUAL_RTOL, atol=0, equal_nan=True):
                 same[s] = (t, _max_rel_diff(v, v2))
                 break
     return same
