@@ -1175,6 +1175,17 @@ def test_at_values_are_read_in_the_type_of_their_axis():
             report.representative(t, {axis: text})
 
 
+def test_the_other_axes_default_among_the_cells_at_the_at_values():
+    """--at d=3 took N = 3, the lower median of N over every d, where every d = 3 cell is ill-posed
+    (N <= d): the plots and scaling fits at d = 3 came out empty (found by a review)."""
+    from icl_bench.report import aggregate as report
+
+    base = dict(status="ok", noise=0.1, R=10.0, dtype="float64", device="cpu", ood="none")
+    t = pd.DataFrame([dict(base, N=n, d=1) for n in (2, 3, 4, 100)] + [dict(base, N=n, d=3) for n in (4, 100)]
+                     + [dict(base, N=n, d=3, status="skipped") for n in (2, 3)])
+    assert report.representative(t)["N"] == 3 and report.representative(t, {"d": "3"})["N"] == 4
+
+
 def test_out_not_empty_needs_force_and_never_overlaps_a_run(published, run_dir, capsys):
     before = (published / "index.html").read_text()
     code, err = _cli(capsys, run_dir, "--out", published)
