@@ -1587,3 +1587,21 @@ def test_tables_keep_grid_values_whole_and_escape_text_cells():
     assert "tag=a\\|b" in md[2] and "&lt;b>x&lt;/b> &amp; y" in md[3]
     page = _html_table(df)
     assert "<td>0.1001</td>" in page and "<td>1004</td>" in page and "<td>1.23</td>" in page
+
+
+def test_model_plots_say_what_they_draw_at_d_above_1_and_on_csv_runs():
+    """At d = 2 weights.png and probes.png drew the d = 1 construction as if it had run; on a CSV run
+    probes.png probed generated prompts without saying so (found by a review)."""
+    from icl_bench.report import model_plots
+
+    row = dict(status="ok", solver="ols", solver_params="{}", series="ols", N=12, noise=0.1, R=10.0,
+               dtype="float64", device="cpu", ood="none")
+    setting = {k: row[k] for k in ("N", "noise", "R", "dtype", "device", "ood")}
+    models, notes = model_plots.collect_models(pd.DataFrame([dict(row, d=2)]), dict(setting, d=2))
+    assert models == {} and notes == ["weights.png and probes.png not drawn at d = 2: they show the d = 1 construction "
+                                      "and trained models, probed on d = 1 prompts (publish with --at d=1 to draw them)"]
+    csv = dict(row, d=1, noise=math.nan, prompts='{"csv": {"path": "d.csv", "x": "x", "y": "y"}}')
+    models, notes = model_plots.collect_models(pd.DataFrame([csv]), dict(setting, d=1, noise=math.nan), n_prompts=8)
+    assert list(models) == ["construction (R=10)"]
+    assert "probes.png probes on 8 generated prompts (standard-normal x and slope, at N = 12, R = 10), not on the " \
+           "CSV rows of the runs" in notes

@@ -79,6 +79,21 @@ def test_one_source_keeps_the_plain_labels(csv_runs):
     assert report.add_series(t)["series"].tolist() == ["gd steps=1", "gd steps=4", "ols"]
 
 
+def test_a_lone_csv_source_is_named_in_the_headline_heading(csv_runs, tmp_path):
+    """A --data run's report never said its prompts came from a CSV file: with one source the labels
+    name none, and the heading named only "noise = n/a" (found by a review)."""
+    from icl_bench.cli import main
+    from icl_bench.report.sources import lone_source_label
+
+    assert main(["publish", str(csv_runs[0]), "--out", str(tmp_path / "pub")]) == 0
+    heading = (tmp_path / "pub" / "headline.md").read_text().splitlines()[0]
+    assert heading.endswith(", prompts = a.csv x→y)"), heading
+    assert "prompts = a.csv x→y" in (tmp_path / "pub" / "index.html").read_text()
+    assert lone_source_label(['{"x": {"dist": "normal", "loc": 0.0, "scale": 5.0}}']) == "x=normal(0, 5)"
+    assert lone_source_label(['{"x": {"dist": "normal", "loc": 0.0, "scale": 1.0}}']) == ""  # the default: unnamed
+    assert lone_source_label(["", ""]) == "" and lone_source_label(['{"csv": {}}', '{"x": {}}']) == ""
+
+
 def test_source_labels_name_what_tells_sources_apart():
     def dists(x_scale=1.0, slope_loc=0.0):
         d = {"dist": "normal", "loc": 0.0, "scale": 1.0}

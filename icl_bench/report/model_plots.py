@@ -113,6 +113,10 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
         (trace: the model's probe() intermediates plus "tokens"); notes = what was left out and why.
     """
     notes, models = [], {}
+    d = setting.get("d", 1)
+    if isinstance(d, (int, float)) and d == d and int(d) > 1:  # they drew the 1-D network as if it had run (a review)
+        return {}, [f"weights.png and probes.png not drawn at d = {int(d)}: they show the d = 1 construction and "
+                    "trained models, probed on d = 1 prompts (publish with --at d=1 to draw them)"]
     R, N = float(setting["R"]), int(setting["N"])
     noise = float(setting["noise"]) if np.isfinite(float(setting["noise"])) else 0.0
     if n_prompts * (N + 1) > PROBE_TOKENS:
@@ -126,10 +130,14 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
             models[label] = {"weights": model.weight_matrices(), "trace": {"tokens": tokens, **model.probe(tokens)},
                              "reference": False}
 
+    at_rows = select(table[table["status"] == "ok"], setting, ("N", "noise", "R", "d"))
+    if "prompts" in at_rows and at_rows["prompts"].fillna("").astype(str).str.contains('"csv"').any():
+        notes.append(f"probes.png probes on {n_prompts} generated prompts (standard-normal x and slope, at N = {N}, "
+                     f"R = {R:g}), not on the CSV rows of the runs")
     construction = f"construction (R={R:g})"
     add(construction, build_construction(R))
     drawn = {}  # weights file reached (_file_key) -> its label: one model is drawn once, however it was named
-    at = select(table[table["status"] == "ok"], setting, ("N", "noise", "R", "d"))
+    at = at_rows
     for (solver, params), g in at.groupby(["solver", "solver_params"]):
         label = (g["series"].iloc[0].split(" · ")[0] if "series" in g else  # the error plots' label, less its prompt
                  f"{solver} {params}" if params not in ("", "{}") else solver)  # source: the model is probed on its own

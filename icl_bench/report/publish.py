@@ -39,6 +39,7 @@ import pandas as pd
 from icl_bench.report import aggregate as report
 from icl_bench.report import coverage, mechanism, outdir, scaling
 from icl_bench.report.load import shared_timing_notes, unfinished_notes
+from icl_bench.report.sources import lone_source_label
 
 PLOT_TITLES = dict(zip(outdir.PLOTS, (
     "Error vs context length N",
@@ -73,6 +74,8 @@ def _figures(table, summary, setting, checkpoints):
     models, model_notes = model_plots.collect_models(table, setting, checkpoints)
     notes += model_notes
     for name, make in (("weights", model_plots.weight_heatmaps), ("probes", lambda m: model_plots.probe_scatter(m, notes))):
+        if not models:  # (d > 1: collect_models' note says why)
+            break
         try:
             figs[name] = make(models)
         except plots.PlotSkipped as exc:
@@ -112,7 +115,7 @@ def _index_html(ctx: dict) -> str:
     mech = ctx["mechanism"]
     return env.get_template("index.html.j2").render(
         generated_at=ctx["generated_at"], command=ctx["command"], forced=ctx["forced"],
-        headline_at=_setting_text(ctx["headline_at"], ctx["varied"]), headline=_html_table(ctx["headline"]), left_out=ctx["left_out"],
+        headline_at=ctx["at_text"], headline=_html_table(ctx["headline"]), left_out=ctx["left_out"],
         typical=_html_table(ctx["typical"]), median_note=MEDIAN_NOTE,
         scaling=_html_table(ctx["scaling_at"]), scaling_at_r=_scaling_at(ctx, "N"), scaling_at_n=_scaling_at(ctx, "R"),
         floors={d: f"{scaling.float_floor(d):.1e}" for d in ("float32", "float64")},
@@ -206,12 +209,15 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     typical = report.headline(summary, setting, table, median=True)
     headline_at = {k: v for k, v in setting.items() if k != "N"}
     varied = coverage.varied_axes(table)  # d / ood are named when the runs hold more than one value
+    at_rows = report.select(table, setting, [a for a in headline_at if a in table])
+    source = lone_source_label(at_rows["prompts"].fillna("").astype(str)) if "prompts" in at_rows else ""
+    at_text = _setting_text(headline_at, varied) + (f", prompts = {source}" if source else "")
     command = command_line(runs, out, at, checkpoints, force, readme)
     gaps = coverage.left_out(table, setting)
     silent = report.no_answer_notes(table)  # NaN in the table must come with its reason
     ill = report.ill_posed_note(summary, setting)
     headline_md = "\n".join([
-        f"### Mean MSE vs OLS [95 % CI] by solver and N ({_setting_text(headline_at, varied)})", "",
+        f"### Mean MSE vs OLS [95 % CI] by solver and N ({at_text})", "",
         report.to_markdown(head), *[f"Warning: {n}." for n in silent], *[f"Note: {n}." for n in ill],
         *([f"Left out: {'; '.join(gaps)}.", ""] if gaps else []),
         f"Made by `{command}`{'' if force else ' (add --force to regenerate into the same folder)'}; "
@@ -222,7 +228,8 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     figs, notes = _figures(table, summary, setting, checkpoints)
     notes = unfinished_notes(metas) + silent + ill + shared_timing_notes(table) + notes  # an unfinished run first
     ctx = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command,
-           "headline": head, "typical": typical, "headline_md": headline_md, "headline_at": headline_at, "plots": list(figs),
+           "headline": head, "typical": typical, "headline_md": headline_md, "headline_at": headline_at,
+           "at_text": at_text, "plots": list(figs),
            "notes": notes, "failures": report.failure_summary(table), "sparsity": report.sparsity(table),
            "summary": summary.drop(columns=["series_rank"], errors="ignore"), "runs": metas, "forced": force,
            "left_out": gaps, "setting": setting, "varied": varied, "mechanism": mechanism.section(table)}

@@ -72,3 +72,16 @@ def source_labels(sources) -> dict[str, str]:
             labels[s] = "prompts not recorded" if not s else s
     taken = list(labels.values())
     return {s: (s or "prompts not recorded") if taken.count(v) > 1 else v for s, v in labels.items()}
+
+
+def lone_source_label(sources) -> str:
+    """The label of the one prompt source of `sources` when it is not the default generator (a CSV
+    file: "msft.csv Open→Close"; a [prompts] table: its fields that are not standard normal), else
+    "" (several sources: the series labels name them; the default: nothing to say). For the
+    headline's heading, which otherwise never said a run's prompts came from a CSV file (a review)."""
+    distinct = [s for s in dict.fromkeys(sources) if s]
+    if len(distinct) != 1 or not isinstance(p := _parse(distinct[0]), dict):
+        return ""
+    if isinstance(p.get("csv"), dict):
+        return _csv_label(p["csv"], False)
+    return " ".join(f"{k}={_dist(p[k])}" for k in FIELDS if k in p and p[k] != DEFAULT)
