@@ -320,7 +320,7 @@ def test_the_median_table_is_the_typical_prompts_squared_error_from_the_rows(pub
     from icl_bench.report.aggregate import headline
 
     table, summary, setting = tables
-    typical = headline(summary, setting, table, median=True).set_index("series")
+    typical = headline(summary, setting, table, stat="median").set_index("series")
     assert list(typical.columns) == ["N=5", "N=12"] and typical.loc["test-fails", "N=12"] == "(no ok cell)"
     ok = table[(table.status == "ok") & (table.noise == 0.0) & (table.R == 10.0) & (table.dtype == "float32")]
     for (series, n), g in ok.groupby(["series", "N"]):
@@ -331,7 +331,7 @@ def test_the_median_table_is_the_typical_prompts_squared_error_from_the_rows(pub
     hit = summary.copy()
     hit.loc[at & (summary.N == 12), ["n_nonfinite", "n_nonfinite_well_posed"]] = 5
     hit.loc[at & (summary.N == 5), "abs_err_median"] = np.nan
-    flagged = headline(hit, setting, table, median=True).set_index("series")
+    flagged = headline(hit, setting, table, stat="median").set_index("series")
     assert flagged.loc["ols", "N=12"].endswith(" (5 of 64 NaN)") and flagged.loc["ols", "N=5"] == "(not recorded)"
     md = (published / "headline.md").read_text()
     assert "#### Median squared error vs OLS, (median |prediction − OLS|)², by solver and N" in md

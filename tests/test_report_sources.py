@@ -89,6 +89,17 @@ def test_a_lone_csv_source_is_named_in_the_headline_heading(csv_runs, tmp_path):
     heading = (tmp_path / "pub" / "headline.md").read_text().splitlines()[0]
     assert heading.endswith(", prompts = a.csv x→y)"), heading
     assert "prompts = a.csv x→y" in (tmp_path / "pub" / "index.html").read_text()
+    # and, as CSV prompts have no truth, the held-out error vs the query's y from the rows (a review)
+    md = (tmp_path / "pub" / "headline.md").read_text()
+    assert "#### Mean squared error vs the query row's observed y by solver and N" in md
+    rows = pd.read_parquet(csv_runs[0] / "results.parquet")
+    table, _ = report.load_runs(csv_runs[:1])
+    summary = report.aggregate(table)
+    target = report.headline(summary, report.representative(table), table, stat="target").set_index("series")
+    for n in GRID["N"]:
+        ok = rows[(rows.N == n) & (rows.status == "ok") & (rows.dtype == report.representative(table)["dtype"])]
+        want = (ok.mse_vs_target * ok.n_prompts).sum() / ok.n_prompts.sum()
+        assert target.loc["gd steps=4", f"N={n}"] == f"{want:.3g}" and f"{want:.3g}" in md
     assert lone_source_label(['{"x": {"dist": "normal", "loc": 0.0, "scale": 5.0}}']) == "x=normal(0, 5)"
     assert lone_source_label(['{"x": {"dist": "normal", "loc": 0.0, "scale": 1.0}}']) == ""  # the default: unnamed
     assert lone_source_label(["", ""]) == "" and lone_source_label(['{"csv": {}}', '{"x": {}}']) == ""

@@ -105,12 +105,13 @@ def aggregate(table: pd.DataFrame) -> pd.DataFrame:
         n_nonfinite_well_posed seed by seed, a seed of a run from before them counting each NaN
         as failed, NaN when no seed has them),
         mse_vs_ols (squared units of y) with _se, _ci_low, _ci_high; the same for mse_vs_truth;
-        abs_err_median (units of y: the median over a seed's prompts of |prediction - OLS|; with
+        mse_vs_target (vs the query's observed y, pooled mean, no interval); abs_err_median (units of y: the median over a seed's prompts of |prediction - OLS|; with
         several seeds the median of theirs), prompts_per_s (median over every timed row, prompts
         per second). Sorted by KEYS.
     """
     ok = table[table["status"] == "ok"]
-    cols = ["mse_vs_ols", "mse_vs_ols_se", "mse_vs_truth", "mse_vs_truth_se", "abs_err_median", "n_prompts", *COUNTS]
+    cols = ["mse_vs_ols", "mse_vs_ols_se", "mse_vs_truth", "mse_vs_truth_se", "mse_vs_target", "abs_err_median",
+            "n_prompts", *COUNTS]
     cols = [c for c in cols if c in ok.columns]
     if ok.empty:
         return pd.DataFrame(columns=[*KEYS, "series", "n_seeds", "n_prompts", "mse_vs_ols", "mse_vs_truth", "prompts_per_s"])
@@ -127,6 +128,10 @@ def aggregate(table: pd.DataFrame) -> pd.DataFrame:
             row.update(n_ill_posed=int(round((g["n_prompts"] - of).sum())), n_nonfinite_well_posed=int(round(bad.sum())))
         for metric in ("mse_vs_ols", "mse_vs_truth"):
             row.update(_pooled(g, metric).to_dict())
+        if "mse_vs_target" in g:  # vs the query's observed y (no standard error stored: the pooled mean only)
+            n = scored(g, "mse_vs_target")
+            n, m = n[n > 0], g.loc[n > 0, "mse_vs_target"].astype(float)  # a seed with no finite answer: no mean
+            row["mse_vs_target"] = float((n * m).sum(skipna=False) / n.sum()) if n.sum() > 0 else math.nan
         if "abs_err_median" in g:  # a typical prompt's error, which the heavy tail does not move (median of seeds)
             row["abs_err_median"] = float(g["abs_err_median"].median())
         rows.append(row)
@@ -241,17 +246,18 @@ NOT_RECORDED = "(not recorded)"  # a median table entry of a run written before 
 
 
 def headline(summary: pd.DataFrame, setting: dict, table: pd.DataFrame | None = None, *,
-             median: bool = False) -> pd.DataFrame:
+             stat: str = "mean") -> pd.DataFrame:
     """Mean MSE vs OLS "mean [CI low, CI high]" by series (rows) x N (columns) at `setting`
     (noise, R, dtype, device fixed), "(k of n NaN)" appended where k predictions were not finite
     (the mean is over the others), NO_CELL where a series has no ok cell at that N (not a bare
     nan, which would read as a NaN answer). With the run's `table` (every status, load_runs'
     series), the series and N it ran at the setting without an ok cell are rows / columns of
     NO_CELL too: a series that errored everywhere is not silently absent. Empty when no ok cell
-    matches. `median`: the typical prompt's squared error instead, abs_err_median² (squared units
-    of y; the top 1 % of prompts carry most of a mean, results/ci_coverage.md), no interval, the
-    same "(k of n NaN)" (the median is over the finite answers), NOT_RECORDED where the cell's run
-    has no abs_err_median."""
+    matches. `stat` "median": the typical prompt's squared error instead, abs_err_median² (squared
+    units of y; the top 1 % of prompts carry most of a mean, results/ci_coverage.md), no interval,
+    the same "(k of n NaN)" (the median is over the finite answers), NOT_RECORDED where the cell's
+    run has no abs_err_median; "target": the mean squared error against the query's observed y
+    (mse_vs_target: the held-out prediction error, what CSV data is scored by), no interval."""
     fixed = tuple(a for a in AXES if a != "N")
     at = select(summary, setting, fixed)
     if at.empty:
@@ -263,10 +269,11 @@ def headline(summary: pd.DataFrame, setting: dict, table: pd.DataFrame | None = 
             ran = ran[ran["run"].isin(ran.loc[ran["status"] == "ok", "run"])]
     bad, of = failed_answers(at)
     flag = [f" ({int(k)} of {int(n)} NaN)" if k > 0 else "" for k, n in zip(bad, of)]  # in both tables: a
-    if median:  # median over the finite answers alone would read as good as ols (found by a review)
-        typical = at["abs_err_median"] if "abs_err_median" in at else pd.Series(math.nan, index=at.index)
-        text = at.assign(cell=[(f"{v * v:.3g}" if v == v or f else NOT_RECORDED) + f
-                               for v, f in zip(typical.astype(float), flag)])
+    if stat in ("median", "target"):  # over the finite answers alone it would read as good as ols (a review)
+        col = "abs_err_median" if stat == "median" else "mse_vs_target"
+        v = at[col].astype(float) if col in at else pd.Series(math.nan, index=at.index)
+        v = v * v if stat == "median" else v
+        text = at.assign(cell=[(f"{x:.3g}" if x == x or f else NOT_RECORDED) + f for x, f in zip(v, flag)])
     else:
         text = at.assign(cell=[f"{m:.3g} [{lo:.3g}, {hi:.3g}]{f}" for m, lo, hi, f in
                                zip(at["mse_vs_ols"], at["mse_vs_ols_ci_low"], at["mse_vs_ols_ci_high"], flag)])

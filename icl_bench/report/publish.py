@@ -54,6 +54,10 @@ MEDIAN_NOTE = ("A typical prompt's error: where errors are heavy-tailed a few pr
                "(results/ci_coverage.md), and the median does not move with them; with several seeds, the median of "
                "their medians.")
 
+TARGET_NOTE = ("CSV prompts have no clean truth: this is the held-out prediction error (mse_vs_target, the pooled mean "
+               "over the prompts, no interval); the tables above say how close each solver is to OLS, not how well it "
+               "predicts, and a solver can predict the query better than OLS does.")
+
 
 def _figures(table, summary, setting, checkpoints):
     """(name -> Figure, notes) for every plot that has data; the others become notes."""
@@ -117,6 +121,7 @@ def _index_html(ctx: dict) -> str:
         generated_at=ctx["generated_at"], command=ctx["command"], forced=ctx["forced"],
         headline_at=ctx["at_text"], headline=_html_table(ctx["headline"]), left_out=ctx["left_out"],
         typical=_html_table(ctx["typical"]), median_note=MEDIAN_NOTE,
+        target=_html_table(ctx["target"]) if not ctx["target"].empty else "", target_note=TARGET_NOTE,
         scaling=_html_table(ctx["scaling_at"]), scaling_at_r=_scaling_at(ctx, "N"), scaling_at_n=_scaling_at(ctx, "R"),
         floors={d: f"{scaling.float_floor(d):.1e}" for d in ("float32", "float64")},
         mechanism={"status": mech["status"], "source": mech["source"],
@@ -206,12 +211,16 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     outdir.check_out(out, runs, force, checkpoints, readme)
     summary = report.aggregate(table)
     head = report.headline(summary, setting, table)
-    typical = report.headline(summary, setting, table, median=True)
+    typical = report.headline(summary, setting, table, stat="median")
     headline_at = {k: v for k, v in setting.items() if k != "N"}
     varied = coverage.varied_axes(table)  # d / ood are named when the runs hold more than one value
     at_rows = report.select(table, setting, [a for a in headline_at if a in table])
     source = lone_source_label(at_rows["prompts"].fillna("").astype(str)) if "prompts" in at_rows else ""
     at_text = _setting_text(headline_at, varied) + (f", prompts = {source}" if source else "")
+    real = "prompts" in at_rows and at_rows["prompts"].fillna("").astype(str).str.contains('"csv"').any()
+    target = report.headline(summary, setting, table, stat="target") if real else pd.DataFrame()
+    target_md = ["#### Mean squared error vs the query row's observed y by solver and N (same setting)", "",
+                 report.to_markdown(target), TARGET_NOTE, ""] if real else []
     command = command_line(runs, out, at, checkpoints, force, readme)
     gaps = coverage.left_out(table, setting)
     silent = report.no_answer_notes(table)  # NaN in the table must come with its reason
@@ -224,11 +233,11 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         "the 95 % CI (over the prompts; normal theory) is described in icl_bench/report/aggregate.py: "
         "it under-covers these heavy-tailed errors (results/ci_coverage.md).", "",
         "#### Median squared error vs OLS, (median |prediction − OLS|)², by solver and N (same setting)", "",
-        report.to_markdown(typical), MEDIAN_NOTE, ""])
+        report.to_markdown(typical), MEDIAN_NOTE, "", *target_md])
     figs, notes = _figures(table, summary, setting, checkpoints)
     notes = unfinished_notes(metas) + silent + ill + shared_timing_notes(table) + notes  # an unfinished run first
     ctx = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command,
-           "headline": head, "typical": typical, "headline_md": headline_md, "headline_at": headline_at,
+           "headline": head, "typical": typical, "target": target, "headline_md": headline_md, "headline_at": headline_at,
            "at_text": at_text, "plots": list(figs),
            "notes": notes, "failures": report.failure_summary(table), "sparsity": report.sparsity(table),
            "summary": summary.drop(columns=["series_rank"], errors="ignore"), "runs": metas, "forced": force,
