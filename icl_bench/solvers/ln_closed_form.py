@@ -227,7 +227,10 @@ def standardize_prompts(x: torch.Tensor, y: torch.Tensor, u: torch.Tensor):
 
 @register_solver("ln-closed-form")
 class LNClosedForm(Solver):
-    """The LayerNorm closed-form transformer (2 layers, 2 heads, d_model 4), weights by construction.
+    """The LayerNorm closed-form transformer by construction (d_model 4 at d = 1; d + 3 at d > 1).
+
+    At d = 1 the paper's network (2 layers, 2 heads, d_model 4); at d > 1 the multivariate
+    construction of docs/ln-closed-form-multivariate.md.
 
     R is read from each batch (batch.R), so the weights always match the prompts' tokens; one
     module per (R, variant, dtype, device) is built and cached.
@@ -259,7 +262,8 @@ class LNClosedForm(Solver):
     params = {
         "variant": Param("masked", "key set: context only (O(1/R^2) error) or context + query (O(1/N))", VARIANTS),
         "standardize": Param(False, "centre and scale each prompt from its context before the model, undo after"),
-        "ln_input_scale": Param(1.0, "A, factor on layer 2's LN input: eps enters as eps/(A R Cxx)^2 (1 = paper)",
+        "ln_input_scale": Param(1.0, "A, factor on layer 2's LN input: eps enters as eps/(A R Cxx)^2 (1 = paper); "
+                                "at d > 1 the construction's amplify c",
                                 min=1.0),
     }
 
