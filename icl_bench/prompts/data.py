@@ -95,7 +95,9 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
         frame = _frame(path, data)
     except _READ_ERRORS as exc:
         zst = isinstance(exc, ImportError) and path.name.lower().endswith(".zst")
+        several = isinstance(exc, ValueError) and "Multiple files" in str(exc)  # pandas' words for a .zip / .tar
         why = "the zstandard package is not installed" if zst else str(exc) if isinstance(exc, ExtraFields) \
+            else "the archive holds several files" if several \
             else f"ParserError: {' '.join(str(exc).split())[:120]}" if isinstance(exc, pd.errors.ParserError) \
             else type(exc).__name__  # the parser names the line ("Expected 2 fields in line 32, saw 3")
         raise ConfigError(f"data.path: cannot read {str(path)!r} as CSV ({why}); accepted: CSV text with as many "
