@@ -239,6 +239,11 @@ CASES = [
          "executor.workers: unknown key; accepted: kind, scheduler, n_workers, exclusive_timing, retries"),
     Case("toml-executor-scheduler-local", toml(lambda r: _set(r, "tcp://h:8786", "executor", "scheduler")),
          'executor.scheduler: only with kind = "dask"'),
+    Case("toml-executor-retries-with-scheduler", toml(lambda r: (_set(r, "dask", "executor", "kind"), _set(
+        r, "tcp://127.0.0.1:1", "executor", "scheduler"), _set(r, 7, "executor", "retries"))),
+         "executor.retries: only for the LocalCluster a run starts, not with a scheduler"),  # recorded as if applied
+    Case("cli-workers-with-scheduler", flags("--workers", "3", "--scheduler", "tcp://127.0.0.1:1"),
+         "--workers: only for the LocalCluster a run starts, not with a scheduler"),  # accepted and ignored
     Case("toml-executor-exclusive", toml(lambda r: _set(r, "yes", "executor", "exclusive_timing")),
          "executor.exclusive_timing: expected true or false"),
     Case("cli-executor", lambda tmp: ["run", "--executor", "slurm"], "--executor: unknown value 'slurm'; accepted: local, dask"),

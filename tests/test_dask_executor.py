@@ -133,6 +133,10 @@ def test_dask_table_equals_local_table_bit_for_bit(cluster, tmp_path):
     assert set(ran.executor) == {"dask"} and set(ran.worker) <= set(client.scheduler_info()["workers"])
     assert (ran.concurrency >= 1).all() and (local[local.status == "ok"].worker == "local").all()
     assert (table[cuda].status == "skipped").all()
+    ex = json.loads((tmp_path / "dask" / "metadata.json").read_text())["executor"]  # the workers' torch threads, not
+    threads = client.run(lambda: __import__("torch").get_num_threads())  # the driver's (a review); a running
+    assert {a: w["torch_threads"] for a, w in ex["workers"].items()} == threads  # cluster's retries are its own
+    assert ex["retries"] == "the cluster's own allowed-failures" and not ex["local_cluster"]
 
 
 def test_killing_a_worker_mid_run_still_gives_every_cell(cluster, slow_reference, tmp_path):
@@ -343,3 +347,62 @@ def test_a_run_whose_cluster_has_no_worker_left_says_so_once(monkeypatch, capsys
     err = capsys.readouterr().err
     assert err == ("icl-bench: waiting: the cluster at tcp://h:1 has no worker (1 cells in flight); start workers, "
                    "or Ctrl-C and --resume later\n")
+
+
+def test_a_result_lost_with_the_scheduler_is_a_run_aborted_and_a_dead_workers_result_is_waited_for(monkeypatch, capsys):
+    """wait() can report a future done just before the scheduler dies; fetching its result then raised
+    CommClosedError (an OSError), reported as "--out: CommClosedError", exit 2, no resume line; and a
+    result held by a worker that died blocked without the "no worker" line (found by a review)."""
+    from types import SimpleNamespace
+
+    from distributed.comm.core import CommClosedError
+
+    from icl_bench.bench import executors
+    from icl_bench.errors import RunAborted
+
+    monkeypatch.setattr(executors, "WORKER_WAIT_S", 3.0)
+    ex = executors.DaskExecutor.__new__(executors.DaskExecutor)
+    ex.cfg, ex.client = Executor(kind="dask", scheduler="tcp://h:1"), SimpleNamespace(status="running")
+    ex._alive = lambda: False
+
+    def closed(timeout):
+        raise CommClosedError("in <TCP (closed) ConnectionPool.gather>: Stream is closed")
+
+    with pytest.raises(RunAborted, match=r"^executor.scheduler: the run lost its Dask scheduler at tcp://h:1 "
+                                         r"\(CommClosedError: in <TCP \(closed\) ConnectionPool.gather>: Stream is closed\) "
+                                         r"with 2 cells in flight$"):
+        ex._gather(closed, {"a": 0, "b": 1})
+    polls = []
+
+    def late(timeout):  # the row comes once a worker is back, after 5 polls
+        polls.append(timeout)
+        if len(polls) < 5:
+            raise TimeoutError
+        return {"row": 1}
+
+    assert ex._gather(late, {"a": 0}) == {"row": 1} and polls == [executors.POLL_S] * 5
+    assert capsys.readouterr().err == ("icl-bench: waiting: the cluster at tcp://h:1 has no worker (1 cells in flight); "
+                                       "start workers, or Ctrl-C and --resume later\n")
+
+
+def test_a_scheduler_address_where_no_dask_scheduler_answers_is_one_line(monkeypatch):
+    """--scheduler at a port that accepts but never speaks Dask (an HTTP server, the dashboard's port)
+    hung forever: CONNECT_TIMEOUT does not bound the handshake (found by a review)."""
+    import socket
+
+    from icl_bench.bench import executors
+    from icl_bench.errors import ConfigError
+
+    monkeypatch.setattr(executors, "HANDSHAKE_S", 2.0)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)  # the kernel completes the TCP connection; nothing is ever sent back
+    address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+    try:
+        start = time.monotonic()
+        with pytest.raises(ConfigError, match=rf"^executor.scheduler: '{address}' accepted the connection but no Dask "
+                                              r"scheduler answered within 2 s; is it a Dask scheduler\? \(not its dashboard"):
+            executors.DaskExecutor(Executor(kind="dask", scheduler=address))
+        assert time.monotonic() - start < 10
+    finally:
+        server.close()

@@ -90,6 +90,10 @@ class Executor(ConfigModel):
             raise problem('only with kind = "dask"', key="scheduler")
         if "n_workers" in self.model_fields_set and self.kind != "dask":  # a local run would ignore it
             raise problem('only with kind = "dask" (the processes of its LocalCluster)', key="n_workers")
+        for key in ("n_workers", "retries"):  # a running cluster has its own workers and allowed-failures: the
+            if key in self.model_fields_set and self.scheduler:  # value was recorded as if applied (a review)
+                raise problem("only for the LocalCluster a run starts, not with a scheduler (a running cluster has its "
+                              "own: set them where it is started)", key=key)
         most = 4 * (os.cpu_count() or 1)  # 1024 processes on 2 cores ran no cell in 5 minutes
         if self.kind == "dask" and not self.scheduler and self.n_workers > most:
             raise problem(f"{self.n_workers} LocalCluster processes on this machine's {os.cpu_count()} CPUs; "

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import threading
 import time
 import uuid
 from typing import Callable, Iterable, Iterator
@@ -32,6 +33,7 @@ from icl_bench.errors import ConfigError, RunAborted
 Failure = tuple[str, str]  # (status, message) of a cell the executor could not get a row for
 DASK_MISSING = 'executor.kind: "dask" needs the optional packages dask and distributed (pip install "icl-bench[dask]")'
 CONNECT_TIMEOUT = "10s"  # to reach a running scheduler
+HANDSHAKE_S = 30.0  # for the whole connection, handshake included (CONNECT_TIMEOUT does not bound that)
 WORKER_WAIT_S = 60.0  # for the first worker of a running scheduler (batch jobs start late)
 POLL_S = 1.0  # how often a run waiting for its cells checks that its client still has a scheduler
 NO_GPU = ("no Dask worker of this cluster declares a GPU resource (start GPU workers with "
@@ -85,11 +87,7 @@ class DaskExecutor:
         # logs its end of reconnecting as an ERROR, at a moment that races with our report
         logging.getLogger("distributed.client").addFilter(_quiet_reconnect)
         if cfg.scheduler:
-            try:
-                self.client = Client(cfg.scheduler, timeout=CONNECT_TIMEOUT)
-            except Exception as exc:  # OSError / TimeoutError, and TypeError from tls:// or ucx:// without their setup
-                raise ConfigError(f"executor.scheduler: cannot connect to {cfg.scheduler!r} "
-                                  f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+            self.client = _connect(Client, cfg.scheduler)
             try:
                 self.client.wait_for_workers(1, timeout=WORKER_WAIT_S)
             except Exception as exc:  # TimeoutError: no worker came; else (OSError) the scheduler went away
@@ -125,13 +123,19 @@ class DaskExecutor:
         return now
 
     def describe(self) -> dict:
-        """The run's executor for metadata.json: `workers` = every worker seen during the run."""
+        """The run's executor for metadata.json: `workers` = every worker seen during the run, with
+        the torch threads of those alive now (`torch_threads`: the cells' torch, not the driver's,
+        which metadata's device block gives); `retries` only for a LocalCluster (a running
+        cluster's allowed-failures are its own)."""
         try:
             self.workers()
+            for address, n in self.client.run(_torch_threads).items():
+                self.seen.setdefault(address, {})["torch_threads"] = n
         except Exception:  # the scheduler is gone: what was seen stays
             pass
         return {"kind": "dask", "scheduler": self.client.scheduler.address,
-                "local_cluster": self.cluster is not None, "retries": self.cfg.retries,
+                "local_cluster": self.cluster is not None,
+                "retries": self.cfg.retries if self.cluster is not None else "the cluster's own allowed-failures",
                 "exclusive_timing": self.cfg.exclusive_timing, "workers": dict(self.seen)}
 
     def results(self, cells: Iterable, work: Callable[[object], dict]) -> Iterator[tuple[object, dict | None, Failure | None]]:
@@ -160,15 +164,19 @@ class DaskExecutor:
                 pass
             yield from ((c, None, ("skipped", NO_GPU)) for c in _drain(skipped))
             for fut in self._finished(pending, wait):
-                cell = pending.pop(fut)
+                cell = pending[fut]  # (counted in flight by the messages until its row is here)
                 if fut.status == "finished":
-                    row, failure = fut.result(), None
+                    row, failure = self._gather(fut.result, pending), None
                 else:  # a worker died `retries` + 1 times under it, or the task could not run at all
-                    exc = fut.exception()
+                    exc = self._gather(fut.exception, pending)
                     row, failure = None, ("error", " ".join(f"{type(exc).__name__}: {exc}".split()))
+                del pending[fut]
                 fut.release()
                 if time.monotonic() - refreshed > 1.0:  # workers come and go (batch jobs, restarts)
-                    window, refreshed = _window(self.workers()), time.monotonic()
+                    try:
+                        window, refreshed = _window(self.workers()), time.monotonic()
+                    except Exception as exc:  # (OSError) the scheduler went away between two polls
+                        raise self._lost(exc, pending) from None
                 while len(pending) < window and submit():
                     pass
                 yield cell, row, failure
@@ -193,16 +201,40 @@ class DaskExecutor:
                 if isinstance(exc, TimeoutError) and self.client.status in ("running", "connecting"):
                     idle += 1
                     if not told and idle * POLL_S >= WORKER_WAIT_S and not self._alive():
-                        print(f"icl-bench: waiting: the cluster at {self.cfg.scheduler or 'the local cluster'} has no "
-                              f"worker ({len(pending)} cells in flight); start workers, or Ctrl-C and --resume later",
-                              file=sys.stderr, flush=True)
+                        self._say_waiting(pending)
                         told = True
                     continue
-                said = re.search(r"Message: ([^\n]*)", str(exc))  # distributed's FuturesCancelledError: "Client lost ..."
-                why = said.group(1).strip() if said else (str(exc).splitlines() or [""])[0]
-                raise RunAborted(f"executor.scheduler: the run lost its Dask scheduler at "
-                                 f"{self.cfg.scheduler or 'the local cluster'} ({type(exc).__name__}: {why[:200]}) "
-                                 f"with {len(pending)} cells in flight") from None
+                raise self._lost(exc, pending) from None
+
+    def _gather(self, fetch: Callable, pending: dict):
+        """fetch() (a finished future's result or exception, held by a worker) in polls of POLL_S, as
+        _finished waits: a scheduler lost at that moment is a RunAborted (it was a CommClosedError,
+        an OSError, reported as a bad --out path), and a result whose worker died is waited for
+        with the same "no worker" line (it blocked without one; both found by a review)."""
+        idle, told = 0, False
+        while True:
+            try:
+                return fetch(timeout=POLL_S)
+            except Exception as exc:
+                if not (isinstance(exc, TimeoutError) and self.client.status in ("running", "connecting")):
+                    raise self._lost(exc, pending) from None
+                idle += 1
+                if not told and idle * POLL_S >= WORKER_WAIT_S and not self._alive():
+                    self._say_waiting(pending)
+                    told = True
+
+    def _say_waiting(self, pending: dict) -> None:
+        print(f"icl-bench: waiting: the cluster at {self.cfg.scheduler or 'the local cluster'} has no "
+              f"worker ({len(pending)} cells in flight); start workers, or Ctrl-C and --resume later",
+              file=sys.stderr, flush=True)
+
+    def _lost(self, exc: BaseException, pending: dict) -> RunAborted:
+        """The one-line RunAborted of a run whose client lost its scheduler (`exc` says how)."""
+        said = re.search(r"Message: ([^\n]*)", str(exc))  # distributed's FuturesCancelledError: "Client lost ..."
+        why = said.group(1).strip() if said else (str(exc).splitlines() or [""])[0]
+        return RunAborted(f"executor.scheduler: the run lost its Dask scheduler at "
+                          f"{self.cfg.scheduler or 'the local cluster'} ({type(exc).__name__}: {why[:200]}) "
+                          f"with {len(pending)} cells in flight")
 
     def _alive(self) -> bool:
         """Whether the cluster has a worker now (True when the scheduler cannot be asked)."""
@@ -223,6 +255,46 @@ class DaskExecutor:
             log.removeFilter(_quiet_reconnect)
         if self.cluster is not None:
             self.cluster.close()
+
+
+def _torch_threads() -> int:
+    """(On a worker) the torch threads its cells run with now."""
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _connect(Client, address: str):
+    """A Client of the scheduler at `address`, within HANDSHAKE_S.
+
+    Raises:
+        ConfigError: it cannot be reached (OSError / TimeoutError; TypeError from tls:// or ucx://
+            without their setup), or what answers there is no Dask scheduler: an HTTP server (the
+            dashboard's port) either never finishes distributed's handshake, which CONNECT_TIMEOUT does
+            not bound (the run hung silently), or sends "HTTP/1.1" read as a message length (a
+            MemoryError of exabytes); both found by a review.
+    """
+    done: dict = {}
+
+    def connect():
+        try:
+            done["client"] = Client(address, timeout=CONNECT_TIMEOUT)
+        except BaseException as exc:  # (reported by the caller's thread)
+            done["error"] = exc
+
+    thread = threading.Thread(target=connect, name="icl-bench-connect", daemon=True)
+    thread.start()
+    thread.join(HANDSHAKE_S)
+    not_dask = "is it a Dask scheduler? (not its dashboard's http port, 8787 by default)"
+    if thread.is_alive():
+        raise ConfigError(f"executor.scheduler: {address!r} accepted the connection but no Dask scheduler answered within "
+                          f"{HANDSHAKE_S:g} s; {not_dask}")
+    exc = done.get("error")
+    if exc is not None:
+        hint = f"; {not_dask}" if isinstance(exc, MemoryError) else ""
+        raise ConfigError(f"executor.scheduler: cannot connect to {address!r} "
+                          f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}){hint}")
+    return done["client"]
 
 
 def _quiet_reconnect(record: logging.LogRecord) -> bool:
