@@ -406,3 +406,31 @@ def test_a_page_damaged_after_the_check_is_one_line_too(tmp_path, monkeypatch):
     with store.CellStore(tmp_path / "o", cols, resume=True) as db:
         with pytest.raises(ConfigError, match=r"^--out: .*cells.sqlite is damaged \(database disk image is malformed\)"):
             db.put("k9", {"x": 2.0, "status": "ok"})
+
+
+def test_metadata_lists_every_session_that_ran_in_the_folder(tmp_path, monkeypatch):
+    """metadata.json named only the last session (its command and executor), even one that computed
+    nothing: an interrupted run finished by --resume lost its first command (found by a review).
+    Each session is now recorded in the store, interrupted ones too, and listed in `sessions`."""
+    from icl_bench.bench import runner
+
+    raw = {"seed": 0, "n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1},
+           "grid": {"N": [4, 6, 8], "R": [10.0], "dtype": ["float64"]}, "solvers": {"ols": {}}}
+    cfg, out, real, calls = parse_config(raw), tmp_path / "run", runner.run_cell_task, []
+
+    def stop_at_the_third(cell, **kw):
+        calls.append(cell)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(cell, **kw)
+
+    monkeypatch.setattr(runner, "run_cell_task", stop_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        run_matrix(cfg, out, progress=False)
+    monkeypatch.setattr(runner, "run_cell_task", real)
+    run_matrix(cfg, out, resume=True, progress=False)
+    first, last = json.loads((out / "metadata.json").read_text())["sessions"]
+    assert (first["status"], first["cells_computed"], first["cells_reused"]) == ("stopped (KeyboardInterrupt)", 2, 0)
+    assert (last["status"], last["cells_computed"], last["cells_reused"]) == ("finished", 1, 2)
+    assert first["executor"] == {"kind": "local"} and last["executor"] == {"kind": "local"}
+    assert first["started_at"] < first["finished_at"] <= last["started_at"] < last["finished_at"]

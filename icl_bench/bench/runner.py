@@ -260,8 +260,11 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
                 work = partial(run_cell_task, threads=config.timing.threads, exclusive=ex_cfg.exclusive_timing,
                                executor="dask")
             bar = tqdm(total=len(cells), initial=reused, unit="cell", disable=not progress, dynamic_ncols=True)
-            with sigint_recorded(reraise=True) as seen:
+            session = {"command": provenance.command_line(), "started_at": started, "cells_reused": reused,
+                       "cells_computed": 0}
+            with sigint_recorded(reraise=True) as seen, _recorded(session, cells_db, ex):
                 for cell, row, failure in ex.results(todo, work):
+                    session["cells_computed"] += 1
                     if row is None:
                         row = failed_row(cell, *failure)
                     key = key_of[id(cell)]
@@ -279,10 +282,12 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
             bar.close()
             table = schema.table([rows[key] for key in keys])
             if cells_db is not None:
-                meta = store.run_metadata(config, started=started, table=table)
+                meta = run_metadata(config, started=started, table=table)
                 meta["n_cells_reused"] = reused  # cells taken from an earlier run (--resume) or the cell cache
                 meta["executor"] = ex.describe()
-                meta["command"] = provenance.command_line()  # of this session (a resumed run: the resume)
+                meta["command"] = session["command"]  # of this session (a resumed run: the resume)
+                meta["sessions"] = cells_db.add_session(
+                    {**session, "finished_at": meta["finished_at"], "status": "finished", "executor": meta["executor"]})
                 if config.data is not None:
                     from icl_bench.prompts.data import data_summary
 
@@ -294,3 +299,37 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
             if db is not None:
                 db.close()
     return table
+
+
+@contextmanager
+def _recorded(session: dict, cells_db, ex):
+    """Record `session` in the run's store (CellStore.add_session) when the block is interrupted or
+    fails: its command, executor kind and cells computed stay in metadata.json's `sessions` once the
+    run is finished by a --resume. (A finished session is recorded by the caller, with its metadata.)"""
+    try:
+        yield
+    except BaseException as exc:
+        if cells_db is not None:
+            try:
+                cells_db.add_session({**session, "finished_at": datetime.now(timezone.utc).isoformat(),
+                                      "status": f"stopped ({type(exc).__name__})", "executor": {"kind": ex.kind}})
+            except Exception:  # (a full disk, a damaged store: the cells are what matters, and they are stored)
+                pass
+        raise
+
+
+def run_metadata(config, *, started: str, table) -> dict:
+    """The metadata.json content of one run of `config` (a MatrixConfig) that produced `table`:
+    config, seed, package versions, device, git commit, start / end time, status counts (the
+    runner adds the executor, the command and `sessions`: every session that ran in the folder)."""
+    return {
+        "config": config.to_dict(),
+        "seed": config.seed,
+        "packages": provenance.package_versions(),
+        "device": provenance.device_info(),
+        "git_commit": provenance.git_commit(),
+        "started_at": started,
+        "finished_at": datetime.now(timezone.utc).isoformat(),
+        "n_cells": int(len(table)),
+        "status_counts": {str(k): int(v) for k, v in table["status"].value_counts().items()},
+    }

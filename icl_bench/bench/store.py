@@ -37,10 +37,8 @@ import math
 import os
 import sqlite3
 import zlib
-from datetime import datetime, timezone
 from pathlib import Path
 
-from icl_bench import provenance
 from icl_bench.errors import ConfigError
 from icl_bench.files import TMP_SUFFIX, dumps, fsync_dir, write_atomic
 
@@ -131,6 +129,15 @@ class CellStore:
             raise _refusal(exc, "--out", self.out / STORE_NAME, f"cannot use {self.out / STORE_NAME} as a cell store") from None
         self._insert = (f"INSERT OR REPLACE INTO cells (key, {cols}, crc) "
                         f"VALUES ({', '.join('?' * (len(self.columns) + 2))})")
+
+    def add_session(self, doc: dict) -> list[dict]:
+        """Record one session of this run (table `sessions`: a JSON document per `icl-bench run` or
+        `--resume` that ran here, finished or interrupted: command, executor, start / end, cells
+        computed) and return every session recorded, oldest first (metadata.json's `sessions`:
+        it named only the last, even one that computed nothing; found by a review)."""
+        self._db.execute("CREATE TABLE IF NOT EXISTS sessions (n INTEGER PRIMARY KEY, doc TEXT NOT NULL)")
+        _write(self._db, self.out / STORE_NAME, "INSERT INTO sessions (doc) VALUES (?)", (dumps(doc),))
+        return [json.loads(d) for (d,) in self._db.execute("SELECT doc FROM sessions ORDER BY n")]
 
     def put(self, key: str, row: dict) -> None:
         """Store one finished row (one committed, fsynced transaction)."""
@@ -382,19 +389,3 @@ class CellCache:
         if self._db is not None:
             self._db.close()
             self._db = None
-
-
-def run_metadata(config, *, started: str, table) -> dict:
-    """The metadata.json content of one run of `config` (a MatrixConfig) that produced `table`:
-    config, seed, package versions, device, git commit, start / end time, status counts."""
-    return {
-        "config": config.to_dict(),
-        "seed": config.seed,
-        "packages": provenance.package_versions(),
-        "device": provenance.device_info(),
-        "git_commit": provenance.git_commit(),
-        "started_at": started,
-        "finished_at": datetime.now(timezone.utc).isoformat(),
-        "n_cells": int(len(table)),
-        "status_counts": {str(k): int(v) for k, v in table["status"].value_counts().items()},
-    }

@@ -114,7 +114,8 @@ def _index_html(ctx: dict) -> str:
         r = {"path": run, "meta": meta}
         if meta is not None:
             r["facts"] = json.dumps(_run_facts(meta), indent=1, ensure_ascii=False)  # é, not \u00e9 (escaped by jinja2)
-            r["details"] = [(k, json.dumps(meta.get(k), indent=1, ensure_ascii=False)) for k in ("device", "packages", "config")]
+            r["details"] = [(k, json.dumps(meta.get(k), indent=1, ensure_ascii=False))  # (sessions: every run /
+                            for k in ("device", "packages", "config", "sessions") if k in meta]  # --resume there)
         runs.append(r)
     mech = ctx["mechanism"]
     return env.get_template("index.html.j2").render(
