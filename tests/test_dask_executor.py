@@ -406,3 +406,26 @@ def test_a_scheduler_address_where_no_dask_scheduler_answers_is_one_line(monkeyp
         assert time.monotonic() - start < 10
     finally:
         server.close()
+
+
+def test_ctrl_c_of_a_local_cluster_run_is_the_resume_line_alone(tmp_path):
+    """A terminal's Ctrl-C reaches the whole process group: each LocalCluster worker printed its own
+    KeyboardInterrupt tracebacks, 68-89 lines before the resume line (found by a review). The workers
+    start with SIGINT ignored: the run alone stops, closes its cluster and says how to resume."""
+    cfg_path, out = tmp_path / "slow.toml", tmp_path / "run"
+    cfg_path.write_text(tomli_w.dumps(SLOW))
+    proc = subprocess.Popen([sys.executable, "-m", "icl_bench", "run", "--config", str(cfg_path), "--out", str(out),
+                             "--no-progress", "--workers", "2"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while _n_stored(out) < 2:  # the cluster is up and cells are coming back
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal does
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and err.startswith(f"icl-bench: interrupted; the finished cells are kept in {out}. "
+                                                     "Resume with:\n") and err.count("\n") == 2, err

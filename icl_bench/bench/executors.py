@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
 import sys
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
 from icl_bench.bench.config import Executor
@@ -107,7 +109,7 @@ class DaskExecutor:
             # HTTP endpoints even with dashboard_address=None (on :8787, with a warning when a
             # concurrent run holds that port): ":0" puts them on a free port of 127.0.0.1
             with dask.config.set({"distributed.scheduler.allowed-failures": cfg.retries,
-                                  "distributed.worker.profile.enabled": False}):
+                                  "distributed.worker.profile.enabled": False}), _sigint_held():
                 self.cluster = LocalCluster(n_workers=cfg.n_workers, threads_per_worker=1, processes=True,
                                             host="127.0.0.1", dashboard_address=":0", resources=resources,
                                             silence_logs=logging.ERROR)
@@ -255,6 +257,23 @@ class DaskExecutor:
             log.removeFilter(_quiet_reconnect)
         if self.cluster is not None:
             self.cluster.close()
+
+
+@contextmanager
+def _sigint_held():
+    """Ignore SIGINT while the LocalCluster starts its worker processes: they inherit the ignored
+    signal (a blocked one they do not), so a terminal's Ctrl-C, sent to the whole process group,
+    stops the run alone, which then closes its cluster, instead of each worker printing its own
+    KeyboardInterrupt tracebacks (68 lines before the resume line; found by a review). A Ctrl-C in
+    those seconds is not seen: press it again. A worker Dask restarts later takes Ctrl-C again."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def _torch_threads() -> int:

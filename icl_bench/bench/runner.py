@@ -294,10 +294,12 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
                     meta["data_rows_dropped"] = data_summary(config.data, cells[0].data_sha256 if cells else "")[1]
                 cells_db.write_results(table, meta)
     finally:
-        ex.close()
-        for db in (cells_db, cache_db):
-            if db is not None:
-                db.close()
+        try:
+            ex.close()  # (a second Ctrl-C while a cluster closes raises here: the stores close all the same)
+        finally:
+            for db in (cells_db, cache_db):
+                if db is not None:
+                    db.close()
     return table
 
 
