@@ -20,7 +20,8 @@ from icl_bench.bench.cells import cell_prompts, expand_cells, prompt_seed
 from icl_bench.bench.schema import RESULT_COLUMNS, TIMING_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
-TIME_KEYS = ("started_at", "finished_at", "command")  # metadata.json's wall-clock fields, and the command (its --out)
+TIME_KEYS = ("started_at", "finished_at", "command", "sessions")  # metadata.json's wall-clock fields, and the
+#   command (its --out), which `sessions` holds too (compared below without them)
 RAW = {"seed": 11, "n_prompts": 50, "batch_size": 20, "timing": {"repeats": 1},
        "grid": {"N": [2, 9], "noise": [0.3], "R": [10.0], "dtype": ["float32", "float64"]}}
 # no [solvers]: every registered solver, so each new one is checked as it lands
@@ -61,6 +62,8 @@ def test_same_seed_same_files_in_two_processes(two_runs):
     assert _csv_without_timing(a / "results.csv") == _csv_without_timing(b / "results.csv")
     ma, mb = (json.loads((d / "metadata.json").read_text()) for d in (a, b))
     assert {k: v for k, v in ma.items() if k not in TIME_KEYS} == {k: v for k, v in mb.items() if k not in TIME_KEYS}
+    assert [{k: v for k, v in s.items() if k not in TIME_KEYS} for s in ma["sessions"]] == \
+           [{k: v for k, v in s.items() if k not in TIME_KEYS} for s in mb["sessions"]]
     stable = [c for c in RESULT_COLUMNS if c not in TIMING_COLUMNS]
     sql = f"SELECT key, {', '.join(stable)} FROM cells ORDER BY key"
     rows_a, rows_b = (sqlite3.connect(d / "cells.sqlite").execute(sql).fetchall() for d in (a, b))

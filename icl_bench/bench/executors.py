@@ -112,7 +112,8 @@ class DaskExecutor:
                                   "distributed.worker.profile.enabled": False}), _sigint_held():
                 self.cluster = LocalCluster(n_workers=cfg.n_workers, threads_per_worker=1, processes=True,
                                             host="127.0.0.1", dashboard_address=":0", resources=resources,
-                                            silence_logs=logging.ERROR)
+                                            silence_logs=logging.CRITICAL)  # (ERROR: a worker's heartbeat to
+            # a scheduler closing under Ctrl-C logged a traceback; the run reports every cell's failure itself)
             self.client = Client(self.cluster)
 
     def workers(self) -> dict:
