@@ -167,7 +167,9 @@ def cmd_run(args) -> int:
             flags["kind"] = "dask"  # --scheduler / --workers alone mean: run on that cluster / a LocalCluster
         raw["executor"] = {**given, **{k: v for k, v in flags.items() if v is not None}}
     named = [("data.path:", "--data:", args.data), ("data.x:", "--x:", args.data), ("data.y:", "--y:", args.data),
-             ("executor.kind:", "--executor:", args.executor), ("executor.scheduler:", "--scheduler:", args.scheduler),
+             *[("executor.kind:", f"{f}:", v) for f, v in (("--executor", args.executor), ("--workers", args.workers),
+                                                          ("--scheduler", args.scheduler)) if v is not None][:1],
+             ("executor.scheduler:", "--scheduler:", args.scheduler),
              ("executor.n_workers:", "--workers:", args.workers),
              *((f"solvers.{name}: unknown name", "--solver: unknown name", name) for name in args.solver or [])]
 

@@ -321,6 +321,11 @@ def test_bad_executor_flags_exit_2_and_write_nothing(tmp_path, monkeypatch, caps
         err = capsys.readouterr().err
         assert err.startswith("icl-bench: error: ") and expected in err and err.count("\n") == 1, err
         assert not out.exists()
+    monkeypatch.setitem(sys.modules, "distributed", None)  # dask not installed: the flag typed is named, not
+    for flags in (["--workers", "2"], ["--scheduler", "tcp://127.0.0.1:1"], ["--executor", "dask"]):  # executor.kind
+        assert main(["run", "--config", str(cfg), "--out", str(tmp_path / "o"), "--no-progress", *flags]) == 2
+        assert capsys.readouterr().err == (f'icl-bench: error: {flags[0]}: "dask" needs the optional packages dask and '
+                                           'distributed (pip install "icl-bench[dask]")\n')
 
 
 def test_a_run_whose_cluster_has_no_worker_left_says_so_once(monkeypatch, capsys):
