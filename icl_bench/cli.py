@@ -126,8 +126,8 @@ def cmd_run(args) -> int:
     if args.solver and not all(n.strip() for n in args.solver):
         raise ConfigError("--solver: empty name; give a solver's name (icl-bench list)")
     if args.solver:  # keep the config's parameters for a named solver, defaults otherwise
-        given = raw.get("solvers", {}) if isinstance(raw.get("solvers"), dict) else {}
-        raw["solvers"] = {name: given.get(name, {}) for name in args.solver}
+        tables = raw.get("solvers", {}) if isinstance(raw.get("solvers"), dict) else {}
+        raw["solvers"] = {name: tables.get(name, {}) for name in args.solver}
         raw["all_solvers"] = False
     if args.data is not None:
         if not args.data.strip():

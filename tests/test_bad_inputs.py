@@ -319,6 +319,9 @@ CASES = [
          "the file separated by ';'? accepted: comma-separated values)"),
     Case("csv-empty-data-flag", lambda tmp: [*toml_csv(lambda r: None)(tmp), "--data", "", "--x", "x", "--y", "y"],
          "--data: empty path; give a CSV file"),  # said "is a folder": Path("") is "."
+    Case("csv-flag-beside-data-table-with-solver", lambda tmp: [*data_table(lambda r: None)(tmp), "--data",
+                                                                str(tmp / "data.csv"), "--x", "x", "--y", "y", "--solver", "ols"],
+         "--data: {tmp}/bad.toml has a [data] table already"),  # it named the solvers' table: "{} has a [data] ..."
     Case("csv-flag-beside-data-table", lambda tmp: [*data_table(lambda r: None)(tmp), "--data", str(tmp / "data.csv"),
                                                     "--x", "x", "--y", "y"],
          "--data: {tmp}/bad.toml has a [data] table already; give the CSV file in one place"),  # it replaced it, silently

@@ -415,3 +415,13 @@ def test_a_relative_data_path_in_both_folders_is_refused(tmp_path, monkeypatch, 
     assert (used == hashlib.sha256((tmp_path / "cwd" / "data.csv").read_bytes()).hexdigest()).all()  # the cwd's file
     (tmp_path / "cwd" / "data.csv").unlink()  # only beside the config now: not found from the command line
     assert main([*argv, "--out", str(tmp_path / "out3")]) == 2 and "--data" in capsys.readouterr().err
+
+
+def test_a_column_with_an_empty_header_name_can_still_be_chosen(tmp_path):
+    """The check against repeated names (pandas renames a second x to x.1) refused pandas' name for a
+    column whose header is empty ('Unnamed: 0'), so that column could not be used at all (a review)."""
+    from icl_bench.prompts.data import DataSource, check_source
+
+    path = tmp_path / "d.csv"
+    path.write_text(",y\n" + "".join(f"{i},{2 * i + 1}\n" for i in range(8)))
+    assert check_source(DataSource(path=str(path), x="Unnamed: 0", y="y"), [4]).x == "Unnamed: 0"

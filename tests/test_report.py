@@ -1597,9 +1597,15 @@ def test_model_plots_say_what_they_draw_at_d_above_1_and_on_csv_runs():
     row = dict(status="ok", solver="ols", solver_params="{}", series="ols", N=12, noise=0.1, R=10.0,
                dtype="float64", device="cpu", ood="none")
     setting = {k: row[k] for k in ("N", "noise", "R", "dtype", "device", "ood")}
-    models, notes = model_plots.collect_models(pd.DataFrame([dict(row, d=2)]), dict(setting, d=2))
-    assert models == {} and notes == ["weights.png and probes.png not drawn at d = 2: they show the d = 1 construction "
-                                      "and trained models, probed on d = 1 prompts (publish with --at d=1 to draw them)"]
+    models, notes = model_plots.collect_models(pd.DataFrame([dict(row, d=2), dict(row, d=1)]), dict(setting, d=2))
+    assert models == {} and notes == ["weights.png and probes.png leave out the construction and the runs' trained "
+                                      "solvers at d = 2: they are d = 1 networks, probed on d = 1 prompts (publish "
+                                      "with --at d=1 to draw them)"]
+    # no d = 1 cells: no advice to pick them; a --checkpoint is still drawn (its weights are the same at any d)
+    models, notes = model_plots.collect_models(pd.DataFrame([dict(row, d=2)]), dict(setting, d=2),
+                                               checkpoints=["trained-l1-R100"], n_prompts=8)
+    assert list(models) == ["checkpoint trained-l1-R100"] and "--at d=1" not in notes[0]
+    assert notes[0].endswith("; the --checkpoint models are drawn, probed on d = 1 prompts")
     csv = dict(row, d=1, noise=math.nan, prompts='{"csv": {"path": "d.csv", "x": "x", "y": "y"}}')
     models, notes = model_plots.collect_models(pd.DataFrame([csv]), dict(setting, d=1, noise=math.nan), n_prompts=8)
     assert list(models) == ["construction (R=10)"]

@@ -58,7 +58,7 @@ class LocalExecutor:
 
     kind = "local"
 
-    def describe(self) -> dict:
+    def describe(self, threads: int = 0) -> dict:
         return {"kind": "local"}
 
     def results(self, cells: Iterable, work: Callable[[object], dict]) -> Iterator[tuple[object, dict | None, Failure | None]]:
@@ -125,14 +125,16 @@ class DaskExecutor:
         self.seen.update(now)
         return now
 
-    def describe(self) -> dict:
+    def describe(self, threads: int = 0) -> dict:
         """The run's executor for metadata.json: `workers` = every worker seen during the run, with
-        the torch threads of those alive now (`torch_threads`: the cells' torch, not the driver's,
-        which metadata's device block gives); `retries` only for a LocalCluster (a running
-        cluster's allowed-failures are its own)."""
+        `torch_threads`, the threads its cells ran with (not the driver's, which metadata's device
+        block gives): `threads` (the config's timing.threads) when it is set, else the worker's own
+        default, asked of those alive now; `retries` only for a LocalCluster (a running cluster's
+        allowed-failures are its own)."""
         try:
             self.workers()
-            for address, n in self.client.run(_torch_threads).items():
+            own = self.client.run(_torch_threads) if threads <= 0 else {a: threads for a in self.seen}
+            for address, n in own.items():
                 self.seen.setdefault(address, {})["torch_threads"] = n
         except Exception:  # the scheduler is gone: what was seen stays
             pass

@@ -284,7 +284,7 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
             if cells_db is not None:
                 meta = run_metadata(config, started=started, table=table)
                 meta["n_cells_reused"] = reused  # cells taken from an earlier run (--resume) or the cell cache
-                meta["executor"] = ex.describe()
+                meta["executor"] = ex.describe(threads=config.timing.threads)
                 meta["command"] = session["command"]  # of this session (a resumed run: the resume)
                 meta["sessions"] = cells_db.add_session(
                     {**session, "finished_at": meta["finished_at"], "status": "finished", "executor": meta["executor"]})

@@ -32,6 +32,7 @@ from icl_bench.prompts.ols import ols_fit
 from icl_bench.report.aggregate import select
 from icl_bench.report import style
 from icl_bench.report.plots import PlotSkipped
+from icl_bench.report.sources import has_csv
 from icl_bench.solvers.checkpoint import checkpoint_path, load_checkpoint, shadows_shipped, stem_of
 from icl_bench.solvers.ln_closed_form import LNClosedForm, build_construction
 from icl_bench.solvers.registry import get_solver_class
@@ -114,9 +115,15 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
     """
     notes, models = [], {}
     d = setting.get("d", 1)
-    if isinstance(d, (int, float)) and d == d and int(d) > 1:  # they drew the 1-D network as if it had run (a review)
-        return {}, [f"weights.png and probes.png not drawn at d = {int(d)}: they show the d = 1 construction and "
-                    "trained models, probed on d = 1 prompts (publish with --at d=1 to draw them)"]
+    multi = isinstance(d, (int, float)) and d == d and int(d) > 1  # the 1-D network was drawn as if it had run there
+    if multi:  # (a review); a --checkpoint given is still drawn: its weights are the same at any d
+        one = "d" in table and bool(((table["status"] == "ok") & (table["d"] == 1)).any())
+        notes.append(f"weights.png and probes.png leave out the construction and the runs' trained solvers at d = {int(d)}: "
+                     "they are d = 1 networks, probed on d = 1 prompts" + (" (publish with --at d=1 to draw them)" if one
+                                                                          else "") + (
+                         "; the --checkpoint models are drawn, probed on d = 1 prompts" if checkpoints else ""))
+        if not checkpoints:
+            return {}, notes
     R, N = float(setting["R"]), int(setting["N"])
     noise = float(setting["noise"]) if np.isfinite(float(setting["noise"])) else 0.0
     if n_prompts * (N + 1) > PROBE_TOKENS:
@@ -131,11 +138,14 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
                              "reference": False}
 
     at_rows = select(table[table["status"] == "ok"], setting, ("N", "noise", "R", "d"))
-    if "prompts" in at_rows and at_rows["prompts"].fillna("").astype(str).str.contains('"csv"').any():
+    if multi:
+        at_rows = at_rows.iloc[:0]  # (none of the runs' solvers is drawn at d > 1)
+    if "prompts" in at_rows and has_csv(at_rows["prompts"].fillna("")):
         notes.append(f"probes.png probes on {n_prompts} generated prompts (standard-normal x and slope, at N = {N}, "
                      f"R = {R:g}), not on the CSV rows of the runs")
     construction = f"construction (R={R:g})"
-    add(construction, build_construction(R))
+    if not multi:
+        add(construction, build_construction(R))
     drawn = {}  # weights file reached (_file_key) -> its label: one model is drawn once, however it was named
     at = at_rows
     for (solver, params), g in at.groupby(["solver", "solver_params"]):
@@ -175,7 +185,7 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
                              + (f" (--at R={meta['R']:g} probes it at its own)" if own else ""))
         except Exception as exc:
             notes.append(f"--checkpoint {path}: not drawn ({type(exc).__name__}: {exc})")
-    if len(models) == 1 and not any(_is_construction(s) for s in set(at["solver"])):
+    if not multi and len(models) == 1 and not any(_is_construction(s) for s in set(at["solver"])):
         models[construction]["reference"] = True  # the construction alone, and no solver of the runs
         notes.append(f"weights.png and probes.png draw the LayerNorm construction (R = {R:g}) for reference only: no "
                      "transformer solver with LayerNorm weights (ln-closed-form, a trained-* checkpoint) has ok cells "

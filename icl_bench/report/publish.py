@@ -39,7 +39,7 @@ import pandas as pd
 from icl_bench.report import aggregate as report
 from icl_bench.report import coverage, mechanism, outdir, scaling
 from icl_bench.report.load import shared_timing_notes, unfinished_notes
-from icl_bench.report.sources import lone_source_label
+from icl_bench.report.sources import has_csv, lone_source_label
 
 PLOT_TITLES = dict(zip(outdir.PLOTS, (
     "Error vs context length N",
@@ -218,7 +218,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     at_rows = report.select(table, setting, [a for a in headline_at if a in table])
     source = lone_source_label(at_rows["prompts"].fillna("").astype(str)) if "prompts" in at_rows else ""
     at_text = _setting_text(headline_at, varied) + (f", prompts = {source}" if source else "")
-    real = "prompts" in at_rows and at_rows["prompts"].fillna("").astype(str).str.contains('"csv"').any()
+    real = "prompts" in at_rows and has_csv(at_rows["prompts"].fillna(""))
     target = report.headline(summary, setting, table, stat="target") if real else pd.DataFrame()
     target_md = ["#### Mean squared error vs the query row's observed y by solver and N (same setting)", "",
                  report.to_markdown(target), TARGET_NOTE, ""] if real else []

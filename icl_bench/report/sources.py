@@ -85,3 +85,8 @@ def lone_source_label(sources) -> str:
     if isinstance(p.get("csv"), dict):
         return _csv_label(p["csv"], False)
     return " ".join(f"{k}={_dist(p[k])}" for k in FIELDS if k in p and p[k] != DEFAULT)
+
+
+def has_csv(sources) -> bool:
+    """Whether any of `sources` (a rows' `prompts` column) is a CSV file."""
+    return any(isinstance(p := _parse(str(s)), dict) and isinstance(p.get("csv"), dict) for s in dict.fromkeys(sources))

@@ -53,11 +53,12 @@ def stem_of(path: str | Path) -> Path:
     return p.with_suffix("") if p.suffix in (".safetensors", ".json") else p
 
 
-def beside(stem: str | Path) -> Path:
-    """`<stem>-pid<PID>`: where this process saves a checkpoint whose own name another process took
-    while it trained (train_and_save without --force)."""
+def beside(stem: str | Path, k: int = 0) -> Path:
+    """`<stem>-pid<PID>` (k > 0: `<stem>-pid<PID>-<k>`, for when that is taken too, e.g. by an earlier
+    process of the same PID): where this process saves a checkpoint whose own name another process
+    took while it trained (train_and_save without --force)."""
     stem = stem_of(stem)
-    return stem.with_name(f"{stem.name}-pid{os.getpid()}")
+    return stem.with_name(f"{stem.name}-pid{os.getpid()}" + (f"-{k}" if k else ""))
 
 
 def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None = None, *,
@@ -134,7 +135,7 @@ def check_writable(stem: str | Path, key: str = "--out") -> None:
             raise ConfigError(f"{key}: {p} is a symbolic link, so the checkpoint would not be saved in place; remove it")
         if p.exists() and not p.is_file():
             raise ConfigError(f"{key}: {p} exists and is not a file, so the checkpoint cannot be saved there; remove it")
-    why = name_too_long(temp_path(f"{stem}.safetensors"), temp_path(f"{beside(stem)}.safetensors"))
+    why = name_too_long(temp_path(f"{stem}.safetensors"), temp_path(f"{beside(stem, 99)}.safetensors"))
     if why is not None:
         raise ConfigError(f"{key}: the checkpoint name {stem.name[:40]}... is too long to save ({why}); give a shorter name")
     why = cannot_create(f"{stem}.safetensors")

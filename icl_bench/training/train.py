@@ -251,6 +251,13 @@ def train_and_save(cfg: TrainConfig, out_dir: str | Path, *, replace: bool = Tru
     try:
         return save_checkpoint(model, stem, meta, replace=replace)
     except FileExistsError as exc:  # another train / sweep of this name finished first: keep both
-        alt = save_checkpoint(model, beside(stem), meta, replace=False)
-        raise ConfigError(f"{key}: {exc.filename} was saved by another process while this run trained, so it was "
-                          f"not overwritten; this run is saved as {alt}.safetensors") from None
+        taken = exc.filename
+    for k in range(100):  # a free name beside it (a leftover of an earlier process of this PID is kept too)
+        try:
+            alt = save_checkpoint(model, beside(stem, k), meta, replace=False)
+        except FileExistsError:
+            continue
+        raise ConfigError(f"{key}: {taken} was saved by another process while this run trained, so it was "
+                          f"not overwritten; this run is saved as {alt}.safetensors")
+    raise ConfigError(f"{key}: {taken} was saved by another process while this run trained, and so were "
+                      f"{beside(stem)} to {beside(stem, 99)}; this run is not saved: clear the folder and train again")
