@@ -47,3 +47,14 @@ def test_minus_zero_is_zero(tiny_raw):
         assert math.copysign(1.0, cfg.grid["noise"][0]) == 1.0
         keys.append(sorted(c.key for c in expand_cells(cfg)))
     assert keys[0] == keys[1] == keys[2]  # one value, one set of cells (and prompt seeds)
+
+
+def test_a_matrix_times_on_one_torch_thread_unless_told():
+    """A config without [timing] ran at torch's default threads (2 here): under load a plugin's cells
+    timed 250x slower than on one thread, with concurrency 1 (found by a new-user tryout). The design
+    asks one thread per run; threads = 0 still keeps torch's default."""
+    from icl_bench.bench.config import parse_config
+
+    raw = {"grid": {"N": [4]}, "solvers": {"ols": {}}}
+    assert parse_config(raw).timing.threads == 1
+    assert parse_config({**raw, "timing": {"threads": 0}}).timing.threads == 0

@@ -71,7 +71,9 @@ class Timing(ConfigModel):
 
     repeats: Annotated[int, BeforeValidator(integer(1))] = 3  # timed passes; the median is reported
     max_seconds: Annotated[float, BeforeValidator(number(gt=0))] = 1.0  # stop repeating after this much timing
-    threads: Annotated[int, BeforeValidator(integer(0, MAX_THREADS))] = 0  # torch threads (0: torch's default)
+    # torch threads (0: torch's default). One by default (docs/design.md): with torch's default, two
+    # threads on a loaded 2-core machine timed a plugin's cells 250x slower than one (found by a review)
+    threads: Annotated[int, BeforeValidator(integer(0, MAX_THREADS))] = 1
 
 
 class Executor(ConfigModel):

@@ -98,7 +98,8 @@ def shared_timing_notes(table: pd.DataFrame) -> list[str]:
     return [f"throughput: {int(shared.sum())} of {n_ok} ok rows were timed while other icl-bench cells ran on the "
             f"same machine (concurrency > 1, in {runs}): their prompts/s measure that load too and understate the "
             "solver alone; quote only rows with concurrency == 1 (results.parquet), or time with the local executor "
-            "on an otherwise idle machine (docs/scale-out.md, \"Honest timing\")"]
+            "on an otherwise idle machine: concurrency counts icl-bench's own cells only, not other load "
+            "(docs/scale-out.md, \"Honest timing\")"]
 
 
 REPEAT_SAME = {  # a column that must agree between rows of one cell and seed, and what it means when not
