@@ -63,14 +63,11 @@ def load_runs(paths) -> tuple[pd.DataFrame, dict[str, dict | None]]:
 
 
 def scored(group: pd.DataFrame, metric: str) -> pd.Series:
-    """Per row, the prompts `metric`'s mean was taken over: those where the prediction and the
-    reference are finite (metrics.py). vs OLS: the well-posed prompts less the solver's non-finite
-    answers there (failed_answers); vs truth (always finite): n_prompts - n_nonfinite."""
-    if metric == "mse_vs_ols":
-        bad, of = failed_answers(group)
-        return of - bad
-    return group["n_prompts"].astype(float) - (group["n_nonfinite"].astype(float).fillna(0.0)
-                                               if "n_nonfinite" in group else 0.0)
+    """Per row, the prompts `metric`'s mean was taken over: the well-posed prompts less the solver's
+    non-finite answers there (failed_answers; metrics.py scores vs OLS, truth and target on the same
+    prompts; a run from before the ill-posed counts: n_prompts - n_nonfinite)."""
+    bad, of = failed_answers(group)
+    return of - bad
 
 
 def _pooled(group: pd.DataFrame, metric: str) -> pd.Series:
