@@ -1184,6 +1184,11 @@ def test_the_other_axes_default_among_the_cells_at_the_at_values():
     t = pd.DataFrame([dict(base, N=n, d=1) for n in (2, 3, 4, 100)] + [dict(base, N=n, d=3) for n in (4, 100)]
                      + [dict(base, N=n, d=3, status="skipped") for n in (2, 3)])
     assert report.representative(t)["N"] == 3 and report.representative(t, {"d": "3"})["N"] == 4
+    # two runs of other grids: N from one run and noise, R from the other was a setting no run had (a review)
+    a = [dict(base, N=n, noise=z, R=r, d=1) for n in (5, 20, 80) for z in (0.0, 0.5) for r in (10.0, 1000.0)]
+    b = [dict(base, N=n, noise=0.1, R=r, d=1) for n in (10, 30, 100) for r in (10.0, 100.0)]
+    s = report.representative(pd.DataFrame(a + b))
+    assert (s["N"], s["noise"], s["R"]) == (20, 0.0, 10.0)  # was (20, 0.1, 100.0)
 
 
 def test_out_not_empty_needs_force_and_never_overlaps_a_run(published, run_dir, capsys):

@@ -200,9 +200,10 @@ def representative(table: pd.DataFrame, at: dict[str, str] | None = None) -> dic
     """One value per grid axis for the plots and the headline table.
 
     Default per axis: the lower median of the distinct values that have ok cells (N = [10, 30,
-    100, 300] -> 30; R = [10, 100, 1000] -> 100; dtype -> float32; device -> cpu; ood -> none), among
-    the cells at the `at` values when those have any. NaN when the axis is NaN throughout (noise
-    with CSV data).
+    100, 300] -> 30; R = [10, 100, 1000] -> 100; dtype -> float32; device -> cpu; ood -> none), axis
+    by axis in AXES order among the ok cells at the values chosen before it (the `at` values first),
+    so the setting is one that some cells have. NaN when the axis is NaN throughout (noise with CSV
+    data).
     Args:
         table: stacked result rows. at: overrides, axis -> value as text (from --at AXIS=VALUE),
             read in the axis's type (validate.at_value).
@@ -217,12 +218,11 @@ def representative(table: pd.DataFrame, at: dict[str, str] | None = None) -> dic
         if axis not in AXES:
             raise ConfigError(f"--at: unknown axis {axis!r}; accepted: {', '.join(AXES)}")
         chosen[axis] = at_value(axis, text, ok[axis])  # in the axis's type: N=4.0 is 4, R=1e1 is 10.0
-    if chosen and not (given := select(ok, chosen, list(chosen))).empty:  # the other axes' defaults among the
-        ok = given  # cells at the given values: --at d=3 took N = 3 (the lower median over every d), where
-        # every d = 3 cell is ill-posed (N <= d), and the plots and fits came out empty (found by a review)
-    for axis in AXES:
-        if axis not in chosen:
-            have = sorted(ok[axis].dropna().unique().tolist())
+    for axis in AXES:  # each default among the ok cells at the values chosen so far (--at's first): --at d=3
+        if axis not in chosen:  # took N = 3 (the lower median over every d), where d = 3 is ill-posed, and two
+            # runs of other grids got N of one and noise, R of the other, a setting no run had (both found by reviews)
+            pool = select(ok, chosen, list(chosen)) if chosen else ok
+            have = sorted((pool if not pool.empty else ok)[axis].dropna().unique().tolist())
             if axis == "ood" and "none" in have:  # the in-distribution prompts, not a median of map names
                 have = ["none"]
             chosen[axis] = have[(len(have) - 1) // 2] if have else math.nan
