@@ -15,6 +15,7 @@ import pytest
 import tomli_w
 
 from icl_bench.bench import store
+from icl_bench.bench.cache import CellCache
 from icl_bench.bench.cells import expand_cells
 from icl_bench.bench.config import parse_config
 from icl_bench.bench.runner import run_matrix
@@ -88,6 +89,7 @@ def test_sigkill_mid_run_then_resume_recomputes_only_unfinished_cells(tmp_path):
 KILL_AFTER_THIRD_CELL = """
 import os, signal, sys
 from icl_bench.bench import store
+from icl_bench.bench.cache import CellCache
 real, calls = store.CellStore.put, []
 def put(self, key, row):
     real(self, key, row)
@@ -184,11 +186,14 @@ def test_a_store_that_is_not_a_database_is_refused(tmp_path):
         run_matrix(parse_config(SMALL), out, resume=True, progress=False)
 
 
-def test_resume_with_another_config_is_refused_and_changes_nothing(tmp_path):
+def test_resume_with_another_config_is_refused_and_changes_nothing(tmp_path, monkeypatch):
     out = tmp_path / "run"
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/icl-bench", "run", "--config", "my.toml", "--out", "run"])
     run_matrix(parse_config(SMALL), out, progress=False)
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    with pytest.raises(ConfigError, match=r"--resume: .* holds a run of another config"):
+    with pytest.raises(ConfigError, match=r"--resume: .* holds a run of another config .*; resume it with that config or "
+                                          r"choose another --out \(the run was started by: icl-bench run --config my.toml "
+                                          r"--out run\)$"):  # (a user without the TOML's name: a new-user tryout)
         run_matrix(parse_config({**SMALL, "seed": 2}), out, resume=True, progress=False)
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
@@ -388,16 +393,19 @@ def test_a_damaged_page_of_the_store_or_cache_is_one_line_and_writes_nothing(tmp
 def test_a_page_damaged_after_the_check_is_one_line_too(tmp_path, monkeypatch):
     """Damage that SQLite meets only mid-run (here: the open-time check skipped) is the same
     one-line ConfigError, from a lookup in the cache and from a store's write."""
-    monkeypatch.setattr(store, "_check_intact", lambda db: None)
+    from icl_bench.bench import cache as cache_module
+
+    for module in (store, cache_module):
+        monkeypatch.setattr(module, "_check_intact", lambda db: None)
     cols = ("x", "status")
     with store.CellStore(tmp_path / "o", cols, resume=False) as db:
         db.put("k", {"x": 1.0, "status": "ok"})
-    cache = store.CellCache(tmp_path / "cache", cols)
+    cache = CellCache(tmp_path / "cache", cols)
     cache.put("k", {"x": 1.0, "status": "ok"})
     cache.close()
     _damage_page(tmp_path / "cache" / "cells.sqlite", "sqlite_autoindex_cells_1")
     _damage_page(tmp_path / "o" / "cells.sqlite", "sqlite_autoindex_cells_1")
-    cache = store.CellCache(tmp_path / "cache", cols)
+    cache = CellCache(tmp_path / "cache", cols)
     try:
         with pytest.raises(ConfigError, match=r"^--cache: .*cells.sqlite is damaged \(database disk image is malformed\)"):
             cache.get(["k"])

@@ -34,6 +34,7 @@ from tqdm import tqdm
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
 from icl_bench.startup import Terminated, sigint_recorded, sigterm_seen, torch_threads
 from icl_bench.bench import hostload, schema, store
+from icl_bench.bench.cache import CellCache
 from icl_bench.bench.cells import Cell, cell_prompts, digest_mismatch, expand_cells, same_matrix
 from icl_bench.bench.config import Executor, MatrixConfig
 from icl_bench.bench.executors import make_executor, worker_name
@@ -206,7 +207,7 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
             `out` must hold a run of the same matrix (grid lists may be reordered).
         progress: show a progress bar (cells done / total and the last finished cell).
         executor: where the cells run; None: config.executor (default: in this process).
-        cache: a folder holding a cell cache shared across run folders (bench/store.py: CellCache):
+        cache: a folder holding a cell cache shared across run folders (bench/cache.py: CellCache):
             a cell found there with status "ok" is reused (timings included), every computed ok
             cell is added. With resume, only the "ok" cells in `out` are reused: an error or a
             skip (a plugin since fixed, a GPU now present) is tried again.
@@ -227,10 +228,10 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
     cells_db = cache_db = None
     try:
         if cache is not None:  # first: a bad --cache must not leave a started run folder behind
-            store.CellCache.check_path(cache, out)
+            CellCache.check_path(cache, out)
             db = Path(cache) / store.STORE_NAME  # an existing cache is opened (and checked) now; a new one
             if db.exists() or db.is_symlink():  # is only made once --out is accepted
-                cache_db = store.CellCache(cache, RESULT_COLUMNS, out=out)
+                cache_db = CellCache(cache, RESULT_COLUMNS, out=out)
         if out is not None:
             out = Path(out)
             identity = {k: v for k, v in config.to_dict().items() if k != "executor"}  # any executor resumes
@@ -239,7 +240,7 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
             config_json = dumps(identity, sort_keys=True)
             cells_db = store.CellStore(out, RESULT_COLUMNS, resume=resume, config_json=config_json, same=same_matrix)
         if cache is not None and cache_db is None:  # a new one is made only once --out is accepted
-            cache_db = store.CellCache(cache, RESULT_COLUMNS, out=out)
+            cache_db = CellCache(cache, RESULT_COLUMNS, out=out)
         with torch_threads(config.timing.threads):  # timing.threads = 0: torch's default
             started = datetime.now(timezone.utc).isoformat()
             stored = cells_db.load() if (cells_db is not None and resume) else {}
