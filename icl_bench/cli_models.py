@@ -48,8 +48,8 @@ def cmd_analyze(args) -> int:
         print(f"{k:26s} {fmt(float(result[k])) if k in result else none} {LABELS.get(k, '') if k in result else ''}".rstrip())
     print(f"{'state (functional LN)':26s} {result.get('ln.state')}\n{'fingerprint verdict':26s} {result.get('fp.verdict')} "
           f"(closest gd: K={result.get('fp.gd_steps')}, lr {fmt(result.get('fp.gd_lr'))}, mean distance "
-          f"{fmt(result.get('fp.gd_distance'))} decades, worst map {result.get('fp.gd_worst_map')} "
-          f"{fmt(result.get('fp.gd_max_gap'))})")
+          f"{fmt(result.get('fp.gd_distance'))} decades, largest gap {fmt(result.get('fp.gd_max_gap'))} decades at map "
+          f"{result.get('fp.gd_worst_map')})")  # (it read "worst map x*10 3.354", like a relative error; a tryout)
     print(f"{'per matrix':26s} sparsity   l1         hoyer")
     for name, v in json.loads(result["per_matrix"]).items():
         print(f"  {name:24s} {fmt(v['sparsity']):10s} {fmt(v['l1']):10s} {fmt(v['hoyer'])}")
