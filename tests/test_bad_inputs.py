@@ -315,6 +315,9 @@ CASES = [
          "--x: column 'x' appears 2 times in the header of data.csv; accepted: a column whose name appears once"),
     Case("csv-renamed-repeat", csv("x,x,y\n" + "".join(f"{i},{9 * i},{i + 1}\n" for i in range(12)), x="x.1"),
          "--x: no column 'x.1' in data.csv; columns: 'x', 'x', 'y'"),  # pandas' name for the second x: not in the file
+    Case("csv-renamed-repeat-beside-its-name", csv("x,x,x.1,y\n" + "".join(f"{i},{9 * i},{5 * i},{i + 1}\n" for i in range(12)),
+                                                   x="x.2"),  # pandas names the second x x.2 here
+         "--x: no column 'x.2' in data.csv; columns: 'x', 'x', 'x.1', 'y'"),
     Case("csv-semicolons", csv(ROWS.replace(",", ";")), "--x: no column 'x' in data.csv; columns: 'x;y' (one column: is "
          "the file separated by ';'? accepted: comma-separated values)"),
     Case("csv-empty-data-flag", lambda tmp: [*toml_csv(lambda r: None)(tmp), "--data", "", "--x", "x", "--y", "y"],

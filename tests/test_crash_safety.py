@@ -186,8 +186,9 @@ def test_a_store_that_is_not_a_database_is_refused(tmp_path):
         run_matrix(parse_config(SMALL), out, resume=True, progress=False)
 
 
-def test_resume_with_another_config_is_refused_and_changes_nothing(tmp_path, monkeypatch):
-    out = tmp_path / "run"
+@pytest.mark.parametrize("name", ["run", "run#1 ?x"])  # ('#' and '?' cut a plain SQLite URI short: a stray file)
+def test_resume_with_another_config_is_refused_and_changes_nothing(tmp_path, monkeypatch, name):
+    out = tmp_path / name
     monkeypatch.setattr(sys, "argv", ["/venv/bin/icl-bench", "run", "--config", "my.toml", "--out", "run"])
     run_matrix(parse_config(SMALL), out, progress=False)
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
@@ -195,6 +196,7 @@ def test_resume_with_another_config_is_refused_and_changes_nothing(tmp_path, mon
                                           r"choose another --out \(the run was started by: icl-bench run --config my.toml "
                                           r"--out run\)$"):  # (a user without the TOML's name: a new-user tryout)
         run_matrix(parse_config({**SMALL, "seed": 2}), out, resume=True, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # nothing made beside it
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
@@ -442,3 +444,16 @@ def test_metadata_lists_every_session_that_ran_in_the_folder(tmp_path, monkeypat
     assert (last["status"], last["cells_computed"], last["cells_reused"]) == ("finished", 1, 2)
     assert first["executor"] == {"kind": "local"} and last["executor"] == {"kind": "local"}
     assert first["started_at"] < first["finished_at"] <= last["started_at"] < last["finished_at"]
+
+
+def test_a_run_made_while_threads_defaulted_to_0_resumes_with_its_threads(tmp_path):
+    """[timing] threads defaulted to 0 (torch's own) before it became 1: a folder made then, from a
+    config without [timing], was refused by --resume as another config (found by a review). A config
+    that leaves threads unset now resumes it with the recorded count; one that sets another is refused."""
+    raw = {k: v for k, v in SMALL.items() if k != "timing"}
+    out = tmp_path / "run"
+    run_matrix(parse_config({**raw, "timing": {"threads": 0}}), out, progress=False)  # as config.json recorded it
+    table = run_matrix(parse_config(raw), out, resume=True, progress=False)
+    assert json.loads((out / "config.json").read_text())["timing"]["threads"] == 0 and len(table) > 0
+    with pytest.raises(ConfigError, match=r"--resume: .* holds a run of another config"):
+        run_matrix(parse_config({**raw, "timing": {"threads": 1}}), out, resume=True, progress=False)

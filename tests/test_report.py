@@ -1189,6 +1189,12 @@ def test_the_other_axes_default_among_the_cells_at_the_at_values():
     b = [dict(base, N=n, noise=0.1, R=r, d=1) for n in (10, 30, 100) for r in (10.0, 100.0)]
     s = report.representative(pd.DataFrame(a + b))
     assert (s["N"], s["noise"], s["R"]) == (20, 0.0, 10.0)  # was (20, 0.1, 100.0)
+    assert list(s) == list(report.AXES)
+    # an OOD-only run beside an in-distribution one: ood = none (and d) are chosen before N (a review)
+    c = [dict(base, N=n, d=1, ood="none") for n in (10, 30)] + \
+        [dict(base, N=n, d=3, ood=o) for n in (100, 300, 1000) for o in ("x*10", "shift:5")]
+    s = report.representative(pd.DataFrame(c))
+    assert (s["ood"], s["d"], s["N"]) == ("none", 1, 10)
 
 
 def test_out_not_empty_needs_force_and_never_overlaps_a_run(published, run_dir, capsys):

@@ -234,6 +234,8 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
                 cache_db = CellCache(cache, RESULT_COLUMNS, out=out)
         if out is not None:
             out = Path(out)
+            if resume:
+                config = _recorded_threads(config, out)
             identity = {k: v for k, v in config.to_dict().items() if k != "executor"}  # any executor resumes
             if config.data is not None and cells:  # --resume on edited CSV bytes is refused (store.prepare)
                 identity[store.DATA_KEY] = cells[0].data_sha256
@@ -319,6 +321,21 @@ def _recorded(session: dict, cells_db, ex):
             except Exception:  # (a full disk, a damaged store: the cells are what matters, and they are stored)
                 pass
         raise
+
+
+def _recorded_threads(config: MatrixConfig, out: Path) -> MatrixConfig:
+    """`config` with the run's recorded timing.threads when the config leaves threads unset: run
+    folders made while the default was 0 (torch's own) resume under today's default of 1, with the
+    threads their cells were timed with (they were refused as another config; found by a review)."""
+    if "threads" in config.timing.model_fields_set:
+        return config
+    try:
+        threads = json.loads((out / store.CONFIG_NAME).read_text())["timing"]["threads"]
+    except (OSError, ValueError, KeyError, TypeError):  # no run there, or not one of ours: prepare() says so
+        return config
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0 or threads == config.timing.threads:
+        return config
+    return config.model_copy(update={"timing": config.timing.model_copy(update={"threads": threads})})
 
 
 def run_metadata(config, *, started: str, table) -> dict:

@@ -194,7 +194,8 @@ class CellStore:
 def _first_command(out: Path) -> str:
     """The command of the first session recorded in `out`'s store (CellStore.add_session), or ""."""
     try:
-        with closing(sqlite3.connect(f"file:{out / STORE_NAME}?mode=ro&immutable=1", uri=True)) as db:  # (no -shm:
+        uri = f"{(out / STORE_NAME).absolute().as_uri()}?mode=ro&immutable=1"  # (as_uri: a '#' or '?' in the path
+        with closing(sqlite3.connect(uri, uri=True)) as db:  # cut a plain URI short and made a file; no -shm:
             row = db.execute("SELECT doc FROM sessions ORDER BY n LIMIT 1").fetchone()  # the folder is left as it is)
         return str(json.loads(row[0]).get("command", "")) if row else ""
     except (sqlite3.Error, ValueError, AttributeError):  # no store, no sessions table (an older run), bad JSON

@@ -110,9 +110,9 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
         col = getattr(src, k)
         if not col:
             raise ConfigError(f"data.{k}: not given; the column of {what}, one of: {columns}{hint}")
-        renamed = {f"{h}.{i}" for h in set(header) for i in range(1, header.count(h))}  # pandas' names of repeats
-        if col not in frame.columns or (col in renamed and col not in header):  # (an empty name stays 'Unnamed: 0')
-            raise ConfigError(f"data.{k}: no column {col!r} in {path.name}; columns: {columns}{hint}")
+        unnamed = {f"Unnamed: {i}" for i, h in enumerate(header) if h == ""}  # pandas' name of an empty one
+        if col not in frame.columns or (col not in header and col not in unnamed):  # (x.1, x.2 for a repeated x:
+            raise ConfigError(f"data.{k}: no column {col!r} in {path.name}; columns: {columns}{hint}")  # not the file's)
         if header.count(col) > 1:  # pandas would take the first one, silently
             raise ConfigError(f"data.{k}: column {col!r} appears {header.count(col)} times in the header of {path.name}; "
                               "accepted: a column whose name appears once")

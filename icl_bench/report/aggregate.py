@@ -201,8 +201,8 @@ def representative(table: pd.DataFrame, at: dict[str, str] | None = None) -> dic
 
     Default per axis: the lower median of the distinct values that have ok cells (N = [10, 30,
     100, 300] -> 30; R = [10, 100, 1000] -> 100; dtype -> float32; device -> cpu; ood -> none), axis
-    by axis in AXES order among the ok cells at the values chosen before it (the `at` values first),
-    so the setting is one that some cells have. NaN when the axis is NaN throughout (noise with CSV
+    by axis (ood and d first, then AXES order) among the ok cells at the values chosen before it (the
+    `at` values first), so the setting is one that some cells have. NaN when the axis is NaN throughout (noise with CSV
     data).
     Args:
         table: stacked result rows. at: overrides, axis -> value as text (from --at AXIS=VALUE),
@@ -218,7 +218,9 @@ def representative(table: pd.DataFrame, at: dict[str, str] | None = None) -> dic
         if axis not in AXES:
             raise ConfigError(f"--at: unknown axis {axis!r}; accepted: {', '.join(AXES)}")
         chosen[axis] = at_value(axis, text, ok[axis])  # in the axis's type: N=4.0 is 4, R=1e1 is 10.0
-    for axis in AXES:  # each default among the ok cells at the values chosen so far (--at's first): --at d=3
+    for axis in sorted(AXES, key=lambda a: a not in ("ood", "d")):  # ood = none and d first (an OOD-only run
+        # beside another must not put the headline on a map), then each default among the ok cells at the values
+        # chosen so far (--at's first): --at d=3
         if axis not in chosen:  # took N = 3 (the lower median over every d), where d = 3 is ill-posed, and two
             # runs of other grids got N of one and noise, R of the other, a setting no run had (both found by reviews)
             pool = select(ok, chosen, list(chosen)) if chosen else ok
@@ -226,7 +228,7 @@ def representative(table: pd.DataFrame, at: dict[str, str] | None = None) -> dic
             if axis == "ood" and "none" in have:  # the in-distribution prompts, not a median of map names
                 have = ["none"]
             chosen[axis] = have[(len(have) - 1) // 2] if have else math.nan
-    return chosen
+    return {a: chosen[a] for a in AXES}  # (in AXES order: the titles name them so)
 
 
 def select(df: pd.DataFrame, setting: dict, axes) -> pd.DataFrame:
