@@ -331,7 +331,7 @@ def _recorded_threads(config: MatrixConfig, out: Path) -> MatrixConfig:
         return config
     try:
         threads = json.loads((out / store.CONFIG_NAME).read_text())["timing"]["threads"]
-    except (OSError, ValueError, KeyError, TypeError):  # no run there, or not one of ours: prepare() says so
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # no run there, not one of ours: prepare() says
         return config
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0 or threads == config.timing.threads:
         return config
