@@ -205,9 +205,7 @@ class DaskExecutor:
             except Exception as exc:  # TimeoutError: nothing finished within POLL_S
                 if isinstance(exc, TimeoutError) and self.client.status in ("running", "connecting"):
                     idle += 1
-                    if not told and idle * POLL_S >= WORKER_WAIT_S and not self._alive():
-                        self._say_waiting(pending)
-                        told = True
+                    told = self._say_waiting(idle, told, pending)
                     continue
                 raise self._lost(exc, pending) from None
 
@@ -224,14 +222,17 @@ class DaskExecutor:
                 if not (isinstance(exc, TimeoutError) and self.client.status in ("running", "connecting")):
                     raise self._lost(exc, pending) from None
                 idle += 1
-                if not told and idle * POLL_S >= WORKER_WAIT_S and not self._alive():
-                    self._say_waiting(pending)
-                    told = True
+                told = self._say_waiting(idle, told, pending)
 
-    def _say_waiting(self, pending: dict) -> None:
+    def _say_waiting(self, idle: int, told: bool, pending: dict) -> bool:
+        """After `idle` empty polls of POLL_S, say once (`told`: already said) that the cluster has no
+        worker; returns whether it has been said."""
+        if told or idle * POLL_S < WORKER_WAIT_S or self._alive():
+            return told
         print(f"icl-bench: waiting: the cluster at {self.cfg.scheduler or 'the local cluster'} has no "
               f"worker ({len(pending)} cells in flight); start workers, or Ctrl-C and --resume later",
               file=sys.stderr, flush=True)
+        return True
 
     def _lost(self, exc: BaseException, pending: dict) -> RunAborted:
         """The one-line RunAborted of a run whose client lost its scheduler (`exc` says how)."""

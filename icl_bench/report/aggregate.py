@@ -62,8 +62,8 @@ def load_runs(paths) -> tuple[pd.DataFrame, dict[str, dict | None]]:
     return add_series(table), {str(Path(p)): m for p, (_, m) in zip(paths, loaded)}
 
 
-def scored(group: pd.DataFrame, metric: str) -> pd.Series:
-    """Per row, the prompts `metric`'s mean was taken over: the well-posed prompts less the solver's
+def scored(group: pd.DataFrame) -> pd.Series:
+    """Per row, the prompts each error's mean was taken over: the well-posed prompts less the solver's
     non-finite answers there (failed_answers; metrics.py scores vs OLS, truth and target on the same
     prompts; a run from before the ill-posed counts: n_prompts - n_nonfinite)."""
     bad, of = failed_answers(group)
@@ -73,9 +73,10 @@ def scored(group: pd.DataFrame, metric: str) -> pd.Series:
 def _pooled(group: pd.DataFrame, metric: str) -> pd.Series:
     """Pooled mean, standard error and 95 % CI of one metric over a group's per-seed rows
     (see the module docstring for the method)."""
-    n = scored(group, metric)  # each seed's mean is over the prompts it scored only
+    n = scored(group)  # each seed's mean is over the prompts it scored only
     group, n = group[n > 0], n[n > 0]  # a seed with no finite prediction has no mean to pool
-    m, se = group[metric].astype(float), group[f"{metric}_se"].astype(float)
+    m = group[metric].astype(float)  # (mse_vs_target has no standard error: its mean alone)
+    se = group[f"{metric}_se"].astype(float) if f"{metric}_se" in group else pd.Series(math.nan, index=group.index)
     total = n.sum()
     if not total > 0:
         return pd.Series({f"{metric}{s}": math.nan for s in ("", "_se", "_ci_low", "_ci_high")})
@@ -102,8 +103,9 @@ def aggregate(table: pd.DataFrame) -> pd.DataFrame:
         n_nonfinite_well_posed seed by seed, a seed of a run from before them counting each NaN
         as failed, NaN when no seed has them),
         mse_vs_ols (squared units of y) with _se, _ci_low, _ci_high; the same for mse_vs_truth;
-        mse_vs_target (vs the query's observed y, pooled mean, no interval); abs_err_median (units of y: the median over a seed's prompts of |prediction - OLS|; with
-        several seeds the median of theirs), prompts_per_s (median over every timed row, prompts
+        mse_vs_target (vs the query's observed y, pooled mean, no interval); abs_err_median (units
+        of y: the median over a seed's prompts of |prediction - OLS|; with several seeds the median
+        of theirs), prompts_per_s (median over every timed row, prompts
         per second). Sorted by KEYS.
     """
     ok = table[table["status"] == "ok"]
@@ -126,9 +128,7 @@ def aggregate(table: pd.DataFrame) -> pd.DataFrame:
         for metric in ("mse_vs_ols", "mse_vs_truth"):
             row.update(_pooled(g, metric).to_dict())
         if "mse_vs_target" in g:  # vs the query's observed y (no standard error stored: the pooled mean only)
-            n = scored(g, "mse_vs_target")
-            n, m = n[n > 0], g.loc[n > 0, "mse_vs_target"].astype(float)  # a seed with no finite answer: no mean
-            row["mse_vs_target"] = float((n * m).sum(skipna=False) / n.sum()) if n.sum() > 0 else math.nan
+            row["mse_vs_target"] = float(_pooled(g, "mse_vs_target")["mse_vs_target"])
         if "abs_err_median" in g:  # a typical prompt's error, which the heavy tail does not move (median of seeds)
             row["abs_err_median"] = float(g["abs_err_median"].median())
         rows.append(row)
@@ -202,8 +202,8 @@ def representative(table: pd.DataFrame, at: dict[str, str] | None = None) -> dic
     Default per axis: the lower median of the distinct values that have ok cells (N = [10, 30,
     100, 300] -> 30; R = [10, 100, 1000] -> 100; dtype -> float32; device -> cpu; ood -> none), axis
     by axis (ood and d first, then AXES order) among the ok cells at the values chosen before it (the
-    `at` values first), so the setting is one that some cells have. NaN when the axis is NaN throughout (noise with CSV
-    data).
+    `at` values first), so the setting is one that some cells have. NaN when the axis is NaN
+    throughout (noise with CSV data).
     Args:
         table: stacked result rows. at: overrides, axis -> value as text (from --at AXIS=VALUE),
             read in the axis's type (validate.at_value).
@@ -218,11 +218,11 @@ def representative(table: pd.DataFrame, at: dict[str, str] | None = None) -> dic
         if axis not in AXES:
             raise ConfigError(f"--at: unknown axis {axis!r}; accepted: {', '.join(AXES)}")
         chosen[axis] = at_value(axis, text, ok[axis])  # in the axis's type: N=4.0 is 4, R=1e1 is 10.0
-    for axis in sorted(AXES, key=lambda a: a not in ("ood", "d")):  # ood = none and d first (an OOD-only run
-        # beside another must not put the headline on a map), then each default among the ok cells at the values
-        # chosen so far (--at's first): --at d=3
-        if axis not in chosen:  # took N = 3 (the lower median over every d), where d = 3 is ill-posed, and two
-            # runs of other grids got N of one and noise, R of the other, a setting no run had (both found by reviews)
+    # ood and d first, then each axis among the ok cells at the values chosen so far (--at's first). Chosen
+    # each on its own, --at d=3 took N = 3 (ill-posed there), two runs of other grids got a setting neither
+    # had, and an OOD-only run beside another put the headline on a map (found by reviews)
+    for axis in sorted(AXES, key=lambda a: a not in ("ood", "d")):
+        if axis not in chosen:
             pool = select(ok, chosen, list(chosen)) if chosen else ok
             have = sorted((pool if not pool.empty else ok)[axis].dropna().unique().tolist())
             if axis == "ood" and "none" in have:  # the in-distribution prompts, not a median of map names

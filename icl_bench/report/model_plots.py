@@ -118,10 +118,10 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
     multi = isinstance(d, (int, float)) and d == d and int(d) > 1  # the 1-D network was drawn as if it had run there
     if multi:  # (a review); a --checkpoint given is still drawn: its weights are the same at any d
         one = "d" in table and bool(((table["status"] == "ok") & (table["d"] == 1)).any())
-        notes.append(f"weights.png and probes.png leave out the construction and the runs' trained solvers at d = {int(d)}: "
-                     "they are d = 1 networks, probed on d = 1 prompts" + (" (publish with --at d=1 to draw them)" if one
-                                                                          else "") + (
-                         "; the --checkpoint models are drawn, probed on d = 1 prompts" if checkpoints else ""))
+        advice = " (publish with --at d=1 to draw them)" if one else ""
+        drawn = "; the --checkpoint models are drawn, probed on d = 1 prompts" if checkpoints else ""
+        notes.append(f"weights.png and probes.png leave out the construction and the runs' trained solvers at "
+                     f"d = {int(d)}: they are d = 1 networks, probed on d = 1 prompts{advice}{drawn}")
         if not checkpoints:
             return {}, notes
     R, N = float(setting["R"]), int(setting["N"])
@@ -137,17 +137,16 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
             models[label] = {"weights": model.weight_matrices(), "trace": {"tokens": tokens, **model.probe(tokens)},
                              "reference": False}
 
-    at_rows = select(table[table["status"] == "ok"], setting, ("N", "noise", "R", "d"))
+    at = select(table[table["status"] == "ok"], setting, ("N", "noise", "R", "d"))
     if multi:
-        at_rows = at_rows.iloc[:0]  # (none of the runs' solvers is drawn at d > 1)
-    if "prompts" in at_rows and has_csv(at_rows["prompts"].fillna("")):
+        at = at.iloc[:0]  # (none of the runs' solvers is drawn at d > 1)
+    if "prompts" in at and has_csv(at["prompts"].fillna("")):
         notes.append(f"probes.png probes on {n_prompts} generated prompts (standard-normal x and slope, at N = {N}, "
                      f"R = {R:g}), not on the CSV rows of the runs")
     construction = f"construction (R={R:g})"
     if not multi:
         add(construction, build_construction(R))
     drawn = {}  # weights file reached (_file_key) -> its label: one model is drawn once, however it was named
-    at = at_rows
     for (solver, params), g in at.groupby(["solver", "solver_params"]):
         label = (g["series"].iloc[0].split(" · ")[0] if "series" in g else  # the error plots' label, less its prompt
                  f"{solver} {params}" if params not in ("", "{}") else solver)  # source: the model is probed on its own
