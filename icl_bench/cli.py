@@ -19,18 +19,17 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shlex
 import sys
 import warnings
-from datetime import datetime
 from importlib.metadata import version
 from pathlib import Path
 
 from icl_bench import resources
 from icl_bench.cli_models import cmd_analyze, cmd_sweep, cmd_train
-from icl_bench.errors import ConfigError, RunAborted
+from icl_bench.cli_run import _interrupt_code, _interrupted, cmd_run, warn_conflicts
+from icl_bench.errors import ConfigError
 from icl_bench.files import refuse_link_loop
-from icl_bench.startup import Terminated, load_libraries, sigterm_as_interrupt
+from icl_bench.startup import load_libraries, sigterm_as_interrupt
 
 
 PATH_FLAGS = ("--out", "--cache", "--readme", "--config", "--data", "--checkpoint")  # flags that name a path
@@ -69,16 +68,6 @@ def _param_flag_hint(message: str, argv: list[str]) -> str:
     return f"; {hit[0]} is a solver parameter: a key of the config's [solvers.NAME] table (icl-bench list)" if hit else ""
 
 
-def warn_conflicts(file=None) -> None:
-    """Print a WARNING line for each plugin entry point ignored because its name is taken (a built-in's
-    or an earlier distribution's on sys.path: which one runs would otherwise be silent); `list`
-    prints them to stdout, `run` to stderr before its matrix."""
-    from icl_bench.solvers.registry import conflicts
-
-    for line in conflicts():
-        print(f"WARNING: {line}", file=file or sys.stdout)
-
-
 def cmd_list(args) -> int:
     """Print every registered solver, its parameters (config keys) and origin; exit 0."""
     from icl_bench.solvers.registry import list_solvers
@@ -95,121 +84,6 @@ def cmd_list(args) -> int:
     print(LIST_FOOTER)
     warn_conflicts()
     return 0
-
-
-def _run_matrix(*args, **kwargs):
-    from icl_bench.bench.runner import run_matrix
-
-    return run_matrix(*args, **kwargs)
-
-
-def _resume_command(argv: list[str], out: Path) -> str:
-    """The `icl-bench run ...` line that continues an interrupted run in `out`."""
-    argv = list(argv)
-    if "--out" not in argv and not any(a.startswith("--out=") for a in argv):
-        argv += ["--out", str(out)]
-    if "--resume" not in argv:
-        argv.append("--resume")
-    return shlex.join(["icl-bench", *argv])
-
-
-def cmd_run(args) -> int:
-    """Run a matrix into --out and print its summary; 0 if no cell errored, else 1."""
-    from icl_bench.bench.config import parse_config
-    from icl_bench.config_base import read_toml
-    from icl_bench.report.run_summary import cell_warnings, console_summary
-
-    given = "default" if args.config is None else args.config  # --config "" is refused, not the default
-    path = resources.config_path(given)
-    raw = read_toml(path)
-    resources.check_kind(raw, given, "run")
-    if args.solver and not all(n.strip() for n in args.solver):
-        raise ConfigError("--solver: empty name; give a solver's name (icl-bench list)")
-    if args.solver:  # keep the config's parameters for a named solver, defaults otherwise
-        tables = raw.get("solvers", {}) if isinstance(raw.get("solvers"), dict) else {}
-        raw["solvers"] = {name: tables.get(name, {}) for name in args.solver}
-        raw["all_solvers"] = False
-    if args.data is not None:
-        if not args.data.strip():
-            raise ConfigError("--data: empty path; give a CSV file")
-        if not (args.x and args.y):
-            raise ConfigError("--data: needs --x COLUMN and --y COLUMN")
-        if raw.get("data") is not None and path.resolve().parent != resources.configs_dir().resolve():
-            raise ConfigError(f"--data: {given} has a [data] table already; give the CSV file in one place: drop "
-                              "--data / --x / --y, or the config's [data]")
-        if Path(args.data).is_dir():
-            raise ConfigError(f"--data: {args.data} is a folder; give a CSV file")
-        raw["data"] = {"path": args.data, "x": args.x, "y": args.y}
-        if path.resolve().parent == resources.configs_dir().resolve():  # a packaged matrix's noise grid and
-            raw.pop("prompts", None)  # [prompts] are for generated prompts: not the user's, so not refused
-            if isinstance(raw.get("grid"), dict):  # as a config giving them beside CSV data is (grid.noise)
-                raw["grid"].pop("noise", None)
-                if isinstance(raw["grid"].get("ood"), list):  # student-t redraws x from the generator's slope
-                    from icl_bench.prompts.ood import needs_generator  # (loads torch: not at --help time)
-
-                    raw["grid"]["ood"] = [v for v in raw["grid"]["ood"] if not needs_generator(v)]
-    elif args.x or args.y:
-        raise ConfigError("--x/--y: only with --data FILE")
-    if args.out is not None and not args.out.strip():  # an empty --cache: refused by run_matrix's cache check
-        raise ConfigError("--out: empty path; give a folder")
-    if args.scheduler is not None and not args.scheduler.strip():
-        raise ConfigError("--scheduler: empty address; give the scheduler's, e.g. tcp://host:8786")
-    if args.resume and not args.out:
-        raise ConfigError("--resume: needs --out DIR, the folder of the run to continue")
-    for flag, value in (("--workers", args.workers), ("--scheduler", args.scheduler)):
-        if value is not None and args.executor == "local":  # (the config's key would be named otherwise)
-            raise ConfigError(f"{flag}: only with --executor dask, not --executor local")
-    flags = {"kind": args.executor, "scheduler": args.scheduler, "n_workers": args.workers,
-             "exclusive_timing": True if args.exclusive_timing else None}
-    if any(v is not None for v in flags.values()):  # flags override the config's [executor] table
-        given = raw.get("executor", {}) if isinstance(raw.get("executor"), dict) else {}
-        if (args.scheduler or args.workers is not None) and args.executor is None:
-            flags["kind"] = "dask"  # --scheduler / --workers alone mean: run on that cluster / a LocalCluster
-        raw["executor"] = {**given, **{k: v for k, v in flags.items() if v is not None}}
-    named = [("data.path:", "--data:", args.data), ("data.x:", "--x:", args.data), ("data.y:", "--y:", args.data),
-             *[("executor.kind:", f"{f}:", v) for f, v in (("--executor", args.executor), ("--workers", args.workers),
-                                                          ("--scheduler", args.scheduler)) if v is not None][:1],
-             ("executor.scheduler:", "--scheduler:", args.scheduler),
-             ("executor.n_workers:", "--workers:", args.workers),
-             *((f"solvers.{name}: unknown name", "--solver: unknown name", name) for name in args.solver or [])]
-
-    def flag_named(exc: Exception) -> ConfigError:  # name the flag the user typed, not the config key it set
-        msg = str(exc)
-        for key, flag, given in named:
-            msg = flag + msg[len(key):] if (given is not None and msg.startswith(key)) else msg
-        return ConfigError(msg)
-
-    try:
-        cfg = parse_config(raw, base_dir=None if args.data is not None else path.parent)  # --data: from the current folder
-    except ConfigError as exc:
-        raise flag_named(exc) from None
-    out = Path(args.out) if args.out else Path("results/runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
-    warn_conflicts(sys.stderr)  # once, before the matrix: a shadowed plugin name must not pass silently
-    if cfg.data is not None:
-        from icl_bench.prompts.data import data_summary, snapshot
-
-        note = data_summary(cfg.data, snapshot(cfg.data))[2]  # of the bytes checked, which the run uses
-        if note:
-            print(f"icl-bench: {note}", file=sys.stderr)
-    started = datetime.now().timestamp()
-    try:
-        table = _run_matrix(cfg, out, resume=args.resume, progress=not args.no_progress, cache=args.cache)
-        print(console_summary(table))
-        print(f"wrote {out / 'results.parquet'}, results.csv, metadata.json ({len(table)} cells)")
-        cell_warnings(table)
-    except ConfigError as exc:  # e.g. an unreachable --scheduler, found when the cluster is joined
-        raise flag_named(exc) from None
-    except (KeyboardInterrupt, RunAborted) as exc:
-        meta = out / "metadata.json"  # written last: this run's table is complete (a Ctrl-C while a Dask
-        if meta.is_file() and meta.stat().st_mtime >= started:  # cluster shuts down, or the summary prints)
-            print(f"icl-bench: interrupted after the run had finished; its table is complete in {out}", file=sys.stderr)
-            return _interrupt_code(exc) if isinstance(exc, KeyboardInterrupt) else 1
-        what = _interrupted(exc) if isinstance(exc, KeyboardInterrupt) else f"error: {flag_named(exc)}"
-        kept = (f"; the finished cells are kept in {out}. Resume with:\n  {_resume_command(args.argv, out)}"
-                if out.is_dir() else f" before {out} was made")  # (no resume line for a folder never made)
-        print(f"icl-bench: {what}{kept}", file=sys.stderr)
-        return _interrupt_code(exc) if isinstance(exc, KeyboardInterrupt) else 1
-    return 1 if (table.status == "error").any() else 0
 
 
 def cmd_publish(args) -> int:
@@ -320,15 +194,6 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--no-progress", action="store_true", help="no progress bars")
     sw.set_defaults(func=cmd_sweep)
     return p
-
-
-def _interrupted(exc: KeyboardInterrupt) -> str:
-    return "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
-
-
-def _interrupt_code(exc: KeyboardInterrupt) -> int:
-    """128 + the signal's number, as a shell reports a process that signal stopped: 143 / 130."""
-    return 143 if isinstance(exc, Terminated) else 130
 
 
 HELP = {"-h", "--help", "--version"}

@@ -312,7 +312,7 @@ def test_odd_flags_are_named_in_their_one_line_errors(tmp_path, capsys, tiny_raw
 def test_ctrl_c_while_a_finished_run_shuts_down_says_it_is_complete(tmp_path, capsys, tiny_raw, monkeypatch):
     """A Ctrl-C while a Dask cluster shut down, after metadata.json was written, offered a resume
     as if cells were lost (found by a tryout of the Dask executor)."""
-    import icl_bench.cli as cli
+    import icl_bench.cli_run as cli
 
     real = cli._run_matrix
 

@@ -15,7 +15,7 @@ MAX_LINES = 400
 # lower one (foundation modules are stage 0; cli is the top)
 STAGES = {"errors": 0, "files": 0, "provenance": 0, "config_base": 0, "resources": 0, "startup": 0,
           "prompts": 1, "solvers": 2, "bench": 3, "analysis": 4, "training": 5, "report": 6,
-          "cli": 7, "cli_models": 7, "__main__": 7, "__init__": 7}
+          "cli": 7, "cli_models": 7, "cli_run": 7, "__main__": 7, "__init__": 7}
 SIBLINGS_APART = {("bench", "training"), ("training", "bench")}
 
 
