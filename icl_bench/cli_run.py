@@ -48,16 +48,32 @@ def _resume_command(argv: list[str], out: Path) -> str:
     return shlex.join(["icl-bench", *argv])
 
 
+def _recorded_config(args) -> dict | None:
+    """The config recorded in --out's config.json when `run --resume --out DIR` names no config,
+    solver or data (bench/config.py: parse_recorded), so a run resumes without its TOML; None
+    otherwise, or when DIR holds no readable config.json (then the default config is resumed, and
+    a folder that is not a run of it is refused as before: bench/store.py, prepare)."""
+    if not (args.resume and args.out and args.config is None and not args.solver and args.data is None):
+        return None
+    try:
+        doc = json.loads((Path(args.out) / "config.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def cmd_run(args) -> int:
     """Run a matrix into --out and print its summary; 0 if no cell errored, else 1."""
-    from icl_bench.bench.config import parse_config
+    from icl_bench.bench.config import parse_config, parse_recorded
     from icl_bench.config_base import read_toml
     from icl_bench.report.run_summary import cell_warnings, console_summary
 
+    recorded = _recorded_config(args)
     given = "default" if args.config is None else args.config  # --config "" is refused, not the default
-    path = resources.config_path(given)
-    raw = read_toml(path)
-    resources.check_kind(raw, given, "run")
+    path = resources.config_path(given) if recorded is None else Path(args.out) / "config.json"
+    raw = read_toml(path) if recorded is None else recorded
+    if recorded is None:
+        resources.check_kind(raw, given, "run")
     if args.solver and not all(n.strip() for n in args.solver):
         raise ConfigError("--solver: empty name; give a solver's name (icl-bench list)")
     if args.solver:  # keep the config's parameters for a named solver, defaults otherwise
@@ -115,8 +131,14 @@ def cmd_run(args) -> int:
         return ConfigError(msg)
 
     try:
-        cfg = parse_config(raw, base_dir=None if args.data is not None else path.parent)  # --data: from the current folder
+        if recorded is not None:
+            cfg = parse_recorded(raw)
+        else:
+            cfg = parse_config(raw, base_dir=None if args.data is not None else path.parent)  # --data: from the current folder
     except ConfigError as exc:
+        if recorded is not None:
+            raise ConfigError(f"--resume: the config recorded in {path} no longer loads: {exc}; resume with "
+                              "--config FILE.toml, the config the run was started with") from None
         raise flag_named(exc) from None
     out = Path(args.out) if args.out else Path("results/runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
     warn_conflicts(sys.stderr)  # once, before the matrix: a shadowed plugin name must not pass silently

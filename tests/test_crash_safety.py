@@ -135,7 +135,7 @@ def test_torn_write_is_never_merged(tmp_path, tear):
     assert len(done) == expect  # SQLite replays the WAL only up to the last intact commit frame
     from icl_bench.report.aggregate import load_run
 
-    with pytest.raises(ConfigError, match=r"an unfinished run: complete it with `icl-bench run --resume --out .*` and the --config it was run with"):
+    with pytest.raises(ConfigError, match=r"an unfinished run: complete it with `icl-bench run --resume --out .*`, which reads the config it recorded"):
         load_run(out)
     (out / ".my-own-notes.tmp").write_text("not ours")  # a user's file: left alone
     (out / ".results.csv.123-abcd.tmp").write_text("half a ta")  # a table write cut short
@@ -192,7 +192,8 @@ def test_resume_with_another_config_is_refused_and_changes_nothing(tmp_path, mon
     monkeypatch.setattr(sys, "argv", ["/venv/bin/icl-bench", "run", "--config", "my.toml", "--out", "run"])
     run_matrix(parse_config(SMALL), out, progress=False)
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    with pytest.raises(ConfigError, match=r"--resume: .* holds a run of another config .*; resume it with that config or "
+    with pytest.raises(ConfigError, match=r"--resume: .* holds a run of another config .*; resume it with that config \(or "
+                                          r"with no --config, --solver or --data: the config.json there is read\) or "
                                           r"choose another --out \(the run was started by: icl-bench run --config my.toml "
                                           r"--out run\)$"):  # (a user without the TOML's name: a new-user tryout)
         run_matrix(parse_config({**SMALL, "seed": 2}), out, resume=True, progress=False)

@@ -1109,7 +1109,7 @@ def test_a_run_folder_without_metadata_json_is_published_with_a_note(run_dir, pu
     assert main(["publish", str(copy), "--out", str(tmp_path / "p")]) == 0
     note = (f"run {copy}: no metadata.json, which `icl-bench run` writes last, so nothing marks it a finished run "
             f"(it stopped before writing it, or was copied without it) and its tables may lack cells; complete it "
-            f"with `icl-bench run --resume --out {copy}` and the --config it was run with")
+            f"with `icl-bench run --resume --out {copy}`, which reads the config it recorded")
     assert f"note: {note}\n" in capsys.readouterr().out
     assert json.loads((tmp_path / "p" / "publish.json").read_text())["notes"][0] == note
     assert "no metadata.json, which <code>icl-bench run</code> writes last" in (tmp_path / "p" / "index.html").read_text()

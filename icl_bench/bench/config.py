@@ -249,3 +249,35 @@ def load_config(path: str | Path) -> MatrixConfig:
         ConfigError: a missing / unreadable / non-UTF-8 / invalid TOML file, or any parse_config error.
     """
     return parse_config(read_toml(path), base_dir=Path(path).parent)
+
+
+def parse_recorded(doc: dict) -> MatrixConfig:
+    """The MatrixConfig a run recorded in its folder's config.json (bench/runner.py, run_matrix:
+    MatrixConfig.to_dict() without the executor), so that `icl-bench run --resume --out DIR`
+    continues a run without the TOML it was started from.
+
+    The recorded [solvers] are already expanded (NAME -> a list of parameter sets); each set is
+    checked again as a one-value grid, and the sets keep their order. A CSV run's record also
+    holds the generator's defaults ([prompts], grid.noise), which a [data] config may not give:
+    they are dropped. The CSV bytes' digest beside the config is checked by the store, not here.
+    Raises:
+        ConfigError: as parse_config, or a [solvers] entry that is not a list of tables.
+    """
+    from icl_bench.bench.store import DATA_KEY
+
+    raw = {k: v for k, v in doc.items() if k not in ("solvers", DATA_KEY)}
+    if raw.get("data") is not None:
+        raw.pop("prompts", None)
+        if isinstance(raw.get("grid"), dict):
+            raw["grid"] = {k: v for k, v in raw["grid"].items() if k != "noise"}
+    solvers = {} if doc.get("solvers") is None else doc["solvers"]
+    if not isinstance(solvers, dict) or not all(isinstance(sets, list) and sets and all(isinstance(p, dict) for p in sets)
+                                                for sets in solvers.values()):
+        raise ConfigError("solvers: must map each solver's name to a non-empty list of parameter tables")
+    first = {name: {k: [v] for k, v in sets[0].items()} for name, sets in solvers.items()}
+    cfg = parse_config({**raw, "solvers": first} if solvers else raw)  # the rest of the config, checked as a TOML's
+    if not solvers:
+        return cfg
+    expanded = {name: [combo for p in sets for combo in _solver_grid(name, {k: [v] for k, v in p.items()})]
+                for name, sets in solvers.items()}
+    return cfg.model_copy(update={"solvers": expanded})

@@ -258,7 +258,8 @@ def prepare(out: Path, *, resume: bool, config_json: str | None, same=None):
         if not ok:
             first = _first_command(out)  # a user without the TOML or the scroll-back (a new-user tryout)
             raise ConfigError(f"--resume: {out} holds a run of another config ({CONFIG_NAME} differs); "
-                              "resume it with that config or choose another --out"
+                              "resume it with that config (or with no --config, --solver or --data: the "
+                              f"{CONFIG_NAME} there is read) or choose another --out"
                               + (f" (the run was started by: {first})" if first else ""))
         was = was or _table_digest(out)  # a folder from before config.json kept the digest: its table's
         if now and was and was != now:  # the same config on other data: its table would be silently replaced

@@ -41,7 +41,7 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict | None]:
         raise ConfigError(f"RUN_DIR: {path} is not a folder (expected the --out folder of `icl-bench run`)")
     parquet = path / "results.parquet"
     if not parquet.is_file():
-        hint = (f"an unfinished run: complete it with `icl-bench run --resume --out {path}` and the --config it was run with"
+        hint = (f"an unfinished run: complete it with `icl-bench run --resume --out {path}`, which reads the config it recorded"
                 if (path / "cells.sqlite").is_file()
                 else "is it the --out folder of `icl-bench run`?")
         raise ConfigError(f"RUN_DIR: {path} has no results.parquet ({hint})")
@@ -74,7 +74,7 @@ def unfinished_notes(metas: dict) -> list[str]:
     its tables may lack cells. Publish still reads the folder; the note says so and how to finish it."""
     return [f"run {run}: no metadata.json, which `icl-bench run` writes last, so nothing marks it a finished run "
             "(it stopped before writing it, or was copied without it) and its tables may lack cells; complete it "
-            f"with `icl-bench run --resume --out {run}` and the --config it was run with"
+            f"with `icl-bench run --resume --out {run}`, which reads the config it recorded"
             for run, meta in metas.items() if meta is None]
 
 
