@@ -310,6 +310,9 @@ CASES = [
     Case("csv-one-text-cell", csv("x,y\n" + "1,1\n" * 4 + "abc,2\n" + "3,3\n" * 4),
          "--x: column 'x' is not numeric (data row 5: 'abc'); accepted: numbers"),  # it named no row
     Case("csv-text-column", csv("x,y\n" + "a,1\n" * 8), "--x: column 'x' is not numeric (data row 1: 'a'); accepted: numbers (inf too), and cells pandas reads as missing"),
+    # pandas reads True / False as bool, which it counts as numeric: the run had used 1 / 0
+    Case("csv-bool-column", csv("x,y\n" + "".join(f"{i},{i % 2 == 0}\n" for i in range(12))),
+         "--y: column 'y' is not numeric (data row 1: 'True'); accepted: numbers"),
     Case("csv-missing-column", csv(ROWS, y="z"), "--y: no column 'z' in data.csv; columns: 'x', 'y'"),
     Case("csv-repeated-column", csv("x,x,y\n" + "".join(f"{i},{9 * i},{i + 1}\n" for i in range(12))),
          "--x: column 'x' appears 2 times in the header of data.csv; accepted: a column whose name appears once"),

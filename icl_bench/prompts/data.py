@@ -156,8 +156,9 @@ def _missing(col: pd.Series) -> pd.Series:
 def _numbers(col: pd.Series) -> pd.Series:
     """The column as float64: NaN where a cell is missing or no number. A column pandas left as
     text or Python ints (an integer beyond 64 bits, e.g. 99999999999999999999) is converted from
-    each cell's text, so it reads as the same number written 1e+20 does (10**400: inf)."""
-    if pd.api.types.is_numeric_dtype(col):
+    each cell's text, so it reads as the same number written 1e+20 does (10**400: inf). A column
+    pandas read as True / False is no number (NaN): pandas counts bool as numeric, as 1 / 0."""
+    if pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_bool_dtype(col):
         return col.astype(np.float64)
     return pd.to_numeric(col.astype(str), errors="coerce").astype(np.float64)
 
