@@ -136,7 +136,7 @@ def cmd_run(args) -> int:
         else:
             cfg = parse_config(raw, base_dir=None if args.data is not None else path.parent)  # --data: from the current folder
     except ConfigError as exc:
-        if recorded is not None:
+        if recorded is not None and str(flag_named(exc)) == str(exc):  # (a flag typed beside --resume is named)
             raise ConfigError(f"--resume: the config recorded in {path} no longer loads: {exc}; resume with "
                               "--config FILE.toml, the config the run was started with") from None
         raise flag_named(exc) from None

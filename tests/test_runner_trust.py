@@ -15,7 +15,7 @@ import pytest
 import tomli_w
 import torch
 
-import icl_bench.cli as cli
+import icl_bench.cli_run as cli_run
 from icl_bench import Solver, register_solver
 from icl_bench.cli import main
 from icl_bench.provenance import source_digest
@@ -315,7 +315,7 @@ def test_ctrl_c_prints_the_resume_command(tmp_path, capsys, monkeypatch):
             out.mkdir()  # as run_matrix does before its first cell
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_run_matrix", interrupted)
+    monkeypatch.setattr(cli_run, "_run_matrix", interrupted)
     cfg = _cfg(tmp_path, RAW)
     made = True
     code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "run")
