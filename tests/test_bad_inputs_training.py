@@ -55,6 +55,9 @@ def run(capsys, tmp_path, argv, toml=None):
      "runs.b.name: runs 'a' and 'b' both save the checkpoint x; give each run its own name"),
     ('[defaults]\n' + TINY + '[runs.x]\n[runs.y]\nname = "x.json"\n',  # saved as x.safetensors + x.json too
      "runs.y.name: runs 'x' and 'y' both save the checkpoint x; give each run its own name"),
+    ('[defaults]\n' + TINY + '[runs.x]\n[runs."x.json.json"]\n',  # checked as x.json.*, saved as x.* over x's pair
+     "runs.x.json.json.name: bad name 'x.json.json': it ends in two checkpoint suffixes (.json, .safetensors); "
+     "give the name without them, e.g. 'x'"),
     ("[runs.a]\nsteps = 10000000000\n", "runs.a.steps: must be <= 1000000"),
     ("[runs.a]\nsteps = 1000001\n", "runs.a.steps: must be <= 1000000"),  # seed 0's steps 10^6.. were seed 1's prompts
     ("progress = 'yes'\n" + TINY, "train.progress: expected true or false"),

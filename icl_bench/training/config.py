@@ -47,10 +47,21 @@ NonNeg = Annotated[float, BeforeValidator(number(ge=0))]
 Flag = Annotated[bool, BeforeValidator(flag)]
 
 
+def checkpoint_name(v: Any) -> str:
+    """A run's `name`: a file stem (config_base.file_stem) that may end in one checkpoint suffix
+    ("x.json" saves x.safetensors + x.json), not two: "x.json.json" was checked as x.json.* but
+    saved as x.* (the suffix stripped twice), over another run's checkpoint (found by a review)."""
+    v = file_stem(v)
+    if stem_of(stem_of(v)) != stem_of(v):
+        raise problem(f"bad name {v!r}: it ends in two checkpoint suffixes (.json, .safetensors); give the name "
+                      f"without them, e.g. {stem_of(stem_of(v)).name!r}")
+    return v
+
+
 class TrainConfig(ConfigModel):
     """One training run (docs/training.md explains the recipe and every default)."""
 
-    name: Annotated[str, BeforeValidator(file_stem)] = "model"  # checkpoint file stem, e.g. "trained-l1-R10"
+    name: Annotated[str, BeforeValidator(checkpoint_name)] = "model"  # checkpoint file stem, e.g. "trained-l1-R10"
     solver: Annotated[str, BeforeValidator(choice(TRAINED_SOLVERS))] = ""  # the solver this checkpoint serves
     seed: Annotated[int, BeforeValidator(integer(0, MAX_TRAIN_SEED))] = 0  # init, per-step prompts, held-out prompts
     # --- prompts ---
