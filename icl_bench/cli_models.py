@@ -43,6 +43,8 @@ def cmd_analyze(args) -> int:
               "model of that name (give ./NAME or the package's path to be explicit)", file=sys.stderr)
         result["checkpoint"] = str(Path(path).resolve())
     fmt = lambda v: "nan" if v is None or v != v else f"{v:.4g}"  # noqa: E731
+    print(f"{'prompts':26s} N = {result['N']} (mechanism tests ln.*, fp.*: N = {result['mechanism_N']}), R = "
+          f"{result['R']:g}, noise {result['noise']:g}, {result['n_prompts']} prompts, seed {result['seed']}")
     for k in HEADLINE:
         none = "n/a (no LayerNorm)" if k.startswith("ln.ln") else "n/a"  # not computed: not in --out either
         print(f"{k:26s} {fmt(float(result[k])) if k in result else none} {LABELS.get(k, '') if k in result else ''}".rstrip())

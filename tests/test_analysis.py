@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from icl_bench.analysis.analyze import analyze, sparsity_report
+from icl_bench.analysis.analyze import analyze, analyze_checkpoint, sparsity_report
+from icl_bench.analysis.lnfunc import ln_functional
 from icl_bench.analysis.representation import linear_map_fit, representation_similarity
 from icl_bench.files import dumps
 from icl_bench.solvers.sparsity import hoyer
@@ -295,6 +296,26 @@ def test_analyze_checkpoint_and_command(construction, tmp_path, capsys):
         mp.setattr(analyze_module, "analyze_checkpoint", stub)
         assert main(["analyze", str(stem), "--threads", "3"]) == 2 and main(["analyze", str(stem)]) == 2
     assert seen == [3, 1] and torch.get_num_threads() == before
+
+
+def test_mechanism_tests_run_at_their_calibrated_N_whatever_the_analysis_N(construction, tmp_path):
+    """At N = 40 the construction's freeze (0.0298) fell below the state's 0.03, so `analyze --N 40`
+    read the known positive as 'neither' (a review); the mechanism tests now run at N = 20. A
+    checkpoint trained on one length ([40], as `train` stores it) is analysed at it."""
+    import icl_bench.solvers.checkpoint as ckpt
+
+    a = analyze(construction, R, N=40, n_prompts=1024, seed=0)
+    assert (a["N"], a["mechanism_N"], a["ln.state"]) == (40, 20, "layer-2 division")
+    assert a["ln.ln1.freeze"] == ln_functional(construction, R, n_prompts=1024, seed=0)["ln1.freeze"]
+    stem = ckpt.save_checkpoint(construction, tmp_path / "n40", {"R": R, "N": [40], "seed": 0})
+    assert analyze_checkpoint(stem, n_prompts=512)["N"] == 40
+    stem = ckpt.save_checkpoint(construction, tmp_path / "several", {"R": R, "N": [10, 20, 40], "seed": 0})
+    assert analyze_checkpoint(stem, n_prompts=512)["N"] == 20
+
+
+def test_few_prompts_warn_that_the_verdicts_can_flip(construction):
+    with pytest.warns(UserWarning, match=r"n_prompts = 64: the mechanism tests' thresholds were calibrated"):
+        analyze(construction, R, n_prompts=64)
 
 
 def test_analyze_says_when_a_local_checkpoint_takes_a_shipped_name(construction, tmp_path, capsys, monkeypatch):

@@ -89,6 +89,8 @@ def test_train_flags(capsys, tmp_path):
     ("[sweep]\nl1 = [0.0]\nout = 'sw/.'\n[train]\n" + TINY,  # pathlib reads it as 'sw': the same files beside it
      "sweep.out: must be a non-empty path ending in a file stem (got 'sw/.', which ends in '.', a folder)"),
     ("[sweep]\nl1 = [0.0]\neval_prompts = 1000000000000\n", "sweep.eval_prompts: eval_prompts * (eval_N + 1) exceeds"),
+    ("[sweep]\nl1 = [0.0]\n[train]\nreadout = 'flatten'\nN = [12]\n" + TINY,  # raised after training the first run
+     "sweep.eval_N: a flatten readout fixes the context length at train.N = 12; set eval_N = 12 (got 30)"),
     ("train = 3\n[sweep]\nl1 = [0.0]\n", "train: must be a table"),
     ("[sweep]\nl1 = [0.0]\n[train]\nthreads = 5000\n", "train.threads: must be <= 1024"),
     ("[sweep]\nl1 = [0.0, 0.0]\n[train]\n" + TINY, "sweep.l1: repeated values in [0.0, 0.0]"),  # one run trained twice

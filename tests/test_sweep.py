@@ -227,6 +227,7 @@ def test_sweep_refuses_to_overwrite_tables_and_checkpoints_without_force(tmp_pat
     assert _files(tmp_path) == before and not trained and not (tmp_path / "notes_models").exists()
     assert main(["sweep", "--config", str(cfg), "--force", "--no-progress"]) == 0  # the user asked: replaced
     assert (tmp_path / "notes.md").read_text().startswith("# l1 sweep (R = ") and trained == ["l1-0-seed0"]
+    capsys.readouterr()  # (its one warning: analysis_prompts = 8)
     before = _files(tmp_path)
     assert main(["sweep", "--config", str(cfg), "--no-progress"]) == 2  # an earlier sweep's checkpoints
     assert capsys.readouterr().err == (f"icl-bench: error: sweep.out: {tmp_path / 'notes_models' / 'l1-0-seed0.safetensors'} "
@@ -284,7 +285,8 @@ def test_a_diverged_sweep_run_names_its_field_and_an_interrupted_sweep_says_how_
     cfg = tmp_path / "s.toml"
     cfg.write_text(SMALL.replace("[train]\n", "[train]\nlr = 1e30\n").format(out=tmp_path / "d"))
     assert main(["sweep", "--config", str(cfg), "--no-progress"]) == 2
-    err = capsys.readouterr().err
+    warning, err = capsys.readouterr().err.split("\n", 1)  # once per sweep, not once per run
+    assert warning.startswith("icl-bench: warning: sweep.analysis_prompts = 8: the mechanism tests' thresholds")
     assert err.startswith("icl-bench: error: train.lr (sweep run l1-0-seed0): training diverged by step") and err.count("\n") == 1
     cfg.write_text(SMALL.replace("l1 = [0.0]", "l1 = [0.0, 1e-3, 1e-2]").format(out=tmp_path / "l1"))
     real, calls = train_mod.train, []

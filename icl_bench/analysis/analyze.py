@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import warnings
 from pathlib import Path
 
 import torch
@@ -46,7 +47,9 @@ from icl_bench.solvers.ln_closed_form import build_construction
 from icl_bench.solvers.sparsity import SPARSITY_REL_THRESHOLD, hoyer, weight_l1, weight_sparsity
 from icl_bench.solvers.transformer import Transformer
 
-DEFAULT_N = 20  # context length of the analysis prompts when the model's readout does not fix it
+DEFAULT_N = 20  # context length of the analysis prompts when the model's readout does not fix it; the
+# mechanism tests (ln.*, fp.*) always run at it, where their thresholds are calibrated (docs/analysis.md)
+FEW_PROMPTS = 512  # below this, a warning: the known positive's state read 'neither' at 64 prompts (a review)
 DEFAULT_NOISE = 0.1  # label noise of the analysis prompts (the issue's evaluation setting)
 
 
@@ -90,13 +93,15 @@ def analyze(model: Transformer, R: float, *, n_prompts: int = 2048, N: int | Non
         R: the embedding constant the model was trained for; the construction is built for it,
             with the model's key set (masked / query-in-context), and the prompts carry it.
         n_prompts: analysis prompts (>= 8; half fit, half score the representation maps).
-        N: context length; default: the model's N for a flatten readout, else 20.
+        N: context length of the prediction, representation and probe measures; default: the
+            model's N for a flatten readout, else 20. The mechanism tests (ln.*, fp.*) run at
+            N = 20 (flatten: the model's N) whatever N is: their thresholds are calibrated there.
         seed: seeds the prompts and the alignment search.
         noise: label noise of the prompts.
     Returns:
         flat dict of floats, ints and strings (alignment / assignments as JSON text): sparsity,
         l1, hoyer (+ per parameter), similarity (+ per component), alignment, repr.*, probe.*,
-        mse_vs_ols, and the settings R, N, noise, n_prompts, seed. Values that cannot be computed
+        mse_vs_ols, ln.*, fp.*, and the settings R, N, mechanism_N, noise, n_prompts, seed. Values that cannot be computed
         for this model (e.g. similarity of a 3-block model) are NaN, with the reason in
         "alignment".
     Raises:
@@ -116,6 +121,10 @@ def analyze(model: Transformer, R: float, *, n_prompts: int = 2048, N: int | Non
                           f"{MAX_VALUES}; lower --n-prompts or --N")
     if cfg.readout == "flatten" and N != cfg.N:
         raise ConfigError(f"N: this model's flatten readout fixes N={cfg.N} (got {N})")
+    if n_prompts < FEW_PROMPTS:
+        warnings.warn(f"n_prompts = {n_prompts}: the mechanism tests' thresholds were calibrated on 1024-4096 "
+                      f"prompts; below {FEW_PROMPTS} ln.state and fp.verdict can flip with the seed (the construction "
+                      "itself read 'neither' at 64)", stacklevel=2)
     construction = build_construction(R, variant=cfg.keys, dtype=torch.float64)  # ConfigError for bad R
     m = copy.deepcopy(model).to(device="cpu", dtype=torch.float64).eval()
     batch = sample_prompts(PromptSpec(N=N, noise=float(noise), R=float(R)), n_prompts, seed=seed, dtype="float64")
@@ -136,7 +145,9 @@ def analyze(model: Transformer, R: float, *, n_prompts: int = 2048, N: int | Non
     except ConfigError:
         pass  # a different number of blocks: no slot-by-slot comparison
     out.update(probe_report(m, batch.tokens))
-    out.update(mechanism_report(m, float(R), N=N, n_prompts=n_prompts, seed=seed, noise=float(noise)))
+    mechanism_N = cfg.N if cfg.readout == "flatten" else DEFAULT_N  # not N: the thresholds' own length
+    out["mechanism_N"] = mechanism_N
+    out.update(mechanism_report(m, float(R), N=mechanism_N, n_prompts=n_prompts, seed=seed, noise=float(noise)))
     return out
 
 
@@ -144,6 +155,9 @@ def mechanism_report(model: Transformer, R: float, *, N: int, n_prompts: int, se
     """What the model does (not its weights): the functional LayerNorm tests and the state
     (icl_bench.analysis.lnfunc; keys "ln.*", "ln.state") and the behavioural fingerprint under
     affine maps of the prompt (icl_bench.analysis.fingerprint; keys "fp.*", "fp.verdict").
+    Their thresholds are calibrated at N = 20 (DEFAULT_N; a flatten model: its own N), where
+    `analyze` runs them whatever its own N: at N = 40 the construction's freeze (0.025) is below
+    the state's 0.03, and the known positive read 'neither'.
     Used by `analyze` and callable on any Transformer (e.g. a published checkpoint); docs/analysis.md."""
     out = {f"ln.{k}": v for k, v in ln_functional(model, R, N=N, n_prompts=n_prompts, noise=noise, seed=seed).items()}
     dtype = next(model.parameters()).dtype
@@ -184,7 +198,9 @@ def check_out(out: str) -> None:
 
 def analyze_checkpoint(path: str | Path, **kwargs) -> dict:
     """`analyze` of a saved checkpoint (icl_bench.solvers.checkpoint), at the R stored in its metadata and,
-    unless N is given, the training N stored there (query readout; a flatten readout fixes N).
+    unless N is given, the training N stored there when it is one length (`train` stores a list:
+    [40] -> 40); trained on several lengths (the shipped [10, 20, 40]), N = 20. A flatten readout
+    fixes N. The mechanism tests run at N = 20 either way (`analyze`).
 
     Args:
         path: the checkpoint (either file of the .safetensors / .json pair, or the stem).
@@ -199,6 +215,7 @@ def analyze_checkpoint(path: str | Path, **kwargs) -> dict:
     if isinstance(R, bool) or not isinstance(R, (int, float)) or not math.isfinite(R) or R <= 0:
         raise ConfigError(f"checkpoint: {path} metadata has no valid R (got {R!r})")
     N = meta.get("N")
+    N = N[0] if isinstance(N, list) and len(N) == 1 else N  # train's list of lengths (this branch never fired)
     if kwargs.get("N") is None and model.cfg.readout == "query" and isinstance(N, int) and not isinstance(N, bool) and N >= 2:
         kwargs["N"] = N  # the context length it was trained on
     return {"checkpoint": str(path), **analyze(model, float(R), **kwargs)}

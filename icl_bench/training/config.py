@@ -314,7 +314,10 @@ def read_sweep(path: str | Path) -> SweepConfig:
     """Read and validate a sweep TOML, its [train] table included (so a bad field fails before any
     training). Raises ConfigError (one line) for any problem."""
     cfg = validate(SweepConfig, read_toml(path))
-    validate(TrainConfig, {**cfg.train, "seed": max(cfg.sweep.seeds), "l1": max(cfg.sweep.l1)}, where="train")
+    train = validate(TrainConfig, {**cfg.train, "seed": max(cfg.sweep.seeds), "l1": max(cfg.sweep.l1)}, where="train")
+    if train.readout == "flatten" and cfg.sweep.eval_N != train.N[0]:  # the evaluation raised after training
+        raise ConfigError(f"sweep.eval_N: a flatten readout fixes the context length at train.N = {train.N[0]}; "
+                          f"set eval_N = {train.N[0]} (got {cfg.sweep.eval_N})")
     out = Path(cfg.sweep.out)
     for target in (Path(f"{out}.csv"), Path(f"{out}.md"), out.parent / (out.name + "_models")):
         if target.exists() and target.is_dir() != target.name.endswith("_models"):

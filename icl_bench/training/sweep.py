@@ -22,12 +22,13 @@ from __future__ import annotations
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from icl_bench.analysis.analyze import analyze
+from icl_bench.analysis.analyze import FEW_PROMPTS, analyze
 from icl_bench.prompts.generator import PromptSpec, sample_prompts
 from icl_bench.errors import ConfigError
 from icl_bench.files import name_too_long, temp_path, write_atomic
@@ -59,7 +60,8 @@ def row_for(stem: Path, sweep: Sweep) -> dict:
            "n_nonfinite": int((~ok).sum()),  # prompts left out of mse_vs_ols: its mean is over the others
            "sparsity": weight_sparsity(w), "weight_l1": weight_l1(w)}
     try:
-        with torch_threads(1):  # many small ops: 4-8x faster than on torch's default threads (--reuse)
+        with torch_threads(1), warnings.catch_warnings():  # (threads: many small ops, 4-8x faster on one)
+            warnings.filterwarnings("ignore", message="n_prompts = ")  # said once by run_sweep, not per run
             result = analyze(model, R, seed=int(meta["seed"]), n_prompts=sweep.analysis_prompts)
         row.update({k: v for k, v in result.items() if isinstance(v, (int, float)) and k not in row})
         row.update({k: result[k] for k in ("ln.state", "fp.verdict") if k in result})  # the mechanism verdicts
@@ -95,6 +97,12 @@ def markdown_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def _one(table: pd.DataFrame, column: str) -> str:
+    """The value of `column` shared by every analysed row, or 'n/a' (no row analysed)."""
+    values = sorted({int(v) for v in table[column].dropna()}) if column in table.columns else []
+    return ", ".join(map(str, values)) or "n/a"
+
+
 def write_tables(table: pd.DataFrame, out: Path, sweep: Sweep, command: str) -> None:
     """<out>.csv (every run) and <out>.md (summary by lambda, with the command that made it)."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -104,9 +112,11 @@ def write_tables(table: pd.DataFrame, out: Path, sweep: Sweep, command: str) -> 
     note = ("hoyer, similarity (to the LN construction, symmetry-invariant; ~0.35 for random weights, see "
             "results/similarity_calibration.md), repr.* (R^2 of linear maps to the construction's residual stream) "
             "and probe.* come from `icl_bench.analysis.analyze.analyze` "
-            f"(N = 20, {sweep.analysis_prompts} prompts); the probes are passed by any accurate model, the "
+            f"(N = {_one(table, 'N')}, {sweep.analysis_prompts} prompts; the mechanism tests at N = "
+            f"{_one(table, 'mechanism_N')}); the probes are passed by any accurate model, the "
             "functional LayerNorm tests are the mechanism test: ln.ln1.slope (layer-2 LayerNorm std against "
-            "log Cxx; the construction 1.000), ln.ln1.freeze (construction 0.056) and layer2_division, the share "
+            "log Cxx; the construction 1.000), ln.ln1.freeze (the state needs >= 0.03; the "
+            "construction reads 0.056 on 4096 prompts, 0.066 on 2048) and layer2_division, the share "
             "of seeds in the state 'layer-2 division' (docs/analysis.md).")
     lines = [f"# l1 sweep (R = {table.R.iloc[0]:g})", "", f"Made by: `{command}`", "",
              f"Evaluation: {sweep.eval_prompts} fresh prompts, N = {sweep.eval_N}, noise = {sweep.eval_noise}; "
@@ -219,6 +229,10 @@ def run_sweep(config: str | Path, reuse: bool = False, progress: bool = True, fo
     if reuse and len(reused) < len(runs):  # --reuse trains what is missing: said, not done silently
         print(f"--reuse: {len(reused)} of {len(runs)} checkpoints found in {models}; training the other "
               f"{len(runs) - len(reused)}", flush=True)
+    if sweep.analysis_prompts < FEW_PROMPTS:
+        warnings.warn(f"sweep.analysis_prompts = {sweep.analysis_prompts}: the mechanism tests' thresholds were "
+                      f"calibrated on 1024-4096 prompts; below {FEW_PROMPTS} ln.state and layer2_division can flip "
+                      "with the seed", stacklevel=2)
     command = command or f"icl-bench sweep --config {config}" + (" --reuse" if reuse else "")
     rows, saved = [], len(reused)
     try:
