@@ -454,6 +454,13 @@ CASES += [
          "checkpoint: {stem}.safetensors tensor 'embed.weight' has shape (4, 3), the config needs (1000000000, 3)"),
     ckpt("model-config-type", _meta(lambda m: m["model_config"].update(d_model="four")), "checkpoint: {stem}.json has a bad model_config"),
     ckpt("model-config-key", _meta(lambda m: m["model_config"].update(width=4)), "checkpoint: {stem}.json has a bad model_config"),
+    # a float or bool size was a TypeError deep in torch (a traceback); "yes" was taken as a LayerNorm
+    ckpt("model-config-float-size", _meta(lambda m: m["model_config"].update(d_model=4.0)),
+         "checkpoint: {stem}.json has a bad model_config: d_model: must be an integer (got 4.0)"),
+    ckpt("model-config-bool-size", _meta(lambda m: m["model_config"].update(n_heads=True)),
+         "checkpoint: {stem}.json has a bad model_config: n_heads: must be an integer (got True)"),
+    ckpt("model-config-text-flag", _meta(lambda m: m["model_config"].update(layernorm="yes")),
+         "checkpoint: {stem}.json has a bad model_config: layernorm: must be true or false (got 'yes')"),
     ckpt("not-a-checkpoint", _meta(lambda m: m.update(format="something-else")), "checkpoint: {stem}.json is not an icl-bench checkpoint"),
     ckpt("json-not-utf8", _bytes(".json", b"{\xff\xfe}"), "checkpoint: {stem}.json is not valid JSON"),
     ckpt("json-empty", _bytes(".json", b""), "checkpoint: {stem}.json is not valid JSON"),

@@ -26,6 +26,7 @@ the O(N^2) score-matrix reference.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass
 
 import torch
@@ -43,7 +44,7 @@ class TransformerConfig:
     """Shape and options of a `Transformer` (docs/design.md §4); frozen, so it can key caches.
 
     Raises ValueError (one line naming the field and the accepted values) for an unknown `keys`,
-    `readout` or `ln_sum`, a size below 1, a "flatten" readout without N >= 2, or an `ln_eps`
+    `readout` or `ln_sum`, a size (or N) that is not an int, a `layernorm` that is not a bool, a size below 1, a "flatten" readout without N >= 2, or an `ln_eps`
     that is not a finite number >= 0.
     """
 
@@ -65,6 +66,12 @@ class TransformerConfig:
             raise ValueError(f"readout: unknown readout {self.readout!r}; accepted: {', '.join(READOUTS)}")
         if self.ln_sum not in LN_SUMS:
             raise ValueError(f"ln_sum: unknown order {self.ln_sum!r}; accepted: {', '.join(LN_SUMS)}")
+        for k in ("d_in", "d_model", "n_layers", "n_heads", "N"):  # (a checkpoint's JSON: 4.0 or true was a
+            v = getattr(self, k)  # TypeError deep in torch, "yes" a LayerNorm; found by a review)
+            if (v is not None or k != "N") and (isinstance(v, bool) or not isinstance(v, numbers.Integral)):
+                raise ValueError(f"{k}: must be an integer (got {v!r})")
+        if not isinstance(self.layernorm, bool):
+            raise ValueError(f"layernorm: must be true or false (got {self.layernorm!r})")
         if self.readout == "flatten" and (self.N is None or self.N < 2):
             raise ValueError("N: readout='flatten' needs the context length N >= 2")
         for k in ("d_in", "d_model", "n_layers", "n_heads"):
