@@ -180,6 +180,14 @@ def test_the_seed_table_judges_each_prompt_draw_with_its_own_layernorm_state(mon
     assert mechanism_table._stale({k: v for k, v in row.items() if not k.startswith("state.p")} | {"ln1.r2_raw": 1})
 
 
+def test_similarity_of_non_finite_weights_is_nan_not_0(construction):
+    """max(0, nan) read 0: a score below random weights' that looked measured (found by a review)."""
+    broken = copy.deepcopy(construction)
+    with torch.no_grad():
+        broken.blocks[1].attn.W_Q[0, 0, 0] = math.nan
+    assert math.isnan(similarity(broken, construction)[0])
+
+
 def test_similarity_rejects_other_architectures(construction):
     three = Transformer(TransformerConfig(n_layers=3)).to(torch.float64)
     with pytest.raises(ConfigError, match="3 layers"):
