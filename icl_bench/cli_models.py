@@ -46,7 +46,9 @@ def cmd_analyze(args) -> int:
     print(f"{'prompts':26s} N = {result['N']} (mechanism tests ln.*, fp.*: N = {result['mechanism_N']}), R = "
           f"{result['R']:g}, noise {result['noise']:g}, {result['n_prompts']} prompts, seed {result['seed']}")
     for k in HEADLINE:
-        none = "n/a (no LayerNorm)" if k.startswith("ln.ln") else "n/a"  # not computed: not in --out either
+        none = "n/a"  # not computed: not in --out either
+        if k.startswith("ln.ln"):  # a 1-layer model with LayerNorm has no ln1 (it read "no LayerNorm"; a review)
+            none = "n/a (no second layer)" if "ln.ln0.slope" in result else "n/a (no LayerNorm)"
         print(f"{k:26s} {fmt(float(result[k])) if k in result else none} {LABELS.get(k, '') if k in result else ''}".rstrip())
     print(f"{'state (functional LN)':26s} {result.get('ln.state')}\n{'fingerprint verdict':26s} {result.get('fp.verdict')} "
           f"(closest gd: K={result.get('fp.gd_steps')}, lr {fmt(result.get('fp.gd_lr'))}, mean distance "
@@ -74,8 +76,9 @@ def cmd_train(args) -> int:
         raise ConfigError(f"--steps: must be an integer >= 1 and <= {MAX_STEPS} (got {args.steps})")
     path = resources.config_path(args.config)
     resources.check_kind(read_toml(path), args.config, "train")
-    cfgs = [TrainConfig.from_dict(d, where=where)  # every run is validated before hours of training, not after
-            for where, d in load_runs(path, args.run, labelled=True)]
+    labelled = load_runs(path, args.run, labelled=True)
+    cfgs = [TrainConfig.from_dict(d, where=where) for where, d in labelled]  # every run, before hours of training
+    table = {c.name: where for c, (where, _) in zip(cfgs, labelled)}  # "train" (a flat config) or "runs.NAME"
     cfgs = [c.model_copy(update={"progress": c.progress and not args.no_progress}) for c in cfgs]
     if args.steps is not None:  # a quick check of a packaged config: fewer steps, same recipe
         cfgs = [c.model_copy(update={"steps": args.steps, "eval_every": min(c.eval_every, args.steps)}) for c in cfgs]
@@ -89,19 +92,22 @@ def cmd_train(args) -> int:
         raise ConfigError(f"--out: {out} already holds {', '.join(used)}; choose another folder or pass --force")
     for c in cfgs:  # e.g. a folder named m.json: refused now, not after the training
         check_writable(out / c.name)
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)  # an OSError here is one line, exit 2 (main)
     done = []
     try:
-        for cfg in cfgs:
-            stem = train_and_save(cfg, out, replace=args.force)  # a pair saved meanwhile by another train is kept
+        for cfg in cfgs:  # (a pair saved meanwhile by another train is kept)
+            stem = train_and_save(cfg, out, replace=args.force, where=f"{table[cfg.name]}.lr")
             done.append(cfg.name)
             meta = json.loads(Path(f"{stem}.json").read_text())["metrics"]
             num = lambda k, f: "nan" if meta.get(k) is None else format(meta[k], f)  # noqa: E731 (null = NaN: diverged)
             print(f"{cfg.name}: {meta['step']} step{'' if meta['step'] == 1 else 's'}, held-out MSE vs OLS {num('eval_mse_vs_ols', '.3e')} "
                   f"({num('eval_rel_mse', '.2%')} of var(OLS)), sparsity {num('sparsity', '.2f')} -> {stem}.safetensors",
                   flush=True)
-    except KeyboardInterrupt:  # (main prints "interrupted"): which runs are saved, and how to train the rest
-        if done and len(done) < len(cfgs):
+    except (KeyboardInterrupt, ConfigError) as exc:  # (a diverged run: one line, which main prints)
+        if made and not any(out.iterdir()):  # nothing saved: no empty folder left behind (a review)
+            out.rmdir()
+        if isinstance(exc, KeyboardInterrupt) and done and len(done) < len(cfgs):  # how to train the rest
             print(f"icl-bench: saved in {out}: {', '.join(done)}; train the rest with:\n  "
                   f"{_rest_command(getattr(args, 'argv', None), [c.name for c in cfgs if c.name not in done])}",
                   file=sys.stderr, flush=True)

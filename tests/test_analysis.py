@@ -358,3 +358,7 @@ def test_analyze_of_a_model_without_layernorm_says_na_not_nan(tmp_path, capsys):
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("ln.")}
     assert lines["ln.ln1.slope"].split(None, 1)[1] == "n/a (no LayerNorm)" and "ln.ln1.slope" not in json.loads(out.read_text())
     assert lines["ln.effective_R"].split()[1] != "n/a"  # computed for every model
+    stem = ckpt.save_checkpoint(Transformer(TransformerConfig(n_layers=1)), tmp_path / "one", {"R": R, "N": 12, "seed": 0})
+    assert main(["analyze", str(stem), "--n-prompts", "64"]) == 0  # LayerNorm in its one layer: no ln1
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("ln.")}
+    assert lines["ln.ln1.slope"].split(None, 1)[1] == "n/a (no second layer)" and lines["ln.ln0.slope"].split()[1] != "n/a"

@@ -109,8 +109,19 @@ def test_a_diverged_run_writes_no_checkpoint(tmp_path, capsys):
         warnings.simplefilter("error")  # the held-out metrics of a model that answers only NaN warned
         assert main(["--config", str(path), "--out", str(tmp_path / "m"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("icl-bench: error: runs.m1: training diverged by step 5") and "lower lr" in err, err
-    assert "\n" not in err and not list((tmp_path / "m").glob("m1.*"))
+    assert err.startswith("icl-bench: error: runs.m1.lr: training diverged by step 5") and "lower lr" in err, err
+    assert "\n" not in err and not (tmp_path / "m").exists()  # (the folder it made is removed again: a review)
+
+
+def test_a_run_diverged_by_its_l1_says_so_and_names_the_flat_configs_table(tmp_path, capsys):
+    """A flat config (no [runs]) was named 'runs.big', a table it does not have, and l1 = 1e37 was
+    advised 'lower lr' (found by a review)."""
+    path = tmp_path / "t.toml"
+    path.write_text('name = "big"\nl1 = 1e37\nsteps = 5\nbatch_size = 8\neval_prompts = 8\n')
+    assert main(["--config", str(path), "--out", str(tmp_path / "m"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("icl-bench: error: train.lr: training diverged by step"), err
+    assert err.endswith("l1 = 1e+37); no checkpoint written: lower lr or l1"), err
 
 
 def test_a_run_selected_twice_trains_once(tmp_path, capsys):

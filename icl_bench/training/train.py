@@ -233,7 +233,7 @@ def train_and_save(cfg: TrainConfig, out_dir: str | Path, *, replace: bool = Tru
 
     Raises:
         ConfigError: training diverged (a non-finite loss or weight): nothing is written (the
-            message begins with `where`, default `runs.<name>`: the config field to change); or (naming
+            message begins with `where`, default `runs.<name>.lr`: the config field to change); or (naming
             `key`) replace is False and the pair appeared while training: the message names where
             this run was saved instead.
     """
@@ -241,8 +241,9 @@ def train_and_save(cfg: TrainConfig, out_dir: str | Path, *, replace: bool = Tru
     final = history[-1]
     if (final["step"] > 0 and not math.isfinite(final["loss"])) or not all(bool(torch.isfinite(p).all())
                                                                            for p in model.parameters()):
-        raise ConfigError(f"{where or 'runs.' + cfg.name}: training diverged by step {final['step']} (loss {final['loss']}, "
-                          f"lr = {cfg.lr:g}); no checkpoint written: lower lr" + ("" if cfg.clip > 0 else ", or set clip > 0"))
+        raise ConfigError(f"{where or 'runs.' + cfg.name + '.lr'}: training diverged by step {final['step']} (loss "
+                          f"{final['loss']}, lr = {cfg.lr:g}{f', l1 = {cfg.l1:g}' if cfg.l1 else ''}); no checkpoint "
+                          "written: lower lr" + (" or l1" if cfg.l1 else "") + ("" if cfg.clip > 0 else ", or set clip > 0"))
     meta = {"solver": cfg.solver, "R": float(cfg.R), "N": cfg.N, "seed": cfg.seed, "train_config": cfg.to_dict(),
             "metrics": {**{k: final[k] for k in ("step", "eval_mse_vs_ols", "eval_rel_mse", "sparsity", "elapsed_s", "steps_per_s")},
                         "weight_l1": weight_l1(model.weight_matrices()), "fresh_noise0.1": fresh_metrics(model, cfg.R, n_prompts=cfg.eval_prompts)},
