@@ -35,6 +35,9 @@ from icl_bench.training.augment import exact_zero_fraction
 
 SUCCESS = ("rel_mse <= 1e-2, state = layer-2 division (|ln1.slope - 1| <= 0.05, ln1.r2 >= 0.9, ln1.r2 > ln1.r2_raw, "
            "ln1.freeze >= 0.03), fp.x+5 <= 0.01, fp.x*10 <= 0.05")
+# 2: a layer whose T was zero (many shuffles, some sparse models) had made the search's gradients
+# NaN and the score 0 (icl_bench/analysis/similarity.py); rows without it are recomputed
+SIMILARITY_VERSION = 2
 PROMPT_SEEDS = (0, 1, 2, 3, 4)  # the fingerprint's prompt draws (seed 0: the fp.* columns)
 
 
@@ -88,14 +91,20 @@ def analyse(path: Path, gd_cache: dict, n_prompts: int) -> dict:
     row = {"recipe": m.group(1), "seed": int(m.group(2)), "R": R, "readout": model.cfg.readout,
            "steps": meta["train_config"]["steps"], "l1_prox": meta["train_config"].get("l1_prox", 0.0)}
     row.update(functional(model, R, gd_cache, n_prompts))
-    try:
-        row["similarity"] = similarity(model.double(), build_construction(R, model.cfg.keys), seed=0)[0]
-    except ConfigError as exc:  # a model the similarity cannot align (its shapes; reported, not hidden)
-        row["similarity"], row["similarity_error"] = math.nan, str(exc)
-    row["similarity_shuffled"] = shuffled_similarity(model, R)
+    row.update(similarities(model, R), similarity_version=SIMILARITY_VERSION)
     row["exact_zero"] = exact_zero_fraction(model)
     row["success"] = success(row)
     return row
+
+
+def similarities(model, R: float) -> dict:
+    """The row's similarity columns: `similarity` (NaN with `similarity_error` for a model it cannot
+    align: its shapes; reported, not hidden) and `similarity_shuffled`."""
+    try:
+        row = {"similarity": similarity(model.double(), build_construction(R, model.cfg.keys), seed=0)[0]}
+    except ConfigError as exc:
+        row = {"similarity": math.nan, "similarity_error": str(exc)}
+    return {**row, "similarity_shuffled": shuffled_similarity(model, R)}
 
 
 def shuffled_similarity(model, R: float, seeds=(0, 1, 2)) -> float:
@@ -134,9 +143,11 @@ def write_table(out: Path, n_prompts: int = 4096, reanalyse: bool = False) -> pd
                 rows[-1]["success"] = success(rows[-1])
                 print(f"{path.name}: redone, {rows[-1]['state']}, {rows[-1]['fp.verdict']}", flush=True)
                 cache.write_text(json.dumps(rows[-1], allow_nan=True))
-            if "similarity_shuffled" not in rows[-1]:  # added later: computed alone
+            if rows[-1].get("similarity_version") != SIMILARITY_VERSION:  # rows from before the fix: computed alone
                 model, meta = load_checkpoint(path)
-                rows[-1]["similarity_shuffled"] = shuffled_similarity(model, float(meta["R"]))
+                rows[-1].update(similarities(model, float(meta["R"])), similarity_version=SIMILARITY_VERSION)
+                print(f"{path.name}: similarity {rows[-1]['similarity']:.3f}, shuffled "
+                      f"{rows[-1]['similarity_shuffled']:.3f}", flush=True)
                 cache.write_text(json.dumps(rows[-1], allow_nan=True))
             continue
         rows.append(analyse(path, gd_cache, n_prompts))

@@ -117,7 +117,8 @@ def _components(emb, layers, ro) -> dict[str, tuple[str, torch.Tensor]]:
     comps = {"embed": ("vec", emb.flatten(1))}
     for i, (T, G, b) in enumerate(layers):
         T = T.flatten(2)  # (K, d_ln, d^3)
-        T = T / T.flatten(1).norm(dim=1).clamp_min(1e-300)[:, None, None]
+        T = T / T.flatten(1).norm(dim=1).clamp_min(1e-150)[:, None, None]  # (1e-300: its square underflowed,
+        # and a zero T, as in a layer whose weights cancel, made every gradient NaN, its score 0)
         out = torch.cat([G @ T, b[..., None]], dim=2)  # (K, d, d^3 + 1)
         comps[f"layer{i}.out"] = ("vec", out.flatten(1))
         comps[f"layer{i}.gram"] = ("gram", T)
@@ -131,8 +132,8 @@ def _cosine(kind: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         dot, na, nb = (a * b).sum(1), a.norm(dim=1), b.norm(dim=1)
     else:  # <A^T A, B^T B>_F = ||A B^T||_F^2 and ||A^T A||_F = ||A A^T||_F
         dot = (a @ b.transpose(1, 2)).square().sum((1, 2))
-        na = (a @ a.transpose(1, 2)).square().sum((1, 2)).sqrt()
-        nb = (b @ b.transpose(1, 2)).square().sum((1, 2)).sqrt()
+        na = torch.linalg.vector_norm(a @ a.transpose(1, 2), dim=(1, 2))  # (not sqrt of a sum of squares,
+        nb = torch.linalg.vector_norm(b @ b.transpose(1, 2), dim=(1, 2))  # whose gradient at a zero T is NaN)
     tiny = 1e-150
     cos = dot / (na * nb).clamp_min(tiny)
     both0 = (na < tiny) & (nb < tiny)
