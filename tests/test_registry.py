@@ -61,6 +61,40 @@ def test_cli_list_survives_a_broken_plugin(plugin_path):
     assert "scipy-lstsq" in out.stdout
 
 
+PLAIN_PARAMS = '''
+from icl_bench import Solver
+
+
+class PlainParams(Solver):
+    """A plugin that wrote its parameter's default where a Param belongs."""
+    params = {"shift": 0.0}
+
+    def predict(self, batch):
+        return batch.y.mean(dim=1)
+'''
+
+
+def test_a_plugin_whose_params_are_not_param_is_listed_as_broken(tmp_path, monkeypatch, capsys):
+    """`params = {"shift": 0.0}` crashed `icl-bench list` with a traceback, and the solvers after
+    it were never listed (found by a new-user tryout); it is now a broken plugin like any other."""
+    from icl_bench.cli import main
+    from icl_bench.solvers import registry
+
+    from conftest import write_plugin
+
+    root = write_plugin(tmp_path / "site", "plain-plugin", {"plain-params": "plain_mod:PlainParams"},
+                        {"plain_mod": PLAIN_PARAMS})
+    monkeypatch.syspath_prepend(str(root))
+    try:
+        assert main(["list"]) == 0
+        out = capsys.readouterr().out
+        assert "BROKEN: TypeError: solver 'plain-params': params['shift'] must be an icl_bench.Param (got 0.0)" in out
+        assert "\nscipy-lstsq  [" in out  # the listing goes on after it
+    finally:
+        registry.REGISTRY.unregister("plain-params")
+        sys.modules.pop("plain_mod", None)
+
+
 def test_list_shows_parameters_as_config_keys_not_flags(capsys):
     from icl_bench import Param
     from icl_bench.cli import main

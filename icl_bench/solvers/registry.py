@@ -22,7 +22,7 @@ from importlib.metadata import entry_points
 
 from icl_bench.errors import cell_message
 from icl_bench.provenance import source_digest
-from icl_bench.solvers.base import Solver
+from icl_bench.solvers.base import Param, Solver
 
 ENTRY_POINT_GROUP = "icl_bench.solvers"
 
@@ -72,11 +72,17 @@ class Registry:
         """Register `cls` under `name`.
 
         Raises:
-            TypeError: `cls` is not a Solver subclass.
+            TypeError: `cls` is not a Solver subclass, or its `params` is not a dict of icl_bench.Param.
             ValueError: `name` is already taken by another class.
         """
         if not (isinstance(cls, type) and issubclass(cls, Solver)):
             raise TypeError(f"solver {name!r}: {cls!r} is not a subclass of icl_bench.Solver")
+        params = getattr(cls, "params", {})  # (a plain default, {"shift": 0.0}, crashed `list`; a tryout)
+        if not isinstance(params, dict):
+            raise TypeError(f"solver {name!r}: params must be a dict of name -> icl_bench.Param (got {type(params).__name__})")
+        bad = [k for k, v in params.items() if not isinstance(v, Param)]
+        if bad:
+            raise TypeError(f"solver {name!r}: params[{bad[0]!r}] must be an icl_bench.Param (got {params[bad[0]]!r})")
         with self._lock:
             if name in self._classes and self._classes[name] is not cls:
                 raise ValueError(f"solver {name!r}: already registered by {self._origins[name]}")
