@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from baselines.gd import GD, gd_trajectory
+from icl_bench_baselines.gd import GD, gd_trajectory
 from benchmarks.experiments.gd_analysis import best_steps_to_reach, hessian_eigenvalues, steps_to_reach
 from icl_bench import Dist, PromptSpec, get_solver, make_batch, sample_prompts
 from icl_bench.errors import ConfigError
@@ -164,7 +164,7 @@ def test_committed_sweep_selects_the_default_lr():
 
 def test_gd_and_gd_lsa_share_their_defaults():
     # the baseline states its defaults itself; the construction must use the same ones
-    from baselines import gd
+    from icl_bench_baselines import gd
     from icl_bench.solvers import gd_lsa
 
     assert (gd.DEFAULT_STEPS, gd.DEFAULT_LR, gd.MAX_STEPS) == (gd_lsa.DEFAULT_STEPS, gd_lsa.DEFAULT_LR, gd_lsa.MAX_STEPS)

@@ -31,7 +31,7 @@ def installed(tmp_path_factory):
     # other pytest-xdist workers run meanwhile
     src = base / "src"
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("icl_bench", "baselines"):
+    for name in ("icl_bench", "icl_bench_baselines"):
         shutil.copytree(ROOT / name, src / name, ignore=skip)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, src / name)
@@ -56,7 +56,7 @@ def _pip_has_python_flag() -> bool:  # pip >= 22.3 can install into another envi
 
 def test_the_package_comes_from_the_wheel(installed):
     py, work, env = installed
-    where = sh(py, "-c", "import icl_bench, baselines; print(icl_bench.__file__); print(baselines.__file__)", cwd=work, env=env)
+    where = sh(py, "-c", "import icl_bench, icl_bench_baselines; print(icl_bench.__file__); print(icl_bench_baselines.__file__)", cwd=work, env=env)
     assert all("venv" in line and "site-packages" in line for line in where.stdout.split()), where.stdout
 
 
@@ -77,4 +77,4 @@ def test_every_command_runs_from_an_unrelated_folder(installed):
     sh(*cli, "publish", "run", "--out", "pub", cwd=work, env=env)
     assert (work / "pub" / "index.html").is_file() and (work / "pub" / "headline.md").is_file()
     listed = sh(*cli, "list", cwd=work, env=env).stdout
-    assert "ols  [plugin baselines.ols:OLS" in listed and "trained-l1  [built-in" in listed
+    assert "ols  [plugin icl_bench_baselines.ols:OLS" in listed and "trained-l1  [built-in" in listed

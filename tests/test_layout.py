@@ -124,11 +124,11 @@ def test_tests_use_the_registry_api_not_its_private_state():
 
 def test_code_cites_in_repo_docs_only():
     pattern = re.compile(r"shared/|DESIGN\.md|DESIGN section|\b[Ii]ssue \d+")
-    hits = [f"{p.relative_to(ROOT)}:{i}" for base in ("icl_bench", "baselines", "tests", "benchmarks")
+    hits = [f"{p.relative_to(ROOT)}:{i}" for base in ("icl_bench", "icl_bench_baselines", "tests", "benchmarks")
             for p in (ROOT / base).rglob("*.py") if p.name != Path(__file__).name
             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert not hits, hits
-    cited = {m.group(1) for base in ("icl_bench", "baselines") for p in (ROOT / base).rglob("*.py")
+    cited = {m.group(1) for base in ("icl_bench", "icl_bench_baselines") for p in (ROOT / base).rglob("*.py")
              for m in re.finditer(r"\b(docs/[\w.-]+\.md)", p.read_text())}
     missing = sorted(c for c in cited if not (ROOT / c).is_file())
     assert not missing, f"code cites docs that do not exist: {missing}"

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from baselines.gd import gd_predict
+from icl_bench_baselines.gd import gd_predict
 from icl_bench.solvers.gd_lsa import build_gd_construction
 from icl_bench.solvers.gd_mv import build_gd_lsa_mv, gd_predict_mv, gd_trajectory_mv, hessian_eigenvalues_mv
 from icl_bench.prompts.exact_ols import exact_prediction_mv

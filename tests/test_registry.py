@@ -18,8 +18,8 @@ def test_unknown_name_lists_known_and_closest():
 
 def test_baselines_come_from_the_entry_point_group():
     infos = {i.name: i for i in list_solvers()}
-    assert infos["ols"].origin.startswith("plugin baselines.ols:OLS")
-    assert infos["scipy-lstsq"].origin.startswith("plugin baselines.scipy_lstsq:")
+    assert infos["ols"].origin.startswith("plugin icl_bench_baselines.ols:OLS")
+    assert infos["scipy-lstsq"].origin.startswith("plugin icl_bench_baselines.scipy_lstsq:")
 
 
 def test_unknown_parameter_and_bad_type():
@@ -174,8 +174,8 @@ def test_a_plugin_cannot_take_the_name_of_icl_benchs_own_baselines(tmp_path, mon
     monkeypatch.syspath_prepend(str(root))
     registry.REGISTRY.unregister("ols")
     try:
-        assert registry.REGISTRY.entry_points()["ols"].value == "baselines.ols:OLS"
-        assert get_solver_class("ols").__module__ == "baselines.ols"
+        assert registry.REGISTRY.entry_points()["ols"].value == "icl_bench_baselines.ols:OLS"
+        assert get_solver_class("ols").__module__ == "icl_bench_baselines.ols"
         assert any("shadow_mod:Shadow" in line and "ignored" in line for line in registry.conflicts())
     finally:
         registry.REGISTRY.unregister("ols")

@@ -1,6 +1,6 @@
 """Conditioning and convergence helpers for the GD experiments (gd_conditioning.py, gd_lr_sweep.py).
 
-They measure the explicit GD baseline (baselines/gd.py, `gd_iterates` / `gd_trajectory`), which
+They measure the explicit GD baseline (icl_bench_baselines/gd.py, `gd_iterates` / `gd_trajectory`), which
 gd-lsa reproduces layer by layer (docs/gd-lsa.md; von Oswald et al. 2023, eq. 1-2). GD on the
 prompt's loss L(a, b) = 1/(2M) sum_j (a + b x_j - y_j)^2 has the Hessian
 H = [[1, mean x], [mean x, mean x^2]]; it is stable iff lr * lambda_max(H) < 2, and the error along
@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from baselines.gd import check_gd_params, gd_iterates, gd_trajectory
+from icl_bench_baselines.gd import check_gd_params, gd_iterates, gd_trajectory
 from icl_bench import PromptBatch
 
 

@@ -4,7 +4,7 @@
 
 Prompts: the default distribution (x, slope, intercept ~ N(0, 1)), noise 0.1, R = 100, float64,
 4096 prompts per N, seed 0, masked key set. For every eta in ETAS and N in NS it runs the explicit
-GD iterates (baselines/gd.py, equal to gd-lsa to ~1e-15) for K = 1..32 and records the MSE vs the
+GD iterates (icl_bench_baselines/gd.py, equal to gd-lsa to ~1e-15) for K = 1..32 and records the MSE vs the
 OLS prediction and the number of prompts on which GD diverges (eta * lambda_max(H) >= 2).
 
 Selection rule (select_lr): among the etas under which no prompt diverges at any N in NS, take the

@@ -167,7 +167,7 @@ def gd_reference(batch: PromptBatch, maps: list[Transform] | None = None, *, ste
                  lrs=GD_LRS) -> dict[tuple[int, float], dict[str, float]]:
     """(K, lr) -> the profile of K-step GD from w = 0 (masked key set) on `batch`, for K in steps,
     lr in lrs: one GD trajectory per (map, lr), read at every K (icl_bench/solvers/gd_mv.py, the
-    iteration of the `gd` baseline, baselines/gd.py; a test checks the two agree). Every step size
+    iteration of the `gd` baseline, icl_bench_baselines/gd.py; a test checks the two agree). Every step size
     and as many maps as fit TRAJECTORY_BYTES run as one batch: GD is per prompt, so batching
     changes no number, only how many small torch ops run."""
     from icl_bench.solvers.gd_mv import gd_trajectory_mv

@@ -6,7 +6,7 @@ per prompt one pass over x and y, the five sums in vector lanes (the only reasso
 one more around c + mean(x', y') where the shift sits far from the mean (as the reference's
 `_refined`), then the moments and the prediction in program order. Prompts are split (`fused.split`) over up
 to `fused.num_threads()` threads, one per MIN_BYTES_PER_THREAD of x and y. Used by the `ols`
-solver (baselines/ols.py).
+solver (icl_bench_baselines/ols.py).
 
 Which prompts are ill-posed (NaN), and every prompt near the reference's limits, is left to the
 reference: the kernel only answers a prompt whose x has clear spread (Sxx > SCREEN * sum x^2, i.e.

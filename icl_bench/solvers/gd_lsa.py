@@ -32,7 +32,7 @@ Weights (every layer identical; one head; shapes as in icl_bench/transformer.py)
 Key sets (`variant`): "masked" = the N context tokens (M = N), plain GD on the context.
 "query-in-context" = all N+1 tokens (M = N+1): the query token's residual t_q = 0 - w . phi_u
 enters the sum, i.e. GD on the context plus the extra example (u, 0). The `gd` baseline runs
-the same two key sets (baselines/gd.py), and the two agree to ~1e-15 in float64 (tests).
+the same two key sets (icl_bench_baselines/gd.py), and the two agree to ~1e-15 in float64 (tests).
 """
 from __future__ import annotations
 
