@@ -127,7 +127,7 @@ def test_a_deciding_cell_names_its_prompt_source_by_its_label():
     frame = rows(("s", {}, {"none": 1e-6, "x_shift=1": 1e-6}, {"prompts": a}),
                  ("s", {}, {"none": 1.25, "x_shift=1": 1.25}, {"prompts": b}))  # MSE 2.5; E[(a + b u)^2] = 5 there
     why = table(frame).loc["s · x=normal(0, 2)", "why"]
-    assert "x_shift=1, x=normal(0, 2): 0.5 > 0.01" in why and "{" not in why, why
+    assert "(none, x=normal(0, 2): 0.5 > 0.01)" in why and "{" not in why, why  # (inaccurate unmapped too)
     csv = json.dumps({"csv": {"path": "a.csv", "x": "x", "y": "y"}})  # no generator: no relative error, no verdict
     sec = mechanism.section(rows(("s", {}, {"none": 1e-6, "x_shift=1": 1e-6}, {"prompts": csv})))
     assert sec["table"].empty and "Rows of CSV prompts are left out" in sec["status"], sec["status"]
@@ -150,3 +150,16 @@ def test_failed_answers_and_errored_cells_fail_and_a_partial_own_column_falls_ba
     own = rows(("ols", {}, base, {}), ("ols", {}, base, {"seed": 1}))
     own["rel_mse_vs_ols"] = own["mse_vs_ols"].where(own.seed == 1) / 2  # only one run has the column
     assert table(own).loc["ols", "verdict"] == "closed-form-like"
+
+
+def test_a_solver_inaccurate_before_any_map_is_not_called_not_invariant():
+    """A predictor that ignores x (the mean of y) has the same error, 1.09, on every map: it is
+    invariant, only inaccurate, yet the reason read "not invariant (x_shift=5: 1.1 > 0.01)" (found
+    by a new-user tryout)."""
+    flat = {"none": 1.09, "x_shift=5": 1.09, "x_scale=10": 1.09}
+    frame = rows(*[("gd", {"steps": k}, e, {}) for k, e in GD.items()], ("mean-y", {}, flat, {}))
+    why = table(frame).loc["mean-y", "why"]
+    assert why.startswith("inaccurate in distribution too (none: 1.1 > 0.01), so its errors under the maps test no "
+                          "invariance"), why
+    shifty = {"none": 0.0, "x_shift=5": 0.019}  # accurate unmapped, off under the map: still "not invariant"
+    assert table(rows(("shifty", {}, shifty, {}))).loc["shifty", "why"].startswith("not invariant (x_shift=5: 0.019")

@@ -223,6 +223,10 @@ def _verdict(r: pd.Series, mine: dict, gd: dict, where) -> tuple[str, str]:
     w = tested[worst]
     not_inv = (f"not invariant ({where(worst)}: {w:.2g} > {_tol(worst[1])})" if w == w else
                f"not invariant ({where(worst)}: no error measured, the cell errored or answered NaN on a well-posed prompt)")
+    home = mine.get((worst[0], "none"), math.nan)  # the same grid point, unmapped prompts
+    if home == home and not home <= _tol(worst[1]) and w <= 2 * home:  # as inaccurate before any map: no
+        not_inv = (f"inaccurate in distribution too ({where((worst[0], 'none'))}: {home:.2g} > {_tol(worst[1])}), "
+                   "so its errors under the maps test no invariance")  # sign of a map (it read "not invariant": a tryout)
     if r["solver"] == "gd":
         return "GD-like", f"the gd baseline itself ({not_inv})"
     ref, how = _reference(_steps(r["solver_params"]), tested, gd)
