@@ -782,6 +782,19 @@ def test_model_plots_draw_the_construction_and_its_probes_without_running_solver
     assert "passed by any accurate model: not a mechanism test" in fig._suptitle.get_text()  # docs/analysis.md
 
 
+def test_a_solver_not_installed_here_is_named_so_in_the_model_plots_note(tables):
+    """A run's plugin uninstalled since: the note read "mean-y: not drawn (UnknownSolverError:
+    solver: unknown name 'mean-y'; known: <every name>)", naming neither the figure nor the reason
+    in words (found by a new-user tryout)."""
+    from icl_bench.report import model_plots
+
+    table, _, setting = tables
+    gone = table.assign(solver=table["solver"].replace({"ols": "gone-plugin"}),
+                        series=table["series"].replace({"ols": "gone-plugin"}))
+    _, notes = model_plots.collect_models(gone, setting, n_prompts=16)
+    assert "weights.png, probes.png: gone-plugin not drawn (solver 'gone-plugin' is not installed here)" in notes, notes
+
+
 def test_the_construction_alone_is_marked_as_a_reference(tables):
     """A run without a transformer solver (ols, scipy-lstsq and plugins here) published weights.png
     and probes.png of the construction as if it were one of its models (found by a new-user tryout).

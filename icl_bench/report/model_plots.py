@@ -35,7 +35,7 @@ from icl_bench.report.plots import PlotSkipped
 from icl_bench.report.sources import has_csv
 from icl_bench.solvers.checkpoint import checkpoint_path, load_checkpoint, shadows_shipped, stem_of
 from icl_bench.solvers.ln_closed_form import LNClosedForm, build_construction
-from icl_bench.solvers.registry import get_solver_class
+from icl_bench.solvers.registry import UnknownSolverError, get_solver_class
 
 MAX_POINTS = 1500  # points per scatter panel (a random subset when there are more)
 LN_KEY = re.compile(r"blocks\.(\d+)\.ln\.weight$")
@@ -152,8 +152,11 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
                  f"{solver} {params}" if params not in ("", "{}") else solver)  # source: the model is probed on its own
         try:
             path = _fitting_checkpoint(solver, params, R, N)
-        except Exception as exc:  # an unknown or broken solver: a note, not the end of the report
-            notes.append(f"{label}: not drawn ({type(exc).__name__}: {exc})")
+        except UnknownSolverError:  # a plugin of the run not installed here: its weights, if any, are unknown
+            notes.append(f"weights.png, probes.png: {label} not drawn (solver {solver!r} is not installed here)")
+            continue
+        except Exception as exc:  # a broken solver: a note, not the end of the report
+            notes.append(f"weights.png, probes.png: {label} not drawn ({type(exc).__name__}: {exc})")
             continue
         if path is None:
             continue  # not checkpoint-backed: its weights are a construction drawn from code
