@@ -332,7 +332,7 @@ def test_the_median_table_is_the_typical_prompts_squared_error_from_the_rows(pub
     hit.loc[at & (summary.N == 12), ["n_nonfinite", "n_nonfinite_well_posed"]] = 5
     hit.loc[at & (summary.N == 5), "abs_err_median"] = np.nan
     flagged = headline(hit, setting, table, stat="median").set_index("series")
-    assert flagged.loc["ols", "N=12"].endswith(" (5 of 64 NaN)") and flagged.loc["ols", "N=5"] == "(not recorded)"
+    assert flagged.loc["ols", "N=12"].endswith(" (5 of 64 NaN/inf)") and flagged.loc["ols", "N=5"] == "(not recorded)"
     md = (published / "headline.md").read_text()
     assert "#### Median squared error vs OLS, (median |prediction − OLS|)², by solver and N" in md
     assert md.index("#### Median") > md.index("### Mean MSE vs OLS") and "A typical prompt's error" in md
@@ -1304,7 +1304,7 @@ def test_seed_means_pool_by_their_finite_predictions():
     assert got.n_prompts == 300 and got.n_nonfinite == 190
     head = report.headline(report.aggregate(pd.DataFrame(rows)),
                            {"noise": 0.1, "R": 100.0, "dtype": "float32", "device": "cpu", "d": 1, "ood": "none"})
-    assert head.loc[0, "N=10"].endswith("(190 of 300 NaN)"), head
+    assert head.loc[0, "N=10"].endswith("(190 of 300 NaN/inf)"), head
     with warnings.catch_warnings():  # every seed non-finite: NaN mean and interval, no 0 / 0
         warnings.simplefilter("error")
         none = report.aggregate(pd.DataFrame(rows[2:])).iloc[0]

@@ -247,14 +247,14 @@ NOT_RECORDED = "(not recorded)"  # a median table entry of a run written before 
 def headline(summary: pd.DataFrame, setting: dict, table: pd.DataFrame | None = None, *,
              stat: str = "mean") -> pd.DataFrame:
     """Mean MSE vs OLS "mean [CI low, CI high]" by series (rows) x N (columns) at `setting`
-    (noise, R, dtype, device fixed), "(k of n NaN)" appended where k predictions were not finite
+    (noise, R, dtype, device fixed), "(k of n NaN/inf)" appended where k predictions were not finite
     (the mean is over the others), NO_CELL where a series has no ok cell at that N (not a bare
     nan, which would read as a NaN answer). With the run's `table` (every status, load_runs'
     series), the series and N it ran at the setting without an ok cell are rows / columns of
     NO_CELL too: a series that errored everywhere is not silently absent. Empty when no ok cell
     matches. `stat` "median": the typical prompt's squared error instead, abs_err_median² (squared
     units of y; the top 1 % of prompts carry most of a mean, results/ci_coverage.md), no interval,
-    the same "(k of n NaN)" (the median is over the finite answers), NOT_RECORDED where the cell's
+    the same "(k of n NaN/inf)" (the median is over the finite answers), NOT_RECORDED where the cell's
     run has no abs_err_median; "target": the mean squared error against the query's observed y
     (mse_vs_target: the held-out prediction error, what CSV data is scored by), no interval."""
     fixed = tuple(a for a in AXES if a != "N")
@@ -267,7 +267,7 @@ def headline(summary: pd.DataFrame, setting: dict, table: pd.DataFrame | None = 
         if "run" in ran:  # only the runs the headline shows: a left-out run adds no row or N
             ran = ran[ran["run"].isin(ran.loc[ran["status"] == "ok", "run"])]
     bad, of = failed_answers(at)
-    flag = [f" ({int(k)} of {int(n)} NaN)" if k > 0 else "" for k, n in zip(bad, of)]  # in both tables: a
+    flag = [f" ({int(k)} of {int(n)} NaN/inf)" if k > 0 else "" for k, n in zip(bad, of)]  # in both tables: a
     if stat in ("median", "target"):  # over the finite answers alone it would read as good as ols (a review)
         col = "abs_err_median" if stat == "median" else "mse_vs_target"
         v = at[col].astype(float) if col in at else pd.Series(math.nan, index=at.index)

@@ -109,7 +109,7 @@ NAN_NOTE = ("NaN/inf on k of n well-posed: the solver answered NaN or inf on k o
 def flag_nan(data: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """`data` (summary rows) with " (NaN/inf on k of n well-posed)" appended to the series label of
     every series that answered NaN on well-posed prompts at its rows, k and n summed over them
-    (aggregate.failed_answers, the headline's "(k of n NaN)"): its MSE is over the finite answers
+    (aggregate.failed_answers, the headline's "(k of n NaN/inf)"): its MSE is over the finite answers
     only, so unflagged it could read as the best series. Returns (data, NAN_NOTE or ""); data
     unchanged without the counts (no n_prompts column: not a summary of aggregate.aggregate)."""
     if "n_prompts" not in data:

@@ -83,7 +83,7 @@ def check_table(table: pd.DataFrame, parquet: Path) -> pd.DataFrame:
     if "weight_sparsity" in table and (table["weight_sparsity"] > 1).any():  # a fraction of the weights
         v = float(table["weight_sparsity"][table["weight_sparsity"] > 1].iloc[0])
         raise ConfigError(f"RUN_DIR: {parquet} column 'weight_sparsity' holds {v!r}; expected a fraction in [0, 1] (or NaN)")
-    for col in ("n_ill_posed", "n_nonfinite_well_posed"):  # the headline's "(k of n NaN)" and the pooling weights
+    for col in ("n_ill_posed", "n_nonfinite_well_posed"):  # the headline's "(k of n NaN/inf)" and the pooling weights
         if {col, "n_prompts", "status"} <= set(table):
             ok = table[(table["status"] == "ok") & table[col].notna()]
             wrong = ok[(ok[col] < 0) | (ok[col] > ok["n_prompts"])]
