@@ -109,3 +109,24 @@ def test_every_packaged_matrix_round_trips_through_its_record(name):
 def test_a_bad_recorded_solvers_table_is_a_config_error(solvers, match):
     with pytest.raises(ConfigError, match=match):
         parse_recorded({**CUSTOM, "solvers": solvers})
+
+
+def test_stored_cells_that_match_no_cell_of_the_run_are_said_to_be_recomputed(tmp_path):
+    """A plugin edited between a run and its --resume changes its cells' keys: every cell was
+    recomputed without a word (found by a new-user tryout). The count is now a warning."""
+    import sqlite3
+
+    from icl_bench.bench import store
+
+    out = tmp_path / "run"
+    cfg = parse_config(CUSTOM)
+    runner.run_matrix(cfg, out, progress=False)
+    with sqlite3.connect(out / "cells.sqlite") as db:  # a row as an older code version would have keyed it
+        cols = [r[1] for r in db.execute("PRAGMA table_info(cells)")]
+        key, *values, _ = db.execute(f"SELECT {', '.join(cols)} FROM cells LIMIT 1").fetchone()
+        values = [float("nan") if v is None else v for v in values]
+        db.execute(f"INSERT INTO cells VALUES ({', '.join('?' * len(cols))})",
+                   ["old-" + key, *values, store._checksum("old-" + key, values)])
+    with pytest.warns(UserWarning, match=r"--resume: 1 of the 7 finished cells stored in .* match no cell of this run "
+                                         r"and are not reused: a cell's key covers the code"):
+        runner.run_matrix(cfg, out, resume=True, progress=False)

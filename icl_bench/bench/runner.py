@@ -21,6 +21,7 @@ import json
 import math
 import time
 import traceback
+import warnings
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -247,6 +248,12 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
             started = datetime.now(timezone.utc).isoformat()
             stored = cells_db.load() if (cells_db is not None and resume) else {}
             keys = [cell.key for cell in cells]
+            stale = len(set(stored) - set(keys))
+            if stale:  # recomputed without a word, e.g. after a plugin's code was edited (a tryout)
+                warnings.warn(f"--resume: {stale} of the {len(stored)} finished cells stored in {out} match no cell of "
+                              "this run and are not reused: a cell's key covers the code of icl-bench and of its "
+                              "solver's package, its inputs and the library versions, and one of them changed since "
+                              "it ran", stacklevel=2)
             rows = {}
             cached = cache_db.get([k for k in keys if k not in stored]) if cache_db is not None else {}
             for key, cell in zip(keys, cells):
