@@ -155,6 +155,11 @@ def cmd_run(args) -> int:
         print(f"wrote {out / 'results.parquet'}, results.csv, metadata.json ({len(table)} cells)")
         cell_warnings(table)
     except ConfigError as exc:  # e.g. an unreachable --scheduler, found when the cluster is joined
+        given = [f for f, v in (("--solver", args.solver), ("--data", args.data)) if v]
+        if args.resume and given and "holds a run of another config" in str(exc):  # the flag made the difference
+            many = len(given) > 1
+            raise ConfigError(f"{exc}; {' and '.join(given)} {'change' if many else 'changes'} the config: drop "
+                              f"{'them' if many else 'it'} to resume the run as it was started") from None  # (the hint named only the --config, which was right; a tryout)
         raise flag_named(exc) from None
     except (KeyboardInterrupt, RunAborted) as exc:
         meta = out / "metadata.json"  # written last: this run's table is complete (a Ctrl-C while a Dask

@@ -75,6 +75,7 @@ def test_flags_that_change_the_config_still_name_it(tmp_path, monkeypatch, capsy
     assert main(["run", "--resume", "--out", str(out), "--solver", "ols", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("icl-bench: error: --resume: ") and "holds a run of another config" in err
+    assert err.endswith("; --solver changes the config: drop it to resume the run as it was started\n"), err
     assert err.count("\n") == 1
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
