@@ -35,6 +35,8 @@ def test_writes_three_files_with_every_design_column(tmp_path, tiny_raw):
     for key in ("config", "seed", "packages", "device", "git_commit", "started_at", "finished_at"):
         assert key in meta
     assert meta["packages"]["torch"] == torch.__version__
+    assert meta["solvers"]["ols"].startswith("plugin icl_bench_baselines.ols:OLS (icl-bench ")  # a plugin's version
+    assert sorted(meta["solvers"]) == ["ols", "scipy-lstsq"]  # was on record nowhere (a new-user tryout)
     assert (table.status == "ok").all() and (table.n_nonfinite == 0).all()
     assert (table.prompts_per_s > 0).all() and table.weight_sparsity.isna().all()
 

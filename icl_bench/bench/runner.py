@@ -47,7 +47,7 @@ from icl_bench import provenance
 from icl_bench.solvers.base import SkipCell
 from icl_bench.solvers.multivariate import check_regressors
 from icl_bench.errors import cell_message
-from icl_bench.solvers.registry import SolverLoadError, get_solver
+from icl_bench.solvers.registry import REGISTRY, SolverLoadError, get_solver, get_solver_class
 
 
 NO_ANSWER = "no finite prediction"  # the start of the message of a cell whose solver never answered
@@ -345,14 +345,25 @@ def _recorded_threads(config: MatrixConfig, out: Path) -> MatrixConfig:
     return config.model_copy(update={"timing": config.timing.model_copy(update={"threads": threads})})
 
 
+def _origin(name: str) -> str:
+    """Where solver `name` comes from (Registry.origin), loading it here if only workers did."""
+    try:
+        get_solver_class(name)
+    except Exception:  # unknown or broken here: its rows say what happened where it ran
+        pass
+    return REGISTRY.origin(name) or "not loadable in the driver"
+
+
 def run_metadata(config, *, started: str, table) -> dict:
     """The metadata.json content of one run of `config` (a MatrixConfig) that produced `table`:
-    config, seed, package versions, device, git commit, start / end time, status counts (the
-    runner adds the executor, the command and `sessions`: every session that ran in the folder)."""
+    config, seed, package versions, where each solver came from (`solvers`: "built-in (module)" or
+    "plugin module:Class (distribution version)", so a plugin's version is on record), device, git
+    commit, start / end time, status counts (the runner adds the executor, the command and `sessions`: every session that ran in the folder)."""
     return {
         "config": config.to_dict(),
         "seed": config.seed,
         "packages": provenance.package_versions(),
+        "solvers": {s: _origin(s) for s in sorted(table["solver"].unique())},
         "device": provenance.device_info(),
         "git_commit": provenance.git_commit(),
         "started_at": started,
