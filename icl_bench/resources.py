@@ -11,6 +11,8 @@ runs `icl-bench run`, `train`, `analyze` and the trained-* solvers from any fold
 """
 from __future__ import annotations
 
+import difflib
+
 import shlex
 from functools import cache
 from importlib.resources import files
@@ -93,4 +95,6 @@ def config_path(name_or_path: str | Path, key: str = "--config") -> Path:
     packaged = configs_dir() / (path.name if path.suffix == ".toml" else f"{path.name}.toml")
     if path.parent == Path(".") and packaged.is_file():
         return packaged
-    raise ConfigError(f"{key}: no such file {str(path)!r}; packaged configs: {', '.join(config_names())}")
+    close = difflib.get_close_matches(path.stem, config_names(), n=1) if path.parent == Path(".") else []
+    hint = f" (did you mean {close[0]!r}?)" if close else ""  # as for a mistyped solver name
+    raise ConfigError(f"{key}: no such file {str(path)!r}{hint}; packaged configs: {', '.join(config_names())}")

@@ -263,6 +263,8 @@ CASES = [
     Case("toml-inline-tables-too-deep", toml(text="seed = " + "{a = " * 50_000 + "1" + "}" * 50_000),
          "--config: bad.toml nests arrays or inline tables too deeply to read"),
     Case("toml-missing", lambda tmp: ["run", "--config", str(tmp / "none.toml")], "--config: no such file"),
+    Case("packaged-config-typo", lambda tmp: ["run", "--config", "defualt"],  # no suggestion, unlike a solver's name
+         "--config: no such file 'defualt' (did you mean 'default'?); packaged configs: default, l1_sweep, ood, train, trained"),
     Case("toml-is-folder", lambda tmp: ["run", "--config", str(tmp)], "--config: "),
     # an empty --config ran the packaged default matrix (1872 cells); /dev/null was "no such file"
     Case("toml-empty-path", lambda tmp: ["run", "--config", ""], "--config: empty path; give a TOML file or a packaged config ("),
