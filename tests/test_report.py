@@ -599,8 +599,12 @@ def test_gd_steps_plot_lines_beside_solvers_without_steps(tables, figs):
     assert all(list(ln.get_xdata()) == [1.0, 2.0, 4.0] and ln.get_marker() not in ("None", "", None) for ln in levels.values())
     two = summary[summary.solver == "ols"]
     two = pd.concat([summary, two.assign(solver_params='{"a": 1}', series="ols a=1", series_rank=two.series_rank + 0.5)])
-    lines = {ln.get_label(): ln for ln in plots.gd_steps(two, setting).axes[0].get_lines()}
-    assert lines["ols (no steps)"].get_marker() != lines["ols a=1 (no steps)"].get_marker()
+    fig2 = plots.gd_steps(two, setting)
+    lines = {ln.get_label(): ln for ln in fig2.axes[0].get_lines()}
+    assert lines["ols (no steps)"].get_marker() != lines["ols a=1 (no steps; = ols)"].get_marker()
+    # equal level lines hid each other with no word (a new-user tryout): named, as in mse_vs_n
+    assert lines["ols a=1 (no steps; = ols)"].get_markersize() > lines["ols (no steps)"].get_markersize()
+    assert "ols a=1 coincides with ols (equal; open markers on top)" in " ".join(t.get_text() for t in fig2.texts)
     assert "exactly 0" not in " ".join(t.get_text() for t in fig.texts)
     zero = summary.assign(mse_vs_ols=summary.mse_vs_ols.where(summary.solver != "ols", 0.0))
     fig = plots.gd_steps(zero, setting)

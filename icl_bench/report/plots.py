@@ -173,6 +173,7 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     fig, panels = make_panels(stepped, "N", "N")
     styles = series_styles(pd.concat([stepped, refs]))
     twins = style.identical_series(stepped, ["N", "steps"], "mse_vs_ols")
+    level_twins = style.identical_series(refs, ["N"], "mse_vs_ols") if len(refs) else {}  # level lines too (a tryout)
     xs = np.sort(stepped["steps"].unique())  # a level line with its series' marker at every steps value
     sd, rd = (style.against_floor(t, "steps", "mse_vs_ols") for t in (stepped, refs.assign(steps=np.nan)))
     both = pd.concat([sd, rd])
@@ -191,8 +192,10 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
         for _, r in rs.iterrows():
             st = styles[r["series"]]
             y = np.nan if line is not None and r["_at"] else r["_y"]  # on the floor: its markers, below
+            twin = level_twins.get(r["series"], (None,))[0]
             ax.plot(xs, np.full(xs.shape, y), ls=st["linestyle"] if st["linestyle"] != "-" else (0, (6, 2)), lw=1.1,
-                    color=st["color"], marker=st["marker"], ms=4, mfc="none", label=f"{r['series']} (no steps)")
+                    color=st["color"], marker=st["marker"], ms=8 if twin else 4, mfc="none", zorder=4 if twin else None,
+                    label=f"{r['series']} (no steps" + (f"; = {twin})" if twin else ")"))
             c = counts.setdefault(r["series"], [0, 0])
             c[0], c[1] = c[0] + int(r["_at"]), c[1] + int(pd.notna(r["mse_vs_ols"]))
         if line is not None:  # a level line on the floor: its marker at every steps value
@@ -206,8 +209,8 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     if line is not None:
         note += "; " + style.floor_note(both, "mse_vs_ols", {s: c for s, c in counts.items() if c[0]},
                                         lay["cut"] is not None)
-    if twins:
-        note += "; " + style.twins_note(twins)
+    if twins or level_twins:
+        note += "; " + style.twins_note({**twins, **level_twins})
     if nan_note:
         note += "; " + nan_note
     extra = style.floor_legend() if line is not None else []
