@@ -48,6 +48,16 @@ def _resume_command(argv: list[str], out: Path) -> str:
     return shlex.join(["icl-bench", *argv])
 
 
+def _advice(exc: ConfigError) -> str:
+    """What to do when a run's recorded config no longer loads (the message's field decides)."""
+    msg = str(exc)
+    if msg.startswith("solvers.") and ": unknown name" in msg:
+        return "install the plugin that provided that solver again, then resume"
+    if msg.startswith("data.path:"):
+        return "a relative data.path is read from the folder the run was started in: resume from there"
+    return "resume with --config FILE.toml, the config the run was started with"
+
+
 def _recorded_config(args) -> dict | None:
     """The config recorded in --out's config.json when `run --resume --out DIR` names no config,
     solver or data (bench/config.py: parse_recorded), so a run resumes without its TOML; None
@@ -55,6 +65,8 @@ def _recorded_config(args) -> dict | None:
     a folder that is not a run of it is refused as before: bench/store.py, prepare)."""
     if not (args.resume and args.out and args.config is None and not args.solver and args.data is None):
         return None
+    if not (Path(args.out) / "cells.sqlite").is_file():  # not a run folder (a config.json of something else):
+        return None  # the default config's refusal says so (bench/store.py, prepare)
     try:
         doc = json.loads((Path(args.out) / "config.json").read_text())
     except (OSError, ValueError, RecursionError):
@@ -137,8 +149,7 @@ def cmd_run(args) -> int:
             cfg = parse_config(raw, base_dir=None if args.data is not None else path.parent)  # --data: from the current folder
     except ConfigError as exc:
         if recorded is not None and str(flag_named(exc)) == str(exc):  # (a flag typed beside --resume is named)
-            raise ConfigError(f"--resume: the config recorded in {path} no longer loads: {exc}; resume with "
-                              "--config FILE.toml, the config the run was started with") from None
+            raise ConfigError(f"--resume: the config recorded in {path} no longer loads: {exc}; {_advice(exc)}") from None
         raise flag_named(exc) from None
     out = Path(args.out) if args.out else Path("results/runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
     warn_conflicts(sys.stderr)  # once, before the matrix: a shadowed plugin name must not pass silently
@@ -155,6 +166,10 @@ def cmd_run(args) -> int:
         print(f"wrote {out / 'results.parquet'}, results.csv, metadata.json ({len(table)} cells)")
         cell_warnings(table)
     except ConfigError as exc:  # e.g. an unreachable --scheduler, found when the cluster is joined
+        if recorded is not None and "holds a run of another config" in str(exc):  # read back, it differs from
+            raise ConfigError(f"--resume: {path}, read back, describes another matrix than its run's: it was written "
+                              "by an older icl-bench, whose config lacked keys added since (grid.d, grid.ood, ...); "
+                              "resume it with the icl-bench version that made it") from None  # itself (a review)
         given = [f for f, v in (("--solver", args.solver), ("--data", args.data)) if v]
         if args.resume and given and "holds a run of another config" in str(exc):  # the flag made the difference
             many = len(given) > 1

@@ -91,7 +91,7 @@ def test_a_recorded_config_that_no_longer_loads_is_one_line_and_changes_nothing(
     err = capsys.readouterr().err
     assert err.startswith(f"icl-bench: error: --resume: the config recorded in {out / 'config.json'} no longer "
                           "loads: solvers.no-such-solver: unknown") and err.count("\n") == 1, err
-    assert "--config FILE.toml" in err
+    assert err.endswith("; install the plugin that provided that solver again, then resume\n"), err
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
@@ -131,3 +131,34 @@ def test_stored_cells_that_match_no_cell_of_the_run_are_said_to_be_recomputed(tm
     with pytest.warns(UserWarning, match=r"--resume: 1 of the 7 finished cells stored in .* match no cell of this run "
                                          r"and are not reused: a cell's key covers the code"):
         runner.run_matrix(cfg, out, resume=True, progress=False)
+
+
+def test_a_relative_csv_path_is_read_from_the_folder_the_run_started_in(tmp_path, monkeypatch, capsys):
+    """Resumed from another folder, the recorded relative data.path was missing and the advice was
+    to give the TOML, which resolves the path differently and is refused (a review)."""
+    (tmp_path / "d.csv").write_text("xx,yy\n" + "".join(f"{i},{2 * i + 1}\n" for i in range(40)))
+    monkeypatch.chdir(tmp_path)
+    raw = {"seed": 1, "n_prompts": 8, "batch_size": 8, "timing": {"repeats": 1}, "grid": {"N": [5, 9], "R": [30.0]},
+           "solvers": {"ols": {}}, "data": {"path": "d.csv", "x": "xx", "y": "yy"}}
+    out = _interrupted_run(tmp_path, monkeypatch, raw, after=1)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    capsys.readouterr()
+    assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("a relative data.path is read from the folder the run was started in: resume from there\n"), err
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 0
+
+
+def test_a_record_of_an_older_layout_is_not_sent_back_to_itself(tmp_path, monkeypatch, capsys):
+    """A config.json written before grid.d existed parses with today's default added, which the
+    store then refused with 'resume it with ... the config.json there is read', what the user did."""
+    out = _interrupted_run(tmp_path, monkeypatch, CUSTOM)
+    doc = json.loads((out / "config.json").read_text())
+    del doc["grid"]["d"]  # as results/ood's config.json had it before the d axis
+    (out / "config.json").write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "read back, describes another matrix than its run's: it was written by an older icl-bench" in err, err
