@@ -333,6 +333,12 @@ def test_mechanism_tests_run_at_their_calibrated_N_whatever_the_analysis_N(const
     assert analyze_checkpoint(stem, n_prompts=512)["N"] == 20
 
 
+def test_a_flatten_model_at_another_N_warns_that_its_verdicts_are_uncalibrated():
+    flat = Transformer(TransformerConfig(readout="flatten", N=40)).to(torch.float64)
+    with pytest.warns(UserWarning, match=r"fixes N = 40; the mechanism tests' thresholds are calibrated at N = 20"):
+        analyze(flat, R, n_prompts=512)
+
+
 def test_few_prompts_warn_that_the_verdicts_can_flip(construction):
     with pytest.warns(UserWarning, match=r"n_prompts = 64: the mechanism tests' thresholds were calibrated"):
         analyze(construction, R, n_prompts=64)

@@ -146,6 +146,10 @@ def analyze(model: Transformer, R: float, *, n_prompts: int = 2048, N: int | Non
         pass  # a different number of blocks: no slot-by-slot comparison
     out.update(probe_report(m, batch.tokens))
     mechanism_N = cfg.N if cfg.readout == "flatten" else DEFAULT_N  # not N: the thresholds' own length
+    if mechanism_N != DEFAULT_N:  # a flatten model runs at its own N, where they do not hold (a review)
+        warnings.warn(f"this flatten-readout model fixes N = {mechanism_N}; the mechanism tests' thresholds are "
+                      f"calibrated at N = {DEFAULT_N} (the construction's own ln.state reads 'neither' at N = 40), so "
+                      "ln.state and fp.verdict are uncalibrated here", stacklevel=2)
     out["mechanism_N"] = mechanism_N
     out.update(mechanism_report(m, float(R), N=mechanism_N, n_prompts=n_prompts, seed=seed, noise=float(noise)))
     return out
