@@ -453,7 +453,7 @@ CASES += [
          "checkpoint: {stem}.safetensors tensor 'embed.weight' has shape (4, 3), the config needs (8, 3)"),
     ckpt("wrong-layers", _meta(lambda m: m["model_config"].update(n_layers=3)), "checkpoint: {stem}.safetensors tensor names do not match"),
     ckpt("huge-model-config", _meta(lambda m: m["model_config"].update(d_model=10**9)),
-         "checkpoint: {stem}.safetensors tensor 'embed.weight' has shape (4, 3), the config needs (1000000000, 3)"),
+         "checkpoint: {stem}.json has a bad model_config: d_model: must be >= 1 and <= 4096 (got 1000000000)"),
     ckpt("model-config-type", _meta(lambda m: m["model_config"].update(d_model="four")), "checkpoint: {stem}.json has a bad model_config"),
     ckpt("model-config-key", _meta(lambda m: m["model_config"].update(width=4)), "checkpoint: {stem}.json has a bad model_config"),
     # a float or bool size was a TypeError deep in torch (a traceback); "yes" was taken as a LayerNorm
@@ -461,6 +461,11 @@ CASES += [
          "checkpoint: {stem}.json has a bad model_config: d_model: must be an integer (got 4.0)"),
     ckpt("model-config-bool-size", _meta(lambda m: m["model_config"].update(n_heads=True)),
          "checkpoint: {stem}.json has a bad model_config: n_heads: must be an integer (got True)"),
+    # n_layers = 10**9 built a billion meta-device blocks (a hang), d_model = 10**12 a torch traceback
+    ckpt("model-config-huge-size", _meta(lambda m: m["model_config"].update(n_layers=10**9)),
+         "checkpoint: {stem}.json has a bad model_config: n_layers: must be >= 1 and <= 4096 (got 1000000000)"),
+    ckpt("model-config-huge-model", _meta(lambda m: m["model_config"].update(d_model=4096, n_layers=64)),
+         "checkpoint: {stem}.json has a bad model_config: d_model: 4 * n_layers * n_heads * d_model^2 ="),
     ckpt("model-config-text-flag", _meta(lambda m: m["model_config"].update(layernorm="yes")),
          "checkpoint: {stem}.json has a bad model_config: layernorm: must be true or false (got 'yes')"),
     ckpt("not-a-checkpoint", _meta(lambda m: m.update(format="something-else")), "checkpoint: {stem}.json is not an icl-bench checkpoint"),

@@ -36,6 +36,8 @@ from icl_bench.solvers.fused import fused_forward
 
 KEY_SETS = ("masked", "query-in-context")
 READOUTS = ("flatten", "query")
+MAX_SIZE = 4096  # d_in, d_model, n_layers, n_heads (gd-lsa's K layers reach 4096)
+MAX_ATTENTION_WEIGHTS = 2**30  # 4 n_layers n_heads d_model^2 (training caps it far lower: training/config.py)
 LN_SUMS = ("torch", "slots")  # order of LayerNorm's mean over the d_model slots in `forward` (see Block)
 
 
@@ -44,7 +46,7 @@ class TransformerConfig:
     """Shape and options of a `Transformer` (docs/design.md §4); frozen, so it can key caches.
 
     Raises ValueError (one line naming the field and the accepted values) for an unknown `keys`,
-    `readout` or `ln_sum`, a size (or N) that is not an int, a `layernorm` that is not a bool, a size below 1, a "flatten" readout without N >= 2, or an `ln_eps`
+    `readout` or `ln_sum`, a size (or N) that is not an int, a `layernorm` that is not a bool, a size below 1 or above MAX_SIZE, more than MAX_ATTENTION_WEIGHTS attention weights, a "flatten" readout without N >= 2, or an `ln_eps`
     that is not a finite number >= 0.
     """
 
@@ -75,8 +77,12 @@ class TransformerConfig:
         if self.readout == "flatten" and (self.N is None or self.N < 2):
             raise ValueError("N: readout='flatten' needs the context length N >= 2")
         for k in ("d_in", "d_model", "n_layers", "n_heads"):
-            if getattr(self, k) < 1:
-                raise ValueError(f"{k}: must be >= 1 (got {getattr(self, k)})")
+            if not 1 <= getattr(self, k) <= MAX_SIZE:  # (a checkpoint JSON's n_layers = 10**9 hung in torch)
+                raise ValueError(f"{k}: must be >= 1 and <= {MAX_SIZE} (got {getattr(self, k)})")
+        if 4 * self.n_layers * self.n_heads * self.d_model ** 2 > MAX_ATTENTION_WEIGHTS:
+            raise ValueError(f"d_model: 4 * n_layers * n_heads * d_model^2 = "
+                             f"{4 * self.n_layers * self.n_heads * self.d_model ** 2} attention weights exceed "
+                             f"{MAX_ATTENTION_WEIGHTS}")
         eps = self.ln_eps
         ok = isinstance(eps, (int, float)) and not isinstance(eps, bool)
         try:
