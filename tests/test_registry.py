@@ -95,6 +95,30 @@ def test_a_plugin_whose_params_are_not_param_is_listed_as_broken(tmp_path, monke
         sys.modules.pop("plain_mod", None)
 
 
+@pytest.mark.parametrize("params, expected", [
+    ("{1: Param(0.0, 'x')}", "parameter name 1 must be an identifier (a config key)"),  # listed as "1 = 0.0"
+    ("{'shift': Param(float('nan'), 'x')}", "the default of 'shift' fails its own check (solvers.odd.shift: must be finite"),
+])
+def test_odd_plugin_parameters_are_a_broken_plugin_with_its_version_on_record(tmp_path, monkeypatch, params, expected):
+    """Found by a review: an int key was listed and failed in the runner; a NaN default blamed the
+    user's config for a value they never set. A broken plugin's origin keeps its version."""
+    from icl_bench.solvers import registry
+
+    from conftest import write_plugin
+
+    src = PLAIN_PARAMS.replace("from icl_bench import Solver", "from icl_bench import Param, Solver")
+    src = src.replace('params = {"shift": 0.0}', f"params = {params}")
+    root = write_plugin(tmp_path / "site", "odd-plugin", {"odd": "odd_mod:PlainParams"}, {"odd_mod": src})
+    monkeypatch.syspath_prepend(str(root))
+    try:
+        info = {i.name: i for i in list_solvers()}["odd"]
+        assert expected in info.error, info.error
+        assert registry.REGISTRY.origin("odd") == "plugin odd_mod:PlainParams (odd-plugin 1.0), broken"
+    finally:
+        registry.REGISTRY.unregister("odd")
+        sys.modules.pop("odd_mod", None)
+
+
 def test_list_shows_parameters_as_config_keys_not_flags(capsys):
     from icl_bench import Param
     from icl_bench.cli import main

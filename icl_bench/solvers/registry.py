@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
-from icl_bench.errors import cell_message
+from icl_bench.errors import ConfigError, cell_message
 from icl_bench.provenance import source_digest
 from icl_bench.solvers.base import Param, Solver
 
@@ -80,9 +80,15 @@ class Registry:
         params = getattr(cls, "params", {})  # (a plain default, {"shift": 0.0}, crashed `list`; a tryout)
         if not isinstance(params, dict):
             raise TypeError(f"solver {name!r}: params must be a dict of name -> icl_bench.Param (got {type(params).__name__})")
-        bad = [k for k, v in params.items() if not isinstance(v, Param)]
-        if bad:
-            raise TypeError(f"solver {name!r}: params[{bad[0]!r}] must be an icl_bench.Param (got {params[bad[0]]!r})")
+        for k, v in params.items():  # a TOML key each, with a default its own check accepts (a review)
+            if not (isinstance(k, str) and k.isidentifier()):
+                raise TypeError(f"solver {name!r}: parameter name {k!r} must be an identifier (a config key)")
+            if not isinstance(v, Param):
+                raise TypeError(f"solver {name!r}: params[{k!r}] must be an icl_bench.Param (got {v!r})")
+            try:
+                v.check(name, k, v.default)
+            except ConfigError as exc:
+                raise TypeError(f"solver {name!r}: the default of {k!r} fails its own check ({exc})") from None
         with self._lock:
             if name in self._classes and self._classes[name] is not cls:
                 raise ValueError(f"solver {name!r}: already registered by {self._origins[name]}")
@@ -105,8 +111,13 @@ class Registry:
             self._broken.clear()
 
     def origin(self, name: str) -> str | None:
-        """Where `name` came from ("built-in (module)" / "plugin ..."), None if not registered."""
-        return self._origins.get(name)
+        """Where `name` came from ("built-in (module)" / "plugin module:Class (distribution version)";
+        a plugin that failed to load: the same with ", broken"), None if neither registered nor a
+        broken plugin (its version is worth keeping: its cells are error rows; a review)."""
+        if name in self._origins:
+            return self._origins[name]
+        ep = self.entry_points().get(name) if name in self._broken else None
+        return f"{_ep_origin(ep)}, broken" if ep is not None else None
 
     def _ordered(self) -> list:
         """The group's entry points in the order that decides a clash of names: icl-bench's own
@@ -149,8 +160,7 @@ class Registry:
                 if ep is None:
                     return
                 cls = ep.load()
-                dist = f"{ep.dist.name} {ep.dist.version}" if getattr(ep, "dist", None) else "unknown distribution"
-                self.add(name, cls, origin=f"plugin {ep.value} ({dist})")
+                self.add(name, cls, origin=_ep_origin(ep))
                 _pin_code(cls)
             except KeyboardInterrupt:  # Ctrl-C while a plugin imports stops the command
                 raise
@@ -206,12 +216,18 @@ class Registry:
                 doc = (cls.__doc__ or "").strip().splitlines()
                 out.append(SolverInfo(name, self._origins[name], dict(cls.params), doc[0] if doc else ""))
             else:
-                origin = f"plugin {plugins[name].value}" if name in plugins else f"built-in ({self.builtins.get(name)})"
+                origin = _ep_origin(plugins[name]) if name in plugins else f"built-in ({self.builtins.get(name)})"
                 out.append(SolverInfo(name, origin, {}, "", self._broken.get(name, "not loaded")))
         return out
 
 
 REGISTRY = Registry(BUILTINS, ENTRY_POINT_GROUP)  # the suite's one registry
+
+
+def _ep_origin(ep) -> str:
+    """"plugin module:Class (distribution version)" of an entry point."""
+    dist = f"{ep.dist.name} {ep.dist.version}" if getattr(ep, "dist", None) else "unknown distribution"
+    return f"plugin {ep.value} ({dist})"
 
 
 def _pin_code(cls) -> None:
