@@ -192,6 +192,17 @@ def test_a_layer_whose_attention_is_zero_still_gets_a_score(construction):
     assert 0.3 < score < 1 and align["components"]["layer0.gram"] == 0 and align["components"]["embed"] > 0.99
 
 
+@pytest.mark.parametrize("factor", [1e60, 1e-60])
+def test_similarity_is_scale_free_where_the_attention_tensor_over_or_underflows(construction, factor):
+    """The attention tensor's norm overflowed to inf (weights x 1e60) or fell under the clamp (x 1e-60),
+    and its layers read 0: the construction scored 0.33, not 1 (found by a review)."""
+    scaled = copy.deepcopy(construction)
+    with torch.no_grad():
+        for p in scaled.parameters():
+            p.mul_(factor)
+    assert similarity(scaled, construction)[0] == pytest.approx(1.0, abs=1e-6)
+
+
 def test_similarity_of_non_finite_weights_is_nan_not_0(construction):
     """max(0, nan) read 0: a score below random weights' that looked measured (found by a review)."""
     broken = copy.deepcopy(construction)
