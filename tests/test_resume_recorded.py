@@ -106,7 +106,9 @@ def test_every_packaged_matrix_round_trips_through_its_record(name):
 
 @pytest.mark.parametrize("solvers, match", [([], "solvers: must map"), ({"gd": []}, "solvers: must map"),
                                             ({"gd": [3]}, "solvers: must map"),
-                                            ({"gd": [{"steps": -1}]}, r"solvers\.gd\.steps")])
+                                            ({"gd": [{"steps": -1}]}, r"solvers\.gd\.steps"),
+                                            ({"gd": [{"steps": 2}, {"steps": 2}]},  # (run twice under one key)
+                                             r'solvers\.gd: the parameter set \{"steps": 2\} is repeated')])
 def test_a_bad_recorded_solvers_table_is_a_config_error(solvers, match):
     with pytest.raises(ConfigError, match=match):
         parse_recorded({**CUSTOM, "solvers": solvers})

@@ -20,6 +20,7 @@ that names the key and the accepted values, before anything is written to disk.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 from pathlib import Path
@@ -280,4 +281,9 @@ def parse_recorded(doc: dict) -> MatrixConfig:
         return cfg
     expanded = {name: [combo for p in sets for combo in _solver_grid(name, {k: [v] for k, v in p.items()})]
                 for name, sets in solvers.items()}
+    for name, sets in expanded.items():  # a TOML refuses repeated values; a hand-edited record, repeated sets
+        seen = [json.dumps(p, sort_keys=True) for p in sets]  # (they were run twice under one key: a review)
+        if len(set(seen)) < len(seen):
+            raise ConfigError(f"solvers.{name}: the parameter set {next(s for s in seen if seen.count(s) > 1)} is "
+                              "repeated; accepted: each set once")
     return cfg.model_copy(update={"solvers": expanded})
