@@ -253,7 +253,7 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
                 warnings.warn(f"--resume: {stale} of the {len(stored)} finished cells stored in {out} match no cell of "
                               "this run and are not reused: a cell's key covers the code of icl-bench and of its "
                               "solver's package, its inputs and the library versions, and one of them changed since "
-                              "it ran", stacklevel=2)
+                              "it ran (or its solver is no longer installed)", stacklevel=2)
             rows = {}
             cached = cache_db.get([k for k in keys if k not in stored]) if cache_db is not None else {}
             for key, cell in zip(keys, cells):
