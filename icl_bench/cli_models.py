@@ -75,10 +75,11 @@ def cmd_train(args) -> int:
     if args.steps is not None and not 1 <= args.steps <= MAX_STEPS:
         raise ConfigError(f"--steps: must be an integer >= 1 and <= {MAX_STEPS} (got {args.steps})")
     path = resources.config_path(args.config)
-    resources.check_kind(read_toml(path), args.config, "train")
+    doc = read_toml(path)
+    resources.check_kind(doc, args.config, "train")
     labelled = load_runs(path, args.run, labelled=True)
     cfgs = [TrainConfig.from_dict(d, where=where) for where, d in labelled]  # every run, before hours of training
-    table = {c.name: where for c, (where, _) in zip(cfgs, labelled)}  # "train" (a flat config) or "runs.NAME"
+    lr_at = {c.name: _lr_field(doc, where) for c, (where, _) in zip(cfgs, labelled)}
     cfgs = [c.model_copy(update={"progress": c.progress and not args.no_progress}) for c in cfgs]
     if args.steps is not None:  # a quick check of a packaged config: fewer steps, same recipe
         cfgs = [c.model_copy(update={"steps": args.steps, "eval_every": min(c.eval_every, args.steps)}) for c in cfgs]
@@ -92,12 +93,12 @@ def cmd_train(args) -> int:
         raise ConfigError(f"--out: {out} already holds {', '.join(used)}; choose another folder or pass --force")
     for c in cfgs:  # e.g. a folder named m.json: refused now, not after the training
         check_writable(out / c.name)
-    made = not out.exists()
+    made = next((p for p in (out, *out.parents) if p.exists()), None)  # the folders this command makes
     out.mkdir(parents=True, exist_ok=True)  # an OSError here is one line, exit 2 (main)
     done = []
     try:
         for cfg in cfgs:  # (a pair saved meanwhile by another train is kept)
-            stem = train_and_save(cfg, out, replace=args.force, where=f"{table[cfg.name]}.lr")
+            stem = train_and_save(cfg, out, replace=args.force, where=lr_at[cfg.name])
             done.append(cfg.name)
             meta = json.loads(Path(f"{stem}.json").read_text())["metrics"]
             num = lambda k, f: "nan" if meta.get(k) is None else format(meta[k], f)  # noqa: E731 (null = NaN: diverged)
@@ -105,14 +106,26 @@ def cmd_train(args) -> int:
                   f"({num('eval_rel_mse', '.2%')} of var(OLS)), sparsity {num('sparsity', '.2f')} -> {stem}.safetensors",
                   flush=True)
     except (KeyboardInterrupt, ConfigError) as exc:  # (a diverged run: one line, which main prints)
-        if made and not any(out.iterdir()):  # nothing saved: no empty folder left behind (a review)
-            out.rmdir()
+        for p in (out, *out.parents):  # nothing saved: no empty folder it made is left behind (a review)
+            if p == made or any(p.iterdir()):
+                break
+            p.rmdir()
         if isinstance(exc, KeyboardInterrupt) and done and len(done) < len(cfgs):  # how to train the rest
             print(f"icl-bench: saved in {out}: {', '.join(done)}; train the rest with:\n  "
                   f"{_rest_command(getattr(args, 'argv', None), [c.name for c in cfgs if c.name not in done])}",
                   file=sys.stderr, flush=True)
         raise
     return 0
+
+
+def _lr_field(doc: dict, where: str) -> str:
+    """The key that sets a run's lr, for a divergence message: `<where>.lr` ("train" for a flat
+    config, "runs.NAME"), or `defaults.lr` when the run's table leaves it to [defaults] (a review)."""
+    name = where.removeprefix("runs.")
+    table = doc["runs"].get(name) if where.startswith("runs.") and isinstance(doc.get("runs"), dict) else None
+    if isinstance(table, dict) and "lr" not in table and "lr" in (doc.get("defaults") or {}):
+        return f"defaults.lr (run {name})"
+    return f"{where}.lr"
 
 
 def _rest_command(argv: list[str] | None, names: list[str]) -> str:

@@ -122,6 +122,12 @@ def test_a_run_diverged_by_its_l1_says_so_and_names_the_flat_configs_table(tmp_p
     err = capsys.readouterr().err.strip()
     assert err.startswith("icl-bench: error: train.lr: training diverged by step"), err
     assert err.endswith("l1 = 1e+37); no checkpoint written: lower lr or l1"), err
+    path.write_text('[defaults]\nlr = 1e30\nsteps = 3\nbatch_size = 8\neval_prompts = 8\n[runs.foo]\n')
+    deep = tmp_path / "a" / "b" / "c"
+    assert main(["--config", str(path), "--out", str(deep), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()  # the lr is [defaults]', not [runs.foo]'s; no folder left of a/b/c
+    assert err.startswith("icl-bench: error: defaults.lr (run foo): training diverged"), err
+    assert not (tmp_path / "a").exists()
 
 
 def test_a_run_selected_twice_trains_once(tmp_path, capsys):
