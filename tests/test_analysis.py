@@ -203,6 +203,21 @@ def test_similarity_is_scale_free_where_the_attention_tensor_over_or_underflows(
     assert similarity(scaled, construction)[0] == pytest.approx(1.0, abs=1e-6)
 
 
+def test_analyze_of_a_model_that_answers_only_nan_names_no_closest_gd(construction, tmp_path, capsys):
+    """Every fingerprint map scored DIVERGED, yet the console named a 'closest gd' (K, lr, distance)
+    as if measured (found by a review)."""
+    import icl_bench.solvers.checkpoint as ckpt
+    from icl_bench.cli import main
+
+    broken = copy.deepcopy(construction)
+    with torch.no_grad():
+        broken.readout.weight.fill_(math.inf)
+    stem = ckpt.save_checkpoint(broken, tmp_path / "inf", {"R": R, "N": 12, "seed": 0})
+    assert main(["analyze", str(stem), "--n-prompts", "512"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("fingerprint verdict"))
+    assert line.endswith("(every map diverged or answered NaN / inf (scored 1e+06): no gd to compare)"), line
+
+
 def test_similarity_of_non_finite_weights_is_nan_not_0(construction):
     """max(0, nan) read 0: a score below random weights' that looked measured (found by a review)."""
     broken = copy.deepcopy(construction)
