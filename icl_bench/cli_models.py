@@ -51,12 +51,13 @@ def cmd_analyze(args) -> int:
         if k.startswith("ln.ln"):  # a 1-layer model with LayerNorm has no ln1 (it read "no LayerNorm"; a review)
             none = "n/a (no second layer)" if "ln.ln0.slope" in result else "n/a (no LayerNorm)"
         print(f"{k:26s} {fmt(float(result[k])) if k in result else none} {LABELS.get(k, '') if k in result else ''}".rstrip())
+    # (the gap read "worst map x*10 3.354", like a relative error: a tryout)
     closest = (f"closest gd: K={result.get('fp.gd_steps')}, lr {fmt(result.get('fp.gd_lr'))}, mean distance "
                f"{fmt(result.get('fp.gd_distance'))} decades, largest gap {fmt(result.get('fp.gd_max_gap'))} decades at "
-               f"map {result.get('fp.gd_worst_map')}")  # (it read "worst map x*10 3.354", like a relative error; a tryout)
+               f"map {result.get('fp.gd_worst_map')}")
     if all(result.get(f"fp.{t.name}", 0) >= DIVERGED for t in transforms()):  # no answer on any map: a "closest
-        closest = f"every map diverged or answered NaN / inf (scored {DIVERGED:g}): no gd to compare"  # gd" read as
-    print(f"{'state (functional LN)':26s} {result.get('ln.state')}\n{'fingerprint verdict':26s} "  # measured (a review)
+        closest = f"every map diverged or answered NaN / inf (scored {DIVERGED:g}): no gd to compare"  # gd" is noise
+    print(f"{'state (functional LN)':26s} {result.get('ln.state')}\n{'fingerprint verdict':26s} "
           f"{result.get('fp.verdict')} ({closest})")
     print(f"{'per matrix':26s} sparsity   l1         hoyer")
     for name, v in json.loads(result["per_matrix"]).items():

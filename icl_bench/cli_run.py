@@ -166,15 +166,16 @@ def cmd_run(args) -> int:
         print(f"wrote {out / 'results.parquet'}, results.csv, metadata.json ({len(table)} cells)")
         cell_warnings(table)
     except ConfigError as exc:  # e.g. an unreachable --scheduler, found when the cluster is joined
-        if recorded is not None and "holds a run of another config" in str(exc):  # read back, it differs from
+        other = "holds a run of another config" in str(exc)  # (store.prepare's refusal of a --resume)
+        changed = [f for f, v in (("--solver", args.solver), ("--data", args.data)) if v]
+        if other and recorded is not None:  # the record, read back, differs from itself (a review)
             raise ConfigError(f"--resume: {path}, read back, describes another matrix than its run's: it was written "
                               "by an older icl-bench, whose config lacked keys added since (grid.d, grid.ood, ...); "
-                              "resume it with the icl-bench version that made it") from None  # itself (a review)
-        given = [f for f, v in (("--solver", args.solver), ("--data", args.data)) if v]
-        if args.resume and given and "holds a run of another config" in str(exc):  # the flag made the difference
-            many = len(given) > 1
-            raise ConfigError(f"{exc}; {' and '.join(given)} {'change' if many else 'changes'} the config: drop "
-                              f"{'them' if many else 'it'} to resume the run as it was started") from None  # (the hint named only the --config, which was right; a tryout)
+                              "resume it with the icl-bench version that made it") from None
+        if other and changed:  # the flag made the difference (the hint named only the --config; a tryout)
+            many = len(changed) > 1
+            raise ConfigError(f"{exc}; {' and '.join(changed)} {'change' if many else 'changes'} the config: drop "
+                              f"{'them' if many else 'it'} to resume the run as it was started") from None
         raise flag_named(exc) from None
     except (KeyboardInterrupt, RunAborted) as exc:
         meta = out / "metadata.json"  # written last: this run's table is complete (a Ctrl-C while a Dask

@@ -117,12 +117,15 @@ def _components(emb, layers, ro) -> dict[str, tuple[str, torch.Tensor]]:
     comps = {"embed": ("vec", emb.flatten(1))}
     for i, (T, G, b) in enumerate(layers):
         T = T.flatten(2)  # (K, d_ln, d^3)
-        norm = T.flatten(1).norm(dim=1)  # (K,) inf where the squares overflow, ~0 where they underflow: such
-        peak = T.abs().flatten(1).amax(dim=1)  # (K,) a T is first divided by its largest entry (an inf one:
-        odd = (~torch.isfinite(norm) | ((norm < 1e-150) & (peak > 0)))[:, None, None]  # NaN, the honest answer;
-        T = torch.where(odd, T / peak.clamp_min(1e-300)[:, None, None], T)  # weights x 1e60 read 0.29; a review)
-        T = T / T.flatten(1).norm(dim=1).clamp_min(1e-150)[:, None, None]  # (1e-300: its square underflowed,
-        # and a zero T, as in a layer whose weights cancel, made every gradient NaN, its score 0)
+        # A norm that overflows (inf) or underflows (~0) for a nonzero T: divide by the largest entry first
+        # (an inf entry gives NaN, the honest answer; weights x 1e60 had read 0.29: a review). The clamp is
+        # 1e-150, not 1e-300, whose square underflowed: a zero T (a layer whose weights cancel, most shuffles)
+        # made every gradient of the search NaN, and the score 0. Other T take the plain path, bit for bit.
+        norm = T.flatten(1).norm(dim=1)  # (K,)
+        peak = T.abs().flatten(1).amax(dim=1)  # (K,)
+        odd = (~torch.isfinite(norm) | ((norm < 1e-150) & (peak > 0)))[:, None, None]
+        T = torch.where(odd, T / peak.clamp_min(1e-300)[:, None, None], T)
+        T = T / T.flatten(1).norm(dim=1).clamp_min(1e-150)[:, None, None]
         out = torch.cat([G @ T, b[..., None]], dim=2)  # (K, d, d^3 + 1)
         comps[f"layer{i}.out"] = ("vec", out.flatten(1))
         comps[f"layer{i}.gram"] = ("gram", T)

@@ -23,6 +23,7 @@ import itertools
 import json
 import math
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -282,8 +283,8 @@ def parse_recorded(doc: dict) -> MatrixConfig:
     expanded = {name: [combo for p in sets for combo in _solver_grid(name, {k: [v] for k, v in p.items()})]
                 for name, sets in solvers.items()}
     for name, sets in expanded.items():  # a TOML refuses repeated values; a hand-edited record, repeated sets
-        seen = [json.dumps(p, sort_keys=True) for p in sets]  # (they were run twice under one key: a review)
-        if len(set(seen)) < len(seen):
-            raise ConfigError(f"solvers.{name}: the parameter set {next(s for s in seen if seen.count(s) > 1)} is "
-                              "repeated; accepted: each set once")
+        counts = Counter(json.dumps(p, sort_keys=True) for p in sets)  # (run twice under one key: a review)
+        repeated = next((s for s, n in counts.items() if n > 1), None)
+        if repeated is not None:
+            raise ConfigError(f"solvers.{name}: the parameter set {repeated} is repeated; accepted: each set once")
     return cfg.model_copy(update={"solvers": expanded})
