@@ -1,4 +1,4 @@
-"""`icl-bench` command line: list, run, train, sweep, analyze, publish (each a thin handler over
+"""`icl-bench` command line: list, run, train, sweep, analyze, publish, docs (each a thin handler over
 the package's stages; docs/design.md, "Command line").
 
 Exit codes (every subcommand):
@@ -83,6 +83,26 @@ def cmd_list(args) -> int:
             print(f"    {p.describe(pname)}")
     print(LIST_FOOTER)
     warn_conflicts()
+    return 0
+
+
+def cmd_docs(args) -> int:
+    """Without NAME: list the docs (name, title) and their folder; with NAME: print that doc's
+    markdown (--path: only its path); exit 0. An unknown NAME is a ConfigError (exit 2)."""
+    if args.name is not None:
+        path = resources.doc_path(args.name)
+        print(path if args.path else path.read_text(encoding="utf-8"), end="\n" if args.path else "")
+        return 0
+    names = resources.doc_names()
+    if not names:
+        raise ConfigError(f"docs: no docs installed (looked in {resources.docs_dir()})")
+    width = max(map(len, names))
+    for name in names:
+        with open(resources.docs_dir() / f"{name}.md", encoding="utf-8") as f:
+            title = next((line[2:].strip() for line in f if line.startswith("# ")), "")
+        print(f"{name:<{width}}  {title}")
+    print(f"in {resources.docs_dir()}; messages and tables cite them as docs/<name>.md; "
+          "`icl-bench docs NAME` prints one")
     return 0
 
 
@@ -193,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "checkpoints in <out>_models/ (with --reuse: the tables, and a saved checkpoint that cannot be reused: a half pair, a damaged file, other [train] settings)")
     sw.add_argument("--no-progress", action="store_true", help="no progress bars")
     sw.set_defaults(func=cmd_sweep)
+    doc = sub.add_parser("docs", help="list the docs that messages and tables cite (docs/<name>.md), or print one")
+    doc.add_argument("name", nargs="?", metavar="NAME", help="a doc's name (analysis, docs/analysis.md); "
+                     "without it: the list")
+    doc.add_argument("--path", action="store_true", help="print the doc's path, not its text")
+    doc.set_defaults(func=cmd_docs)
     return p
 
 

@@ -8,6 +8,9 @@ runs `icl-bench run`, `train`, `analyze` and the trained-* solvers from any fold
                                     for `sweep` (l1_sweep); config_names(kind) lists them by kind
     icl_bench/models/               the shipped checkpoints and their model card (README.md);
                                     solvers/checkpoint.py's checkpoint_path finds one by name
+    icl_bench/docs/<name>.md        in a wheel: the repository's docs/ folder (pyproject.toml maps it),
+                                    which messages and tables cite as docs/<name>.md; `icl-bench docs`
+                                    shows them (docs_dir: the source tree's docs/ when run from it)
 """
 from __future__ import annotations
 
@@ -34,6 +37,32 @@ def configs_dir() -> Path:
 def models_dir() -> Path:
     """The folder of the shipped checkpoints (<stem>.safetensors + <stem>.json pairs)."""
     return _dir("models")
+
+
+def docs_dir() -> Path:
+    """The docs that messages and tables cite as docs/<name>.md: the package's docs/ in an
+    installed wheel, else the source tree's docs/ beside the package (a checkout, an editable install)."""
+    shipped = _dir("docs")
+    return shipped if shipped.is_dir() else Path(__file__).resolve().parent.parent / "docs"
+
+
+def doc_names() -> list[str]:
+    """Names of the docs (file stems of docs_dir()/*.md), sorted; [] when there is no docs folder."""
+    return sorted(p.stem for p in docs_dir().glob("*.md"))
+
+
+def doc_path(name: str) -> Path:
+    """The doc `name`: "analysis", "analysis.md" or "docs/analysis.md" (as messages cite it).
+
+    Raises:
+        ConfigError: "NAME: no doc 'x' (did you mean 'y'?); docs: ..." when there is none of that name.
+    """
+    stem = Path(name).name.removesuffix(".md")
+    if stem in doc_names() and Path(name).parent in (Path("."), Path("docs")):
+        return docs_dir() / f"{stem}.md"
+    close = difflib.get_close_matches(stem, doc_names(), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(f"NAME: no doc {name!r}{hint}; docs: {', '.join(doc_names()) or 'none installed'}")
 
 
 # the command that runs each kind of config, and what the kind is called in messages

@@ -491,3 +491,17 @@ def test_a_symbolic_link_loop_is_named_in_one_line(tmp_path, capsys, tiny_raw, m
         code, err = _run(capsys, argv)
         assert code == 2 and err == f"icl-bench: error: {expected}\n", (argv, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_docs_lists_prints_and_refuses_in_one_line(capsys):
+    """`icl-bench docs`: the docs that messages cite as docs/NAME.md, readable where only a wheel is."""
+    assert main(["docs"]) == 0
+    out = capsys.readouterr().out
+    assert "analysis  " in out and "Mechanism analysis" in out and "scale-out" in out
+    assert main(["docs", "docs/scale-out.md", "--path"]) == 0
+    assert capsys.readouterr().out.strip().endswith("docs/scale-out.md")
+    code, err = _run(capsys, ["docs", "analysys"])
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("icl-bench: error: NAME: no doc 'analysys' (did you mean 'analysis'?); docs: accuracy, ")
+    code, err = _run(capsys, ["docs", "results/analysis.md"])  # a docs/ name under another folder
+    assert code == 2 and "no doc 'results/analysis.md'" in err

@@ -1532,7 +1532,7 @@ def test_error_bands_say_over_how_many_prompts_and_seeds_and_that_they_under_cov
     for fig in (plots.mse_vs_n(summary, setting), plots.gd_steps(summary, setting)):
         note = " ".join(fig.texts[-1].get_text().split())
         assert f"band: nominal 95 % CI of the mean over the prompts of a point ({per} prompts, 1 prompt seed;" in note
-        assert "under-covers heavy-tailed errors, results/ci_coverage.md" in note, note
+        assert "under-covers heavy-tailed errors, docs/report.md" in note, note
     # seeds of 256 and 512 prompts: the counts per point (an average per seed, 384, was no seed's)
     two = pd.concat([summary, summary.assign(n_seeds=2, n_prompts=summary.n_prompts * 3, solver="x", series="x")])
     note = " ".join(plots.mse_vs_n(two, setting).texts[-1].get_text().split())

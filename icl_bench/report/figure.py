@@ -138,4 +138,4 @@ def band_note(data: pd.DataFrame) -> str:
     seeds = span(data["n_seeds"])
     return (f"band: nominal 95 % CI of the mean over the prompts of a point ({span(data['n_prompts'])} prompts, "
             f"{seeds} prompt seed{'' if seeds == '1' else 's'}; normal theory: it under-covers heavy-tailed errors, "
-            "results/ci_coverage.md)")
+            "docs/report.md)")

@@ -51,7 +51,7 @@ PLOT_TITLES = dict(zip(outdir.PLOTS, (
 )))
 
 MEDIAN_NOTE = ("A typical prompt's error: where errors are heavy-tailed a few prompts carry most of the mean above "
-               "(results/ci_coverage.md), and the median does not move with them; with several seeds, the median of "
+               "(docs/report.md, measured in results/ci_coverage.md), and the median does not move with them; with several seeds, the median of "
                "their medians.")
 
 TARGET_NOTE = ("CSV prompts have no clean truth: this is the held-out prediction error (mse_vs_target, the pooled mean "
@@ -232,7 +232,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         *([f"Left out: {'; '.join(gaps)}.", ""] if gaps else []),
         f"Made by `{command}`{'' if force else ' (add --force to regenerate into the same folder)'}; "
         "the 95 % CI (over the prompts; normal theory) is described in icl_bench/report/aggregate.py: "
-        "it under-covers these heavy-tailed errors (results/ci_coverage.md).", "",
+        "it under-covers these heavy-tailed errors (docs/report.md, measured in results/ci_coverage.md).", "",
         "#### Median squared error vs OLS, (median |prediction − OLS|)², by solver and N (same setting)", "",
         report.to_markdown(typical), MEDIAN_NOTE, "", *target_md])
     figs, notes = _figures(table, summary, setting, checkpoints)

@@ -110,7 +110,7 @@ def write_tables(table: pd.DataFrame, out: Path, sweep: Sweep, command: str) -> 
     summary = summarise(table)
     summary = summary[[c for c in MD_COLUMNS if c in summary.columns]]
     note = ("hoyer, similarity (to the LN construction, symmetry-invariant; ~0.35 for random weights, see "
-            "results/similarity_calibration.md), repr.* (R^2 of linear maps to the construction's residual stream) "
+            "docs/analysis.md), repr.* (R^2 of linear maps to the construction's residual stream) "
             "and probe.* come from `icl_bench.analysis.analyze.analyze` "
             f"(N = {_one(table, 'N')}, {sweep.analysis_prompts} prompts; the mechanism tests at N = "
             f"{_one(table, 'mechanism_N')}); the probes are passed by any accurate model, the "
