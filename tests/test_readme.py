@@ -45,6 +45,28 @@ def test_docblock_replaces_only_the_marked_text(tmp_path):
         replace_block(doc, "other", "x")
 
 
+def test_docblock_markers_count_only_alone_on_their_line(tmp_path):
+    """A README whose prose quoted the markers (as docs/report.md does) got the table pasted into
+    that sentence, and a second block stayed stale without a word (found by a review)."""
+    import pytest
+
+    from icl_bench.errors import ConfigError
+    from icl_bench.report.docblock import replace_block
+
+    prose = "The table sits between the `<!-- t:begin -->` / `<!-- t:end -->` markers.\n"
+    doc = tmp_path / "doc.md"
+    doc.write_bytes(f"{prose}\n  <!-- t:begin (note) -->\nold\n<!-- t:end -->  \nend\r".encode())
+    replace_block(doc, "t", "new")
+    assert doc.read_bytes() == f"{prose}\n  <!-- t:begin (note) -->\nnew\n<!-- t:end -->  \nend\r".encode()
+    doc.write_text(prose)
+    with pytest.raises(ConfigError, match="no block marked .* on a line of its own"):
+        replace_block(doc, "t", "new")
+    doc.write_text("<!-- t:begin -->\na\n<!-- t:end -->\n\n<!-- t:begin -->\nb\n<!-- t:end -->\n")
+    with pytest.raises(ConfigError, match="has 2 blocks marked <!-- t:begin -->, the second at line 5; keep one"):
+        replace_block(doc, "t", "new")
+    assert doc.read_text() == "<!-- t:begin -->\na\n<!-- t:end -->\n\n<!-- t:begin -->\nb\n<!-- t:end -->\n"
+
+
 def test_docblock_keeps_every_byte_outside_the_block_and_the_files_line_endings(tmp_path, monkeypatch):
     """publish --readme rewrote a CRLF file with LF everywhere (read_text / write_text translate
     newlines) and wrote it in place; now only the block changes, in the file's own line endings,

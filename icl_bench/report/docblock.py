@@ -1,4 +1,5 @@
-"""Generated blocks inside hand-written docs: `<!-- NAME:begin ... -->` text `<!-- NAME:end -->`.
+"""Generated blocks inside hand-written docs: `<!-- NAME:begin ... -->` text `<!-- NAME:end -->`,
+each marker on a line of its own (a marker quoted in prose or inline code is text, not a marker).
 
 Tools that publish numbers (icl-bench publish --readme, benchmarks/experiments/summarize.py --update-docs)
 rewrite only the text between the two markers, so a README keeps its prose and its tables stay
@@ -30,8 +31,8 @@ def replace_block(path: str | Path, name: str, text: str) -> None:
     it), keeping its permission bits; a symbolic link keeps pointing at the rewritten file.
 
     Raises:
-        ConfigError: `path` is not UTF-8 text or has no `<!-- NAME:begin ... -->` /
-            `<!-- NAME:end -->` pair.
+        ConfigError: `path` is not UTF-8 text, or has no `<!-- NAME:begin ... -->` /
+            `<!-- NAME:end -->` pair on lines of their own, or more than one.
     """
     real = Path(path).resolve()  # a link is followed: the file it names is rewritten, the link stays
     src = _read(path)
@@ -54,8 +55,17 @@ def _read(path: str | Path) -> str:
 
 
 def _match(src: str, name: str, path) -> re.Match:
-    pattern = rf"(<!-- {re.escape(name)}:begin[^>]*-->)(.*?)(<!-- {re.escape(name)}:end -->)"
-    m = re.search(pattern, src, flags=re.S)
-    if m is None:
-        raise ConfigError(f"--readme: {path} has no block marked <!-- {name}:begin --> ... <!-- {name}:end -->")
-    return m
+    """The one NAME block of `src`: group 2 is the text between the markers. Only a marker alone on
+    its line counts; ConfigError when there is none, or more than one (the second would stay stale)."""
+    n = re.escape(name)
+    bol, eol = r"(?:\A|(?<=[\r\n]))[ \t]*", r"[ \t]*(?=[\r\n]|\Z)"  # a line's start and end, any line ending
+    pattern = rf"{bol}(<!-- {n}:begin[^>\r\n]*-->){eol}(.*?){bol}(<!-- {n}:end -->){eol}"
+    found = list(re.finditer(pattern, src, flags=re.S))
+    if not found:
+        raise ConfigError(f"--readme: {path} has no block marked <!-- {name}:begin --> ... <!-- {name}:end --> "
+                          "(each marker on a line of its own)")
+    if len(found) > 1:
+        line = len(re.findall(r"\r\n|\r|\n", src[:found[1].start()])) + 1
+        raise ConfigError(f"--readme: {path} has {len(found)} blocks marked <!-- {name}:begin -->, the second at "
+                          f"line {line}; keep one")
+    return found[0]

@@ -2,6 +2,7 @@
 
     check_out(out, runs, force, ...)  refuse an --out that would lose anything publish did not write
     remove_stale_temps(out)           remove the `.OUT.<pid>-<random>.tmp` folders of a killed publish
+    move_into(tmp, out, force, recheck)  put the finished report in place of --out
 A publish writes into a hidden temporary folder beside --out and moves it into place at the end
 (publish.py); OWN_FILES names what it writes, so a later --force deletes nothing else.
 """
@@ -11,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -117,3 +119,40 @@ def check_out(out: Path, runs: list[Path], force: bool, checkpoints=(), readme=N
                               "delete it: move it out or choose another folder")
     if out.resolve() == Path.cwd().resolve():
         raise ConfigError(f"--out: {out} is the current folder; choose a subfolder")
+
+
+def move_into(tmp: Path, out: Path, force: bool, recheck) -> None:
+    """Move the finished report `tmp` to `out`. `recheck()` (check_out's tests) runs again first:
+    a publish takes seconds to minutes after its first check, and what appeared at --out meanwhile
+    (another run's cells, a user's file) must not be deleted. Without force, `tmp` is renamed onto
+    `out` directly, which POSIX refuses when `out` is a folder that is no longer empty; with force
+    the old report is moved aside, the new one moved in, then the old one deleted.
+
+    Raises:
+        ConfigError: --out changed since the first check (it names what is there now).
+    """
+    try:
+        recheck()
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (it changed while publish ran; nothing was replaced)") from None
+    if not force or not out.exists():
+        try:
+            tmp.rename(out)
+        except OSError:  # ENOTEMPTY / EEXIST: something was written there after the recheck
+            if out.is_dir() and any(out.iterdir()):
+                raise ConfigError(f"--out: {out} is not empty (it was written to while publish ran; nothing "
+                                  "was replaced)") from None
+            raise
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+    try:
+        out.rename(old / "previous")
+    except BaseException:  # --out a mount point, or spelled with '..': nothing moved, nothing left
+        old.rmdir()
+        raise
+    try:
+        tmp.rename(out)
+    except BaseException:
+        (old / "previous").rename(out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -279,22 +279,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         info["packages"] = package_versions()
         (tmp / "publish.json").write_text(json.dumps(info, indent=2, default=_json_default), encoding="utf-8")
         _share(tmp)
-        old = None
-        if out.exists():  # empty, or force: move it aside, move the new report in, then delete it
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-            try:
-                out.rename(old / "previous")
-            except BaseException:  # --out a mount point, or spelled with '..': nothing moved, nothing left
-                old.rmdir()
-                raise
-        try:
-            tmp.rename(out)
-        except BaseException:
-            if old is not None:
-                (old / "previous").rename(out)
-            raise
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        outdir.move_into(tmp, out, force, lambda: outdir.check_out(out, runs, force, checkpoints, readme))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

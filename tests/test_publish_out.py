@@ -1,0 +1,61 @@
+"""What appears at publish's --out while it runs is never deleted (found by a review: the first
+check of --out came minutes before the report was moved in, and the move deleted whatever was
+there by then, without --force too)."""
+import pytest
+import tomli_w
+
+import icl_bench.report.publish as publish_mod
+from icl_bench.cli import main
+
+
+@pytest.fixture
+def run_dir(tmp_path, tiny_raw):
+    (tmp_path / "c.toml").write_text(tomli_w.dumps(tiny_raw))
+    assert main(["run", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    return tmp_path / "run"
+
+
+def _writes_during_publish(monkeypatch, path, text="my only copy"):
+    """While publish draws its figures (after its first check of --out), write `path`."""
+    figures = publish_mod._figures
+
+    def and_write(*a, **k):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return figures(*a, **k)
+    monkeypatch.setattr(publish_mod, "_figures", and_write)
+
+
+@pytest.mark.parametrize("empty_before", [False, True])
+def test_a_file_written_to_out_during_publish_survives(tmp_path, run_dir, monkeypatch, capsys, empty_before):
+    out = tmp_path / "pub"
+    if empty_before:
+        out.mkdir()
+    _writes_during_publish(monkeypatch, out / "precious.txt")
+    capsys.readouterr()
+    assert main(["publish", str(run_dir), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"icl-bench: error: --out: {out} is not empty; pass --force to replace it (it changed while "
+                   "publish ran; nothing was replaced)\n")
+    assert [p.name for p in out.iterdir()] == ["precious.txt"] and (out / "precious.txt").read_text() == "my only copy"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".pub.")]  # no temp folder left
+
+
+def test_force_rechecks_what_appeared_in_an_earlier_report(tmp_path, run_dir, monkeypatch, capsys):
+    out = tmp_path / "pub"
+    assert main(["publish", str(run_dir), "--out", str(out)]) == 0
+    _writes_during_publish(monkeypatch, out / "notes.md")
+    capsys.readouterr()
+    assert main(["publish", str(run_dir), "--out", str(out), "--force"]) == 2
+    assert capsys.readouterr().err.startswith(f"icl-bench: error: --out: {out} holds notes.md, which icl-bench publish "
+                                              "did not write there")
+    assert (out / "notes.md").read_text() == "my only copy" and (out / "index.html").is_file()
+
+
+def test_an_empty_out_and_force_still_publish(tmp_path, run_dir):
+    out = tmp_path / "pub"
+    out.mkdir()
+    assert main(["publish", str(run_dir), "--out", str(out)]) == 0 and (out / "index.html").is_file()
+    (out / "index.html").write_text("old")
+    assert main(["publish", str(run_dir), "--out", str(out), "--force"]) == 0
+    assert (out / "index.html").read_text() != "old"
