@@ -137,6 +137,23 @@ def aggregate(table: pd.DataFrame) -> pd.DataFrame:
     return summary.merge(speed.reset_index(), on=[*KEYS, "series"], how="left")  # (series: an edited CSV's two)
 
 
+def with_failed_points(summary: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """The summary for the error plots: every row with failed = False, plus a row with NaN metrics
+    and failed = True for each KEYS point of a series that has ok cells elsewhere but none there
+    (every cell errored or was skipped). A line drawn through it breaks, so a failed N is a gap,
+    not a straight line from its neighbours that reads as measured (found by a review)."""
+    out = summary.assign(failed=False)
+    if summary.empty or "series" not in table:
+        return out
+    bad = table[table["status"] != "ok"].drop_duplicates([*KEYS, "series"])
+    bad = bad[bad["series"].isin(summary["series"])][[*KEYS, "series", "series_rank"]]
+    seen = pd.MultiIndex.from_frame(summary[[*KEYS, "series"]].astype(str))
+    bad = bad[~pd.MultiIndex.from_frame(bad[[*KEYS, "series"]].astype(str)).isin(seen)]
+    if bad.empty:
+        return out
+    return pd.concat([out, bad.assign(failed=True, n_prompts=0, n_seeds=0)], ignore_index=True)
+
+
 def failures(table: pd.DataFrame) -> pd.DataFrame:
     """Every cell that did not finish: status "error" or "skipped", with its message and run."""
     cols = ["run", "solver", "solver_params", *AXES, "seed", "status", "message"]

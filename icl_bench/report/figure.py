@@ -6,7 +6,7 @@
     flag_nan(data)          series that answered NaN / inf on well-posed prompts say so in their label
     band_note(data)         what an error band is: the report's interval, over how many prompts
                             and seeds (icl_bench/report/aggregate.py), and that it under-covers
-                            heavy-tailed errors (results/ci_coverage.md)
+                            heavy-tailed errors (docs/report.md)
 Used by plots.py (error and throughput plots); model_plots.py has its own layouts.
 """
 from __future__ import annotations
@@ -62,9 +62,10 @@ def make_panels(data: pd.DataFrame, col: str, col_title: str, width: float = 3.6
 
 
 def finish(fig: Figure, panels: list, xlabel: str, ylabel: str, title: str, note: str,
-            legend_title: str = "solver (colour: family)", extra=()) -> Figure:
-    """Axis labels, one legend for the figure (every series once, then the `extra` (handle,
-    label) pairs), the title and the note, laid out so that none is cut off."""
+            legend_title: str = "solver (colour: family)", extra=(), order=()) -> Figure:
+    """Axis labels, one legend for the figure (every series once, in `order` (series names, e.g.
+    series_styles' keys: by solver, then parameter values) where given, else in drawing order;
+    then the `extra` (handle, label) pairs), the title and the note, laid out so that none is cut off."""
     ncols = fig.axes[0].get_gridspec().ncols
     for i, (ax, _) in enumerate(panels):
         ax.set_xlabel(xlabel)
@@ -73,6 +74,8 @@ def finish(fig: Figure, panels: list, xlabel: str, ylabel: str, title: str, note
     for ax, _ in panels:  # every series once, in drawing order, from whichever panel has it
         for h, lab in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(lab, h)
+    if order:  # drawing order put a series missing from the first panel after all of its series (a review)
+        seen = dict(sorted(seen.items(), key=lambda item: _rank(item[0], order)))
     for h, lab in extra:
         seen.setdefault(lab, h)
     width, height = fig.get_size_inches()
@@ -100,6 +103,13 @@ def finish(fig: Figure, panels: list, xlabel: str, ylabel: str, title: str, note
     fig.text(0.01, 0.01, text, fontsize=7, color="0.3", va="bottom", parse_math=False)
     fig.tight_layout(rect=(0, min(0.4, foot / height), 1 - reserve / width, 1), h_pad=0.6)
     return fig
+
+
+def _rank(label: str, order) -> int:
+    """Position in `order` of the series a legend label names: the label itself, or the series with
+    a suffix ("gd steps=1 (= ...)", "ols (no steps)"); the longest such name; len(order) if none."""
+    hits = [(len(s), i) for i, s in enumerate(order) if label == s or label.startswith(f"{s} (")]
+    return max(hits)[1] if hits else len(order)
 
 
 NAN_NOTE = ("NaN/inf on k of n well-posed: the solver answered NaN or inf on k of the n prompts with a least-squares answer "
@@ -135,6 +145,8 @@ def band_note(data: pd.DataFrame) -> str:
     forms and trained models at 512 prompts (results/ci_coverage.md, found by a review)."""
     if "n_prompts" not in data or "n_seeds" not in data:
         return "band: nominal 95 % CI of the mean"
+    if "failed" in data:  # (plots._drawn: a failed point has no prompts and no band)
+        data = data[~data["failed"].astype(bool)]
     seeds = span(data["n_seeds"])
     return (f"band: nominal 95 % CI of the mean over the prompts of a point ({span(data['n_prompts'])} prompts, "
             f"{seeds} prompt seed{'' if seeds == '1' else 's'}; normal theory: it under-covers heavy-tailed errors, "

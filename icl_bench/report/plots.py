@@ -41,8 +41,9 @@ def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric:
     (style.floor_layout), a band reaching the floor ends on that line, and the panels of one
     floor (dtype) share a y range of their own: float64 ols at 1e-31 squeezed every other series of
     both dtypes into the top tenth of the panels (found by a new-user tryout). The note names
-    the series on the floor line and how many of their points are there."""
-    data, nan_note = flag_nan(data)
+    the series on the floor line and how many of their points are there. Failed points inside a
+    line (plots._drawn) break it."""
+    data, nan_note = flag_nan(_gaps(data, x, col))
     fig, panels = make_panels(data, col, col_title, sharey=False)
     styles = series_styles(data)
     twins = style.identical_series(data, [col, x], metric)
@@ -87,8 +88,32 @@ def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric:
         note += "; " + style.twins_note(twins)
     if nan_note:
         note += "; " + nan_note
+    note += GAP_NOTE if "failed" in data and data["failed"].any() else ""
     extra = style.floor_legend() if floored else []
-    return finish(fig, panels, LABELS.get(x, x), ylabel, title, note, extra=extra)
+    return finish(fig, panels, LABELS.get(x, x), ylabel, title, note, extra=extra, order=list(styles))
+
+
+def _drawn(summary: pd.DataFrame, setting: dict, axes) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rows at `setting`, those of ok cells): `summary` may carry aggregate.with_failed_points'
+    rows (failed = True), which break a series' line where its cells failed but are not data."""
+    d = select(summary, setting, axes)
+    return d, (d[~d["failed"].astype(bool)] if "failed" in d else d)
+
+
+GAP_NOTE = "; a gap in a line: every cell of that point errored or was skipped (failures.md)"
+
+
+def _gaps(data: pd.DataFrame, x: str, col: str) -> pd.DataFrame:
+    """`data` with only the failed rows (see _drawn) that fall inside a line: between the first and
+    last ok x of their series in their panel (`col`). Elsewhere a failed cell has no line to break
+    and would only add an empty panel, tick or legend entry."""
+    if "failed" not in data or not data["failed"].any():
+        return data
+    failed = data["failed"].astype(bool)
+    span = data[~failed].groupby(["series", col], dropna=False)[x].agg(["min", "max"])
+    lo_hi = data[failed].join(span, on=["series", col])
+    inside = (lo_hi[x] > lo_hi["min"]) & (lo_hi[x] < lo_hi["max"])
+    return pd.concat([data[~failed], data[failed][inside]]).sort_index()
 
 
 def _check_varied(d: pd.DataFrame, x: str, name: str) -> None:
@@ -105,10 +130,10 @@ def mse_vs_n(summary: pd.DataFrame, setting: dict) -> Figure:
     fixed at `setting` (report.representative; d and ood named in the title when the summary has
     other values of them). Raises PlotSkipped without ok cells there, or when N took one value."""
     axes = ("R", "dtype", "device", "d", "ood")
-    d = select(summary, setting, axes)
-    if d.empty:
+    d, ok = _drawn(summary, setting, axes)
+    if ok.empty:
         raise PlotSkipped(f"mse_vs_n: no ok cells at {setting_words(setting, axes, summary)}")
-    _check_varied(d, "N", "mse_vs_n")
+    _check_varied(ok, "N", "mse_vs_n")
     return _mean_ci_lines(d, "N", "noise", "noise σ", "mse_vs_ols", MSE_OLS_LABEL,
                           f"Error vs context length ({setting_words(setting, axes, summary)})")
 
@@ -119,10 +144,10 @@ def mse_vs_r(summary: pd.DataFrame, setting: dict) -> Figure:
     default grid R = 10, 100, 1000 stops at the minimum); N, noise, device, d, ood fixed at
     `setting`. Raises PlotSkipped without ok cells there, or when R took one value."""
     axes = ("N", "noise", "device", "d", "ood")
-    d = select(summary, setting, axes)
-    if d.empty:
+    d, ok = _drawn(summary, setting, axes)
+    if ok.empty:
         raise PlotSkipped(f"mse_vs_r: no ok cells at {setting_words(setting, axes, summary)}")
-    _check_varied(d, "R", "mse_vs_r")
+    _check_varied(ok, "R", "mse_vs_r")
     return _mean_ci_lines(d, "R", "dtype", "dtype", "mse_vs_ols", MSE_OLS_LABEL,
                           f"Error vs embedding constant R ({setting_words(setting, axes, summary)})")
 
@@ -152,23 +177,24 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     Raises PlotSkipped when no solver in the runs has a `steps` parameter, or when steps took a
     single value per solver (the message says which)."""
     axes = ("noise", "R", "dtype", "device", "d", "ood")
-    d = select(summary, setting, axes).copy()
+    d = _drawn(summary, setting, axes)[0].copy()
     d["steps"] = [_steps(s, p) for s, p in zip(d["solver"], d["solver_params"])]
     stepped = d[d["steps"].notna()].copy()
-    if stepped.empty:
+    if _drawn(stepped, {}, ())[1].empty:
         raise PlotSkipped(f"gd_steps: no solver in the runs set a `steps` parameter (e.g. [solvers.gd-lsa] steps = "
                           f"[1, 4, 16]) with ok cells at "
                           f"{setting_words(setting, axes, summary)}")
     stepped["steps"] = stepped["steps"].astype(float)
-    varied = stepped.groupby("solver")["steps"].nunique()
+    ok = _drawn(stepped, {}, ())[1]
+    varied = ok.groupby("solver")["steps"].nunique()
     if varied.max() < 2:
-        ran = ", ".join(f"{s} steps={int(v):d}" for s, v in stepped.groupby("solver")["steps"].first().items())
+        ran = ", ".join(f"{s} steps={int(v):d}" for s, v in ok.groupby("solver")["steps"].first().items())
         raise PlotSkipped(f"gd_steps: steps did not vary ({ran}); add a list of steps to the config to draw it")
     # one line per solver and its parameters other than steps
     stepped["series"] = [" ".join(w for w in s.split() if not w.startswith("steps=")) for s in stepped["series"]]
     stepped["series_rank"] = stepped.groupby("series")["series_rank"].transform("min")
-    stepped, nan_note = flag_nan(stepped)  # per line drawn: a solver over its steps
-    refs, ref_note = flag_nan(d[d["steps"].isna()])
+    stepped, nan_note = flag_nan(_gaps(stepped, "steps", "N"))  # per line drawn: a solver over its steps
+    refs, ref_note = flag_nan(_drawn(d[d["steps"].isna()], {}, ())[1])  # a level line has no point to break
     nan_note = nan_note or ref_note
     fig, panels = make_panels(stepped, "N", "N")
     styles = series_styles(pd.concat([stepped, refs]))
@@ -213,10 +239,11 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
         note += "; " + style.twins_note({**twins, **level_twins})
     if nan_note:
         note += "; " + nan_note
+    note += GAP_NOTE if "failed" in stepped and stepped["failed"].any() else ""
     extra = style.floor_legend() if line is not None else []
     return finish(fig, panels, LABELS["steps"], MSE_OLS_LABEL,
                    f"GD steps vs error{'; horizontal lines: solvers without steps' if len(refs) else ''} "
-                   f"({setting_words(setting, axes, summary)})", note, extra=extra)
+                   f"({setting_words(setting, axes, summary)})", note, extra=extra, order=list(styles))
 
 
 def throughput(table: pd.DataFrame) -> Figure:

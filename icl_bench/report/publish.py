@@ -64,10 +64,11 @@ def _figures(table, summary, setting, checkpoints):
     from icl_bench.report import model_plots, plots
 
     figs, notes = {}, []
+    drawn = report.with_failed_points(summary, table)  # a failed point breaks its line
     makers = {
-        "mse_vs_n": lambda: plots.mse_vs_n(summary, setting),
-        "mse_vs_r": lambda: plots.mse_vs_r(summary, setting),
-        "gd_steps": lambda: plots.gd_steps(summary, setting),
+        "mse_vs_n": lambda: plots.mse_vs_n(drawn, setting),
+        "mse_vs_r": lambda: plots.mse_vs_r(drawn, setting),
+        "gd_steps": lambda: plots.gd_steps(drawn, setting),
         "throughput": lambda: plots.throughput(table),
     }
     for name, make in makers.items():

@@ -34,28 +34,36 @@ VISUAL_RTOL = 1e-2
 
 
 def identical_series(data: pd.DataFrame, keys: list[str], value: str) -> dict[str, tuple[str, float]]:
-    """Series whose `value` coincides with an earlier series' at every key:
+    """Series whose `value` coincides with an earlier series' wherever both were drawn:
     {later series: (earlier series, largest relative difference)}.
 
     Args:
         data: rows with "series", "series_rank", the `keys` (x and panel columns) and `value`.
-    Two series coincide when they have the same keys and the values agree to VISUAL_RTOL relative
-    (or are both NaN) with at least one finite point: drawn, they would hide each other (two series
-    with nothing drawn hide nothing). Earlier = lower series_rank.
+    Two series coincide when one's keys include all of the other's (one grid within the other:
+    gd-lsa at steps 1 and 16 beside gd at 1, 2, 4, 8, 16) and the values agree to VISUAL_RTOL
+    relative at every shared key where both are finite, with at least one such key: drawn, those
+    points would hide each other (where either is NaN nothing is drawn over the other, and two
+    series with nothing drawn hide nothing). A key
+    set that only overlaps another's is not a twin: each has points the other lacks. Earlier =
+    lower series_rank.
     """
     order = data.sort_values("series_rank")["series"].drop_duplicates().tolist()
-    vectors = {}
+    points = {}
     for s in order:
-        d = data[data["series"] == s].sort_values(keys)
-        vectors[s] = (tuple(map(tuple, d[keys].astype(str).to_numpy())), d[value].to_numpy(dtype=float))
+        d = data[data["series"] == s]
+        points[s] = dict(zip(map(tuple, d[keys].astype(str).to_numpy()), d[value].to_numpy(dtype=float)))
     same = {}
     for i, s in enumerate(order):
-        k, v = vectors[s]
         for t in order[:i]:
             if t in same:
                 continue
-            k2, v2 = vectors[t]
-            if k == k2 and np.isfinite(v).any() and np.allclose(v, v2, rtol=VISUAL_RTOL, atol=0, equal_nan=True):
+            a, b = points[s], points[t]
+            if not (a.keys() <= b.keys() or b.keys() <= a.keys()):
+                continue
+            shared = sorted(a.keys() & b.keys())
+            v, v2 = np.array([a[k] for k in shared]), np.array([b[k] for k in shared])
+            both = np.isfinite(v) & np.isfinite(v2)  # where one is NaN (or a failed cell), nothing is hidden
+            if both.any() and np.allclose(v[both], v2[both], rtol=VISUAL_RTOL, atol=0):
                 same[s] = (t, _max_rel_diff(v, v2))
                 break
     return same

@@ -1,0 +1,76 @@
+"""What the error plots' lines claim (found by a review of publish): a point whose cells failed
+is a gap, not a straight line from its neighbours; a series drawn over another on a grid within
+the other's is marked as a twin; the legend keeps series order whatever panel a series starts in."""
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from icl_bench import Solver, register_solver
+from icl_bench.bench.config import parse_config
+from icl_bench.bench.runner import run_matrix
+from icl_bench.report import aggregate as report
+from icl_bench.report import plots
+from icl_bench.report.figure import finish
+from icl_bench.solvers.registry import REGISTRY
+
+
+class FailsAtN12(Solver):
+    """OLS plus 0.1, except that it raises at N = 12: a failed point inside its line."""
+
+    def predict(self, batch):
+        if batch.x.shape[1] == 12:
+            raise RuntimeError("boom at N=12")
+        return batch.ols_prediction.to(batch.dtype) + 0.1
+
+
+RAW = {"seed": 0, "n_prompts": 32, "batch_size": 32, "timing": {"repeats": 1},
+       "grid": {"N": [5, 12, 20], "noise": [0.1], "R": [100.0], "dtype": ["float64"], "device": ["cpu"]},
+       "solvers": {"ols": {}, "gd": {"steps": [1, 2, 4, 8]}, "gd-lsa": {"steps": [1, 8]}, "test-mid-fails": {}}}
+
+
+@pytest.fixture(scope="module")
+def drawn(tmp_path_factory):
+    register_solver("test-mid-fails")(FailsAtN12)
+    try:
+        out = tmp_path_factory.mktemp("run")
+        run_matrix(parse_config(RAW), out, progress=False)
+        table, _ = report.load_runs([out])
+    finally:
+        REGISTRY.unregister("test-mid-fails")
+    summary = report.aggregate(table)
+    return report.with_failed_points(summary, table), report.representative(table)
+
+
+def _line(fig, label):
+    return next(ln for ln in fig.axes[0].get_lines() if ln.get_label() == label)
+
+
+def test_a_failed_point_breaks_its_line_and_the_note_says_why(drawn):
+    summary, setting = drawn
+    fig = plots.mse_vs_n(summary, setting)
+    x, y = (np.asarray(v, dtype=float) for v in _line(fig, "test-mid-fails").get_data())
+    assert list(x) == [5.0, 12.0, 20.0] and np.isfinite(y[[0, 2]]).all() and np.isnan(y[1])  # a gap at N = 12
+    note = " ".join(fig.texts[-1].get_text().split())
+    assert "a gap in a line: every cell of that point errored or was skipped (failures.md)" in note
+    assert "(32 prompts, 1 prompt seed;" in note  # the failed point counts no prompts
+    assert not np.isnan(np.asarray(_line(fig, "gd steps=8").get_ydata(), dtype=float)).any()  # (ols: on the floor line)
+    with pytest.raises(plots.PlotSkipped, match="no ok cells"):  # failed rows alone are no data
+        plots.mse_vs_n(summary[summary["failed"]], setting)
+
+
+def test_a_series_on_a_grid_within_anothers_is_a_twin(drawn):
+    summary, setting = drawn
+    fig = plots.gd_steps(summary, setting)
+    labels = [ln.get_label() for ln in fig.axes[0].get_lines()]
+    assert "gd-lsa (= gd)" in labels, labels  # steps 1, 8 within gd's 1, 2, 4, 8: drawn on top, open markers
+    assert "gd-lsa coincides with gd" in " ".join(fig.texts[-1].get_text().split())
+
+
+def test_the_legend_follows_the_given_order_not_the_first_panel():
+    fig = Figure()
+    a, b = fig.subplots(1, 2)
+    b.plot([1, 2], [1, 2], label="a-first (= x)")
+    a.plot([1, 2], [1, 2], label="b-second")
+    b.plot([1, 2], [2, 3], label="ab")
+    finish(fig, [(a, None), (b, None)], "x", "y", "t", "", order=["a-first", "ab", "b-second"])
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["a-first (= x)", "ab", "b-second"]
