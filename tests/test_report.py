@@ -124,6 +124,10 @@ def test_publish_writes_markdown_csv_png_and_html(published):
     assert f"## Runs\n\n- `{published.parent / 'seed0'}`: command " in md and "status_counts {" in md
     assert ", git_commit " in md  # the command that made the run first (its seed and commit follow)
     assert "Against R at N = 5, noise = 0, device = cpu; against N at R = 10, noise = 0, device = cpu;" in md
+    # the interval's caveat beside the headline on the page too, not only in the markdown (a review)
+    assert ('<p class="note">The 95 % CI (over the prompts; normal theory) is described in icl_bench/report/aggregate.py: '
+            "it under-covers these heavy-tailed errors") in page
+    assert "; the 95 % CI (over the prompts; normal theory)" in (published / "headline.md").read_text()
     head = (published / "headline.md").read_text()
     assert f"icl-bench publish {published.parent / 'seed0'} --out {published}`" in head  # --force was not passed
     assert f"--out {published}</code> (add <code>--force</code> to regenerate" in page
@@ -938,6 +942,16 @@ def test_rounding_dominated_float32_points_leave_the_fit():
                                ["ln"]).set_index("dtype")["exponent vs R"]
     assert shown["float32"] == "-3.82 (2 pts, 1 rounding)"
     assert scaling.fit_exponent([10, 100], [1e-3, 1e-5], "float32", rounding=[True, True])["n_rounding"] == 2
+    flat = scaling.fit_exponent([10, 100, 1000], [1e60] * 3, "float64", se=[0.0] * 3)  # stderr NaN from scipy (a review)
+    assert (flat["exponent"], flat["ci_low"], flat["ci_high"]) == (0.0, 0.0, 0.0)
+    # without the float64 run the check cannot run: the fit keeps the U-curve's point and says so (a review)
+    only32 = summary[summary.dtype == "float32"]
+    assert not scaling.rounding_dominated(only32).any() and scaling.rounding_unchecked(only32).all()
+    fits32 = scaling.scaling_table(only32)
+    assert fits32.n_unchecked.tolist() == [3, 3] and fits.n_unchecked.max() == 0
+    shown = scaling.scaling_at(fits32, {"N": 30, "noise": 0.1, "R": 100.0, "device": "cpu", "d": 1, "ood": "none"},
+                               ["ln"]).set_index("dtype")["exponent vs R"]
+    assert shown["float32"].endswith("(3 pts, rounding unchecked: no float64 run)")
 
 
 def test_publishing_runs_with_different_grids_names_what_it_left_out(run_dir, tmp_path, monkeypatch, solvers):
@@ -1196,6 +1210,19 @@ def test_at_values_are_read_in_the_type_of_their_axis():
                                 ("noise", "0.1", "has no ok cells; accepted: nan")):
         with pytest.raises(ConfigError, match=f"^--at: {axis}={text} " + problem.replace("(", r"\(").replace(")", r"\)")):
             report.representative(t, {axis: text})
+
+
+def test_at_values_that_no_ok_cell_has_together_are_refused():
+    """--at N=3 --at noise=0.5 was accepted when each value alone had ok cells but no cell had both:
+    the plots were "not drawn" and the headline showed another N (a review)."""
+    from icl_bench.report import aggregate as report
+
+    t = pd.DataFrame([dict(status="ok", N=n, noise=z, R=10.0, dtype="float64", device="cpu", d=1, ood="none")
+                      for n, z in ((3, 0.1), (30, 0.1), (30, 0.5))])
+    with pytest.raises(ConfigError, match=r"^--at: no ok cell has N=3 and noise=0.5 together; the ok cells at N=3 "
+                                          r"have noise = 0.1$"):
+        report.representative(t, {"N": "3", "noise": "0.5"})
+    assert report.representative(t, {"N": "30", "noise": "0.5"})["N"] == 30
 
 
 def test_the_other_axes_default_among_the_cells_at_the_at_values():

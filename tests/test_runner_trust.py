@@ -243,6 +243,22 @@ def test_a_solver_that_never_answers_is_flagged(tmp_path, capsys):
         REGISTRY.unregister("test-all-nan")
 
 
+def test_the_headline_warns_only_of_solvers_at_its_setting(tmp_path, capsys):
+    """The headline said "Warning: test-all-nan: no finite prediction ..." though test-all-nan ran
+    only in another run, at another dtype, and has no row in it (a review); the notes keep it."""
+    _all_nan_solver()
+    try:
+        _run(capsys, "--config", _cfg(tmp_path, RAW), "--out", tmp_path / "a")
+        other = dict(RAW, grid=dict(RAW["grid"], dtype=["float32"]), solvers={"test-all-nan": {}})
+        _run(capsys, "--config", _cfg(tmp_path, other, "b.toml"), "--out", tmp_path / "b")
+        rep = tmp_path / "rep"
+        assert main(["publish", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(rep), "--at", "dtype=float64"]) == 0
+        assert "no finite prediction" not in (rep / "headline.md").read_text()
+        assert "test-all-nan: no finite prediction" in (rep / "index.html").read_text()
+    finally:
+        REGISTRY.unregister("test-all-nan")
+
+
 def test_broken_plugin_is_skipped_loudly_in_the_default_run(plugin_path, tmp_path, capsys):
     raw = {k: v for k, v in RAW.items() if k != "solvers"}  # every solver, the default run's way
     raw["grid"] = dict(RAW["grid"], N=[4])

@@ -225,8 +225,8 @@ def representative(table: pd.DataFrame, at: dict[str, str] | None = None) -> dic
         table: stacked result rows. at: overrides, axis -> value as text (from --at AXIS=VALUE),
             read in the axis's type (validate.at_value).
     Raises:
-        ConfigError: an unknown axis, a value not of the axis's type, or a value that no ok cell
-            has (the message lists them).
+        ConfigError: an unknown axis, a value not of the axis's type, a value that no ok cell
+            has (the message lists them), or --at values that no ok cell has together.
     """
     ok = table[table["status"] == "ok"]
     ok = ok if not ok.empty else table
@@ -235,6 +235,13 @@ def representative(table: pd.DataFrame, at: dict[str, str] | None = None) -> dic
         if axis not in AXES:
             raise ConfigError(f"--at: unknown axis {axis!r}; accepted: {', '.join(AXES)}")
         chosen[axis] = at_value(axis, text, ok[axis])  # in the axis's type: N=4.0 is 4, R=1e1 is 10.0
+    if len(chosen) > 1 and select(ok, chosen, list(chosen)).empty:  # each value alone has ok cells (a review)
+        given = " and ".join(f"{a}={text}" for a, text in at.items())
+        first, *rest = chosen
+        at_first = select(ok, {first: chosen[first]}, [first])
+        show = lambda v: f"{v:g}" if isinstance(v, float) else str(v)  # noqa: E731
+        have = "; ".join(f"{a} = {', '.join(map(show, sorted(at_first[a].dropna().unique())))}" for a in rest)
+        raise ConfigError(f"--at: no ok cell has {given} together; the ok cells at {first}={at[first]} have {have}")
     # ood and d first, then each axis among the ok cells at the values chosen so far (--at's first). Chosen
     # each on its own, --at d=3 took N = 3 (ill-posed there), two runs of other grids got a setting neither
     # had, and an OOD-only run beside another put the headline on a map (found by reviews)

@@ -54,6 +54,9 @@ MEDIAN_NOTE = ("A typical prompt's error: where errors are heavy-tailed a few pr
                "(docs/report.md, measured in results/ci_coverage.md), and the median does not move with them; with several seeds, the median of "
                "their medians.")
 
+CI_NOTE = ("the 95 % CI (over the prompts; normal theory) is described in icl_bench/report/aggregate.py: it "
+           "under-covers these heavy-tailed errors (docs/report.md, measured in results/ci_coverage.md).")
+
 TARGET_NOTE = ("CSV prompts have no clean truth: this is the held-out prediction error (mse_vs_target, the pooled mean "
                "over the prompts, no interval); the tables above say how close each solver is to OLS, not how well it "
                "predicts, and a solver can predict the query better than OLS does.")
@@ -122,7 +125,7 @@ def _index_html(ctx: dict) -> str:
     return env.get_template("index.html.j2").render(
         generated_at=ctx["generated_at"], command=ctx["command"], forced=ctx["forced"],
         headline_at=ctx["at_text"], headline=_html_table(ctx["headline"]), left_out=ctx["left_out"],
-        typical=_html_table(ctx["typical"]), median_note=MEDIAN_NOTE,
+        typical=_html_table(ctx["typical"]), median_note=MEDIAN_NOTE, ci_note=CI_NOTE,
         target=_html_table(ctx["target"]) if not ctx["target"].empty else "", target_note=TARGET_NOTE,
         scaling=_html_table(ctx["scaling_at"]), scaling_at_r=_scaling_at(ctx, "N"), scaling_at_n=_scaling_at(ctx, "R"),
         floors={d: f"{scaling.float_floor(d):.1e}" for d in ("float32", "float64")},
@@ -211,43 +214,6 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
     table, metas = report.load_runs(runs)  # read-only: bad run folders and --at values first
     setting = report.representative(table, at)
     outdir.check_out(out, runs, force, checkpoints, readme)
-    summary = report.aggregate(table)
-    head = report.headline(summary, setting, table)
-    typical = report.headline(summary, setting, table, stat="median")
-    headline_at = {k: v for k, v in setting.items() if k != "N"}
-    varied = coverage.varied_axes(table)  # d / ood are named when the runs hold more than one value
-    at_rows = report.select(table, setting, [a for a in headline_at if a in table])
-    source = lone_source_label(at_rows["prompts"].fillna("").astype(str)) if "prompts" in at_rows else ""
-    at_text = _setting_text(headline_at, varied) + (f", prompts = {source}" if source else "")
-    real = "prompts" in at_rows and has_csv(at_rows["prompts"].fillna(""))
-    target = report.headline(summary, setting, table, stat="target") if real else pd.DataFrame()
-    target_md = ["#### Mean squared error vs the query row's observed y by solver and N (same setting)", "",
-                 report.to_markdown(target), TARGET_NOTE, ""] if real else []
-    command = command_line(runs, out, at, checkpoints, force, readme)
-    gaps = coverage.left_out(table, setting)
-    silent = report.no_answer_notes(table)  # NaN in the table must come with its reason
-    ill = report.ill_posed_note(summary, setting)
-    headline_md = "\n".join([
-        f"### Mean MSE vs OLS [95 % CI] by solver and N ({at_text})", "",
-        report.to_markdown(head), *[f"Warning: {n}." for n in silent], *[f"Note: {n}." for n in ill],
-        *([f"Left out: {'; '.join(gaps)}.", ""] if gaps else []),
-        f"Made by `{command}`{'' if force else ' (add --force to regenerate into the same folder)'}; "
-        "the 95 % CI (over the prompts; normal theory) is described in icl_bench/report/aggregate.py: "
-        "it under-covers these heavy-tailed errors (docs/report.md, measured in results/ci_coverage.md).", "",
-        "#### Median squared error vs OLS, (median |prediction − OLS|)², by solver and N (same setting)", "",
-        report.to_markdown(typical), MEDIAN_NOTE, "", *target_md])
-    figs, notes = _figures(table, summary, setting, checkpoints)
-    notes = unfinished_notes(metas) + silent + ill + shared_timing_notes(table) + notes  # an unfinished run first
-    ctx = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command,
-           "headline": head, "typical": typical, "target": target, "headline_md": headline_md, "headline_at": headline_at,
-           "at_text": at_text, "plots": list(figs),
-           "notes": notes, "failures": report.failure_summary(table), "sparsity": report.sparsity(table),
-           "summary": summary.drop(columns=["series_rank"], errors="ignore"), "runs": metas, "forced": force,
-           "left_out": gaps, "setting": setting, "varied": varied, "mechanism": mechanism.section(table)}
-    fits = scaling.scaling_table(summary)
-    ctx["scaling_at"] = scaling.scaling_at(fits, setting, report.series_order(summary))
-    one_source = summary["prompts"].nunique() <= 1  # then the long prompt-source JSON says nothing
-    ctx["summary_shown"] = ctx["summary"].drop(columns=["prompts"] if one_source else [])
     given, out = out, Path(os.path.realpath(out)) if out.is_symlink() else out  # a link: its target is
     out.parent.mkdir(parents=True, exist_ok=True)  # replaced, the link kept (renaming over it replaced the link)
     outdir.remove_stale_temps(out)
@@ -255,7 +221,44 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}-", suffix=".tmp", dir=out.parent))
     except OSError as exc:  # named as --out, not as the hidden folder beside it (a read-only or full disk)
         raise OSError(exc.errno, exc.strerror, str(out)) from None
+    figs = {}
     try:
+        summary = report.aggregate(table)
+        head = report.headline(summary, setting, table)
+        typical = report.headline(summary, setting, table, stat="median")
+        headline_at = {k: v for k, v in setting.items() if k != "N"}
+        varied = coverage.varied_axes(table)  # d / ood are named when the runs hold more than one value
+        at_rows = report.select(table, setting, [a for a in headline_at if a in table])
+        source = lone_source_label(at_rows["prompts"].fillna("").astype(str)) if "prompts" in at_rows else ""
+        at_text = _setting_text(headline_at, varied) + (f", prompts = {source}" if source else "")
+        real = "prompts" in at_rows and has_csv(at_rows["prompts"].fillna(""))
+        target = report.headline(summary, setting, table, stat="target") if real else pd.DataFrame()
+        target_md = ["#### Mean squared error vs the query row's observed y by solver and N (same setting)", "",
+                     report.to_markdown(target), TARGET_NOTE, ""] if real else []
+        command = command_line(runs, given, at, checkpoints, force, readme)
+        gaps = coverage.left_out(table, setting)
+        silent = report.no_answer_notes(table)  # NaN in the table must come with its reason (the notes: every cell)
+        silent_at = report.no_answer_notes(at_rows)  # the headline's: its setting only (another run's solver is not in it)
+        ill = report.ill_posed_note(summary, setting)
+        headline_md = "\n".join([
+            f"### Mean MSE vs OLS [95 % CI] by solver and N ({at_text})", "",
+            report.to_markdown(head), *[f"Warning: {n}." for n in silent_at], *[f"Note: {n}." for n in ill],
+            *([f"Left out: {'; '.join(gaps)}.", ""] if gaps else []),
+            f"Made by `{command}`{'' if force else ' (add --force to regenerate into the same folder)'}; {CI_NOTE}", "",
+            "#### Median squared error vs OLS, (median |prediction − OLS|)², by solver and N (same setting)", "",
+            report.to_markdown(typical), MEDIAN_NOTE, "", *target_md])
+        figs, notes = _figures(table, summary, setting, checkpoints)
+        notes = unfinished_notes(metas) + silent + ill + shared_timing_notes(table) + notes  # an unfinished run first
+        ctx = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command,
+               "headline": head, "typical": typical, "target": target, "headline_md": headline_md, "headline_at": headline_at,
+               "at_text": at_text, "plots": list(figs),
+               "notes": notes, "failures": report.failure_summary(table), "sparsity": report.sparsity(table),
+               "summary": summary.drop(columns=["series_rank"], errors="ignore"), "runs": metas, "forced": force,
+               "left_out": gaps, "setting": setting, "varied": varied, "mechanism": mechanism.section(table)}
+        fits = scaling.scaling_table(summary)
+        ctx["scaling_at"] = scaling.scaling_at(fits, setting, report.series_order(summary))
+        one_source = summary["prompts"].nunique() <= 1  # then the long prompt-source JSON says nothing
+        ctx["summary_shown"] = ctx["summary"].drop(columns=["prompts"] if one_source else [])
         (tmp / "plots").mkdir()
         for name, fig in figs.items():
             fig.savefig(tmp / "plots" / f"{name}.png", dpi=110)

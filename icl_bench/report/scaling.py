@@ -18,7 +18,8 @@ Rounding-dominated points. The floor is one number per dtype; rounding that grow
 grid value (float32 ln-closed-form, whose R + m loses digits as R grows: a U-curve in R) lies far
 above it. A point in a precision below float64 whose mean is more than ROUNDING_RATIO = 3 times
 the float64 mean of the same series and cell is left out too and counted in `n_rounding`
-(`rounding_dominated`; only where the runs hold both dtypes).
+(`rounding_dominated`; only where the runs hold both dtypes: a fit of lower-precision points
+without their float64 twins counts them in `n_unchecked`, and the page says "rounding unchecked").
 
 The interval is conservative: the wider of two intervals each meant to cover 95 % covers more,
 and with 3 points the lack-of-fit term uses t with 1 degree of freedom (12.7). With three equally
@@ -79,7 +80,8 @@ def fit_exponent(v, mse, dtype: str, se=None, rounding=None) -> dict:
     out["exponent"] = float(fit.slope)
     if good.sum() >= 3:
         t = float(stats.t.ppf(0.5 + LEVEL / 2, good.sum() - 2))
-        half = t * fit.stderr  # lack of fit
+        # lack of fit; linregress gives stderr NaN for points on a flat line (r = 0 / 0): they fit it exactly
+        half = t * (0.0 if np.ptp(ly) == 0 else fit.stderr)
         s_log = (np.asarray(se, dtype=float)[good] if se is not None else np.full(good.sum(), np.nan)) / m[good]
         if np.isfinite(s_log).all():  # sampling: each point's own error, propagated to the slope
             dx = lx - lx.mean()
@@ -94,13 +96,24 @@ def rounding_dominated(summary: pd.DataFrame) -> pd.Series:
     float64 mean of the same series and cell, so mostly its rounding, not its method (the float
     floor is one number per dtype and misses rounding that grows with R: float32 ln-closed-form at
     R = 1000 reads 2.3e-9 against 7.2e-11 in float64, and the fit through it gave "-3.06" for a
-    U-curve; found by a review). False where the cell has no float64 row."""
+    U-curve; found by a review). False where the cell has no float64 row (rounding_unchecked)."""
+    return (summary["dtype"] != "float64") & (summary["mse_vs_ols"] > ROUNDING_RATIO * _float64_twin(summary))
+
+
+def rounding_unchecked(summary: pd.DataFrame) -> pd.Series:
+    """Per summary row: in a lower precision than float64 with no float64 row of the same series and
+    cell, so rounding_dominated cannot tell (a float32-only run's U-curve in R went into the fit
+    unremarked; found by a review)."""
+    return (summary["dtype"] != "float64") & _float64_twin(summary).isna()
+
+
+def _float64_twin(summary: pd.DataFrame) -> pd.Series:
+    """Per summary row: the float64 mean MSE vs OLS of the same series and cell (NaN: none)."""
     cell = ["series", "solver_params", "prompts", "N", "noise", "R", "device", "d", "ood"]
     cell = [c for c in cell if c in summary]
     ref = summary[summary["dtype"] == "float64"].groupby(cell, dropna=False)["mse_vs_ols"].first()
     keys = pd.MultiIndex.from_frame(summary[cell]) if len(cell) > 1 else pd.Index(summary[cell[0]])
-    f64 = pd.Series(ref.reindex(keys).to_numpy(), index=summary.index)
-    return (summary["dtype"] != "float64") & (summary["mse_vs_ols"] > ROUNDING_RATIO * f64)
+    return pd.Series(ref.reindex(keys).to_numpy(), index=summary.index)
 
 
 def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
@@ -110,11 +123,12 @@ def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
         summary: report.aggregate output (mse_vs_ols per series and cell).
     Returns:
         columns series, solver, solver_params, vs, N, noise, R, dtype, device, d, ood (the fixed
-        axes; the fitted axis is NaN), exponent, ci_low, ci_high, n_points, n_floor, n_nan, max_mse.
+        axes; the fitted axis is NaN), exponent, ci_low, ci_high, n_points, n_floor, n_rounding,
+        n_unchecked (points of a lower precision with no float64 twin: rounding not checked), n_nan, max_mse.
     """
     rows = []
     keys = ["series", "solver", "solver_params", "prompts", "N", "noise", "R", "dtype", "device", "d", "ood"]
-    summary = summary.assign(_rounding=rounding_dominated(summary))
+    summary = summary.assign(_rounding=rounding_dominated(summary), _unchecked=rounding_unchecked(summary))
     for vs in ("R", "N"):
         fixed = [k for k in keys if k != vs]
         for key, g in summary.groupby(fixed, dropna=False, sort=True):
@@ -123,9 +137,11 @@ def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
             row = dict(zip(fixed, key), vs=vs, **{vs: math.nan})
             se = g["mse_vs_ols_se"] if "mse_vs_ols_se" in g else None
             row.update(fit_exponent(g[vs], g["mse_vs_ols"], key[fixed.index("dtype")], se, g["_rounding"]))
+            row["n_unchecked"] = int(g["_unchecked"].sum())
             row["max_mse"] = float(g["mse_vs_ols"].max())
             rows.append(row)
-    cols = [*keys, "vs", "exponent", "ci_low", "ci_high", "n_points", "n_floor", "n_rounding", "n_nan", "max_mse"]
+    cols = [*keys, "vs", "exponent", "ci_low", "ci_high", "n_points", "n_floor", "n_rounding", "n_unchecked", "n_nan",
+            "max_mse"]
     return pd.DataFrame(rows, columns=cols).drop(columns="prompts")
 
 
@@ -146,7 +162,8 @@ def scaling_at(fits: pd.DataFrame, setting: dict, order: list[str]) -> pd.DataFr
         ci = f" [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if math.isfinite(r["ci_low"]) else ""
         rounding = f"{r['n_rounding']} rounding" if r.get("n_rounding", 0) else ""  # (a scaling.csv of before it)
         dropped = "".join(f", {d}" for d in (f"{r['n_floor']} at floor" if r["n_floor"] else "", rounding, nan) if d)
-        return f"{r['exponent']:.2f}{ci} ({r['n_points']} pts{dropped})"
+        unchecked = ", rounding unchecked: no float64 run" if r.get("n_unchecked", 0) else ""  # (older scaling.csv)
+        return f"{r['exponent']:.2f}{ci} ({r['n_points']} pts{dropped}{unchecked})"
 
     def pick(df, vs, axes):
         m = df["vs"] == vs
