@@ -49,6 +49,20 @@ def test_seeded_csv_prompts_unchanged(tmp_path, monkeypatch):
     assert torch.equal(batch.y_query, torch.from_numpy(ys[idx[:, 9]]))
 
 
+def test_the_rows_are_drawn_once_per_grid_point_whatever_the_dtype(tmp_path, monkeypatch):
+    """Each dtype drew the rows again, O(n_prompts x rows) apiece: 30 s a draw from 1e6 rows (a review)."""
+    pd.DataFrame({"x": np.arange(300.0), "y": np.arange(300.0) % 7}).to_csv(tmp_path / "d.csv", index=False)
+    source = DataSource(path=str(tmp_path / "d.csv"), x="x", y="y")
+    calls = []
+    draw = data._draw_rows
+    monkeypatch.setattr(data, "_draw_rows", lambda *a: calls.append(a[1:]) or draw(*a))
+    data._rows_of.cache_clear()
+    b32, b64 = (sample_data_prompts(source, 9, 10.0, 50, seed=123, dtype=dt) for dt in ("float32", "float64"))
+    assert len(calls) == 1 and torch.equal(b32.x.double(), b64.x) and torch.equal(b32.x_query.double(), b64.x_query)
+    sample_data_prompts(source, 9, 10.0, 50, seed=124, dtype="float32")  # another point: its own draw
+    assert len(calls) == 2
+
+
 def test_chunk_holds_a_bounded_number_of_keys():
     for n_rows in (1, 65, 3000, 300_000, 10**7):
         step = data._chunk_rows(n_rows)

@@ -304,12 +304,24 @@ def _draw_rows(rng: np.random.Generator, n_prompts: int, n_rows: int, k: int) ->
     return out
 
 
+@lru_cache(maxsize=4)
+def _rows_of(seed: int, n_prompts: int, n_rows: int, k: int) -> np.ndarray:
+    """_draw_rows from a generator seeded with `seed`, cached (read-only): a grid point's cells in
+    each dtype and device draw the same rows, and the draw costs O(n_prompts x rows) (30 s for 2048
+    prompts from 1e6 rows, found by a review), so it is made once per point, not per dtype."""
+    idx = _draw_rows(np.random.default_rng(seed), n_prompts, n_rows, k)
+    idx.setflags(write=False)
+    return idx
+
+
 def sample_data_prompts(source: DataSource, N: int, R: float, n_prompts: int, *, seed: int,
                         dtype="float32", device="cpu", data_sha256: str = "") -> PromptBatch:
     """Draw `n_prompts` prompts of N context rows + 1 query row from a CSV file.
 
     Each prompt's rows are the first N + 1 of a seeded random permutation of the usable rows
-    (`_draw_rows`); time O(n_prompts x rows), memory about max(16 MiB, 16 bytes x rows) beyond the batch itself (KEYS_PER_CHUNK keys at a time).
+    (`_draw_rows`); time O(n_prompts x rows), once per (seed, n_prompts, N) whatever the dtype or
+    device (`_rows_of`), memory about max(16 MiB, 16 bytes x rows) beyond the batch itself
+    (KEYS_PER_CHUNK keys at a time).
 
     Returns:
         PromptBatch: x, y (B, N); x_query, y_query (B,) from the held-out row; the OLS reference
@@ -322,7 +334,7 @@ def sample_data_prompts(source: DataSource, N: int, R: float, n_prompts: int, *,
     xs, ys = _columns(source, data_sha256)
     if len(xs) < N + 1:
         raise ConfigError(f"grid.N: N={N} needs at least {N + 1} usable rows of data; {source.path} has {len(xs)}")
-    idx = _draw_rows(np.random.default_rng(seed), n_prompts, len(xs), N + 1)
+    idx = _rows_of(seed, n_prompts, len(xs), N + 1)
     x, y = xs[idx], ys[idx]  # (B, N+1)
     return make_batch(torch.from_numpy(x[:, :N]), torch.from_numpy(y[:, :N]), torch.from_numpy(x[:, N]),
                       R=R, dtype=dtype, device=device, y_query=torch.from_numpy(y[:, N]))
