@@ -55,6 +55,9 @@ def _advice(exc: ConfigError) -> str:
         return "install the plugin that provided that solver again, then resume"
     if msg.startswith("data.path:"):
         return "a relative data.path is read from the folder the run was started in: resume from there"
+    if msg.startswith("data."):  # the file data.path names now is not the run's (another file of that name here)
+        return ("resume where data.path names the run's own file (a relative data.path is read from the folder "
+                "the run was started in)")
     return "resume with --config FILE.toml, the config the run was started with"
 
 
@@ -150,6 +153,10 @@ def cmd_run(args) -> int:
     except ConfigError as exc:
         if recorded is not None and str(flag_named(exc)) == str(exc):  # (a flag typed beside --resume is named)
             raise ConfigError(f"--resume: the config recorded in {path} no longer loads: {exc}; {_advice(exc)}") from None
+        if args.resume and args.config is None and (args.data is not None or args.solver):  # (a review: the
+            raise ConfigError(f"{flag_named(exc)} (--resume with --data or --solver and no --config reads the packaged "
+                              "default matrix, not the run's config.json: drop them to resume the run as "
+                              "recorded)") from None  # message blamed the file for the default grid's N = 300)
         raise flag_named(exc) from None
     out = Path(args.out) if args.out else Path("results/runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
     warn_conflicts(sys.stderr)  # once, before the matrix: a shadowed plugin name must not pass silently

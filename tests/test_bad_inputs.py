@@ -282,7 +282,7 @@ CASES = [
     Case("toml-matrix-config-to-sweep", lambda tmp: ["sweep", "--config", "default"],
          "--config: 'default' is a matrix config; run it with `icl-bench run --config default`", out=False),
     # ---- CLI flags ----
-    Case("cli-no-command", lambda tmp: [], "command: give one of list, run, publish, report, analyze, train, sweep "
+    Case("cli-no-command", lambda tmp: [], "command: give one of list, run, publish, report, analyze, train, sweep, docs "
          "(icl-bench --help; icl-bench COMMAND --help)", out=False),
     Case("cli-unknown-command", lambda tmp: ["frobnicate"], "argument command: invalid choice: 'frobnicate'"),
     Case("cli-unknown-flag", flags("--frobnicate"), "unrecognized arguments: --frobnicate"),
@@ -300,13 +300,22 @@ CASES = [
     Case("csv-missing", csv(None), "--data: no such file"),
     Case("csv-empty-file", csv(""), "--data: cannot read"),
     Case("csv-header-only", csv("x,y\n"), "grid.N: N=4 needs at least 5 rows with finite x and y; data.csv has 0"),
-    Case("csv-not-utf8", csv(b"x,y\n1,\xff\xfe\n2,3\n"), "--data: cannot read"),
+    Case("csv-not-utf8", csv(b"x,y\n1,\xff\xfe\n2,3\n"), "--data: cannot read '{tmp}/data.csv' as CSV (not UTF-8 text: "
+         "invalid start byte at byte 6); accepted: UTF-8 CSV text"),  # it said "(UnicodeDecodeError)" (a review)
+    Case("csv-latin1-text-column", csv("x,y,city\n".encode() + b"".join(b"%d,%d,Z\xfcrich\n" % (i, i) for i in range(9))),
+         "--data: cannot read '{tmp}/data.csv' as CSV (not UTF-8 text: invalid start byte at byte 14)"),
+    Case("csv-semicolons-decimal-commas", csv("x;y\n" + "".join(f"0,{i};1,{i + 2}\n" for i in range(9))),
+         "--data: cannot read '{tmp}/data.csv' as CSV (data rows with more fields than the header; is it separated "
+         "by ';'?)"),
+    Case("csv-comment-line", csv("# exported by a logger\nx,y\n" + "".join(f"{i},{i + 1}\n" for i in range(9))),
+         "--data: cannot read '{tmp}/data.csv' as CSV (data rows with more fields than the header; its first line starts "
+         "with '#': remove comment lines above the header)"),
     Case("csv-binary", csv(bytes(range(256)) * 4), "--data: cannot read"),
     Case("csv-ragged", csv("x,y\n1,2\n3,4,5,6\n"), "--data: cannot read"),
     # every row one field more than the header: pandas took the first field as the index and ran with x = y's values
     Case("csv-every-row-one-more-field", csv("x,y\n1,10,100\n2,20,205\n3,30,290\n4,40,410\n5,50,500\n6,60,590\n"),
          "--data: cannot read '{tmp}/data.csv' as CSV (data rows with more fields than the header); accepted: "
-         "CSV text with as many fields in every row as in the header"),
+         "UTF-8 CSV text with as many fields in every row as in the header"),
     Case("csv-first-row-one-more-field", csv("x,y\n1,2,3\n" + "4,5\n" * 6), "--data: cannot read '{tmp}/data.csv' "
          "as CSV (data rows with more fields than the header)"),  # pandas dropped the 3
     Case("csv-one-text-cell", csv("x,y\n" + "1,1\n" * 4 + "abc,2\n" + "3,3\n" * 4),

@@ -149,6 +149,17 @@ def test_a_relative_csv_path_is_read_from_the_folder_the_run_started_in(tmp_path
     assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.endswith("a relative data.path is read from the folder the run was started in: resume from there\n"), err
+    (tmp_path / "elsewhere" / "d.csv").write_text("p,q\n" + "".join(f"{i},{i}\n" for i in range(40)))  # another d.csv
+    assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err  # (the advice was to give the TOML, though the file is what differs: a review)
+    assert "data.x: no column 'xx' in d.csv" in err and err.endswith(
+        "resume where data.path names the run's own file (a relative data.path is read from the folder the run was "
+        "started in)\n"), err
+    assert main(["run", "--resume", "--out", str(out), "--no-progress", "--data", "d.csv", "--x", "p", "--y", "q"]) == 2
+    err = capsys.readouterr().err  # the default matrix's N = 300 against 40 rows: blamed on the file (a review)
+    assert err.startswith("icl-bench: error: grid.N: N=300 needs at least 301 rows") and err.endswith(
+        "(--resume with --data or --solver and no --config reads the packaged default matrix, not the run's "
+        "config.json: drop them to resume the run as recorded)\n"), err
     monkeypatch.chdir(tmp_path)
     assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 0
 

@@ -99,8 +99,9 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
         why = "the zstandard package is not installed" if zst else str(exc) if isinstance(exc, ExtraFields) \
             else "the archive holds several files" if several \
             else f"ParserError: {' '.join(str(exc).split())[:120]}" if isinstance(exc, pd.errors.ParserError) \
+            else f"not UTF-8 text{_utf8_error_at(path, data)}" if isinstance(exc, UnicodeDecodeError) \
             else type(exc).__name__  # the parser names the line ("Expected 2 fields in line 32, saw 3")
-        raise ConfigError(f"data.path: cannot read {str(path)!r} as CSV ({why}); accepted: CSV text with as many "
+        raise ConfigError(f"data.path: cannot read {str(path)!r} as CSV ({why}{_first_line_hint(data)}); accepted: UTF-8 CSV text with as many "
                           "fields in every row as in the header, plain or compressed (.gz, .bz2, .xz, .zst, or a .zip / .tar[.gz|.bz2|.xz] holding one file)") from None
     header = _header(path, data)  # as written: pandas renames a repeated name x to x.1
     columns = ", ".join(map(repr, header))  # (quoted: a name with spaces around it shows them)
@@ -186,6 +187,28 @@ def _frame(path: Path, data: bytes) -> pd.DataFrame:
             return pd.read_csv(io.BytesIO(data), compression=compression, index_col=False)
         except pd.errors.ParserWarning:
             raise ExtraFields("data rows with more fields than the header") from None
+
+
+def _utf8_error_at(path: Path, data: bytes) -> str:
+    """Where a plain file stops being UTF-8, as ": invalid start byte at byte 14" ("" for a
+    compressed one, whose bytes are not the text; pandas' own position is within its buffer)."""
+    if any(path.name.lower().endswith(ext) for ext in _COMPRESSION):
+        return ""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f": {exc.reason} at byte {exc.start}"
+    return ""
+
+
+def _first_line_hint(data: bytes) -> str:
+    """Why a file's first line may not be a CSV header, for the message of a file that fails to
+    parse: a comment line, or another separator (';' with decimal commas) (found by a review)."""
+    line = data[:4096].lstrip(b"\xef\xbb\xbf").split(b"\n", 1)[0].strip()
+    if line.startswith(b"#"):
+        return "; its first line starts with '#': remove comment lines above the header"
+    other = next((c for c in (";", "\t", "|") if c.encode() in line and b"," not in line.replace(b'","', b"")), None)
+    return f"; is it separated by {other!r}?" if other else ""
 
 
 @lru_cache(maxsize=2)
