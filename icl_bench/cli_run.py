@@ -113,7 +113,11 @@ def cmd_run(args) -> int:
                 if isinstance(raw["grid"].get("ood"), list):  # student-t redraws x from the generator's slope
                     from icl_bench.prompts.ood import needs_generator  # (loads torch: not at --help time)
 
+                    dropped = [v for v in raw["grid"]["ood"] if needs_generator(v)]
                     raw["grid"]["ood"] = [v for v in raw["grid"]["ood"] if not needs_generator(v)]
+                    if dropped:  # documented, but a run must say what it left out (a review)
+                        print(f"icl-bench: --data: the packaged {given!r} matrix's ood values {', '.join(dropped)} "
+                              "redraw x from the generator and do not apply to CSV data: left out", file=sys.stderr)
     elif args.x or args.y:
         raise ConfigError("--x/--y: only with --data FILE")
     if args.out is not None and not args.out.strip():  # an empty --cache: refused by run_matrix's cache check

@@ -237,6 +237,8 @@ def test_data_flag_with_a_packaged_matrix_drops_its_noise_grid(tmp_path, capsys)
     assert main(ood) == 0, capsys.readouterr().err  # dropped too (they need the generator): the other maps run
     table = pd.read_parquet(tmp_path / "o3" / "results.parquet")
     assert (table.status == "ok").all() and "none" in set(table.ood) and not table.ood.str.startswith("student-t").any()
+    assert ("icl-bench: --data: the packaged 'ood' matrix's ood values student-t:3 redraw x from the generator and do "
+            "not apply to CSV data: left out") in capsys.readouterr().err  # it was silent (a review)
 
 
 def _folder(out) -> dict:
@@ -324,7 +326,7 @@ def test_missing_cells_in_a_column_pandas_left_as_text_are_dropped(tmp_path):
 def test_a_row_with_one_field_too_many_is_named_by_its_line(tmp_path):
     """One row with a trailing comma read 'cannot read ... as CSV (ParserError)': no line to fix."""
     (tmp_path / "d.csv").write_text("x,y\n" + "".join(f"{i},{i}\n" for i in range(31)) + "31,31,\n")
-    with pytest.raises(ConfigError, match=r"\(ParserError: .*Expected 2 fields in line 33, saw 3\); accepted: CSV text"):
+    with pytest.raises(ConfigError, match=r"\(ParserError: .*Expected 2 fields in line 33, saw 3\); accepted: UTF-8 CSV text"):
         check_source(DataSource(path=str(tmp_path / "d.csv"), x="x", y="y"), [5])
 
 
