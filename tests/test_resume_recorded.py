@@ -55,6 +55,19 @@ def test_a_run_resumes_from_its_recorded_config_and_matches_an_uninterrupted_run
         ("gd", '{"steps": 1}'), ("gd", '{"steps": 2}'), ("ols", "{}")]
 
 
+def test_the_rows_keep_their_order_whatever_order_the_toml_lists_the_solvers(tmp_path, monkeypatch, capsys):
+    """[solvers.ols] before [solvers.gd]: the run gave its rows in the TOML's order and the resume,
+    from config.json's sorted keys, in another (a review); cells are ordered by solver name."""
+    raw = {**CUSTOM, "solvers": {"ols": {}, "gd": {"steps": [2, 1]}}}
+    out = _interrupted_run(tmp_path, monkeypatch, raw)
+    capsys.readouterr()
+    assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 0, capsys.readouterr().err
+    resumed = pd.read_parquet(out / "results.parquet").drop(columns=list(TIMING_COLUMNS))
+    whole = runner.run_matrix(parse_config(raw), tmp_path / "whole", progress=False).drop(columns=list(TIMING_COLUMNS))
+    pd.testing.assert_frame_equal(resumed.reset_index(drop=True), whole.reset_index(drop=True))
+    assert resumed.solver.tolist()[:3] == ["gd", "gd", "ols"]
+
+
 def test_a_csv_run_resumes_from_its_recorded_config(tmp_path, monkeypatch, capsys):
     raw = {"seed": 1, "n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1},
            "grid": {"N": [5, 9], "R": [30.0], "dtype": ["float64"]}, "solvers": {"ols": {}, "gd": {}},

@@ -164,8 +164,10 @@ def same_matrix(a: dict, b: dict) -> bool:
 
 def expand_cells(cfg: MatrixConfig) -> list[Cell]:
     """Every cell of the matrix, in a fixed order: grid points (axes of bench/axes.py, first axis
-    outermost), then solvers (by name), then their parameter sets (as listed)."""
-    solvers = dict(cfg.solvers)
+    outermost), then solvers (by name), then their parameter sets (as listed). By name, not as the
+    TOML lists them: a run resumed from its config.json (stored with sorted keys) gave its rows in
+    another order than the run it continued (found by a review)."""
+    solvers = {name: cfg.solvers[name] for name in sorted(cfg.solvers)}
     optional = set()
     if cfg.all_solvers:
         optional = set(known_names()) - set(solvers)  # not asked for by name
