@@ -212,3 +212,27 @@ def test_a_cell_during_the_warm_up_only_does_not_count():
                 if not after_start:
                     info[hostload.START]()
         assert info["concurrency"] == expected and hostload.START not in info, (after_start, info)
+
+
+def _exclusive_cells(barrier, out):
+    barrier.wait(30)
+    for _ in range(4):
+        with hostload.busy(), hostload.timing_slot(True) as info:
+            time.sleep(0.05)  # the warm-up: by its end the other process waits for the lock
+            info[hostload.START]()
+            time.sleep(0.03)
+        out.put(info["concurrency"])
+
+
+def test_a_cell_waiting_for_the_timing_lock_is_not_counted():
+    """Under --exclusive-timing the other worker's cell, blocked on the lock through the whole timed
+    section, counted as running: 2 of 150 rows read 1 (a review). Waiting now reads as idle; with
+    nothing else to do between cells, most timed sections here ran alone (before the fix: none)."""
+    barrier, out = fork.Barrier(2), fork.Queue()
+    procs = [fork.Process(target=_exclusive_cells, args=(barrier, out)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    counts = [out.get(timeout=60) for _ in range(8)]
+    for p in procs:
+        p.join()
+    assert sum(c == 1 for c in counts) >= 4, counts  # (a scheduling delay may let one see the other's next cell)

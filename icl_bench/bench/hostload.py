@@ -5,8 +5,11 @@ measured alone (docs/scale-out.md, "Honest timing"). Every thread that runs icl-
 one marker file in a per-user folder of the machine's temp dir, whose name says how many cells the
 thread has started and whether it is inside one:
 
-    {pid}-{tid}-{k}_{n}.idle           n cells run, none running now
-    {pid}-{tid}-{k}_{n}_{start}.busy   inside its n-th cell since `start`
+    {pid}-{tid}-{k}_{n}.idle           n busy stretches run, none running now
+    {pid}-{tid}-{k}_{n}_{start}.busy   inside its n-th busy stretch since `start`
+
+A busy stretch is a cell, or with the timing lock (excl below) a cell's part before its wait for
+the lock and its part after: waiting, a thread does not compete for the cores (_waiting).
     {pid}-{tid}-{k}_{n}_{when}.dead    a tombstone: the thread or its process ended at `when`
 
     busy()            marks one cell running in this thread for the duration of the block
@@ -17,7 +20,8 @@ thread has started and whether it is inside one:
                       started (dict[START]() marks that, after the warm-up), and every one started
                       before it ended, short ones that came and went inside it too; with excl=True
                       the block first takes the machine's timing lock, so at most one cell per
-                      machine is inside its warm-up and timed section
+                      machine is inside its warm-up and timed section; a cell waiting for that
+                      lock reads as idle meanwhile (it blocks, it does not compete for the cores)
 
 A cell is counted per thread, so the two threads of a Dask worker with --nthreads 2 are two cells.
 timing_slot lists the folder when the timed section starts and when it ends: each thread adds the
@@ -214,6 +218,26 @@ def _overlapping(before: dict, after: dict, t1: float) -> int:
 
 
 @contextmanager
+def _waiting():
+    """This thread's cell waits (blocked on the timing lock, not competing for the cores): its
+    marker reads idle meanwhile, and leaving the wait starts a new busy stretch (n + 1), as a new
+    cell would. So a timed section counts a cell that only waited through it not at all, and one
+    whose untimed work (its prompts before the wait) ran inside it once. Counted as running, the
+    waiting cells had put `concurrency` at 2-3 on nearly every row of an --exclusive-timing run,
+    which then looked like a run without it (found by a review)."""
+    m = getattr(_local, "marker", None)
+    if m is None or m.depth == 0 or m.pid != os.getpid():  # not inside a busy() block of this process
+        yield
+        return
+    m.rename(f"{m.id}_{m.n}.idle")
+    try:
+        yield
+    finally:
+        m.n += 1
+        m.rename(f"{m.id}_{m.n}_{time.monotonic():.6f}.busy")
+
+
+@contextmanager
 def timing_slot(exclusive: bool = False):
     """Context of a cell's timed section; the yielded dict gets `concurrency` on exit (see above).
 
@@ -231,7 +255,8 @@ def timing_slot(exclusive: bool = False):
         if exclusive:
             lock = os.open(os.path.join(_folder(), "timing.lock"), os.O_RDWR | os.O_CREAT, 0o600)
             _held.add(lock)
-            fcntl.flock(lock, fcntl.LOCK_EX)  # waits for the machine's other timed cell
+            with _waiting():
+                fcntl.flock(lock, fcntl.LOCK_EX)  # waits for the machine's other timed cell
         before = [_scan()]
         info[START] = lambda: before.__setitem__(0, _scan())  # the warm-up done: count from here
         yield info
