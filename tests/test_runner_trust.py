@@ -78,6 +78,22 @@ def test_shared_cell_cache_serves_a_new_run_folder(tmp_path, capsys):
     pd.testing.assert_frame_equal(a, b)  # the same rows, timings included: they were reused
 
 
+def test_the_cell_cache_serves_rows_timed_with_the_same_threads_only(tmp_path, capsys):
+    """A row timed with one torch thread was served to a run with [timing] threads = 2, whose
+    metadata then named 2 threads (a review); rows of the default settings keep their keys."""
+    cache = tmp_path / "cache"
+    two = dict(RAW, timing={**RAW["timing"], "threads": 2})
+    assert _run(capsys, "--config", _cfg(tmp_path, RAW), "--out", tmp_path / "a", "--cache", cache)[0] == 0
+    for out, reused in (("b", 0), ("c", 2)):  # b: timed anew with 2 threads; c: b's rows
+        assert _run(capsys, "--config", _cfg(tmp_path, two, "two.toml"), "--out", tmp_path / out, "--cache", cache)[0] == 0
+        assert json.loads((tmp_path / out / "metadata.json").read_text())["n_cells_reused"] == reused
+    assert _run(capsys, "--config", _cfg(tmp_path, RAW), "--out", tmp_path / "d", "--cache", cache)[0] == 0
+    assert json.loads((tmp_path / "d" / "metadata.json").read_text())["n_cells_reused"] == 2  # a's rows
+    c, d = (pd.read_parquet(tmp_path / x / "results.parquet") for x in "cd")
+    pd.testing.assert_frame_equal(c, pd.read_parquet(tmp_path / "b" / "results.parquet"))
+    pd.testing.assert_frame_equal(d, pd.read_parquet(tmp_path / "a" / "results.parquet"))
+
+
 PLUGIN = """from icl_bench import Solver, register_solver
 import torch
 

@@ -15,6 +15,16 @@ from icl_bench.bench.store import (CONFIG_NAME, LOCK_NAME, STORE_NAME, _check_in
 from icl_bench.errors import ConfigError
 
 
+def cache_key(key: str, *, threads: int, exclusive: bool) -> str:
+    """A cell's key in the cache: its key (Cell.key), plus the timing settings its timing columns
+    depend on where they are not the defaults ([timing] threads = 1, no exclusive timing). A row
+    timed with 2 torch threads had been served to a run with 1 (and the reverse), whose metadata
+    then named a thread count its throughput was not measured with (found by a review); --resume
+    refuses that change of config. Rows cached with the defaults keep their keys."""
+    tags = ([f"threads={threads}"] if threads != 1 else []) + (["exclusive"] if exclusive else [])
+    return "|".join([key, *tags])
+
+
 class CellCache:
     """Finished rows by cell key, shared across run folders (`icl-bench run --cache DIR`): one
     SQLite file DIR/cells.sqlite in WAL mode (concurrent runs may share it). A cell key holds

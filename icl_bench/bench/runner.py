@@ -35,7 +35,7 @@ from tqdm import tqdm
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
 from icl_bench.startup import Terminated, sigint_recorded, sigterm_seen, torch_threads
 from icl_bench.bench import hostload, schema, store
-from icl_bench.bench.cache import CellCache
+from icl_bench.bench.cache import CellCache, cache_key
 from icl_bench.bench.cells import Cell, cell_prompts, digest_mismatch, expand_cells, same_matrix
 from icl_bench.bench.config import Executor, MatrixConfig
 from icl_bench.bench.executors import make_executor, worker_name
@@ -255,7 +255,9 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
                               "solver's package, its inputs and the library versions, and one of them changed since "
                               "it ran (or its solver is no longer installed)", stacklevel=2)
             rows = {}
-            cached = cache_db.get([k for k in keys if k not in stored]) if cache_db is not None else {}
+            timed_as = partial(cache_key, threads=config.timing.threads, exclusive=ex_cfg.exclusive_timing)
+            wanted = {timed_as(k): k for k in keys if k not in stored}
+            cached = {wanted[k]: row for k, row in cache_db.get(list(wanted)).items()} if cache_db is not None else {}
             for key, cell in zip(keys, cells):
                 if key in stored or key in cached:
                     rows[key] = {**{k: getattr(cell, k) for k in CELL_COLUMNS}, **stored.get(key, cached.get(key, {}))}
@@ -281,7 +283,7 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
                     if cells_db is not None:
                         cells_db.put(key, row)
                     if cache_db is not None:
-                        cache_db.put(key, row)
+                        cache_db.put(timed_as(key), row)
                     rows[key] = row
                     bar.set_postfix_str(cell.describe(), refresh=False)
                     bar.update()
