@@ -322,7 +322,7 @@ class _FullDisk:
         self.db, self.left = db, fail_after
 
     def execute(self, sql, *args):
-        if sql.lstrip().startswith("INSERT"):
+        if sql.lstrip().startswith("INSERT") and "INTO cells" in sql:  # (not the session record)
             self.left -= 1
             if self.left < 0:
                 raise sqlite3.OperationalError("database or disk is full")

@@ -68,6 +68,22 @@ def test_the_rows_keep_their_order_whatever_order_the_toml_lists_the_solvers(tmp
     assert resumed.solver.tolist()[:3] == ["gd", "gd", "ols"]
 
 
+def test_a_session_killed_without_a_word_is_still_listed(tmp_path, monkeypatch, capsys):
+    """metadata.json's `sessions` left out a session stopped by kill -9 (its record was written at its
+    end; a review): it is now written at its start and reads as killed when nothing closed it."""
+    from contextlib import nullcontext
+
+    monkeypatch.setattr(runner, "_recorded", lambda *a: nullcontext())  # as kill -9: no end is recorded
+    out = _interrupted_run(tmp_path, monkeypatch, CUSTOM)
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 0, capsys.readouterr().err
+    sessions = json.loads((out / "metadata.json").read_text())["sessions"]
+    assert [s["status"] for s in sessions] == ["killed (no end recorded: kill -9, a crash or a power cut)", "finished"]
+    assert sessions[0]["command"] and sessions[0]["cells_computed"] is None
+    assert (sessions[1]["cells_reused"], sessions[1]["cells_computed"]) == (2, 4)
+
+
 def test_a_csv_run_resumes_from_its_recorded_config(tmp_path, monkeypatch, capsys):
     raw = {"seed": 1, "n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1},
            "grid": {"N": [5, 9], "R": [30.0], "dtype": ["float64"]}, "solvers": {"ols": {}, "gd": {}},

@@ -274,7 +274,8 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
             bar = tqdm(total=len(cells), initial=reused, unit="cell", disable=not progress, dynamic_ncols=True)
             session = {"command": provenance.command_line(), "started_at": started, "cells_reused": reused,
                        "cells_computed": 0}
-            with sigint_recorded(reraise=True) as seen, _recorded(session, cells_db, ex):
+            session_n = cells_db.open_session(session) if cells_db is not None else None
+            with sigint_recorded(reraise=True) as seen, _recorded(session, session_n, cells_db, ex):
                 for cell, row, failure in ex.results(todo, work):
                     session["cells_computed"] += 1
                     if row is None:
@@ -298,8 +299,8 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
                 meta["n_cells_reused"] = reused  # cells taken from an earlier run (--resume) or the cell cache
                 meta["executor"] = ex.describe(threads=config.timing.threads)
                 meta["command"] = session["command"]  # of this session (a resumed run: the resume)
-                meta["sessions"] = cells_db.add_session(
-                    {**session, "finished_at": meta["finished_at"], "status": "finished", "executor": meta["executor"]})
+                meta["sessions"] = cells_db.close_session(session_n, {
+                    **session, "finished_at": meta["finished_at"], "status": "finished", "executor": meta["executor"]})
                 if config.data is not None:
                     from icl_bench.prompts.data import data_summary
 
@@ -316,16 +317,17 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
 
 
 @contextmanager
-def _recorded(session: dict, cells_db, ex):
-    """Record `session` in the run's store (CellStore.add_session) when the block is interrupted or
-    fails: its command, executor kind and cells computed stay in metadata.json's `sessions` once the
-    run is finished by a --resume. (A finished session is recorded by the caller, with its metadata.)"""
+def _recorded(session: dict, n, cells_db, ex):
+    """Record the end of `session` (number `n` in the run's store: CellStore.close_session) when the
+    block is interrupted or fails: its command, executor kind and cells computed stay in
+    metadata.json's `sessions` once the run is finished by a --resume. (A finished session is
+    recorded by the caller, with its metadata; a killed one keeps its "running" record.)"""
     try:
         yield
     except BaseException as exc:
         if cells_db is not None:
             try:
-                cells_db.add_session({**session, "finished_at": datetime.now(timezone.utc).isoformat(),
+                cells_db.close_session(n, {**session, "finished_at": datetime.now(timezone.utc).isoformat(),
                                       "status": f"stopped ({type(exc).__name__})", "executor": {"kind": ex.kind}})
             except Exception:  # (a full disk, a damaged store: the cells are what matters, and they are stored)
                 pass

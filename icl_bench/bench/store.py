@@ -55,6 +55,9 @@ DATA_KEY = "data_sha256"  # in config.json beside the config: the sha256 of the 
 FINAL_FILES = ("results.parquet", "results.csv", "metadata.json")
 
 
+KILLED = "killed (no end recorded: kill -9, a crash or a power cut)"  # a session's status read back
+
+
 def _checksum(key: str, values: list) -> int:
     """CRC-32 of the key and the row's values: their repr (exact for floats; NaN, which SQLite
     stores as NULL, is read back as NaN before the check)."""
@@ -131,13 +134,28 @@ class CellStore:
         self._insert = (f"INSERT OR REPLACE INTO cells (key, {cols}, crc) "
                         f"VALUES ({', '.join('?' * (len(self.columns) + 2))})")
 
-    def add_session(self, doc: dict) -> list[dict]:
-        """Record one session of this run (table `sessions`: a JSON document per run or --resume here,
-        finished or stopped) and return every session recorded, oldest first (metadata.json's
-        `sessions`: it named only the last, even one that computed nothing; found by a review)."""
+    def open_session(self, doc: dict) -> int:
+        """Record a session of this run as it starts (table `sessions`: a JSON document per run or
+        --resume here), with status "running"; returns its number for close_session. A session
+        killed with no chance to record its end (kill -9, a crash, a power cut) keeps that row: it
+        was missing from metadata.json's `sessions` when its end was the first record (a review)."""
         self._db.execute("CREATE TABLE IF NOT EXISTS sessions (n INTEGER PRIMARY KEY, doc TEXT NOT NULL)")
-        _write(self._db, self.out / STORE_NAME, "INSERT INTO sessions (doc) VALUES (?)", (dumps(doc),))
-        return [json.loads(d) for (d,) in self._db.execute("SELECT doc FROM sessions ORDER BY n")]
+        _write(self._db, self.out / STORE_NAME, "INSERT INTO sessions (doc) VALUES (?)",
+               (dumps({**doc, "status": "running"}),))
+        return self._db.execute("SELECT max(n) FROM sessions").fetchone()[0]
+
+    def close_session(self, n: int, doc: dict) -> list[dict]:
+        """Replace session `n`'s record with `doc` (finished or stopped) and return every session
+        recorded, oldest first (metadata.json's `sessions`); one still "running" that is not `n`
+        was killed and reads as KILLED, its cells_computed unknown (None)."""
+        _write(self._db, self.out / STORE_NAME, "UPDATE sessions SET doc = ? WHERE n = ?", (dumps(doc), n))
+        out = []
+        for m, d in self._db.execute("SELECT n, doc FROM sessions ORDER BY n"):
+            doc = json.loads(d)
+            if m != n and doc.get("status") == "running":
+                doc.update(status=KILLED, cells_computed=None)
+            out.append(doc)
+        return out
 
     def put(self, key: str, row: dict) -> None:
         """Store one finished row (one committed, fsynced transaction)."""
@@ -192,7 +210,7 @@ class CellStore:
 
 
 def _first_command(out: Path) -> str:
-    """The command of the first session recorded in `out`'s store (CellStore.add_session), or ""."""
+    """The command of the first session recorded in `out`'s store (CellStore.open_session), or ""."""
     try:
         uri = f"{(out / STORE_NAME).absolute().as_uri()}?mode=ro&immutable=1"  # (as_uri: a '#' or '?' in the path
         with closing(sqlite3.connect(uri, uri=True)) as db:  # cut a plain URI short and made a file; no -shm:
