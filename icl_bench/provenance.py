@@ -102,6 +102,28 @@ def source_digest(top: str) -> str:
         origin = getattr(sys.modules.get(top), "__file__", None)
         if not (origin and Path(origin).is_file()):
             return f"{NO_SOURCE}{uuid.uuid4().hex}"
+    return _digest_files(roots, origin)
+
+
+@functools.cache
+def module_digest(module: str) -> str:
+    """source_digest of the top-level package that holds the loaded `module` (a solver class's
+    __module__), found from the module's own file: "a.b.c" in .../a/b/c.py hashes .../a. Found by
+    name instead, a folder `a` in the current directory (a plugin's checkout, on sys.path as '')
+    shadowed the installed package, so the same code got another digest in another folder: false
+    "worker's code differs" errors and resumes that recomputed cells (found by a review). A module
+    not loaded, or without a file, falls back to source_digest of its top-level name."""
+    mod = sys.modules.get(module)
+    file = getattr(mod, "__file__", None)
+    if not module or not file or not Path(file).is_file():
+        return source_digest(module.split(".")[0])
+    path = Path(file).resolve()
+    depth = module.count(".") + (path.name == "__init__.py")  # folders between the file and the top package
+    return _digest_files([path.parents[depth - 1]], None) if depth else _digest_files([], str(path))
+
+
+def _digest_files(roots: list[Path], origin: str | None) -> str:
+    """sha256 over the relative paths and bytes of every .py file under `roots`, or of the file `origin`."""
     files = sorted((f.relative_to(r).as_posix(), f) for r in roots for f in r.rglob("*.py")) if roots else \
         [(Path(origin).name, Path(origin))]
     h = hashlib.sha256()
@@ -120,6 +142,6 @@ def code_digest(module: str) -> str:
     versions of the ARITHMETIC packages. Part of a cell's key (bench/cells.py), so a changed
     solver, reference or upgraded torch never gets a cached row of the old code."""
     versions = package_versions()
-    parts = [source_digest("icl_bench"), source_digest(module.split(".")[0]) if module else ""]
+    parts = [source_digest("icl_bench"), module_digest(module) if module else ""]
     parts += [f"{name}={versions[name]}" for name in ARITHMETIC]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()

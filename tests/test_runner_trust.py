@@ -18,7 +18,7 @@ import torch
 import icl_bench.cli_run as cli_run
 from icl_bench import Solver, register_solver
 from icl_bench.cli import main
-from icl_bench.provenance import source_digest
+from icl_bench.provenance import module_digest, source_digest
 from icl_bench.solvers.registry import REGISTRY
 
 RAW = {"seed": 0, "n_prompts": 32, "batch_size": 32, "timing": {"repeats": 1},
@@ -121,11 +121,13 @@ def _runs_before_and_after_an_edit(tmp_path, capsys, monkeypatch):
         (tmp_path / "edited_plugin.py").write_text(PLUGIN.replace("VALUE", "100.0"))
         importlib.reload(sys.modules["edited_plugin"])
         source_digest.cache_clear()  # a new process would hash the edited file
+        module_digest.cache_clear()
         assert _run(capsys, "--config", cfg, "--out", tmp_path / "b", "--cache", cache)[0] == 0
     finally:
         REGISTRY.unregister("test-code-edit")
         sys.modules.pop("edited_plugin", None)
         source_digest.cache_clear()
+        module_digest.cache_clear()
 
 
 def test_cell_cache_and_resume_see_an_edited_solver(tmp_path, capsys, monkeypatch):
@@ -169,9 +171,41 @@ def test_a_script_plugin_is_hashed_from_its_file(tmp_path, monkeypatch, spec):
     for text in ("X = 1\n", "X = 1\n", "X = 2\n"):
         script.write_text(text)
         source_digest.cache_clear()  # a new process
+        module_digest.cache_clear()
         digests.append(source_digest("test_script_main"))
     source_digest.cache_clear()
+    module_digest.cache_clear()
     assert digests[0] == digests[1] != digests[2] and "" not in digests
+
+
+def test_a_package_is_hashed_from_the_loaded_module_not_a_folder_of_its_name(tmp_path, monkeypatch):
+    """A plugin's checkout folder in the current directory (on sys.path as '') shadowed the installed
+    package in find_spec, so the same code had another digest there: false "worker's code differs"
+    errors and recomputed cells (a review). The digest now follows the module that is loaded."""
+    real = tmp_path / "site" / "shadowpkg"
+    (real / "sub").mkdir(parents=True)
+    (real / "__init__.py").write_text("")
+    (real / "sub" / "__init__.py").write_text("")
+    (real / "sub" / "solvers.py").write_text("X = 1\n")
+    (tmp_path / "cwd" / "shadowpkg" / "shadowpkg").mkdir(parents=True)  # a checkout: no __init__.py at its top
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    module_digest.cache_clear()
+    source_digest.cache_clear()
+    try:
+        importlib.import_module("shadowpkg.sub.solvers")
+        here = module_digest("shadowpkg.sub.solvers")
+        assert here == source_digest("shadowpkg")  # (no shadow: the same files as by name)
+        module_digest.cache_clear()
+        source_digest.cache_clear()
+        monkeypatch.chdir(tmp_path / "cwd")
+        monkeypatch.syspath_prepend("")  # a script run from the checkout's parent folder
+        sys.modules["shadowpkg"].__spec__ = None  # find_spec then searches the path: the checkout shadows it
+        assert module_digest("shadowpkg.sub.solvers") == here
+    finally:
+        for name in [m for m in sys.modules if m.split(".")[0] == "shadowpkg"]:
+            sys.modules.pop(name)
+        module_digest.cache_clear()
+        source_digest.cache_clear()
 
 
 def test_a_script_is_hashed_when_it_registers_its_solver(tmp_path, monkeypatch):
@@ -183,17 +217,21 @@ def test_a_script_is_hashed_when_it_registers_its_solver(tmp_path, monkeypatch):
     module.__file__ = str(script)
     monkeypatch.setitem(sys.modules, "test_pinned_main", module)
     source_digest.cache_clear()
+    module_digest.cache_clear()
     try:
-        before = source_digest("test_pinned_main")
+        before = module_digest("test_pinned_main")
+        assert before == source_digest("test_pinned_main")  # a script is the one file either way
         source_digest.cache_clear()  # a new process: it runs the script as it is now
+        module_digest.cache_clear()
         cls = type("Pinned", (Solver,), {"__module__": "test_pinned_main", "params": {},
                                         "predict": lambda self, batch: batch.ols_prediction})
         register_solver("test-pinned")(cls)
         script.write_text("X = 2\n")  # edited while the run goes on
-        assert source_digest("test_pinned_main") == before
+        assert module_digest("test_pinned_main") == before
     finally:
         REGISTRY.unregister("test-pinned")
         source_digest.cache_clear()
+        module_digest.cache_clear()
 
 
 def test_a_plugin_without_a_source_file_is_never_reused_across_processes(monkeypatch):
@@ -203,8 +241,10 @@ def test_a_plugin_without_a_source_file_is_never_reused_across_processes(monkeyp
     first = source_digest("test_typed_main")
     assert source_digest("test_typed_main") == first  # stable within one process
     source_digest.cache_clear()
+    module_digest.cache_clear()
     second = source_digest("test_typed_main")
     source_digest.cache_clear()
+    module_digest.cache_clear()
     assert first and second and first != second
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from icl_bench.bench.axes import AXES
 from icl_bench.bench.config import MatrixConfig
-from icl_bench.provenance import NO_SOURCE, code_digest, source_digest
+from icl_bench.provenance import NO_SOURCE, code_digest, module_digest
 from icl_bench.prompts.data import DataSource, sample_data_prompts, snapshot
 from icl_bench.prompts.generator import Dist, PromptSpec, sample_prompts
 from icl_bench.prompts.multivariate import sample_prompts_mv
@@ -110,10 +110,10 @@ def _codes_here(name: str) -> tuple[str, ...] | None:
     load the solver keys its cells by (a solver registered on the workers only). None: nothing to
     compare, where the solver does not load, its module has no source file here, or it is a
     script's `__main__` (a class registered from a script, on the workers by a WorkerPlugin: a
-    worker's own `__main__` is the dask command, another file; provenance.source_digest)."""
+    worker's own `__main__` is the dask command, another file; provenance.module_digest)."""
     module = _module(name)
     top = module.split(".")[0]
-    if not module or top in ("__main__", "__mp_main__") or source_digest(top).startswith(NO_SOURCE):
+    if not module or top in ("__main__", "__mp_main__") or module_digest(module).startswith(NO_SOURCE):
         return None
     return code_digest(module), code_digest("")
 

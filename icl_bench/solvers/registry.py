@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 
 from icl_bench.errors import ConfigError, cell_message
-from icl_bench.provenance import source_digest
+from icl_bench.provenance import module_digest
 from icl_bench.solvers.base import Param, Solver
 
 ENTRY_POINT_GROUP = "icl_bench.solvers"
@@ -232,11 +232,11 @@ def _ep_origin(ep) -> str:
 
 def _pin_code(cls) -> None:
     """Hash the code of the script or package that defines `cls` now, as it registers (the digest
-    is cached per process: provenance.source_digest): a file edited later during the run must not
+    is cached per process: provenance.module_digest): a file edited later during the run must not
     lend its digest to this code's cells. icl_bench itself is hashed when a cell key first asks."""
-    top = getattr(cls, "__module__", "").split(".")[0]
-    if top != "icl_bench":
-        source_digest(top)
+    module = getattr(cls, "__module__", "")
+    if module.split(".")[0] != "icl_bench":
+        module_digest(module)
 
 
 def register_solver(name: str):
