@@ -239,6 +239,10 @@ CASES = [
          "executor.workers: unknown key; accepted: kind, scheduler, n_workers, exclusive_timing, retries"),
     Case("toml-executor-scheduler-local", toml(lambda r: _set(r, "tcp://h:8786", "executor", "scheduler")),
          'executor.scheduler: only with kind = "dask"'),
+    Case("toml-executor-retries-local", toml(lambda r: _set(r, 3, "executor", "retries")),  # accepted, ignored (a review)
+         'executor.retries: only with kind = "dask" (re-runs after a worker died)'),
+    Case("toml-executor-workers-local", toml(lambda r: _set(r, 3, "executor", "n_workers")),
+         'executor.n_workers: only with kind = "dask" (the processes of its LocalCluster)'),
     Case("toml-executor-retries-with-scheduler", toml(lambda r: (_set(r, "dask", "executor", "kind"), _set(
         r, "tcp://127.0.0.1:1", "executor", "scheduler"), _set(r, 7, "executor", "retries"))),
          "executor.retries: only for the LocalCluster a run starts, not with a scheduler"),  # recorded as if applied

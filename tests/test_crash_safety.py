@@ -443,7 +443,7 @@ def test_metadata_lists_every_session_that_ran_in_the_folder(tmp_path, monkeypat
     first, last = json.loads((out / "metadata.json").read_text())["sessions"]
     assert (first["status"], first["cells_computed"], first["cells_reused"]) == ("stopped (KeyboardInterrupt)", 2, 0)
     assert (last["status"], last["cells_computed"], last["cells_reused"]) == ("finished", 1, 2)
-    assert first["executor"] == {"kind": "local"} and last["executor"] == {"kind": "local"}
+    assert first["executor"] == {"kind": "local"} and last["executor"] == {"kind": "local", "exclusive_timing": False}
     assert first["started_at"] < first["finished_at"] <= last["started_at"] < last["finished_at"]
 
 

@@ -92,8 +92,9 @@ class Executor(ConfigModel):
     def _scheduler_needs_dask(self) -> "Executor":
         if self.scheduler and self.kind != "dask":
             raise problem('only with kind = "dask"', key="scheduler")
-        if "n_workers" in self.model_fields_set and self.kind != "dask":  # a local run would ignore it
-            raise problem('only with kind = "dask" (the processes of its LocalCluster)', key="n_workers")
+        for key, what in (("n_workers", "the processes of its LocalCluster"), ("retries", "re-runs after a worker died")):
+            if key in self.model_fields_set and self.kind != "dask":  # a local run would ignore it (retries: a review)
+                raise problem(f'only with kind = "dask" ({what})', key=key)
         for key in ("n_workers", "retries"):  # a running cluster has its own workers and allowed-failures: the
             if key in self.model_fields_set and self.scheduler:  # value was recorded as if applied (a review)
                 raise problem("only for the LocalCluster a run starts, not with a scheduler (a running cluster has its "

@@ -58,8 +58,13 @@ class LocalExecutor:
 
     kind = "local"
 
+    def __init__(self, exclusive_timing: bool = False):
+        self.exclusive_timing = exclusive_timing
+
     def describe(self, threads: int = 0) -> dict:
-        return {"kind": "local"}
+        """metadata.json's executor block (exclusive_timing too: a local run beside others can take
+        the machine's timing lock, and its metadata said nothing of it; a review)."""
+        return {"kind": "local", "exclusive_timing": self.exclusive_timing}
 
     def results(self, cells: Iterable, work: Callable[[object], dict]) -> Iterator[tuple[object, dict | None, Failure | None]]:
         for cell in cells:
@@ -337,4 +342,4 @@ def _drain(items: list) -> list:
 
 def make_executor(cfg: Executor):
     """The executor `cfg` names (a LocalExecutor or a connected DaskExecutor)."""
-    return DaskExecutor(cfg) if cfg.kind == "dask" else LocalExecutor()
+    return DaskExecutor(cfg) if cfg.kind == "dask" else LocalExecutor(cfg.exclusive_timing)
