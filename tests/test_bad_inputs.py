@@ -246,6 +246,10 @@ CASES = [
     Case("toml-executor-retries-with-scheduler", toml(lambda r: (_set(r, "dask", "executor", "kind"), _set(
         r, "tcp://127.0.0.1:1", "executor", "scheduler"), _set(r, 7, "executor", "retries"))),
          "executor.retries: only for the LocalCluster a run starts, not with a scheduler"),  # recorded as if applied
+    Case("cli-scheduler-bad-port", flags("--scheduler", "tcp://127.0.0.1:99999"),  # waited 10 s to time out (a review)
+         "--scheduler: 'tcp://127.0.0.1:99999' has no valid port; accepted: tcp://HOST:PORT, PORT 1-65535"),
+    Case("cli-scheduler-no-port", flags("--scheduler", "tcp://localhost"),
+         "--scheduler: 'tcp://localhost' has no valid port; accepted: tcp://HOST:PORT"),
     Case("cli-workers-with-scheduler", flags("--workers", "3", "--scheduler", "tcp://127.0.0.1:1"),
          "--workers: only for the LocalCluster a run starts, not with a scheduler"),  # accepted and ignored
     Case("toml-executor-exclusive", toml(lambda r: _set(r, "yes", "executor", "exclusive_timing")),

@@ -26,6 +26,7 @@ import os
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any, Optional
+from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Field, ValidationInfo, create_model, field_validator, model_validator
 
@@ -92,6 +93,14 @@ class Executor(ConfigModel):
     def _scheduler_needs_dask(self) -> "Executor":
         if self.scheduler and self.kind != "dask":
             raise problem('only with kind = "dask"', key="scheduler")
+        if self.scheduler:  # an impossible port waited 10 s for "Timed out trying to connect" (a review)
+            try:
+                port = urlsplit(self.scheduler if "://" in self.scheduler else f"tcp://{self.scheduler}").port
+            except ValueError:
+                port = 0
+            if not port:  # (None: no port given)
+                raise problem(f"{self.scheduler!r} has no valid port; accepted: tcp://HOST:PORT, PORT 1-65535 "
+                              "(a Dask scheduler listens on 8786 by default)", key="scheduler")
         for key, what in (("n_workers", "the processes of its LocalCluster"), ("retries", "re-runs after a worker died")):
             if key in self.model_fields_set and self.kind != "dask":  # a local run would ignore it (retries: a review)
                 raise problem(f'only with kind = "dask" ({what})', key=key)
