@@ -246,6 +246,9 @@ CASES = [
     Case("toml-executor-retries-with-scheduler", toml(lambda r: (_set(r, "dask", "executor", "kind"), _set(
         r, "tcp://127.0.0.1:1", "executor", "scheduler"), _set(r, 7, "executor", "retries"))),
          "executor.retries: only for the LocalCluster a run starts, not with a scheduler"),  # recorded as if applied
+    Case("cli-workers-huge", flags("--workers", "1000000"),  # said "must be <= 1024" though 4 per CPU is the limit
+         f"--workers: 1000000 LocalCluster processes on this machine's {os.cpu_count()} CPUs; at most "
+         f"{4 * (os.cpu_count() or 1)}"),
     Case("cli-scheduler-bad-port", flags("--scheduler", "tcp://127.0.0.1:99999"),  # waited 10 s to time out (a review)
          "--scheduler: 'tcp://127.0.0.1:99999' has no valid port; accepted: tcp://HOST:PORT, PORT 1-65535"),
     Case("cli-scheduler-no-port", flags("--scheduler", "tcp://localhost"),

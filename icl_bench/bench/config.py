@@ -85,7 +85,7 @@ class Executor(ConfigModel):
 
     kind: Annotated[str, BeforeValidator(choice(EXECUTORS))] = "local"  # local: this process; dask: a cluster
     scheduler: Annotated[str, BeforeValidator(text)] = ""  # dask: tcp://host:8786 of a running cluster; "": a LocalCluster
-    n_workers: Annotated[int, BeforeValidator(integer(1, MAX_THREADS))] = 2  # LocalCluster: processes, one thread each
+    n_workers: Annotated[int, BeforeValidator(integer(1))] = 2  # LocalCluster: processes, one thread each (at most 4 per CPU: below)
     exclusive_timing: Annotated[bool, BeforeValidator(flag)] = False  # one timed cell per machine at a time
     retries: Annotated[int, BeforeValidator(integer(0, 100))] = 2  # LocalCluster: re-runs after a worker died
 
