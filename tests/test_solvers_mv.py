@@ -55,21 +55,6 @@ def test_ill_posed_prompts_are_nan_in_every_path():
         assert torch.isnan(pred[1]) and torch.isfinite(pred[[0, 2]]).all()
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_ols_is_nan_exactly_where_the_reference_is(dtype):
-    """Proportions (x2 = 1 - x1 in float64, cast): the float64 reference calls the float32 prompts
-    well-posed (their rounding breaks the collinearity) and the float64 ones ill-posed. float32 `ols`
-    judged them by a float32 rule of its own and was NaN on all of them, charged as its failure (a
-    review); ill-posedness is now the reference's, as at d = 1, in both dtypes."""
-    g = torch.Generator().manual_seed(0)
-    p, q = torch.rand(200, 30, generator=g, dtype=torch.float64), torch.rand(200, generator=g, dtype=torch.float64)
-    b = make_batch_mv(torch.stack([p, 1 - p], -1), torch.randn(200, 30, generator=g, dtype=torch.float64),
-                      torch.stack([q, 1 - q], -1), R=100.0, dtype=dtype)
-    ref_nan = torch.isnan(b.ols_prediction)
-    assert bool(ref_nan.all()) if dtype == "float64" else not bool(ref_nan.any())
-    assert torch.equal(torch.isnan(ols_mv(b)), ref_nan)
-
-
 def test_solver_without_a_multivariate_path_is_skipped_with_the_reason(batch):
     class OneD:
         name = "my-plugin"

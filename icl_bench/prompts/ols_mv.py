@@ -74,18 +74,14 @@ def column_exponents(x: torch.Tensor) -> torch.Tensor:
     return exponent_of(x.abs().amax(dim=1))  # (B, d); NaN / inf propagate to 0
 
 
-def ols_fit_mv(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype = torch.float64,
-               screen: bool = True) -> dict[str, torch.Tensor]:
+def ols_fit_mv(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
     """Per-prompt least-squares fit with an intercept, in float64 (or `dtype`).
 
     Args:
         x: (B, N, d) context regressors, or (B, N) for d = 1; any float dtype (cast to `dtype`).
         y: (B, N) context targets.
-        dtype: the arithmetic (float64 for the reference; the `ols` solver passes the batch's dtype).
-        screen: apply the NaN rule (eps of `dtype`). The `ols` solver passes False: which prompts
-            are ill-posed is the float64 reference's decision (solvers.base.nan_if_ill_posed), as
-            at d = 1; a float32 rule of its own made it NaN where the reference answers (a review).
-            Without it only a prompt with a NaN / inf is ill_posed.
+        dtype: the arithmetic (float64 for the reference; the `ols` solver passes the batch's dtype,
+            and eps in the NaN rule is that dtype's).
     Returns:
         dict of tensors in `dtype`: "x_bar" (B, d), "y_bar" (B,), "beta" (B, d) (slopes; NaN where
         ill-posed), "intercept" (B,) = y_bar - x_bar . beta, "kappa" (B,) the condition number of
@@ -135,7 +131,7 @@ def ols_fit_mv(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype = torch.floa
     kappa = torch.where(zero_col | ~torch.isfinite(kappa), float("inf"), kappa)
     gamma = (ss / tt).sqrt().amax(dim=1)  # (B,) max_j ||x'_j|| / ||X~_j|| >= 1; NaN only with a zero column (kappa = inf)
     eps = torch.finfo(dtype).eps
-    ill = ~finite | (~(N * eps * kappa * torch.nan_to_num(gamma, nan=1.0) < 1.0) if screen else False)  # (B,)
+    ill = ~finite | ~(N * eps * kappa * torch.nan_to_num(gamma, nan=1.0) < 1.0)  # (B,)
     beta = beta_eq / torch.where(scale > 0, scale, torch.ones_like(scale))  # (B, d) scaled units
     beta = beta.masked_fill(ill[:, None], float("nan"))
     x_bar, y_bar = cx + mxs, cy + mys  # (B, d), (B,) scaled units
@@ -146,19 +142,19 @@ def ols_fit_mv(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype = torch.floa
 
 
 def ols_predict_mv(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor,
-                   dtype: torch.dtype = torch.float64, screen: bool = True) -> torch.Tensor:
+                   dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """Least-squares prediction at the query, (B,) in `dtype` (float64: the reference), d >= 1 regressors.
 
     Args:
         x: (B, N, d) or (B, N); y: (B, N); x_query: (B, d) or (B,) (d = 1). Any float dtype.
-        dtype, screen: as in ols_fit_mv.
+        dtype: the arithmetic, as in ols_fit_mv.
     Returns:
         y_bar + (u - x_bar) . beta_hat on x's device; NaN (never +-inf) for ill-posed
         prompts (module docstring), a non-finite query, or a result that overflows.
     Raises:
         ValueError: shapes that do not match.
     """
-    fit = ols_fit_mv(x, y, dtype, screen)
+    fit = ols_fit_mv(x, y, dtype)
     u = x_query.to(dtype)
     u = u[:, None] if u.ndim == 1 else u  # (B, d)
     if u.shape != fit["x_bar"].shape:

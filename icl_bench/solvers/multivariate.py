@@ -31,9 +31,8 @@ def check_regressors(solver, batch: PromptBatch) -> None:
 
 
 def ols_mv(batch: PromptBatch) -> torch.Tensor:
-    """`ols` for d > 1: QR least squares in the batch's dtype (icl_bench/prompts/ols_mv.py), (B,);
-    NaN where the float64 reference says ill-posed, not by a rule of the batch's dtype."""
-    pred = ols_predict_mv(batch.x, batch.y, batch.x_query, dtype=batch.dtype, screen=False)
+    """`ols` for d > 1: QR least squares in the batch's dtype (icl_bench/prompts/ols_mv.py), (B,)."""
+    pred = ols_predict_mv(batch.x, batch.y, batch.x_query, dtype=batch.dtype)
     return nan_if_ill_posed(pred, batch)
 
 
