@@ -55,6 +55,23 @@ def test_ill_posed_prompts_are_nan_in_every_path():
         assert torch.isnan(pred[1]) and torch.isfinite(pred[[0, 2]]).all()
 
 
+def test_float32_ols_is_nan_where_its_own_dtype_cannot_resolve_the_design():
+    """Proportions (x2 = 1 - x1 in float64, cast to float32): the float64 reference answers them,
+    float32 arithmetic cannot (a review first asked that ols follow the reference alone; its answers
+    then had no correct digit, MSE 5e5). float32 ols is NaN exactly where the rule with float32's
+    eps fires, and the reference's own NaN (float64 prompts, truly collinear) stays everyone's."""
+    from icl_bench.prompts.ols_mv import ols_fit_mv
+
+    g = torch.Generator().manual_seed(0)
+    p, q = torch.rand(200, 30, generator=g, dtype=torch.float64), torch.rand(200, generator=g, dtype=torch.float64)
+    args = (torch.stack([p, 1 - p], -1), torch.randn(200, 30, generator=g, dtype=torch.float64), torch.stack([q, 1 - q], -1))
+    b64, b32 = (make_batch_mv(*args, R=100.0, dtype=dt) for dt in ("float64", "float32"))
+    assert torch.isnan(b64.ols_prediction).all() and torch.isnan(ols_mv(b64)).all()
+    own = ols_fit_mv(b32.x, b32.y, torch.float32)["ill_posed"]
+    assert torch.isfinite(b32.ols_prediction).all() and bool(own.all())
+    assert torch.equal(torch.isnan(ols_mv(b32)), own) and torch.isfinite(scipy_lstsq_mv(b32)).all()
+
+
 def test_solver_without_a_multivariate_path_is_skipped_with_the_reason(batch):
     class OneD:
         name = "my-plugin"
