@@ -87,8 +87,12 @@ def cmd_list(args) -> int:
 
 
 def cmd_docs(args) -> int:
-    """Without NAME: list the docs (name, title) and their folder; with NAME: print that doc's
-    markdown (--path: only its path); exit 0. An unknown NAME is a ConfigError (exit 2)."""
+    """Without NAME: list the docs (name, title) and their folder (--path: only the folder); with
+    NAME: print that doc's markdown (--path: only its path); exit 0. An unknown NAME is a
+    ConfigError (exit 2)."""
+    if args.name is None and args.path:
+        print(resources.docs_dir())
+        return 0
     if args.name is not None:
         path = resources.doc_path(args.name)
         print(path if args.path else path.read_text(encoding="utf-8"), end="\n" if args.path else "")

@@ -60,7 +60,7 @@ def doc_path(name: str) -> Path:
     stem = Path(name).name.removesuffix(".md")
     if stem in doc_names() and Path(name).parent in (Path("."), Path("docs")):
         return docs_dir() / f"{stem}.md"
-    close = difflib.get_close_matches(stem, doc_names(), n=1)
+    close = difflib.get_close_matches(stem.lower(), doc_names(), n=1)  # (REPORT: report)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ConfigError(f"NAME: no doc {name!r}{hint}; docs: {', '.join(doc_names()) or 'none installed'}")
 

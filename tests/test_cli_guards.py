@@ -503,5 +503,8 @@ def test_docs_lists_prints_and_refuses_in_one_line(capsys):
     code, err = _run(capsys, ["docs", "analysys"])
     assert code == 2 and err.count("\n") == 1
     assert err.startswith("icl-bench: error: NAME: no doc 'analysys' (did you mean 'analysis'?); docs: accuracy, ")
+    assert main(["docs", "--path"]) == 0 and capsys.readouterr().out.strip().endswith("docs")  # the folder
+    code, err = _run(capsys, ["docs", "REPORT"])
+    assert code == 2 and "(did you mean 'report'?)" in err
     code, err = _run(capsys, ["docs", "results/analysis.md"])  # a docs/ name under another folder
     assert code == 2 and "no doc 'results/analysis.md'" in err

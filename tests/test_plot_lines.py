@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from icl_bench import Solver, register_solver
+from icl_bench import Param, Solver, get_solver, register_solver
 from icl_bench.bench.config import parse_config
 from icl_bench.bench.runner import run_matrix
 from icl_bench.report import aggregate as report
@@ -23,26 +23,41 @@ class FailsAtN12(Solver):
         return batch.ols_prediction.to(batch.dtype) + 0.1
 
 
+class GDFailsAtK2(Solver):
+    """gd's answers, except at steps = 2, where every cell raises: a failed steps value inside its line.
+    Its name sorts before gd, so it is listed first though it has fewer points."""
+    params = {"steps": Param(1, "K")}
+
+    def predict(self, batch):
+        if self.values["steps"] == 2:
+            raise RuntimeError("boom at K=2")
+        return get_solver("gd", steps=self.values["steps"]).predict(batch)
+
+
 RAW = {"seed": 0, "n_prompts": 32, "batch_size": 32, "timing": {"repeats": 1},
        "grid": {"N": [5, 12, 20], "noise": [0.1], "R": [100.0], "dtype": ["float64"], "device": ["cpu"]},
-       "solvers": {"ols": {}, "gd": {"steps": [1, 2, 4, 8]}, "gd-lsa": {"steps": [1, 8]}, "test-mid-fails": {}}}
+       "solvers": {"ols": {}, "gd": {"steps": [1, 2, 4, 8]}, "gd-lsa": {"steps": [1, 8]}, "test-mid-fails": {},
+                   "a-gd-k2-fails": {"steps": [1, 2, 4, 8]}}}
 
 
 @pytest.fixture(scope="module")
 def drawn(tmp_path_factory):
     register_solver("test-mid-fails")(FailsAtN12)
+    register_solver("a-gd-k2-fails")(GDFailsAtK2)
     try:
         out = tmp_path_factory.mktemp("run")
         run_matrix(parse_config(RAW), out, progress=False)
         table, _ = report.load_runs([out])
     finally:
         REGISTRY.unregister("test-mid-fails")
+        REGISTRY.unregister("a-gd-k2-fails")
     summary = report.aggregate(table)
     return report.with_failed_points(summary, table), report.representative(table)
 
 
 def _line(fig, label):
-    return next(ln for ln in fig.axes[0].get_lines() if ln.get_label() == label)
+    """The line of series `label`, whatever twin suffix its label carries ("gd steps=8 (= ...)")."""
+    return next(ln for ln in fig.axes[0].get_lines() if ln.get_label() == label or ln.get_label().startswith(f"{label} ("))
 
 
 def test_a_failed_point_breaks_its_line_and_the_note_says_why(drawn):
@@ -74,3 +89,17 @@ def test_the_legend_follows_the_given_order_not_the_first_panel():
     b.plot([1, 2], [2, 3], label="ab")
     finish(fig, [(a, None), (b, None)], "x", "y", "t", "", order=["a-first", "ab", "b-second"])
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["a-first (= x)", "ab", "b-second"]
+
+
+def test_a_steps_value_failed_everywhere_breaks_the_gd_steps_line_and_the_partial_series_is_the_twin(drawn):
+    """'flaky steps=2' failed in every cell, so no failed row was added for it and gd_steps drew its
+    solver's line straight through K = 2; and gd, complete, was drawn as the twin of the series that
+    failed there (a review). The series with fewer points is the twin, and the note says 'where both'."""
+    summary, setting = drawn
+    fig = plots.gd_steps(summary, setting)
+    line = _line(fig, "a-gd-k2-fails (= gd)")
+    x, y = (np.asarray(v, dtype=float) for v in line.get_data())
+    assert list(x) == [1.0, 2.0, 4.0, 8.0] and np.isnan(y[1]) and np.isfinite(y[[0, 2, 3]]).all()
+    note = " ".join(fig.texts[-1].get_text().split())
+    assert "a-gd-k2-fails coincides with gd where both have a value (equal; open markers on top)" in note
+    assert "a gap in a line" in note

@@ -73,3 +73,25 @@ def test_an_unwritable_out_is_refused_before_the_work(tmp_path, run_dir, monkeyp
     assert main(["publish", str(run_dir), "--out", str(tmp_path / "pub")]) == 2
     assert capsys.readouterr().err == f"icl-bench: error: --out: {tmp_path / 'pub'}: Permission denied\n"
     assert drawn == [] and not (tmp_path / "pub").exists()
+
+
+def test_force_checks_the_old_report_once_more_after_moving_it_aside(tmp_path, run_dir, monkeypatch, capsys):
+    """A file written between the recheck and the move was deleted with the old report (a review)."""
+    import icl_bench.report.outdir as outdir
+
+    out = tmp_path / "pub"
+    assert main(["publish", str(run_dir), "--out", str(out)]) == 0
+    check, calls = outdir.check_out, []
+
+    def and_then_write(o, *a, **k):
+        check(o, *a, **k)
+        calls.append(o)
+        if len(calls) == 2:  # the recheck just passed
+            (o / "late.txt").write_text("user data")
+    monkeypatch.setattr(outdir, "check_out", and_then_write)
+    capsys.readouterr()
+    assert main(["publish", str(run_dir), "--out", str(out), "--force"]) == 2
+    assert capsys.readouterr().err == (f"icl-bench: error: --out: {out} holds late.txt, written while publish ran; "
+                                       "nothing was replaced\n")
+    assert (out / "late.txt").read_text() == "user data" and (out / "index.html").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml", "pub", "run"]  # no folder left beside it

@@ -62,9 +62,23 @@ def test_docblock_markers_count_only_alone_on_their_line(tmp_path):
     with pytest.raises(ConfigError, match="no block marked .* on a line of its own"):
         replace_block(doc, "t", "new")
     doc.write_text("<!-- t:begin -->\na\n<!-- t:end -->\n\n<!-- t:begin -->\nb\n<!-- t:end -->\n")
-    with pytest.raises(ConfigError, match="has 2 blocks marked <!-- t:begin -->, the second at line 5; keep one"):
+    with pytest.raises(ConfigError, match="has 2 lines <!-- t:begin -->, the second at line 5; keep one"):
         replace_block(doc, "t", "new")
     assert doc.read_text() == "<!-- t:begin -->\na\n<!-- t:end -->\n\n<!-- t:begin -->\nb\n<!-- t:end -->\n"
+    # a mistyped end marker: everything up to the next block's end was replaced, prose included (a review)
+    typo = "<!-- t:begin -->\nold A\n<!-- t:end-->\n\n## Prose\n\nKeep me.\n\n<!-- t:begin -->\nold B\n<!-- t:end -->\n"
+    doc.write_text(typo)
+    with pytest.raises(ConfigError, match="has 2 lines <!-- t:begin -->"):
+        replace_block(doc, "t", "new")
+    assert doc.read_text() == typo
+    # markers shown in a fenced example do not count (they were a second block, or the only one)
+    fence = "```markdown\n<!-- t:begin -->\n<!-- t:end -->\n```\n"
+    doc.write_text(f"{fence}\n<!-- t:begin -->\nold\n<!-- t:end -->\n")
+    replace_block(doc, "t", "new")
+    assert doc.read_text() == f"{fence}\n<!-- t:begin -->\nnew\n<!-- t:end -->\n"
+    doc.write_text(fence)
+    with pytest.raises(ConfigError, match="no block marked .* outside fenced code"):
+        replace_block(doc, "t", "new")
 
 
 def test_docblock_keeps_every_byte_outside_the_block_and_the_files_line_endings(tmp_path, monkeypatch):

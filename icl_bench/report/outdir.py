@@ -126,7 +126,8 @@ def move_into(tmp: Path, out: Path, force: bool, recheck) -> None:
     a publish takes seconds to minutes after its first check, and what appeared at --out meanwhile
     (another run's cells, a user's file) must not be deleted. Without force, `tmp` is renamed onto
     `out` directly, which POSIX refuses when `out` is a folder that is no longer empty; with force
-    the old report is moved aside, the new one moved in, then the old one deleted.
+    the old report is moved aside (and checked once more there: a file written after the recheck
+    would be deleted with it), the new one moved in, then the old one deleted.
 
     Raises:
         ConfigError: --out changed since the first check (it names what is there now).
@@ -150,6 +151,11 @@ def move_into(tmp: Path, out: Path, force: bool, recheck) -> None:
     except BaseException:  # --out a mount point, or spelled with '..': nothing moved, nothing left
         old.rmdir()
         raise
+    other = _not_published(old / "previous")  # written between the recheck and the move (a review)
+    if other is not None:
+        (old / "previous").rename(out)
+        old.rmdir()
+        raise ConfigError(f"--out: {out} holds {other}, written while publish ran; nothing was replaced")
     try:
         tmp.rename(out)
     except BaseException:

@@ -35,7 +35,8 @@ VISUAL_RTOL = 1e-2
 
 def identical_series(data: pd.DataFrame, keys: list[str], value: str) -> dict[str, tuple[str, float]]:
     """Series whose `value` coincides with an earlier series' wherever both were drawn:
-    {later series: (earlier series, largest relative difference)}.
+    {twin: (the series it coincides with, largest relative difference, partial)}; partial: the two
+    do not share every point (nor a finite value at each), so the note says "where both ran".
 
     Args:
         data: rows with "series", "series_rank", the `keys` (x and panel columns) and `value`.
@@ -44,8 +45,9 @@ def identical_series(data: pd.DataFrame, keys: list[str], value: str) -> dict[st
     relative at every shared key where both are finite, with at least one such key: drawn, those
     points would hide each other (where either is NaN nothing is drawn over the other, and two
     series with nothing drawn hide nothing). A key
-    set that only overlaps another's is not a twin: each has points the other lacks. Earlier =
-    lower series_rank.
+    set that only overlaps another's is not a twin: each has points the other lacks. The twin (drawn
+    with open markers on top) is the series with fewer finite points, else the later one (higher series_rank):
+    a complete series had been drawn as the twin of one that failed at some points (a review).
     """
     order = data.sort_values("series_rank")["series"].drop_duplicates().tolist()
     points = {}
@@ -55,17 +57,21 @@ def identical_series(data: pd.DataFrame, keys: list[str], value: str) -> dict[st
     same = {}
     for i, s in enumerate(order):
         for t in order[:i]:
-            if t in same:
-                continue
             a, b = points[s], points[t]
             if not (a.keys() <= b.keys() or b.keys() <= a.keys()):
+                continue
+            finite = lambda pts: int(np.isfinite(list(pts.values())).sum())  # noqa: E731 (points with a value)
+            twin, ref = (t, s) if finite(b) < finite(a) else (s, t)  # the series with fewer points is drawn open
+            if twin in same or ref in same:  # one level: "a (= b)", never "a (= b (= c))"
                 continue
             shared = sorted(a.keys() & b.keys())
             v, v2 = np.array([a[k] for k in shared]), np.array([b[k] for k in shared])
             both = np.isfinite(v) & np.isfinite(v2)  # where one is NaN (or a failed cell), nothing is hidden
             if both.any() and np.allclose(v[both], v2[both], rtol=VISUAL_RTOL, atol=0):
-                same[s] = (t, _max_rel_diff(v, v2))
-                break
+                partial = a.keys() != b.keys() or not both.all()
+                same[twin] = (ref, _max_rel_diff(v, v2), partial)
+                if twin == s:
+                    break
     return same
 
 
@@ -78,9 +84,14 @@ def _max_rel_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 def twins_note(twins: dict[str, tuple[str, float]]) -> str:
     """The figure note on coinciding series: "gd-lsa steps=4 coincides with gd steps=4 (largest
-    relative difference 1.6e-07; open markers on top)", "(equal; ...)" when they are."""
-    return "; ".join(f"{a} coincides with {b} (" + (f"largest relative difference {rel:.2g}" if rel else "equal")
-                     + "; open markers on top)" for a, (b, rel) in twins.items())
+    relative difference 1.6e-07; open markers on top)", "(equal; ...)" when they are, "coincides
+    with gd where both have a value" when one lacks points the other has."""
+    parts = []
+    for a, (b, rel, *partial) in twins.items():  # (partial: identical_series' third entry)
+        where = " where both have a value" if partial and partial[0] else ""
+        parts.append(f"{a} coincides with {b}{where} ("
+                     + (f"largest relative difference {rel:.2g}" if rel else "equal") + "; open markers on top)")
+    return "; ".join(parts)
 
 
 def draw_series(ax, x, y, style: dict, label: str, twin_of: str | None = None, **kw):
