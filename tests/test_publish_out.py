@@ -95,3 +95,13 @@ def test_force_checks_the_old_report_once_more_after_moving_it_aside(tmp_path, r
                                        "nothing was replaced\n")
     assert (out / "late.txt").read_text() == "user data" and (out / "index.html").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml", "pub", "run"]  # no folder left beside it
+
+
+def test_the_recheck_names_out_as_typed_when_it_is_a_link(tmp_path, run_dir, monkeypatch, capsys):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    _writes_during_publish(monkeypatch, tmp_path / "real" / "precious.txt")
+    capsys.readouterr()
+    assert main(["publish", str(run_dir), "--out", str(tmp_path / "link")]) == 2
+    assert capsys.readouterr().err.startswith(f"icl-bench: error: --out: {tmp_path / 'link'} is not empty")
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "real" / "precious.txt").read_text() == "my only copy"

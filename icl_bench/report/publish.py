@@ -283,7 +283,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         info["packages"] = package_versions()
         (tmp / "publish.json").write_text(json.dumps(info, indent=2, default=_json_default), encoding="utf-8")
         _share(tmp)
-        outdir.move_into(tmp, out, force, lambda: outdir.check_out(out, runs, force, checkpoints, readme))
+        outdir.move_into(tmp, out, force, lambda: outdir.check_out(given, runs, force, checkpoints, readme))  # (as typed)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
