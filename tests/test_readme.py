@@ -79,6 +79,9 @@ def test_docblock_markers_count_only_alone_on_their_line(tmp_path):
     doc.write_text(fence)
     with pytest.raises(ConfigError, match="no block marked .* outside fenced code"):
         replace_block(doc, "t", "new")
+    doc.write_bytes("\ufeff<!-- t:begin -->\nold\n<!-- t:end -->\n".encode())  # a BOM before the first marker
+    replace_block(doc, "t", "new")
+    assert doc.read_bytes() == "\ufeff<!-- t:begin -->\nnew\n<!-- t:end -->\n".encode()
 
 
 def test_docblock_keeps_every_byte_outside_the_block_and_the_files_line_endings(tmp_path, monkeypatch):

@@ -63,7 +63,7 @@ def _match(src: str, name: str, path) -> tuple[int, int]:
     than one (the second would stay stale, or, with a mistyped end marker between them, the prose
     up to the next end would be replaced; found by reviews), or no end marker after it."""
     n = re.escape(name)
-    bol, eol = r"(?:\A|(?<=[\r\n]))[ \t]*", r"[ \t]*(?=[\r\n]|\Z)"  # a line's start and end, any line ending
+    bol, eol = r"(?:\A\ufeff?|(?<=[\r\n]))[ \t]*", r"[ \t]*(?=[\r\n]|\Z)"  # a line's start (after a BOM) and end
     fenced = _fenced(src)
     begins = [m for m in re.finditer(rf"{bol}<!-- {n}:begin[^>\r\n]*-->{eol}", src) if not fenced(m.start())]
     ends = [m for m in re.finditer(rf"{bol}<!-- {n}:end -->{eol}", src) if not fenced(m.start())]
