@@ -696,6 +696,13 @@ def test_throughput_plot_one_dot_per_solver_and_dtype_at_the_median(tables, figs
     assert [len(c[0].get_xdata()) for c in fig.axes[1].containers] == [1, 1]  # only ols ran on cuda
     # a solver answering NaN is fast at it: it read as the fastest, unflagged (found by a new-user tryout)
     nan = table.assign(n_nonfinite_well_posed=table.n_nonfinite_well_posed.where(table.solver != "ols", 3))
+    # d = 2 cells of one solver pooled with d = 1 cells of the others reversed their order (a review)
+    two = pd.concat([table, table[table.solver == "ols"].assign(d=2, prompts_per_s=1.0)])
+    setting = {"d": 1, "ood": "none"}
+    fig = plots.throughput(two, setting)
+    assert fig._suptitle.get_text().endswith("cells, d = 1)")
+    ols_dots = [c[0].get_xdata() for c in fig.axes[0].containers]
+    assert min(v for xs in ols_dots for v in xs) > 1.0  # the d = 2 rows (1 prompt/s) are not in it
     fig = plots.throughput(nan)
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert [s for s in labels if s.startswith("ols")] == [f"ols (NaN/inf on {3 * int((ok.solver == 'ols').sum())} of "
@@ -903,6 +910,9 @@ def test_scaling_exponents_ln_closed_form_r_minus_4_and_ols_flat(tmp_path, table
     assert got["n_points"] == 3 and got["n_floor"] == 1 and got["exponent"] == pytest.approx(-2, abs=0.05)
     # three means that happen to lie on a line (a solver that never reads R, prompts redrawn per R):
     # the interval includes each mean's sampling error, so it covers 0 (the fit alone: [0.028, 0.036])
+    one = scaling.scaling_at(fits.reset_index().assign(exponent=np.nan, n_points=1), {"N": 30, "noise": 0.1, "R": 100.0,
+                             "device": "cpu", "d": 1, "ood": "none"}, ["ln"]).set_index("dtype")["exponent vs R"]
+    assert one["float32"] == "(1 point above floor, 1 rounding)"  # the dropped point was not named (a review)
     flat = scaling.fit_exponent([10, 100, 1000], [0.673, 0.725, 0.779], "float64", [0.06, 0.06, 0.06])
     assert flat["ci_low"] < 0 < flat["ci_high"] and flat["exponent"] == pytest.approx(0.0318, abs=1e-3)
     bent = scaling.fit_exponent([10, 100, 1000], [1e-2, 1e-5, 1e-6], "float64", [1e-4, 1e-7, 1e-8])
@@ -942,6 +952,9 @@ def test_rounding_dominated_float32_points_leave_the_fit():
                                ["ln"]).set_index("dtype")["exponent vs R"]
     assert shown["float32"] == "-3.82 (2 pts, 1 rounding)"
     assert scaling.fit_exponent([10, 100], [1e-3, 1e-5], "float32", rounding=[True, True])["n_rounding"] == 2
+    one = scaling.scaling_at(fits.reset_index().assign(exponent=np.nan, n_points=1), {"N": 30, "noise": 0.1, "R": 100.0,
+                             "device": "cpu", "d": 1, "ood": "none"}, ["ln"]).set_index("dtype")["exponent vs R"]
+    assert one["float32"] == "(1 point above floor, 1 rounding)"  # the dropped point was not named (a review)
     flat = scaling.fit_exponent([10, 100, 1000], [1e60] * 3, "float64", se=[0.0] * 3)  # stderr NaN from scipy (a review)
     assert (flat["exponent"], flat["ci_low"], flat["ci_high"]) == (0.0, 0.0, 0.0)
     # without the float64 run the check cannot run: the fit keeps the U-curve's point and says so (a review)

@@ -246,15 +246,19 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
                    f"({setting_words(setting, axes, summary)})", note, extra=extra, order=list(styles))
 
 
-def throughput(table: pd.DataFrame) -> Figure:
+def throughput(table: pd.DataFrame, setting: dict | None = None) -> Figure:
     """Median prompts/s per series and dtype as a dot plot, one panel per device, over every ok
     cell (all N, noise, R); the whisker spans the 25th-75th percentile over those cells and each
     dot is labelled with its value. Dots, not bars: on a logarithmic axis a bar's length is
     measured from an arbitrary floor, so bar lengths misstate ratios (a solver 1000x slower looked
     50x slower); a dot's position reads in decades. A series that answered NaN / inf on well-posed
-    prompts says so in its label, as in the error plots. Raises PlotSkipped when no ok cell has a
-    finite throughput."""
+    prompts says so in its label, as in the error plots. With `setting`, the cells at its d and ood
+    only, where the runs hold several (as the other plots): pooled, d = 2 cells of some solvers
+    against d = 1 cells of others reversed their order (a review). Raises PlotSkipped when no ok
+    cell has a finite throughput."""
     d = table[(table["status"] == "ok") & np.isfinite(table["prompts_per_s"].astype(float))]
+    fixed = [a for a in ("d", "ood") if setting is not None and a in d and d[a].nunique() > 1]
+    d = select(d, setting, fixed) if fixed else d
     if d.empty:
         raise PlotSkipped("throughput: no ok cell has a finite prompts_per_s")
     shared = int(shared_timing(d).sum())  # timed beside other cells: the title says so (load.shared_timing_notes)
@@ -291,7 +295,8 @@ def throughput(table: pd.DataFrame) -> Figure:
         ax.tick_params(axis="y", labelsize=7)
     pooled = ", ".join(["N", "noise", "R", *sorted(varied_axes(d) & {"d", "ood"})])
     scale = "log axis: equal distances are equal ratios" if log_x else "linear axis from 0"
-    fig = finish(fig, panels, LABELS["prompts_per_s"], "", f"Throughput (median over the {pooled} cells)",
+    at = "".join(f", {a} = {setting[a]}" for a in fixed)
+    fig = finish(fig, panels, LABELS["prompts_per_s"], "", f"Throughput (median over the {pooled} cells{at})",
                   f"dot and label: median prompts/s; whiskers: 25th-75th percentile over cells; {scale}"
                   + (f"; {shared} of {len(d)} cells timed while other cells ran on their machine" if shared else "")
                   + ("; NaN/inf on k of n well-posed: the solver answered NaN or inf on k of the n prompts with a "

@@ -72,7 +72,7 @@ def _figures(table, summary, setting, checkpoints):
         "mse_vs_n": lambda: plots.mse_vs_n(drawn, setting),
         "mse_vs_r": lambda: plots.mse_vs_r(drawn, setting),
         "gd_steps": lambda: plots.gd_steps(drawn, setting),
-        "throughput": lambda: plots.throughput(table),
+        "throughput": lambda: plots.throughput(table, setting),
     }
     for name, make in makers.items():
         try:

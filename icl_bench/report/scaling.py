@@ -158,7 +158,8 @@ def scaling_at(fits: pd.DataFrame, setting: dict, order: list[str]) -> pd.DataFr
                 what = ("rounding-dominated" if r.get("n_rounding", 0) else "at float floor" if r["n_floor"]
                         else "no finite MSE")
                 return f"{what} ({nan})" if nan and r["n_floor"] else what
-            return f"({r['n_points']} point above floor{', ' + nan if nan else ''})"
+            rounding = f", {r['n_rounding']} rounding" if r.get("n_rounding", 0) else ""  # (it was left out: a review)
+            return f"({r['n_points']} point above floor{rounding}{', ' + nan if nan else ''})"
         ci = f" [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if math.isfinite(r["ci_low"]) else ""
         rounding = f"{r['n_rounding']} rounding" if r.get("n_rounding", 0) else ""  # (a scaling.csv of before it)
         dropped = "".join(f", {d}" for d in (f"{r['n_floor']} at floor" if r["n_floor"] else "", rounding, nan) if d)
