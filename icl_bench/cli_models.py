@@ -28,7 +28,16 @@ def cmd_analyze(args) -> int:
         raise ConfigError(f"--seed: must be an integer in [0, {MAX_SEED}] (got {args.seed})")
     if not 0 <= args.threads <= MAX_THREADS:
         raise ConfigError(f"--threads: must be an integer in [0, {MAX_THREADS}] (got {args.threads}); 0 = torch's default")
-    path = checkpoint_path(args.checkpoint)
+    try:
+        path = checkpoint_path(args.checkpoint)
+    except ConfigError as exc:  # a solver's name: its mechanism is read from its answers (a new-user tryout)
+        from icl_bench.solvers.registry import known_names
+
+        if args.checkpoint not in known_names():
+            raise
+        raise ConfigError(f"{exc}; {args.checkpoint!r} is a solver, which analyze cannot read: its behavioural "
+                          f"fingerprint is the Mechanism table of `icl-bench run --config ood --solver "
+                          f"{args.checkpoint}` then `icl-bench publish` (docs/analysis.md)") from None
     try:
         with torch_threads(args.threads):  # the fingerprint's GD trajectories are many small ops
             result = analyze_checkpoint(path, n_prompts=args.n_prompts, seed=args.seed, N=args.N)

@@ -508,3 +508,14 @@ def test_docs_lists_prints_and_refuses_in_one_line(capsys):
     assert code == 2 and "(did you mean 'report'?)" in err
     code, err = _run(capsys, ["docs", "results/analysis.md"])  # a docs/ name under another folder
     assert code == 2 and "no doc 'results/analysis.md'" in err
+
+
+def test_analyze_of_a_solver_name_says_where_its_mechanism_is_read(capsys):
+    """`icl-bench analyze ridge` said only "no checkpoint 'ridge'" (a new-user tryout)."""
+    code, err = _run(capsys, ["analyze", "gd-lsa"])
+    assert code == 2 and err.count("\n") == 1
+    assert err.rstrip().endswith("'gd-lsa' is a solver, which analyze cannot read: its behavioural fingerprint is the "
+                                 "Mechanism table of `icl-bench run --config ood --solver gd-lsa` then `icl-bench "
+                                 "publish` (docs/analysis.md)")
+    code, err = _run(capsys, ["analyze", "no-such-thing"])
+    assert code == 2 and "is a solver" not in err
