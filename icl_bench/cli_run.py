@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import warnings
 from datetime import datetime
 from pathlib import Path
 
@@ -93,6 +94,13 @@ def cmd_run(args) -> int:
         raise ConfigError("--solver: empty name; give a solver's name (icl-bench list)")
     if args.solver:  # keep the config's parameters for a named solver, defaults otherwise
         tables = raw.get("solvers", {}) if isinstance(raw.get("solvers"), dict) else {}
+        from icl_bench.solvers.registry import known_names
+
+        unknown = sorted(set(tables) - set(known_names()) - set(args.solver))
+        if unknown:  # a mistyped table, left out with the rest, went unseen (a new-user tryout)
+            warnings.warn(f"--solver: the config's [solvers] {', '.join(unknown)} "
+                          f"{'name' if len(unknown) > 1 else 'names'} no known solver (a typo?); left out with the "
+                          "tables --solver did not select", stacklevel=2)
         raw["solvers"] = {name: tables.get(name, {}) for name in args.solver}
         raw["all_solvers"] = False
     if args.data is not None:

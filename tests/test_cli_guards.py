@@ -519,3 +519,13 @@ def test_analyze_of_a_solver_name_says_where_its_mechanism_is_read(capsys):
                                  "publish` (docs/analysis.md)")
     code, err = _run(capsys, ["analyze", "no-such-thing"])
     assert code == 2 and "is a solver" not in err
+
+
+def test_a_mistyped_solver_table_beside_solver_is_warned(tmp_path, capsys, tiny_raw):
+    """`--solver ols` with a [solvers.scipy-lstq] typo ran without a word (a new-user tryout)."""
+    tiny_raw["solvers"] = {"ols": {}, "scipy-lstq": {}}
+    (tmp_path / "c.toml").write_text(tomli_w.dumps(tiny_raw))
+    assert main(["run", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / "o"), "--solver", "ols",
+                 "--no-progress"]) == 0
+    assert ("icl-bench: warning: --solver: the config's [solvers] scipy-lstq names no known solver (a typo?); left out "
+            "with the tables --solver did not select") in capsys.readouterr().err
