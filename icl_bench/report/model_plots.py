@@ -195,7 +195,7 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
     return models, notes
 
 
-REFERENCE = "reference only: no transformer solver in the runs"  # the title of a model collect_models marks so
+REFERENCE = "reference only: no transformer solver with LayerNorm weights in the runs"  # the title of a model collect_models marks so
 
 
 def _is_construction(solver: str) -> bool:
