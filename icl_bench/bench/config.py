@@ -104,8 +104,8 @@ class Executor(ConfigModel):
         for key, what in (("n_workers", "the processes of its LocalCluster"), ("retries", "re-runs after a worker died")):
             if key in self.model_fields_set and self.kind != "dask":  # a local run would ignore it (retries: a review)
                 raise problem(f'only with kind = "dask" ({what})', key=key)
-        for key in ("n_workers", "retries"):  # a running cluster has its own workers and allowed-failures: the
-            if key in self.model_fields_set and self.scheduler:  # value was recorded as if applied (a review)
+            # a running cluster has its own workers and allowed-failures: the value was recorded as if applied (a review)
+            if key in self.model_fields_set and self.scheduler:
                 raise problem("only for the LocalCluster a run starts, not with a scheduler (a running cluster has its "
                               "own: set them where it is started)", key=key)
         most = 4 * (os.cpu_count() or 1)  # 1024 processes on 2 cores ran no cell in 5 minutes

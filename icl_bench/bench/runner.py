@@ -328,7 +328,7 @@ def _recorded(session: dict, n, cells_db, ex):
         if cells_db is not None:
             try:
                 cells_db.close_session(n, {**session, "finished_at": datetime.now(timezone.utc).isoformat(),
-                                      "status": f"stopped ({type(exc).__name__})", "executor": {"kind": ex.kind}})
+                                           "status": f"stopped ({type(exc).__name__})", "executor": {"kind": ex.kind}})
             except Exception:  # (a full disk, a damaged store: the cells are what matters, and they are stored)
                 pass
         raise

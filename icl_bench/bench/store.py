@@ -150,11 +150,11 @@ class CellStore:
         was killed and reads as KILLED, its cells_computed unknown (None)."""
         _write(self._db, self.out / STORE_NAME, "UPDATE sessions SET doc = ? WHERE n = ?", (dumps(doc), n))
         out = []
-        for m, d in self._db.execute("SELECT n, doc FROM sessions ORDER BY n"):
-            doc = json.loads(d)
-            if m != n and doc.get("status") == "running":
-                doc.update(status=KILLED, cells_computed=None)
-            out.append(doc)
+        for m, text in self._db.execute("SELECT n, doc FROM sessions ORDER BY n"):
+            record = json.loads(text)
+            if m != n and record.get("status") == "running":
+                record.update(status=KILLED, cells_computed=None)
+            out.append(record)
         return out
 
     def put(self, key: str, row: dict) -> None:

@@ -180,12 +180,13 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     d = _drawn(summary, setting, axes)[0].copy()
     d["steps"] = [_steps(s, p) for s, p in zip(d["solver"], d["solver_params"])]
     stepped = d[d["steps"].notna()].copy()
-    if _drawn(stepped, {}, ())[1].empty:
+    ok = _drawn(stepped, {}, ())[1]  # (its failed rows break lines but are not data)
+    if ok.empty:
         raise PlotSkipped(f"gd_steps: no solver in the runs set a `steps` parameter (e.g. [solvers.gd-lsa] steps = "
                           f"[1, 4, 16]) with ok cells at "
                           f"{setting_words(setting, axes, summary)}")
     stepped["steps"] = stepped["steps"].astype(float)
-    ok = _drawn(stepped, {}, ())[1]
+    ok = ok.astype({"steps": float})
     varied = ok.groupby("solver")["steps"].nunique()
     if varied.max() < 2:
         ran = ", ".join(f"{s} steps={int(v):d}" for s, v in ok.groupby("solver")["steps"].first().items())

@@ -153,15 +153,14 @@ def scaling_at(fits: pd.DataFrame, setting: dict, order: list[str]) -> pd.DataFr
         if r is None:
             return ""
         nan = f"{r['n_nan']} NaN" if r["n_nan"] else ""
+        rounding = f"{r['n_rounding']} rounding" if r.get("n_rounding", 0) else ""  # (a scaling.csv of before it)
         if not math.isfinite(r["exponent"]):
             if r["n_points"] == 0:
                 what = ("rounding-dominated" if r.get("n_rounding", 0) else "at float floor" if r["n_floor"]
                         else "no finite MSE")
                 return f"{what} ({nan})" if nan and r["n_floor"] else what
-            rounding = f", {r['n_rounding']} rounding" if r.get("n_rounding", 0) else ""  # (it was left out: a review)
-            return f"({r['n_points']} point above floor{rounding}{', ' + nan if nan else ''})"
+            return f"({r['n_points']} point above floor{', ' + rounding if rounding else ''}{', ' + nan if nan else ''})"
         ci = f" [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if math.isfinite(r["ci_low"]) else ""
-        rounding = f"{r['n_rounding']} rounding" if r.get("n_rounding", 0) else ""  # (a scaling.csv of before it)
         dropped = "".join(f", {d}" for d in (f"{r['n_floor']} at floor" if r["n_floor"] else "", rounding, nan) if d)
         unchecked = ", rounding unchecked: no float64 run" if r.get("n_unchecked", 0) else ""  # (older scaling.csv)
         return f"{r['exponent']:.2f}{ci} ({r['n_points']} pts{dropped}{unchecked})"

@@ -36,7 +36,7 @@ VISUAL_RTOL = 1e-2
 def identical_series(data: pd.DataFrame, keys: list[str], value: str) -> dict[str, tuple[str, float]]:
     """Series whose `value` coincides with an earlier series' wherever both were drawn:
     {twin: (the series it coincides with, largest relative difference, partial)}; partial: the two
-    do not share every point (nor a finite value at each), so the note says "where both ran".
+    do not share every point (nor a finite value at each), so the note says "where both have a value".
 
     Args:
         data: rows with "series", "series_rank", the `keys` (x and panel columns) and `value`.
@@ -54,14 +54,14 @@ def identical_series(data: pd.DataFrame, keys: list[str], value: str) -> dict[st
     for s in order:
         d = data[data["series"] == s]
         points[s] = dict(zip(map(tuple, d[keys].astype(str).to_numpy()), d[value].to_numpy(dtype=float)))
+    finite = {s: int(np.isfinite(list(p.values())).sum()) for s, p in points.items()}  # points with a value
     same = {}
     for i, s in enumerate(order):
         for t in order[:i]:
             a, b = points[s], points[t]
             if not (a.keys() <= b.keys() or b.keys() <= a.keys()):
                 continue
-            finite = lambda pts: int(np.isfinite(list(pts.values())).sum())  # noqa: E731 (points with a value)
-            twin, ref = (t, s) if finite(b) < finite(a) else (s, t)  # the series with fewer points is drawn open
+            twin, ref = (t, s) if finite[t] < finite[s] else (s, t)  # the series with fewer points is drawn open
             if twin in same or ref in same:  # one level: "a (= b)", never "a (= b (= c))"
                 continue
             shared = sorted(a.keys() & b.keys())
@@ -82,13 +82,13 @@ def _max_rel_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float((np.abs(a - b)[good] / scale[good]).max()) if good.any() else 0.0
 
 
-def twins_note(twins: dict[str, tuple[str, float]]) -> str:
+def twins_note(twins: dict[str, tuple[str, float, bool]]) -> str:
     """The figure note on coinciding series: "gd-lsa steps=4 coincides with gd steps=4 (largest
     relative difference 1.6e-07; open markers on top)", "(equal; ...)" when they are, "coincides
     with gd where both have a value" when one lacks points the other has."""
     parts = []
-    for a, (b, rel, *partial) in twins.items():  # (partial: identical_series' third entry)
-        where = " where both have a value" if partial and partial[0] else ""
+    for a, (b, rel, partial) in twins.items():
+        where = " where both have a value" if partial else ""
         parts.append(f"{a} coincides with {b}{where} ("
                      + (f"largest relative difference {rel:.2g}" if rel else "equal") + "; open markers on top)")
     return "; ".join(parts)
