@@ -600,15 +600,18 @@ def test_sigterm_stops_a_run_like_ctrl_c_with_the_resume_line(tmp_path, capsys):
     cfg, out = _cfg(tmp_path, dict(RAW, solvers={"test-sigterm": {}})), tmp_path / "run"
     try:
         code, _, err = _run(capsys, "--config", cfg, "--out", out)
-        assert code == 143 and "icl-bench: terminated (SIGTERM); the finished cells are kept in" in err, err
+        assert code == 143 and "icl-bench: terminated (SIGTERM); 1 of " in err, err  # (the total: checked below)
         assert "--resume" in err and "Traceback" not in err
+        stopped = err
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # main() leaves the process as it found it
         code, _, err = _run(capsys, "--config", cfg, "--out", out, "--resume")
     finally:
         REGISTRY.unregister("test-sigterm")
     assert code == 0, err
     assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == 1
-    assert (pd.read_parquet(out / "results.parquet").status == "ok").all()
+    table = pd.read_parquet(out / "results.parquet")
+    assert (table.status == "ok").all()
+    assert f"; 1 of {len(table)} cells finished, kept in {out}. Resume with:" in stopped, stopped
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # ctypes reports what it dropped
@@ -644,7 +647,7 @@ def test_a_sigterm_that_a_c_callback_swallows_still_stops_the_run(tmp_path, caps
         code, _, err = _run(capsys, "--config", cfg, "--out", out)
     finally:
         REGISTRY.unregister("test-sigterm-c")
-    assert sent and code == 143 and "icl-bench: terminated (SIGTERM); the finished cells are kept in" in err, err
+    assert sent and code == 143 and "icl-bench: terminated (SIGTERM); 2 of 2 cells finished, kept in" in err, err
     assert not (out / "results.parquet").exists()  # stopped after the cell, not at the end of the run
     from icl_bench.bench import runner
     from icl_bench.bench.config import parse_config
