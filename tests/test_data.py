@@ -275,6 +275,31 @@ def test_resume_after_the_csv_was_edited_is_refused_and_changes_nothing(tmp_path
     assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == 1
 
 
+def test_a_csv_run_records_no_generator_settings_and_resumes_an_older_record(tmp_path, capsys):
+    """config.json and metadata.json of a CSV run recorded [prompts] (standard normal x, slope and
+    intercept) and grid.noise = [0.1], defaults that described prompts never drawn. They are left
+    out now; a folder whose config.json still has them resumes (with or without --config)."""
+    path, out = tmp_path / "d.csv", tmp_path / "o"
+    _noisy_line(path, rows=40)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(tomli_w.dumps({"n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1}, "grid": {"N": [4]},
+                                  "solvers": {"ols": {}}}))
+    argv = ["run", "--config", str(cfg), "--data", str(path), "--x", "x", "--y", "y", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    for doc in (json.loads((out / "config.json").read_text()), json.loads((out / "metadata.json").read_text())["config"]):
+        assert "prompts" not in doc and "noise" not in doc["grid"] and doc["data"]["x"] == "x", doc
+    saved = json.loads((out / "config.json").read_text())
+    saved["grid"]["noise"] = [0.1]  # as runs before this change recorded it
+    saved["prompts"] = {k: {"dist": "normal", "loc": 0.0, "scale": 1.0} for k in ("intercept", "slope", "x")}
+    (out / "config.json").write_text(json.dumps(saved, sort_keys=True))
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 0, capsys.readouterr().err
+    assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == 1
+    (out / "config.json").write_text(json.dumps(saved, sort_keys=True))
+    assert main(["run", "--out", str(out), "--resume", "--no-progress"]) == 0, capsys.readouterr().err
+    assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == 1
+
+
 def test_an_empty_trailing_field_keeps_the_columns(tmp_path):
     """`x,y` then rows `1,2,` (a delimiter at each line's end): pandas took the first field as the
     index, so x read as 2 and y as empty (every row dropped); the columns now stay in place."""

@@ -153,6 +153,9 @@ def same_matrix(a: dict, b: dict) -> bool:
     --resume after reordering [grid] N = [1, 4] -> [4, 1] reuses every finished cell)."""
     def canon(d: dict) -> dict:
         d = json.loads(json.dumps(d, sort_keys=True, default=str))
+        if d.get("data") is not None:  # a CSV run recorded before MatrixConfig.to_dict left these out
+            d.pop("prompts", None)
+            (d.get("grid") or {}).pop("noise", None)
         for k, v in (d.get("grid") or {}).items():
             d["grid"][k] = sorted(v, key=lambda e: json.dumps(e, sort_keys=True))
         for k, v in (d.get("solvers") or {}).items():

@@ -215,6 +215,16 @@ class MatrixConfig(ConfigModel):
                           key="solvers")
         return self
 
+    def to_dict(self) -> dict:
+        """Plain dict of the validated values (config.json, metadata.json). A CSV config ([data])
+        leaves out what the file replaces, [prompts] and grid.noise: their defaults described
+        prompts that were never drawn (parse_recorded drops them from older records)."""
+        doc = super().to_dict()
+        if self.data is not None:
+            doc.pop("prompts", None)
+            doc["grid"].pop("noise", None)
+        return doc
+
     @property
     def prompts(self) -> dict[str, Dist]:
         """{"x", "slope", "intercept"} -> Dist."""
