@@ -1,9 +1,11 @@
+import re
 import subprocess
 import sys
 
 import pytest
+import torch
 
-from icl_bench import get_solver, list_solvers
+from icl_bench import Solver, get_solver, list_solvers, register_solver
 from icl_bench.bench.config import parse_config
 from icl_bench.solvers.registry import SolverLoadError, UnknownSolverError, get_solver_class
 from icl_bench.bench.runner import run_matrix
@@ -220,3 +222,53 @@ def test_a_clash_in_one_folder_is_decided_by_distribution_name(tmp_path, monkeyp
     assert registry.REGISTRY.entry_points()["clash-name"].value == "aaa_mod:Shadow"
     assert [line for line in registry.conflicts() if "clash-name" in line] == [
         "plugin zzz_mod:Shadow (zzz-plugin) declares 'clash-name', already declared by aaa_mod:Shadow: ignored"]
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("ols", "a built-in name (of icl_bench_baselines.ols)"),
+    ("gd-lsa", "a built-in name (of icl_bench.solvers.gd_lsa)"),
+    ("OLS", "differs from the built-in name 'ols' only in case"),
+])
+def test_register_solver_refuses_a_built_in_name_before_the_built_in_loaded(name, expected):
+    """`@register_solver("ols")` from a notebook replaced the reference baseline whenever it came
+    before `ols` was first used (a review): its rows read as OLS. Refused now, loaded or not."""
+    from icl_bench.solvers import registry
+
+    class Impostor(Solver):
+        """Answers 0."""
+        params = {}
+
+        def predict(self, batch):
+            return torch.zeros_like(batch.x_query)
+
+    fresh = registry.Registry(registry.BUILTINS, registry.ENTRY_POINT_GROUP)  # a fresh process: nothing loaded
+    with pytest.raises(ValueError, match=re.escape(f"solver {name!r}: {expected}; choose another name")):
+        fresh.add(name, Impostor, origin="built-in (__main__)")
+    if name == "ols":  # the decorator too, on the suite's registry (ols loads again from its entry point)
+        registry.REGISTRY.unregister("ols")
+        with pytest.raises(ValueError, match="a built-in name"):
+            register_solver("ols")(Impostor)
+        assert get_solver_class("ols").__module__ == "icl_bench_baselines.ols"
+
+
+def test_a_plugin_named_as_a_built_in_in_other_case_is_ignored(tmp_path, monkeypatch):
+    """A plugin declaring `OLS` ran beside `ols` and its row sat next to the reference's in the
+    headline (a review); it is now ignored, with a line in `conflicts`, and a name the plugin's own
+    package registers with the decorator is still its own."""
+    from icl_bench.solvers import registry
+
+    from conftest import write_plugin
+
+    root = write_plugin(tmp_path / "site", "case-plugin", {"OLS": "case_mod:Shadow", "case-own": "case_mod:Shadow"},
+                        {"case_mod": SHADOW})
+    monkeypatch.syspath_prepend(str(root))
+    try:
+        assert "OLS" not in registry.REGISTRY.entry_points() and "OLS" not in registry.known_names()
+        assert ("plugin case_mod:Shadow (case-plugin) declares 'OLS', the built-in name 'ols' in other case: ignored"
+                in registry.conflicts())
+        with pytest.raises(ValueError, match="declared by plugin case_mod:Shadow"):
+            register_solver("case-own")(type("Other", (Solver,), {"params": {}, "__module__": "elsewhere"}))
+        assert get_solver_class("case-own").__module__ == "case_mod"
+    finally:
+        registry.REGISTRY.unregister("case-own")
+        sys.modules.pop("case_mod", None)

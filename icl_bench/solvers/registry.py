@@ -68,12 +68,13 @@ class Registry:
         self._origins: dict[str, str] = {}
         self._broken: dict[str, str] = {}  # name -> import error
 
-    def add(self, name: str, cls, origin: str) -> None:
-        """Register `cls` under `name`.
+    def add(self, name: str, cls, origin: str, *, declared: bool = False) -> None:
+        """Register `cls` under `name`. `declared`: `cls` is what the name's entry point loads.
 
         Raises:
             TypeError: `cls` is not a Solver subclass, or its `params` is not a dict of icl_bench.Param.
-            ValueError: `name` is already taken by another class.
+            ValueError: `name` is already taken by another class, is a built-in name or an installed
+                plugin's (`_taken`), or differs from a built-in name only in case.
         """
         if not (isinstance(cls, type) and issubclass(cls, Solver)):
             raise TypeError(f"solver {name!r}: {cls!r} is not a subclass of icl_bench.Solver")
@@ -92,9 +93,33 @@ class Registry:
         with self._lock:
             if name in self._classes and self._classes[name] is not cls:
                 raise ValueError(f"solver {name!r}: already registered by {self._origins[name]}")
+            taken = None if name in self._classes else self._taken(name, cls, declared)
+            if taken:
+                raise ValueError(f"solver {name!r}: {taken}; choose another name")
             cls.name = name
             self._classes[name] = cls
             self._origins[name] = origin
+
+    def _taken(self, name: str, cls, declared: bool) -> str | None:
+        """Why `name` may not be given to `cls` before it is loaded, or None. A class registered
+        from Python under `ols` or `gd-lsa` used to replace the built-in whenever it came before the
+        built-in's first use (a review): its rows read as the reference's."""
+        package = str(getattr(cls, "__module__", "") or "").split(".")[0]
+        if name in self.builtins:
+            module = self.builtins[name]
+            return None if cls.__module__ == module else f"a built-in name (of {module})"
+        twin = _case_twin(name, self._reserved())
+        if twin is not None:
+            return f"differs from the built-in name {twin!r} only in case"
+        ep = None if declared else self.entry_points().get(name)
+        if ep is not None and ep.module.split(".")[0] != package:  # (a plugin's own decorator: its package)
+            return f"a built-in name (of {ep.module})" if _dist_name(ep) == "icl-bench" else f"declared by {_ep_origin(ep)}"
+        return None
+
+    def _reserved(self) -> set[str]:
+        """The built-in names: BUILTINS and icl-bench's own entry points (its baselines)."""
+        own = {ep.name for ep in entry_points(group=self.group) if _dist_name(ep) == "icl-bench"}
+        return set(self.builtins) | own
 
     def unregister(self, name: str) -> None:
         """Forget `name` (class, origin and any load error); a later lookup loads it again."""
@@ -127,8 +152,7 @@ class Registry:
         paths = {os.path.abspath(p or "."): i for i, p in reversed(list(enumerate(sys.path)))}
 
         def key(ep) -> tuple:
-            dist = getattr(ep, "dist", None)
-            name = re.sub(r"[-_.]+", "-", dist.name).lower() if dist is not None and dist.name else ""
+            dist, name = getattr(ep, "dist", None), _dist_name(ep)
             if name == "icl-bench":
                 return (0, 0, "", ep.value)
             try:
@@ -143,7 +167,12 @@ class Registry:
         """name -> entry point; icl-bench's own declarations win, then the distribution earliest on
         sys.path, then the one whose name sorts first (`_ordered`; the others: `conflicts`)."""
         out: dict = {}
+        reserved = None
         for ep in self._ordered():
+            if ep.name not in out and _dist_name(ep) != "icl-bench":
+                reserved = self._reserved() if reserved is None else reserved
+                if _case_twin(ep.name, reserved) is not None:  # `OLS` beside `ols`: ignored (conflicts)
+                    continue
             out.setdefault(ep.name, ep)
         return out
 
@@ -160,7 +189,7 @@ class Registry:
                 if ep is None:
                     return
                 cls = ep.load()
-                self.add(name, cls, origin=_ep_origin(ep))
+                self.add(name, cls, origin=_ep_origin(ep), declared=True)
                 _pin_code(cls)
             except KeyboardInterrupt:  # Ctrl-C while a plugin imports stops the command
                 raise
@@ -173,10 +202,15 @@ class Registry:
         or, in the same folder, one whose name sorts first already declared (`_ordered`)."""
         seen: dict[str, str] = {}
         out = []
+        reserved = self._reserved()
         for ep in self._ordered():
             dist = ep.dist.name if getattr(ep, "dist", None) else "unknown distribution"
+            twin = _case_twin(ep.name, reserved) if _dist_name(ep) != "icl-bench" else None
             if ep.name in self.builtins:
                 out.append(f"plugin {ep.value} ({dist}) declares {ep.name!r}, a built-in name: ignored")
+            elif twin is not None:
+                out.append(f"plugin {ep.value} ({dist}) declares {ep.name!r}, the built-in name {twin!r} "
+                           "in other case: ignored")
             elif ep.name in seen and seen[ep.name] != ep.value:
                 out.append(f"plugin {ep.value} ({dist}) declares {ep.name!r}, already declared by {seen[ep.name]}: ignored")
             else:
@@ -224,6 +258,17 @@ class Registry:
 REGISTRY = Registry(BUILTINS, ENTRY_POINT_GROUP)  # the suite's one registry
 
 
+def _dist_name(ep) -> str:
+    """The normalized name of the distribution that declares entry point `ep` ("" if none)."""
+    dist = getattr(ep, "dist", None)
+    return re.sub(r"[-_.]+", "-", dist.name).lower() if dist is not None and dist.name else ""
+
+
+def _case_twin(name: str, reserved) -> str | None:
+    """The name in `reserved` that equals `name` up to case but is not it, or None."""
+    return next((r for r in sorted(reserved) if r != name and r.lower() == name.lower()), None)
+
+
 def _ep_origin(ep) -> str:
     """"plugin module:Class (distribution version)" of an entry point."""
     dist = f"{ep.dist.name} {ep.dist.version}" if getattr(ep, "dist", None) else "unknown distribution"
@@ -240,11 +285,13 @@ def _pin_code(cls) -> None:
 
 
 def register_solver(name: str):
-    """Class decorator: register a Solver subclass under `name` (used inside icl_bench).
+    """Class decorator: register a Solver subclass under `name` (the built-ins, a notebook's or a
+    script's own solver; an installed plugin declares an entry point instead).
 
     Raises:
         TypeError: the class is not a Solver subclass.
-        ValueError: `name` is already taken by another class.
+        ValueError: `name` is already taken by another class, is a built-in name (`ols`, `gd-lsa`,
+            ...) or one an installed plugin declares, or differs from a built-in name only in case.
     """
 
     def decorate(cls):
