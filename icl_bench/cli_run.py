@@ -157,7 +157,8 @@ def cmd_run(args) -> int:
             msg = flag + msg[len(key):] if (given is not None and msg.startswith(key)) else msg
         return ConfigError(msg)
 
-    try:
+    warn_conflicts(sys.stderr)  # once, before the config is read: a shadowed plugin name must not pass silently,
+    try:                         # least of all when it explains the refusal below (a review)
         if recorded is not None:
             cfg = parse_recorded(raw)
         else:
@@ -171,7 +172,6 @@ def cmd_run(args) -> int:
                               "recorded)") from None  # message blamed the file for the default grid's N = 300)
         raise flag_named(exc) from None
     out = Path(args.out) if args.out else Path("results/runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
-    warn_conflicts(sys.stderr)  # once, before the matrix: a shadowed plugin name must not pass silently
     if cfg.data is not None:
         from icl_bench.prompts.data import data_summary, snapshot
 

@@ -272,3 +272,24 @@ def test_a_plugin_named_as_a_built_in_in_other_case_is_ignored(tmp_path, monkeyp
     finally:
         registry.REGISTRY.unregister("case-own")
         sys.modules.pop("case_mod", None)
+
+
+def test_run_warns_of_a_shadowed_plugin_name_before_the_config_is_refused(tmp_path, monkeypatch, capsys):
+    """A plugin whose name an earlier distribution already declares is ignored; `run` printed that
+    WARNING only once the config had parsed, so a config refused for a parameter only the ignored
+    plugin has said `unknown parameter` with nothing to explain it (a review)."""
+    from icl_bench.cli import main
+
+    from conftest import GOOD_PLUGIN, write_plugin
+
+    site = tmp_path / "site"
+    write_plugin(site, "zzz-plugin", {"warn-clash": "zzz_mean:MeanY"}, {"zzz_mean": GOOD_PLUGIN})
+    write_plugin(site, "aaa-plugin", {"warn-clash": "aaa_shadow:Shadow"}, {"aaa_shadow": SHADOW})
+    monkeypatch.syspath_prepend(str(site))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[grid]\nN = [4]\n[solvers.warn-clash]\nshift = [1.0]\n')
+    assert main(["run", "--config", str(cfg), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["WARNING: plugin zzz_mean:MeanY (zzz-plugin) declares 'warn-clash', already declared by "
+                   "aaa_shadow:Shadow: ignored",
+                   "icl-bench: error: solvers.warn-clash.shift: unknown parameter; accepted: (none)"], err
