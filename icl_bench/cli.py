@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
                              + (" (alias of publish)" if name == "report" else ""))
         pub.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="folders written by `icl-bench run`")
         pub.add_argument("--out", required=True, help="output folder (must be absent or empty unless --force)")
-        pub.add_argument("--force", action="store_true", help="replace a non-empty --out once the new report is complete")
+        pub.add_argument("--force", action="store_true", help="replace an earlier report at --out (a folder publish wrote, holding nothing else) once the new one is complete")
         pub.add_argument("--at", action="append", metavar="AXIS=VALUE",
                          help=f"fix an axis of the plots and headline ({', '.join(AT_AXES)}); repeatable")
         pub.add_argument("--checkpoint", action="append", help="a trained-model checkpoint (a path, or a shipped name such as trained-l1-R100) to draw beside the construction")

@@ -1260,8 +1260,14 @@ def test_the_other_axes_default_among_the_cells_at_the_at_values():
 def test_out_not_empty_needs_force_and_never_overlaps_a_run(published, run_dir, capsys):
     before = (published / "index.html").read_text()
     code, err = _cli(capsys, run_dir, "--out", published)
-    assert code == 2 and "is not empty; pass --force" in err
+    assert code == 2 and f"--out: {published} holds an earlier report; pass --force to replace it" in err, err
     assert (published / "index.html").read_text() == before
+    notes = published.parent / "notes"  # a folder publish did not write: --force is not offered (a review)
+    notes.mkdir()
+    (notes / "mine.txt").write_text("mine")
+    code, err = _cli(capsys, run_dir, "--out", notes)
+    assert code == 2 and "not a folder written by icl-bench publish" in err and "pass --force" not in err, err
+    assert [p.name for p in notes.iterdir()] == ["mine.txt"]
     code, err = _cli(capsys, run_dir, "--out", run_dir / "report", "--force")
     assert code == 2 and "overlaps the run folder" in err and not (run_dir / "report").exists()
     code, err = _cli(capsys, run_dir, "--out", run_dir.parent, "--force")
