@@ -109,6 +109,14 @@ def _cpu_arch() -> str:
     return f"{name}, {widest}"
 
 
+def _own_output(config) -> tuple:
+    """The --benchmark-json file (pytest-benchmark empties it as the run starts: a committed
+    results/raw/throughput.json being rewritten made every documented run read "-dirty")."""
+    out = config.getoption("--benchmark-json", None)
+    name = getattr(out, "name", out)
+    return (name,) if isinstance(name, (str, bytes, os.PathLike)) else ()
+
+
 def machine_description(config) -> dict:
     import numpy
     import scipy
@@ -124,7 +132,7 @@ def machine_description(config) -> dict:
         "numpy": numpy.__version__, "scipy": scipy.__version__,
         "cuda_device": torch.cuda.get_device_name(0) if cuda else None,
         "cuda_note": "" if cuda else "no CUDA device on this machine (no GPU was lent to this run): cuda cases skipped",
-        "git_commit": git_commit(ROOT),
+        "git_commit": git_commit(ROOT, ignore=_own_output(config)),
         "options": {"bench_values": config.getoption("--bench-values"), "bench_batch": config.getoption("--bench-batch"),
                     "bench_budget": config.getoption("--bench-budget"),
                     "torch_threads_option": config.getoption("--torch-threads")},

@@ -43,13 +43,17 @@ assert n == 1, "default matrix: no device line to restrict"
 open(sys.argv[2], "w").write(text)
 EOF
 rm -rf "$OUT/default"
-timeout "$RUN_LIMIT" python -m icl_bench run --config "$OUT/default_cuda.toml" --out "$OUT/default" --no-progress
-echo "matrix run: exit $? (124 = cut at ${RUN_LIMIT} s)" | tee -a "$LOG"
+# SIGINT at the limit (then SIGKILL 10 s later): both steps stop as on Ctrl-C and keep what finished
+# (the run its cells and resume line, pytest-benchmark its JSON of the finished cases; on SIGTERM
+# pytest-benchmark wrote nothing: a review)
+timeout -s INT -k 10 "$RUN_LIMIT" python -m icl_bench run --config "$OUT/default_cuda.toml" --out "$OUT/default" \
+    --no-progress 2>&1 | tail -n 40 | tee -a "$LOG"
+echo "matrix run: exit ${PIPESTATUS[0]} (124 = cut at ${RUN_LIMIT} s: its finished cells are in $OUT/default)" | tee -a "$LOG"
 
-timeout "$BENCH_LIMIT" python -m pytest benchmarks/test_throughput.py --benchmark-only -q -k cuda \
+timeout -s INT -k 10 "$BENCH_LIMIT" python -m pytest benchmarks/test_throughput.py --benchmark-only -q -k cuda \
     --bench-values 16777216 --benchmark-max-time 0.2 --benchmark-min-rounds 3 \
     --benchmark-json="$OUT/throughput_cuda.json" -p no:cacheprovider > "$OUT/throughput_cuda.txt" 2>&1
-echo "throughput suite: exit $? (124 = cut at ${BENCH_LIMIT} s; output in throughput_cuda.txt)" | tee -a "$LOG"
+echo "throughput suite: exit $? (124 = cut at ${BENCH_LIMIT} s, the finished cases kept; output in throughput_cuda.txt)" | tee -a "$LOG"
 if [ -s "$OUT/throughput_cuda.json" ]; then
     python -m benchmarks.experiments.summarize "$OUT/throughput_cuda.json" --out "$OUT/throughput_cuda" > /dev/null
     echo "summary: exit $? -> $OUT/throughput_cuda.md" | tee -a "$LOG"

@@ -42,6 +42,7 @@ NOISE = 0.1
 SEED = 0
 PROBE = 128  # prompts used to estimate a case's cost per prompt (16 read the fixed cost of a call as per-prompt)
 PROBE_CALLS = 3  # timed probe calls; the fastest is the estimate (one slow call shrank fast cases at random)
+GROW_CALLS = 4  # calls of the estimated batch that refine the estimate (fit_batch: a call's fixed cost)
 QUADRATIC_BYTES = 256 * 2**20  # cap on one call's score matrices (all heads of one layer)
 
 
@@ -110,17 +111,33 @@ def fit_batch(call, B_max: int, budget: float, device: str) -> int:
     b = min(PROBE, B_max), the fastest call giving seconds per prompt (an estimate: only the batch
     is chosen by it). A single call of 16 prompts had counted a call's fixed cost and the machine's
     noise as per-prompt cost, and shrank cases whose whole batch took a tenth of the budget.
+    The estimate still carries the call's fixed cost (t / b >= the cost per prompt), so it can only
+    under-size the batch: a call of the estimated size is timed and the estimate redone from it, up
+    to GROW_CALLS times, while the batch grows. On a GPU a call's launches and synchronisation
+    (about 1 ms for a multi-kernel forward) had cut 2^24-value batches to a few thousand prompts,
+    whose figures were mostly that fixed cost (a review).
     """
     b = min(PROBE, B_max)
     call(b)
     sync(device)
     times = []
     for _ in range(PROBE_CALLS):
-        t0 = time.perf_counter()
-        call(b)
-        sync(device)
-        times.append(time.perf_counter() - t0)
+        times.append(_seconds(call, b, device))
     per_prompt = min(times) / b
-    if per_prompt * B_max <= budget:
-        return B_max
-    return max(1, min(B_max, int(budget / per_prompt)))
+    for _ in range(GROW_CALLS):
+        if per_prompt * B_max <= budget:
+            return B_max
+        grown = max(1, min(B_max, int(budget / per_prompt)))
+        if grown < 1.2 * b:  # settled: the fixed cost is amortised at b already
+            return grown
+        b = grown
+        per_prompt = _seconds(call, b, device) / b
+    return B_max if per_prompt * B_max <= budget else max(1, min(B_max, int(budget / per_prompt)))
+
+
+def _seconds(call, b: int, device: str) -> float:
+    """Seconds of one synchronised call(b)."""
+    t0 = time.perf_counter()
+    call(b)
+    sync(device)
+    return time.perf_counter() - t0

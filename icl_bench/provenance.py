@@ -50,16 +50,17 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def git_commit(root: str | Path | None = None) -> str:
+def git_commit(root: str | Path | None = None, ignore: tuple = ()) -> str:
     """HEAD of the git checkout around `root` (default: this package's source folder), with
-    "-dirty" if tracked files have local changes; "unknown" outside a checkout (an installed
-    package) or without git."""
+    "-dirty" if tracked files other than the paths in `ignore` (the run's own output) have local
+    changes; "unknown" outside a checkout (an installed package) or without git."""
     root = Path(root) if root is not None else Path(__file__).resolve().parent
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        skip = [f":(exclude){Path(p).resolve()}" for p in ignore]
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *skip], cwd=root,
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return head.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):

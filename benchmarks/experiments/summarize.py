@@ -11,8 +11,10 @@ over B's at the same N, dtype and device (> 1: A is faster). The goals (docs/thr
     ln/numpy      ln-closed-form / numpy-ols, float32: >= 0.5 at N=1000, >= 0.4 at N=100
     ln/quadratic  ln-closed-form >= 10x quadratic-attention at N=1000 float32
     fused/eager   every transformer solver >= 5x its eager forward ("<name> [eager]") at N=1000
-    threads       fused kernels on two threads >= 1.8x one thread ("<name> [2 threads]")
-    ols/numpy     ols >= 2x numpy-ols at every N; ols / torch-lstsq reported
+    threads       fused kernels on two threads >= 1.8x one thread ("<name> [2 threads]"; a case whose
+                  batch was too small to split is "not split", outside the count)
+    ols/numpy     ols >= 2x numpy-ols at every N; ols / torch-lstsq reported (on every device)
+    gpu           on cuda, N=100 float32: ols >= 1e8 prompts/s, every transformer solver >= 1e7
 --update-docs also rewrites the marked blocks of README.md and docs/throughput.md.
 """
 from __future__ import annotations
@@ -33,11 +35,14 @@ RUNS = ROOT / "results" / "runs" / "throughput"
 GOAL_SCALING, GOAL_LN_VS_QUADRATIC, GOAL_OLS_VS_NUMPY = 4.5, 10.0, 2.0
 GOAL_LN_VS_NUMPY, GOAL_LN_VS_NUMPY_SMALL = 0.5, 0.4  # N = 1000, N = 100 (float32)
 GOAL_FUSED_VS_EAGER, GOAL_THREADS = 5.0, 1.8
+GOAL_GPU_OLS, GOAL_GPU_TRANSFORMER = 1e8, 1e7  # prompts/s on cuda at N = 100, float32 (an H200-class GPU)
 
 
 def load(path: Path) -> tuple[pd.DataFrame, dict]:
     """One row per benchmark: kind, name, N, dtype, device, batch_size, seconds per prompt."""
     run = json.loads(path.read_text())
+    if not run.get("benchmarks"):  # every case skipped (a GPU run without CUDA), or a run cut short
+        raise SystemExit(f"{path}: no benchmark in this run (every case skipped or none finished): nothing to summarize")
     rows = []
     for b in run["benchmarks"]:
         e, s = b["extra_info"], b["stats"]
@@ -125,6 +130,8 @@ def ratio(t: pd.DataFrame, a: str, b: str, N: int, dtype: str, device: str = "cp
 def verdict(value: float, goal: float, at_most: bool = False) -> str:
     if math.isnan(value):
         return "not measured"
+    if goal is None:
+        return "reported"
     ok = value <= goal if at_most else value >= goal
     return "met" if ok else "**short**"
 
@@ -137,33 +144,53 @@ def goals(t: pd.DataFrame) -> tuple[str, list[dict]]:
         recs.append({"goal": goal, "what": what, "value": v[0], "min_based": v[1], "target": target,
                      "verdict": verdict(v[0], goal_value, at_most)})
 
+    def rate(name, N, dtype, device):  # (median, min) prompts/s of one case; NaN if it is missing
+        r = t[(t.name == name) & (t.N == N) & (t.dtype == dtype) & (t.device == device)]
+        return (r.prompts_per_s.iloc[0], r.best_prompts_per_s.iloc[0]) if len(r) else (math.nan, math.nan)
+
+    devices = sorted(t.device.unique())
+    cpu = "cpu" in devices
     sc = scaling(t)
     for _, r in sc[sc.kind.isin(["solver", "eager"]) | sc.name.isin(["transformer-forward", "transformer-eager"])].iterrows():
         add("scaling", f"{r['name']} {r['dtype']} {r['device']}: t(4000)/t(1000)", (r["median"], r["min"]),
             f"<= {GOAL_SCALING}", GOAL_SCALING, at_most=True)
-    for N, goal in ((1000, GOAL_LN_VS_NUMPY), (100, GOAL_LN_VS_NUMPY_SMALL)):
-        add("ln/numpy", f"ln-closed-form / numpy-ols, N={N} float32", ratio(t, "ln-closed-form", "numpy-ols", N, "float32"),
-            f">= {goal}", goal)
-    add("ln/quadratic", "ln-closed-form / quadratic-attention, N=1000 float32",
-        ratio(t, "ln-closed-form", "quadratic-attention", 1000, "float32"), f">= {GOAL_LN_VS_QUADRATIC}", GOAL_LN_VS_QUADRATIC)
-    for _, r in t[(t.kind == "solver") & (t.N == 1000) & (t.device == "cpu") & t.vs_eager.notna()].sort_values(["base", "dtype"]).iterrows():
-        add("fused/eager", f"{r['base']} / its eager forward, N=1000 {r['dtype']}",
-            ratio(t, r["base"], f"{r['base']} [eager]", 1000, r["dtype"]), f">= {GOAL_FUSED_VS_EAGER}", GOAL_FUSED_VS_EAGER)
-    add("fused/eager", "transformer-forward / transformer-eager, N=1000 float32",
-        ratio(t, "transformer-forward", "transformer-eager", 1000, "float32"), f">= {GOAL_FUSED_VS_EAGER}", GOAL_FUSED_VS_EAGER)
-    for _, r in t[t.kind == "threads"].sort_values(["base", "N", "dtype"]).iterrows():
-        if r["N"] == 1000 or r["base"] == "ln-closed-form":
-            add("threads", f"{r['name']} / 1 thread, N={r['N']} {r['dtype']}",
-                ratio(t, r["name"], r["base"], int(r["N"]), r["dtype"]), f">= {GOAL_THREADS}", GOAL_THREADS)
-    for N in sorted(t.N.unique()):
-        for dtype in sorted(t.dtype.unique()):
-            add("ols/numpy", f"ols / numpy-ols, N={N} {dtype}", ratio(t, "ols", "numpy-ols", int(N), dtype),
-                f">= {GOAL_OLS_VS_NUMPY}", GOAL_OLS_VS_NUMPY)
-    for N in sorted(t.N.unique()):
-        for dtype in sorted(t.dtype.unique()):
-            v = ratio(t, "ols", "torch-lstsq", int(N), dtype)
-            recs.append({"goal": "ols/lstsq", "what": f"ols / torch-lstsq, N={N} {dtype}", "value": v[0], "min_based": v[1],
-                         "target": "reported", "verdict": "reported" if not math.isnan(v[0]) else "not measured"})
+    if cpu:
+        for N, goal in ((1000, GOAL_LN_VS_NUMPY), (100, GOAL_LN_VS_NUMPY_SMALL)):
+            add("ln/numpy", f"ln-closed-form / numpy-ols, N={N} float32", ratio(t, "ln-closed-form", "numpy-ols", N, "float32"),
+                f">= {goal}", goal)
+    for device in devices:
+        add("ln/quadratic", "ln-closed-form / quadratic-attention, N=1000 float32" + ("" if device == "cpu" else f" {device}"),
+            ratio(t, "ln-closed-form", "quadratic-attention", 1000, "float32", device), f">= {GOAL_LN_VS_QUADRATIC}",
+            GOAL_LN_VS_QUADRATIC)
+    if cpu:  # goals of the CPU kernels (a cuda-only run, gpu_run.sh, has none of these cases)
+        for _, r in t[(t.kind == "solver") & (t.N == 1000) & (t.device == "cpu") & t.vs_eager.notna()].sort_values(["base", "dtype"]).iterrows():
+            add("fused/eager", f"{r['base']} / its eager forward, N=1000 {r['dtype']}",
+                ratio(t, r["base"], f"{r['base']} [eager]", 1000, r["dtype"]), f">= {GOAL_FUSED_VS_EAGER}", GOAL_FUSED_VS_EAGER)
+        add("fused/eager", "transformer-forward / transformer-eager, N=1000 float32",
+            ratio(t, "transformer-forward", "transformer-eager", 1000, "float32"), f">= {GOAL_FUSED_VS_EAGER}", GOAL_FUSED_VS_EAGER)
+        for _, r in t[t.kind == "threads"].sort_values(["base", "N", "dtype"]).iterrows():
+            if r["N"] == 1000 or r["base"] == "ln-closed-form":
+                add("threads", f"{r['name']} / 1 thread, N={r['N']} {r['dtype']}",
+                    ratio(t, r["name"], r["base"], int(r["N"]), r["dtype"]), f">= {GOAL_THREADS}", GOAL_THREADS)
+                used, asked = r["extra"].get("threads_used"), r["extra"].get("threads")
+                if used is not None and asked is not None and used < asked:  # the batch was too small to split
+                    recs[-1]["verdict"] = f"not split ({used} thread used)"
+        for N in sorted(t.N.unique()):
+            for dtype in sorted(t.dtype.unique()):
+                add("ols/numpy", f"ols / numpy-ols, N={N} {dtype}", ratio(t, "ols", "numpy-ols", int(N), dtype),
+                    f">= {GOAL_OLS_VS_NUMPY}", GOAL_OLS_VS_NUMPY)
+    for device in devices:
+        for N in sorted(t.N.unique()):
+            for dtype in sorted(t.dtype.unique()):
+                add("ols/lstsq", f"ols / torch-lstsq, N={N} {dtype}" + ("" if device == "cpu" else f" {device}"),
+                    ratio(t, "ols", "torch-lstsq", int(N), dtype, device), "reported", None)
+    if "cuda" in devices:
+        add("gpu", "ols prompts/s, N=100 float32 cuda", rate("ols", 100, "float32", "cuda"), f">= {GOAL_GPU_OLS:.0e}",
+            GOAL_GPU_OLS)
+        weighted = t[(t.kind == "solver") & (t.device == "cuda") & t.extra.map(lambda e: bool(e.get("transformer")))]
+        for name in sorted(weighted.name.unique()):
+            add("gpu", f"{name} prompts/s, N=100 float32 cuda", rate(name, 100, "float32", "cuda"),
+                f">= {GOAL_GPU_TRANSFORMER:.0e}", GOAL_GPU_TRANSFORMER)
     rows = [[r["goal"], r["what"], fmt(r["value"]), fmt(r["min_based"]), r["target"], r["verdict"]] for r in recs]
     return md_table(["goal", "measured", "ratio (median)", "ratio (min)", "target", "verdict"], rows), recs
 
@@ -176,7 +203,8 @@ def compact(recs: list[dict]) -> str:
               "fused/eager": "transformer solvers: fused / eager forward, N=1000",
               "threads": "two threads / one thread",
               "ols/numpy": "ols / numpy-ols, every N and dtype",
-              "ols/lstsq": "ols / batched torch.linalg.lstsq (reported)"}
+              "ols/lstsq": "ols / batched torch.linalg.lstsq (reported)",
+              "gpu": "prompts/s on cuda, N=100 float32 (ols >= 1e8, transformer solvers >= 1e7)"}
     rows = []
     for key, label in labels.items():
         rs = [r for r in recs if r["goal"] == key and not math.isnan(r["value"])]
@@ -188,9 +216,13 @@ def compact(recs: list[dict]) -> str:
         if key == "ols/lstsq":
             rows.append([label, span, "reported"])
             continue
+        unsplit = [r for r in rs if r["verdict"].startswith("not split")]
+        rs = [r for r in rs if r not in unsplit]
         met = sum(r["verdict"] == "met" for r in rs)
         short = [f"{r['what'].split(':')[0]} {fmt(r['value'])}" for r in rs if r["verdict"] != "met"]
         v = "met" if met == len(rs) else f"{met} of {len(rs)} met; **short**: {', '.join(short)}"
+        if unsplit:
+            v += f" ({len(unsplit)} case(s) not split: their batch was too small for a second thread)"
         rows.append([label, span, v])
     return md_table(["goal", "measured (median ratios)", "verdict"], rows)
 
@@ -213,7 +245,7 @@ def machine(run: dict) -> str:
     la0, la1 = m.get("loadavg_start", [math.nan] * 3), m.get("loadavg_end", [math.nan] * 3)
     gpu = m.get("cuda_device") or m.get("cuda_note", "unknown")
     return "\n".join([
-        f"- run: {m.get('started_at', run.get('datetime'))} → {m.get('finished_at', '?')}, git {m.get('git_commit', '?')[:12]}",
+        f"- run: {m.get('started_at', run.get('datetime'))} → {m.get('finished_at', '?')}, git {_commit(m.get('git_commit', '?'))}",
         f"- CPU: {m.get('cpu_model', '?')}" + (f" ({m['cpu_arch']})" if m.get("cpu_arch") else "")
         + f", {m.get('usable_cpus', '?')} usable of {m.get('logical_cpus', '?')} logical CPUs; "
         f"load average (1/5/15 min) {', '.join(f'{x:.2f}' for x in la0)} at the start, {', '.join(f'{x:.2f}' for x in la1)} at the end",
@@ -222,6 +254,12 @@ def machine(run: dict) -> str:
         f"- GPU: {gpu}",
         f"- options: {json.dumps(m.get('options', {}))}",
     ])
+
+
+def _commit(commit: str) -> str:
+    """The commit's first 12 digits, with its "-dirty" mark kept (uncommitted changes when it ran)."""
+    head, dirty = (commit[:-6], True) if commit.endswith("-dirty") else (commit, False)
+    return head[:12] + (" (uncommitted changes)" if dirty else "")
 
 
 def skipped(run: dict) -> str:

@@ -55,6 +55,7 @@ MIN_WORK_PER_THREAD = 2**17  # fewer work units (tokens) per thread than this: f
 #   and the last of N = 100.
 PROMPT_WORK = 128  # a prompt's fixed cost in tokens' worth (ln-closed-form: ~0.4 us per prompt, ~3 ns per token)
 THREADS: int | None = None  # threads of the fused kernels; None: torch.get_num_threads()
+last_shares = 0  # threads the last `split` ran on (the benchmarks record it: a small call takes one)
 calls = 0  # fused forwards run so far in this process (the benchmarks tell transformer solvers by it)
 numba = None  # the numba module, imported on first use (~0.5 s); False where it is missing
 _KERNELS: dict[tuple, object] = {}
@@ -359,10 +360,12 @@ def split(work, B: int, threads: int) -> None:
     exception of any share is raised after all have finished (none is left writing the output).
     Called from one of the pool's own workers (a share that splits again) it runs everything on
     that thread: its share would otherwise wait for the worker it occupies."""
+    global last_shares
     if threads <= 1 or B <= 1 or threading.current_thread().name.startswith(_POOL_NAME):
+        last_shares = 1
         work(0, B)
         return
-    threads = min(threads, B)
+    threads = last_shares = min(threads, B)
     edges = [t * B // threads for t in range(threads + 1)]  # (threads + 1,) share boundaries
     futures = []
     try:
