@@ -161,3 +161,38 @@ def test_an_exception_whose_str_raises_is_an_error_row():
     bad = table[table.solver == "bad-str"]
     assert (bad.status == "error").all() and bad.message.str.startswith("_Unprintable: <_Unprintable whose str() failed>").all()
     assert (table[table.solver == "ols"].status == "ok").all()
+
+
+def test_a_finite_answer_on_an_ill_posed_prompt_is_named(tmp_path, capsys):
+    """README's contract: NaN on ill-posed prompts, never a made-up number. A plugin answering 0
+    there ran "ok" with no word (a review); now its rows say so and `run` warns, while a solver
+    that keeps the contract (nan_if_ill_posed) gets no message."""
+    from icl_bench.bench.runner import ILL_ANSWERED
+    from icl_bench.cli import main
+    from icl_bench.solvers.base import nan_if_ill_posed
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 2, 400).astype(float)  # x in {0, 1}: at N = 3 about a quarter of the prompts have equal x
+    (tmp_path / "bin.csv").write_text("x,y\n" + "".join(f"{a},{2 * a + 1 + 0.1 * e}\n" for a, e in zip(x, rng.normal(size=400))))
+    (tmp_path / "c.toml").write_text('n_prompts = 64\n[grid]\nN = [3]\nR = [100.0]\ndtype = ["float64"]\ndevice = ["cpu"]\n'
+                                     '[solvers.zero-ill]\n[solvers.zero-kept]\n')
+    register_solver("zero-ill")(_solver("predict", lambda s, b: torch.zeros_like(b.x_query)))
+    register_solver("zero-kept")(_solver("predict", lambda s, b: nan_if_ill_posed(torch.zeros_like(b.x_query), b)))
+    try:
+        code = main(["run", "--config", str(tmp_path / "c.toml"), "--data", str(tmp_path / "bin.csv"), "--x", "x", "--y", "y",
+                     "--out", str(tmp_path / "o"), "--no-progress"])
+    finally:
+        registry.REGISTRY.unregister("zero-ill")
+        registry.REGISTRY.unregister("zero-kept")
+    err = capsys.readouterr().err
+    table = pd.read_parquet(tmp_path / "o" / "results.parquet").set_index("solver")
+    assert code == 0 and (table.status == "ok").all()
+    n_ill = int(table.loc["zero-ill", "n_ill_posed"])
+    assert n_ill > 0 and table.loc["zero-kept", "message"] == ""
+    assert table.loc["zero-ill", "message"] == (f"{ILL_ANSWERED}: {n_ill} of {n_ill} answered where every solver "
+                                                "answers NaN (README 'Accuracy')")
+    assert f"icl-bench: WARNING: zero-ill: {ILL_ANSWERED} in 1 cells" in err and "zero-kept" not in err, err
+    assert main(["publish", str(tmp_path / "o"), "--out", str(tmp_path / "pub")]) == 0
+    headline = (tmp_path / "pub" / "headline.md").read_text()
+    assert (f"Warning: zero-ill: {ILL_ANSWERED} in 1 of 1 cells (every solver answers NaN there; those answers are "
+            "not scored).") in headline and "Warning: zero-kept" not in headline, headline

@@ -52,17 +52,24 @@ from icl_bench.solvers.registry import REGISTRY, SolverLoadError, get_solver, ge
 
 NO_ANSWER = "no finite prediction"  # the start of the message of a cell whose solver never answered
 NO_PROMPT = "no well-posed prompt"  # the start of the message of a cell skipped for having nothing to answer
+ILL_ANSWERED = "finite on ill-posed prompts"  # a message part: the solver broke the NaN contract (README "Accuracy")
 
 
 def no_answer_message(pred: torch.Tensor, batch) -> str:
-    """"" or, when the solver answered NaN / inf on every well-posed prompt (there being at
-    least one), a message saying so: such a cell's metrics are NaN and would otherwise read
-    as "ok" with no explanation."""
+    """"" or what an "ok" cell's answers break, "; "-joined: NaN / inf on every well-posed prompt
+    (there being at least one; its metrics are NaN and would otherwise read as "ok" with no
+    explanation), and finite answers on ill-posed prompts, where every solver answers NaN (README
+    "Accuracy"; a plugin that made up a number there passed silently: a review)."""
     well_posed = torch.isfinite(batch.ols_prediction).cpu()  # (B,)
-    answered = torch.isfinite(pred.detach()).cpu() & well_posed
-    if not well_posed.any() or answered.any():
-        return ""
-    return f"{NO_ANSWER}: NaN/inf on all {int(well_posed.sum())} well-posed prompts"
+    finite = torch.isfinite(pred.detach()).cpu()
+    parts = []
+    if well_posed.any() and not (finite & well_posed).any():
+        parts.append(f"{NO_ANSWER}: NaN/inf on all {int(well_posed.sum())} well-posed prompts")
+    made_up = int((finite & ~well_posed).sum())
+    if made_up:
+        parts.append(f"{ILL_ANSWERED}: {made_up} of {int((~well_posed).sum())} answered where every solver answers "
+                     "NaN (README 'Accuracy')")
+    return "; ".join(parts)
 
 
 def _timed_predictions(solver, batch, cell: Cell, started=None) -> tuple[torch.Tensor, float]:

@@ -190,15 +190,21 @@ def failure_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 def no_answer_notes(table: pd.DataFrame) -> list[str]:
     """One line per solver with "ok" cells in which it answered no prompt (the runner's message
-    "no finite prediction ..."): their MSE is NaN, and a NaN must come with its reason."""
-    from icl_bench.bench.runner import NO_ANSWER
+    "no finite prediction ..."): their MSE is NaN, and a NaN must come with its reason. Then one
+    line per solver with "ok" cells in which it answered ill-posed prompts (ILL_ANSWERED), which
+    every solver answers NaN: those answers are not scored, and the contract break is named."""
+    from icl_bench.bench.runner import ILL_ANSWERED, NO_ANSWER
 
     cell = [*KEYS, "seed"]  # a cell repeated by two run folders (or in two seeds' runs) is one cell each
-    rows = table[(table["status"] == "ok") & table["message"].fillna("").str.startswith(NO_ANSWER)]
+    ok, message = table["status"] == "ok", table["message"].fillna("")
     label = "series" if "series" in table else "solver"  # (load_runs' tables have the series label)
-    return [f"{name}: {NO_ANSWER} (NaN / inf on every well-posed prompt) in {len(g.drop_duplicates(cell))} of "
-            f"{len(table[table[label] == name].drop_duplicates(cell))} cells; its MSE there is NaN"
-            for name, g in rows.groupby(label, sort=False)]
+    n_cells = lambda name: len(table[table[label] == name].drop_duplicates(cell))  # noqa: E731
+    rows = table[ok & message.str.startswith(NO_ANSWER)]
+    out = [f"{name}: {NO_ANSWER} (NaN / inf on every well-posed prompt) in {len(g.drop_duplicates(cell))} of "
+           f"{n_cells(name)} cells; its MSE there is NaN" for name, g in rows.groupby(label, sort=False)]
+    rows = table[ok & message.str.contains(ILL_ANSWERED, regex=False)]
+    return out + [f"{name}: {ILL_ANSWERED} in {len(g.drop_duplicates(cell))} of {n_cells(name)} cells (every solver "
+                  "answers NaN there; those answers are not scored)" for name, g in rows.groupby(label, sort=False)]
 
 
 def sparsity(table: pd.DataFrame) -> pd.DataFrame:

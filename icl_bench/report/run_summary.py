@@ -14,7 +14,7 @@ import sys
 
 import pandas as pd
 
-from icl_bench.bench.runner import NO_ANSWER, NO_PROMPT
+from icl_bench.bench.runner import ILL_ANSWERED, NO_ANSWER, NO_PROMPT
 from icl_bench.report import aggregate as report
 from icl_bench.report.coverage import varied_axes
 
@@ -60,7 +60,8 @@ def console_summary(table: pd.DataFrame) -> str:
 def cell_warnings(table: pd.DataFrame) -> None:
     """After the summary, print to stderr a line for each kind of cell that is not a plain
     success: cells with no well-posed prompt (once per reason), skipped plugins that failed to
-    import (once per solver), cells whose solver answered no prompt, the first five errors."""
+    import (once per solver), cells whose solver answered no prompt, cells whose solver answered
+    ill-posed prompts (once per series), the first five errors."""
     empty = table[(table.status == "skipped") & table.message.str.startswith(NO_PROMPT)]
     for message, rows in empty.groupby("message"):
         print(f"icl-bench: WARNING: {len(rows)} cells skipped: {message}", file=sys.stderr)
@@ -73,6 +74,11 @@ def cell_warnings(table: pd.DataFrame) -> None:
         ran = int(((table.series == series) & (table.status != "skipped")).sum())  # skipped cells did not answer
         print(f"icl-bench: WARNING: {series}: {NO_ANSWER} in {len(rows)} of the {ran} cells it ran "
               f"(e.g. N={rows.N.iloc[0]} R={rows.R.iloc[0]} {rows.dtype.iloc[0]}: {rows.message.iloc[0]})", file=sys.stderr)
+    made_up = table[(table.status == "ok") & table.message.str.contains(ILL_ANSWERED, regex=False)]
+    for series, rows in made_up.groupby("series"):
+        print(f"icl-bench: WARNING: {series}: {ILL_ANSWERED} in {len(rows)} cells (e.g. N={rows.N.iloc[0]} "
+              f"R={rows.R.iloc[0]} {rows.dtype.iloc[0]}: {rows.message.iloc[0]}); a solver answers NaN there "
+              "(icl_bench.solvers.base.nan_if_ill_posed)", file=sys.stderr)
     errors = table[table.status == "error"]
     for _, r in errors.head(5).iterrows():
         print(f"error: {r['solver']} {r['solver_params']} N={r['N']} R={r['R']} {r['dtype']} {r['device']}: {r['message']}",

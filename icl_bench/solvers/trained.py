@@ -27,6 +27,7 @@ import torch
 from icl_bench import resources
 from icl_bench.errors import ConfigError
 from icl_bench.solvers.checkpoint import load_checkpoint
+from icl_bench.solvers.multivariate import check_regressors
 from icl_bench.prompts.generator import PromptBatch
 from icl_bench.solvers.registry import register_solver
 from icl_bench.solvers.base import Param, SkipCell, Solver, nan_if_ill_posed, r_lost
@@ -191,10 +192,14 @@ class TrainedSolver(Solver):
         return [p for p in files if p.is_file()]
 
     def check_batch(self, batch: PromptBatch) -> None:
+        check_regressors(self, batch)
         self.checkpoint_for(batch.R, batch.N)
 
     def model_for(self, batch: PromptBatch) -> Transformer:
-        """The checkpoint's model in the batch's dtype and device (cached)."""
+        """The checkpoint's model in the batch's dtype and device (cached).
+        Raises SkipCell: d > 1 regressors (the checkpoints read one x; a direct predict() call
+        raised torch's shape error) or no checkpoint for the batch's R and N."""
+        check_regressors(self, batch)
         path = self.checkpoint_for(batch.R, batch.N)
         key = (str(path), batch.dtype, str(batch.device))
         if key not in self._cache:
