@@ -2,6 +2,7 @@
 completes with exactly the numbers it has in a run without the misbehaving solver."""
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
@@ -51,7 +52,7 @@ BAD = {
     "bad-exit": (_solver("predict", lambda s, b: sys.exit(3)), "SystemExit: 3"),
     "bad-mutates": (_solver("predict", _mutate), "predict modified the prompt batch in place (y)"),
     "bad-check": (_solver("check_batch", lambda s, b: {}["missing"]), "KeyError: 'missing'"),
-    "bad-weights": (_solver("weights", lambda s: {"w": "not a tensor"}), "AttributeError"),
+    "bad-weights": (_solver("weights", lambda s: {"w": "not a tensor"}), "TypeError: weights()['w'] is a str"),
     "bad-init": (_solver("__init__", _raise_in_init), "RuntimeError: cannot build"),
     # BaseExceptions that are neither SystemExit nor KeyboardInterrupt crashed the run (a traceback, no table)
     "bad-genexit": (_solver("predict", _raise(GeneratorExit("x"))), "GeneratorExit: x"),
@@ -196,3 +197,33 @@ def test_a_finite_answer_on_an_ill_posed_prompt_is_named(tmp_path, capsys):
     headline = (tmp_path / "pub" / "headline.md").read_text()
     assert (f"Warning: zero-ill: {ILL_ANSWERED} in 1 of 1 cells (every solver answers NaN there; those answers are "
             "not scored).") in headline and "Warning: zero-kept" not in headline, headline
+
+
+@pytest.mark.parametrize("weights, expected", [
+    ([1.0, 0.0], "TypeError: weights() returned list; expected a dict of name -> torch.Tensor, or None"),
+    (torch.ones(3), "TypeError: weights() returned Tensor; expected a dict of name -> torch.Tensor, or None"),
+    ({"w": [1.0]}, "TypeError: weights()['w'] is a list; expected a floating-point torch.Tensor"),
+    ({"w": torch.tensor([1, 0])}, "TypeError: weights()['w'] is a torch.int64 tensor; expected a floating-point torch.Tensor"),
+])
+def test_a_bad_weights_return_is_named(weights, expected):
+    """weights() returning a list or a bare tensor failed inside torch ("'list' object has no
+    attribute 'detach'", "Boolean value of Tensor ... is ambiguous"); the error row now says what
+    the contract expects."""
+    register_solver("bad-weights")(type("BadWeights", (Solver,), {
+        "__doc__": "OLS with odd weights.", "params": {},
+        "predict": lambda s, b: b.ols_prediction.to(b.dtype), "weights": lambda s: weights}))
+    try:
+        table = run_matrix(parse_config({**RAW, "solvers": {"bad-weights": {}}}), progress=False)
+    finally:
+        registry.REGISTRY.unregister("bad-weights")
+    assert (table.status == "error").all()
+    assert table.message.str.startswith(expected).all(), table.message.iloc[0]
+
+
+def test_non_finite_weights_have_no_sparsity():
+    """A NaN weight made every comparison False: weight_sparsity read 0.0 (a review)."""
+    from icl_bench.solvers.sparsity import weight_sparsity
+
+    assert math.isnan(weight_sparsity({"a": torch.tensor([1.0, 0.0]), "b": torch.tensor([float("nan"), 1.0])}))
+    assert math.isnan(weight_sparsity({"a": torch.tensor([float("inf"), 0.0])}))
+    assert weight_sparsity({"a": torch.tensor([1.0, 0.0])}) == 0.5

@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
+from icl_bench.solvers.sparsity import check_weights, weight_l1, weight_sparsity
 from icl_bench.startup import Terminated, sigint_recorded, sigterm_seen, torch_threads
 from icl_bench.bench import hostload, schema, store
 from icl_bench.bench.cache import CellCache, cache_key
@@ -152,7 +152,7 @@ def run_cell(cell: Cell, timing_slot=None) -> dict:
         row.update(prediction_metrics(pred, batch))
         row["message"] = no_answer_message(pred, batch)
         row["prompts_per_s"] = batch.B / seconds if seconds > 0 else math.inf
-        w = solver.weights()
+        w = check_weights(solver.weights())
         row["weight_sparsity"], row["weight_l1"] = weight_sparsity(w), weight_l1(w)
     except SkipCell as exc:
         row.update(status="skipped", message=cell_message(exc))

@@ -14,11 +14,28 @@ import torch
 SPARSITY_REL_THRESHOLD = 1e-3  # |w| < 1e-3 * max|w| counts as zero
 
 
+def check_weights(weights) -> dict[str, torch.Tensor] | None:
+    """`weights` as Solver.weights() promises it: None, or a dict of name -> floating-point tensor.
+    Raises TypeError naming what came instead (a list or a bare tensor failed deep in torch.cat)."""
+    if weights is None:
+        return None
+    if not isinstance(weights, dict):
+        raise TypeError(f"weights() returned {type(weights).__name__}; expected a dict of name -> torch.Tensor, or None")
+    for name, w in weights.items():
+        if not isinstance(w, torch.Tensor) or not (w.is_floating_point() or w.is_complex()):
+            got = f"{w.dtype} tensor" if isinstance(w, torch.Tensor) else type(w).__name__
+            raise TypeError(f"weights()[{name!r}] is a {got}; expected a floating-point torch.Tensor")
+    return weights
+
+
 def weight_sparsity(weights: dict[str, torch.Tensor] | None, rel: float = SPARSITY_REL_THRESHOLD) -> float:
-    """Fraction of all weight entries with |w| < rel * max|w| (max over every tensor); NaN if None."""
+    """Fraction of all weight entries with |w| < rel * max|w| (max over every tensor); NaN if None
+    or if any entry is NaN / inf (no threshold is defined: every comparison with NaN was False)."""
     if not weights:
         return math.nan
     flat = torch.cat([w.detach().reshape(-1).abs().double().cpu() for w in weights.values()])
+    if flat.numel() == 0 or not bool(torch.isfinite(flat).all()):
+        return math.nan
     return float((flat < rel * flat.max()).double().mean())
 
 
