@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 
@@ -79,6 +80,8 @@ def test_zero_spread_gives_nan_reference():
 @pytest.mark.parametrize("kwargs, field", [
     (dict(N=1), "N"), (dict(N=3.0), "N"), (dict(noise=-0.1), "noise"), (dict(R=0.0), "R"),
     (dict(R=float("inf")), "R"), (dict(noise=float("nan")), "noise"),
+    (dict(noise="0.1"), "noise"), (dict(R="100"), "R"), (dict(noise=True), "noise"), (dict(N=True), "N"),
+    (dict(x={"dist": "normal", "loc": 0.0, "scale": 1.0}), "x"), (dict(slope=("normal", 0, 1)), "slope"),
 ])
 def test_bad_spec_names_field(kwargs, field):
     with pytest.raises(ValueError, match=f"^{field}:"):
@@ -96,3 +99,42 @@ def test_bad_make_batch_inputs():
         sample_prompts(PromptSpec(), 2, seed=0, dtype="float16")
     with pytest.raises(ValueError, match="^dist:"):
         Dist("cauchy")
+
+
+def test_numpy_and_tensor_scalars_are_numbers_and_bad_api_arguments_name_their_field():
+    """np.int64(10) read "N: must be an integer >= 2 (got np.int64(10))"; a float seed was truncated
+    silently, 2**70 overflowed inside torch, "cuda" without a GPU was torch's AssertionError, a
+    y_query of the wrong length failed later in the metrics (a review of the Python API)."""
+    import numpy as np
+
+    spec = PromptSpec(N=np.int64(10), R=torch.tensor(100.0), noise=np.float32(0.5))
+    assert (type(spec.N), spec.N, spec.R, spec.noise) == (int, 10, 100.0, 0.5)
+    assert spec == PromptSpec(N=10, R=100.0, noise=0.5) and hash(spec) == hash(PromptSpec(N=10, R=100.0, noise=0.5))
+    same = sample_prompts(spec, np.int64(4), seed=np.int64(3))
+    assert torch.equal(same.x, sample_prompts(PromptSpec(N=10, R=100.0, noise=0.5), 4, seed=3).x)
+    for seed, message in ((1.5, "seed: must be an integer >= 0"), (-1, "seed: must be an integer >= 0"),
+                          (2**70, "seed: must be an integer in [0, 2**64)")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            sample_prompts(PromptSpec(), 2, seed=seed)
+    with pytest.raises(ValueError, match="^device: 'meta'; accepted: cpu, cuda, cuda:N"):
+        sample_prompts(PromptSpec(), 2, seed=0, device="meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"^device: 'cuda' is not available on this machine"):
+            make_batch([[1.0, 2.0]], [[1.0, 2.0]], 0.0, R=1.0, device="cuda")
+    with pytest.raises(ValueError, match=re.escape("y_query: must have shape (2,) or be a scalar (got (3,))")):
+        make_batch([[1.0, 2.0]] * 2, [[1.0, 2.0]] * 2, 0.0, R=1.0, y_query=[1.0, 2.0, 3.0])
+    assert make_batch([[1.0, 2.0]] * 2, [[1.0, 2.0]] * 2, 0.0, R=1.0, y_query=7.0).y_query.tolist() == [7.0, 7.0]
+    with pytest.raises(ValueError, match="^R: must be a real number"):
+        make_batch([[1.0, 2.0]], [[1.0, 2.0]], 0.0, R="1")
+
+
+def test_run_matrix_and_load_config_name_what_they_take():
+    from icl_bench.bench.config import load_config
+    from icl_bench.bench.runner import run_matrix
+    from icl_bench.errors import ConfigError
+
+    with pytest.raises(TypeError, match=r"^config: run_matrix takes a MatrixConfig \(got dict\); build one with"):
+        run_matrix({"grid": {"N": [4]}})
+    assert load_config("default").grid.N == load_config("default.toml").grid.N  # a packaged name, as --config takes
+    with pytest.raises(ConfigError, match="^config: no such file 'nope'; packaged configs: default"):
+        load_config("nope")

@@ -264,13 +264,18 @@ def parse_config(raw: dict, *, base_dir: Path | None = None) -> MatrixConfig:
     return cfg.model_copy(update=updates) if updates else cfg
 
 
-def load_config(path: str | Path) -> MatrixConfig:
-    """Read and validate a TOML matrix config.
+def load_config(path: str | Path, key: str = "config") -> MatrixConfig:
+    """Read and validate a TOML matrix config: a path, or a packaged config's name ("default",
+    "ood"; icl_bench/configs). `key` names the argument in errors (the CLI passes "--config").
 
     Raises:
-        ConfigError: a missing / unreadable / non-UTF-8 / invalid TOML file, or any parse_config error.
+        ConfigError: neither a file nor a packaged name, an unreadable / non-UTF-8 / invalid TOML
+            file, or any parse_config error.
     """
-    return parse_config(read_toml(path), base_dir=Path(path).parent)
+    from icl_bench.resources import config_path
+
+    path = config_path(path, key)
+    return parse_config(read_toml(path, key), base_dir=Path(path).parent)
 
 
 def parse_recorded(doc: dict) -> MatrixConfig:

@@ -227,6 +227,9 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
             or is being written by another icl-bench process; the Dask scheduler cannot be
             reached or dask is not installed. Nothing is written to `out` then.
     """
+    if not isinstance(config, MatrixConfig):  # a dict failed with "'dict' object has no attribute 'solvers'"
+        raise TypeError(f"config: run_matrix takes a MatrixConfig (got {type(config).__name__}); build one with "
+                        "icl_bench.bench.config.parse_config(dict) or load_config(path or packaged name)")
     for flag, path in (("--out", out), ("--cache", cache)):  # not "a link to ..., which does not exist"
         if path is not None and str(path).strip():
             refuse_link_loop(path, flag)

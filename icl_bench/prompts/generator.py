@@ -23,6 +23,7 @@ least-squares answer for the data the solver sees.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field, fields, replace
 
 import torch
@@ -71,12 +72,57 @@ class PromptSpec:
     intercept: Dist = field(default_factory=Dist)  # distribution of a
 
     def __post_init__(self):
-        if isinstance(self.N, bool) or not isinstance(self.N, int) or self.N < 2:
-            raise ValueError(f"N: must be an integer >= 2 (got {self.N!r})")
+        object.__setattr__(self, "N", _integer("N", self.N, 2))  # (numpy integers become int: the spec keys caches)
+        object.__setattr__(self, "noise", _real("noise", self.noise))
+        object.__setattr__(self, "R", _real("R", self.R))
         if not math.isfinite(self.noise) or self.noise < 0:
             raise ValueError(f"noise: must be finite and >= 0 (got {self.noise!r})")
         if not math.isfinite(self.R) or self.R <= 0:
             raise ValueError(f"R: must be finite and > 0 (got {self.R!r})")
+        for name in ("x", "slope", "intercept"):
+            if not isinstance(getattr(self, name), Dist):  # a dict or a tuple failed later, in sample()
+                raise ValueError(f"{name}: must be an icl_bench.Dist, e.g. Dist('normal', 0.0, 1.0) "
+                                 f"(got {type(getattr(self, name)).__name__})")
+
+
+def _integer(name: str, value, low: int) -> int:
+    """`value` as an int >= low (Python or numpy integers; not bool). Raises ValueError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name}: must be an integer >= {low} (got {value!r})")
+    return int(value)
+
+
+def _real(name: str, value) -> float:
+    """`value` as a float (Python or numpy reals, a one-element tensor; not bool or str). Raises ValueError."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name}: must be a real number (got {type(value).__name__} {value!r})")
+    return float(value)
+
+
+def seeded(seed) -> torch.Generator:
+    """The CPU generator every prompt draw starts from, seeded with `seed`.
+    Raises ValueError: `seed` is not an integer in [0, 2**64) (a float was truncated silently,
+    1.5 -> 1, and 2**70 was torch's "Overflow when unpacking long long")."""
+    seed = _integer("seed", seed, 0)
+    if seed >= 2**64:
+        raise ValueError(f"seed: must be an integer in [0, 2**64) (got {seed})")
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def _check_device(device) -> torch.device:
+    """`device` as a torch.device that can hold a batch. Raises ValueError naming "device"."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device: {device!r} is not a torch device ({exc}); accepted: cpu, cuda, cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} is not available on this machine (torch.cuda.is_available() is False); "
+                         "accepted here: cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: {device!r}; accepted: cpu, cuda, cuda:N")
+    return dev
 
 
 @dataclass(frozen=True)
@@ -183,11 +229,12 @@ def sample_prompts(spec: PromptSpec, n_prompts: int, *, seed: int, dtype="float3
     Returns:
         PromptBatch with B = n_prompts.
     Raises:
-        ValueError: n_prompts < 1 or an unknown dtype.
+        ValueError: n_prompts < 1, a seed that is not an integer in [0, 2**64), an unknown dtype,
+            or a device that is not cpu / an available cuda device.
     """
-    if isinstance(n_prompts, bool) or not isinstance(n_prompts, int) or n_prompts < 1:
-        raise ValueError(f"n_prompts: must be an integer >= 1 (got {n_prompts!r})")
-    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    n_prompts = _integer("n_prompts", n_prompts, 1)
+    _check_device(device)
+    gen = seeded(seed)
     B, N = n_prompts, spec.N
     slope = spec.slope.sample((B,), gen)  # (B,)
     intercept = spec.intercept.sample((B,), gen)  # (B,)
@@ -208,12 +255,14 @@ def make_batch(x, y, x_query, *, R: float, dtype="float64", device="cpu", y_quer
         x_query: query inputs, shape (B,) or a scalar.
         R: the embedding constant (> 0, finite).
         dtype, device: as in `sample_prompts`.
-        y_query: optional observed query targets (B,); NaN if not given.
+        y_query: optional observed query targets (B,) or a scalar; NaN if not given.
     Returns:
         PromptBatch; y_query_clean, slope and intercept are NaN (no known truth).
     Raises:
-        ValueError: shapes that do not match, N < 2, or a bad R / dtype.
+        ValueError: shapes that do not match, N < 2, or a bad R / dtype / device.
     """
+    R = _real("R", R)
+    _check_device(device)
     x = torch.as_tensor(x, dtype=torch.float64).cpu()
     y = torch.as_tensor(y, dtype=torch.float64).cpu()
     u = torch.as_tensor(x_query, dtype=torch.float64).cpu()
@@ -229,6 +278,9 @@ def make_batch(x, y, x_query, *, R: float, dtype="float64", device="cpu", y_quer
     if not math.isfinite(R) or R <= 0:
         raise ValueError(f"R: must be finite and > 0 (got {R!r})")
     nan = torch.full_like(u, float("nan"))
-    yq = nan if y_query is None else torch.as_tensor(y_query, dtype=torch.float64).reshape(-1).cpu()
+    yq = nan if y_query is None else torch.as_tensor(y_query, dtype=torch.float64).cpu()
+    yq = yq.reshape(-1) if yq.ndim else yq.expand(x.shape[0])
+    if yq.shape != (x.shape[0],):  # a wrong length failed later, in the metrics (a review)
+        raise ValueError(f"y_query: must have shape ({x.shape[0]},) or be a scalar (got {tuple(yq.shape)})")
     return _assemble(x, y, u, yq, nan, nan, nan, R=R, dtype=dtype, device=device)
 

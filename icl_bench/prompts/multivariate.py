@@ -27,7 +27,7 @@ import math
 import torch
 
 from icl_bench.prompts.ols_mv import ols_predict_mv
-from icl_bench.prompts.generator import PromptBatch, PromptSpec, make_batch, resolve_dtype, sample_prompts
+from icl_bench.prompts.generator import PromptBatch, PromptSpec, make_batch, resolve_dtype, sample_prompts, seeded
 
 MAX_D = 64  # regressors; a bigger d is refused (d_model = d + 3 and d + 1 layers grow with it)
 
@@ -87,7 +87,7 @@ def sample_prompts_mv(spec: PromptSpec, n_prompts: int, *, d: int = 1, x_corr: f
         return sample_prompts(spec, n_prompts, seed=seed, dtype=dtype, device=device)
     if isinstance(n_prompts, bool) or not isinstance(n_prompts, int) or n_prompts < 1:
         raise ValueError(f"n_prompts: must be an integer >= 1 (got {n_prompts!r})")
-    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    gen = seeded(seed)
     B, N = n_prompts, spec.N
     slope = spec.slope.sample((B, d), gen)  # (B, d)
     intercept = spec.intercept.sample((B,), gen)  # (B,)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from icl_bench.errors import ConfigError
-from icl_bench.prompts.generator import PromptBatch, make_tokens
+from icl_bench.prompts.generator import PromptBatch, make_tokens, seeded
 from icl_bench.prompts.ols import ols_predict
 
 KINDS = ("none", "x-shift", "x-scale", "student-t", "outliers")
@@ -78,7 +78,7 @@ def apply_ood(batch: PromptBatch, value: str, *, seed: int) -> PromptBatch:
     x, y, u = batch.x.double().cpu(), batch.y.double().cpu(), batch.x_query.double().cpu()  # (B,N),(B,N),(B,)
     yq, yc = batch.y_query.double().cpu(), batch.y_query_clean.double().cpu()
     a, b = batch.intercept.double().cpu(), batch.slope.double().cpu()
-    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    gen = seeded(seed)
     if kind == "x-shift":
         x, u = x + p, u + p
     elif kind == "x-scale":
