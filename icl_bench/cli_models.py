@@ -92,8 +92,15 @@ def cmd_train(args) -> int:
     doc = read_toml(path)
     resources.check_kind(doc, args.config, "train")
     labelled = load_runs(path, args.run, labelled=True)
-    cfgs = [TrainConfig.from_dict(d, where=where) for where, d in labelled]  # every run, before hours of training
-    lr_at = {c.name: _lr_field(doc, where) for c, (where, _) in zip(cfgs, labelled)}
+    cfgs = []
+    for where, d in labelled:  # every run, before hours of training
+        try:
+            cfgs.append(TrainConfig.from_dict(d, where=where))
+        except ConfigError as exc:  # a key [defaults] set is named there, not in the run's table (a review)
+            field = str(exc).removeprefix(f"{where}.").split(":")[0].split(".")[0]
+            at = _field_at(doc, where, field)
+            raise (ConfigError(at + str(exc)[len(f"{where}.{field}"):]) if at != f"{where}.{field}" else exc) from None
+    lr_at = {c.name: _field_at(doc, where, "lr") for c, (where, _) in zip(cfgs, labelled)}
     cfgs = [c.model_copy(update={"progress": c.progress and not args.no_progress}) for c in cfgs]
     if args.steps is not None:  # a quick check of a packaged config: fewer steps, same recipe
         cfgs = [c.model_copy(update={"steps": args.steps, "eval_every": min(c.eval_every, args.steps)}) for c in cfgs]
@@ -132,14 +139,16 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _lr_field(doc: dict, where: str) -> str:
-    """The key that sets a run's lr, for a divergence message: `<where>.lr` ("train" for a flat
-    config, "runs.NAME"), or `defaults.lr` when the run's table leaves it to [defaults] (a review)."""
+def _field_at(doc: dict, where: str, field: str) -> str:
+    """The key that sets a run's `field`, for an error or a divergence message: `<where>.<field>`
+    ("train" for a flat config, "runs.NAME"), or `defaults.<field> (run NAME)` when the run's table
+    leaves it to [defaults] (a review)."""
     name = where.removeprefix("runs.")
     table = doc["runs"].get(name) if where.startswith("runs.") and isinstance(doc.get("runs"), dict) else None
-    if isinstance(table, dict) and "lr" not in table and "lr" in (doc.get("defaults") or {}):
-        return f"defaults.lr (run {name})"
-    return f"{where}.lr"
+    defaults = doc.get("defaults") if isinstance(doc.get("defaults"), dict) else {}
+    if isinstance(table, dict) and field not in table and field in defaults:
+        return f"defaults.{field} (run {name})"
+    return f"{where}.{field}"
 
 
 def _rest_command(argv: list[str] | None, names: list[str]) -> str:

@@ -163,7 +163,7 @@ def choice(options: Iterable[str], what: str = "value") -> Callable[[Any], str]:
 
     def check(v: Any) -> str:
         if v not in options:
-            raise problem(f"unknown {what} {v!r}; accepted: {', '.join(options)}")
+            raise problem(f"unknown {what} {v!r}; accepted: {', '.join(o if o else repr(o) for o in options)}")
         return v
     return check
 

@@ -130,6 +130,23 @@ def test_a_run_diverged_by_its_l1_says_so_and_names_the_flat_configs_table(tmp_p
     assert not (tmp_path / "a").exists()
 
 
+@pytest.mark.parametrize("defaults, run, expected", [
+    ("lrr = 0.1", "", "defaults.lrr (run a): unknown key; accepted: name, solver,"),
+    ("noise = -0.1", "", "defaults.noise (run a): must be finite and >= 0 (got -0.1)"),
+    ("noise = 0.1", "noise = -0.1", "runs.a.noise: must be finite and >= 0 (got -0.1)"),  # the run's own key
+    ("", 'solver = "trained-foo"', "runs.a.solver: unknown value 'trained-foo'; accepted: '', trained-l1, "),
+])
+def test_a_bad_value_is_named_where_it_was_set(tmp_path, capsys, defaults, run, expected):
+    """A bad key in [defaults] was reported as `runs.a.<key>`, a key [runs.a] does not have, and the
+    solver's accepted values began with an empty item (", trained-l1"; a review)."""
+    path = tmp_path / "t.toml"
+    path.write_text(f"[defaults]\nsteps = 3\n{defaults}\n[runs.a]\n{run}\n")
+    assert main(["--config", str(path), "--out", str(tmp_path / "m"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"icl-bench: error: {expected}") and err.count("\n") == 1, err
+    assert not (tmp_path / "m").exists()
+
+
 def test_a_run_selected_twice_trains_once(tmp_path, capsys):
     """`--run a --run a` trained a twice, the second overwriting the first's checkpoint."""
     path = tmp_path / "t.toml"

@@ -47,7 +47,10 @@ def main() -> None:
              "fresh prompts per N (noise 0.1); wall time and steps/s were measured on a shared 2-core machine; commit: "
              "the git commit it was trained at (`-dirty`: with uncommitted edits in the checkout). trained-l1-R10 and "
              "-R1000 are derived from the R = 100 run (its embedding's R column rescaled): their held-out MSE, steps, wall "
-             "time, steps/s and commit are that run's; rel, sparsity and Σ\\|w\\| are their own.", "",
+             "time, steps/s and commit are that run's; rel, sparsity and Σ\\|w\\| are their own. trained-l1-noaug was "
+             "trained and shipped as trained-l1 and renamed when the current trained-l1 replaced it (commit 24ee264): the "
+             "`train_config` in its JSON keeps the solver and name it was trained under (`trained-l1`, `trained-l1-R10` "
+             "...); retrain it with `--run trained-l1-noaug-R10` etc., whose [runs] tables name the new solver.", "",
              row(head), row(["---"] * len(head))]
     for path in sorted(models.glob("*.json")):
         meta = json.loads(path.read_text())
