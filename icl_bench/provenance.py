@@ -59,9 +59,13 @@ def git_commit(root: str | Path | None = None, ignore: tuple = ()) -> str:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return "unknown"
-        skip = [f":(exclude){Path(p).resolve()}" for p in ignore]
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *skip], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        inside = [q for q in (Path(p).resolve() for p in ignore) if top and q.is_relative_to(Path(top).resolve())]
+        skip = [f":(top,exclude){q.relative_to(Path(top).resolve())}" for q in inside]  # (git refuses a path outside)
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":/", *skip], cwd=root,
+                                capture_output=True, text=True, timeout=10)
+        dirty = status.returncode != 0 or bool(status.stdout.strip())  # (a status that failed: not called clean)
         return head.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"

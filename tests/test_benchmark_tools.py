@@ -88,6 +88,8 @@ def test_git_commit_ignores_the_runs_own_output(tmp_path):
     git("init", "-q")
     (tmp_path / "out.json").write_text("{}")
     (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "mod.py").write_text("y = 1\n")
     git("add", ".")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
     (tmp_path / "out.json").write_text("")
@@ -95,3 +97,7 @@ def test_git_commit_ignores_the_runs_own_output(tmp_path):
     assert not git_commit(tmp_path, ignore=(tmp_path / "out.json",)).endswith("-dirty")
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_commit(tmp_path, ignore=(tmp_path / "out.json",)).endswith("-dirty")
+    assert git_commit(tmp_path / "pkg", ignore=(tmp_path / "out.json",)).endswith("-dirty")  # the whole checkout
+    assert git_commit(tmp_path, ignore=(tmp_path.parent / "elsewhere",)).endswith("-dirty")  # (git refuses a path
+    (tmp_path / "code.py").write_text("x = 1\n")  # outside the checkout: it must not read as clean)
+    assert not git_commit(tmp_path / "pkg", ignore=(tmp_path / "out.json", tmp_path.parent / "elsewhere")).endswith("-dirty")

@@ -167,3 +167,15 @@ def test_replace_false_keeps_a_pair_that_is_there(tmp_path):
     with pytest.raises(FileExistsError):
         save_checkpoint(_model(d_model=4), tmp_path / "m", {"R": 100.0}, replace=False)
     assert save_checkpoint(_model(), tmp_path / "n", {}, replace=False) == tmp_path / "n"  # a free name: saved
+
+
+def test_a_checkpoints_commit_ignores_its_own_folder(tmp_path, monkeypatch):
+    """A sweep writing over the tracked results/l1_sweep_models read "-dirty" from its second run
+    on: its own outputs counted as uncommitted code (a review). The folder is left out of the check."""
+    from icl_bench import provenance
+
+    seen = []
+    monkeypatch.setattr(provenance, "git_commit", lambda root=None, ignore=(): seen.append(ignore) or "abc")
+    stem = save_checkpoint(_model(), tmp_path / "models" / "m", {})
+    assert seen == [(stem.parent,)] and stem.parent == tmp_path / "models"
+    assert json.loads(Path(f"{stem}.json").read_text())["git_commit"] == "abc"

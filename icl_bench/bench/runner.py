@@ -305,7 +305,7 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
             bar.close()
             table = schema.table([rows[key] for key in keys])
             if cells_db is not None:
-                meta = run_metadata(config, started=started, table=table)
+                meta = run_metadata(config, started=started, table=table, out=out)
                 meta["n_cells_reused"] = reused  # cells taken from an earlier run (--resume) or the cell cache
                 meta["executor"] = ex.describe(threads=config.timing.threads)
                 meta["command"] = session["command"]  # of this session (a resumed run: the resume)
@@ -374,18 +374,20 @@ def _origin(name: str) -> str:
     return REGISTRY.origin(name) or "not loadable in the driver"
 
 
-def run_metadata(config, *, started: str, table) -> dict:
+def run_metadata(config, *, started: str, table, out=None) -> dict:
     """The metadata.json content of one run of `config` (a MatrixConfig) that produced `table`:
     config, seed, package versions, where each solver came from (`solvers`: "built-in (module)" or
     "plugin module:Class (distribution version)", so a plugin's version is on record), device, git
-    commit, start / end time, status counts (the runner adds the executor, the command and `sessions`: every session that ran in the folder)."""
+    commit ("-dirty" from changes outside the run folder `out`, whose files are the run's own),
+    start / end time, status counts (the runner adds the executor, the command and `sessions`:
+    every session that ran in the folder)."""
     return {
         "config": config.to_dict(),
         "seed": config.seed,
         "packages": provenance.package_versions(),
         "solvers": {s: _origin(s) for s in sorted(table["solver"].unique())},
         "device": provenance.device_info(),
-        "git_commit": provenance.git_commit(),
+        "git_commit": provenance.git_commit(ignore=(out,) if out is not None else ()),
         "started_at": started,
         "finished_at": datetime.now(timezone.utc).isoformat(),
         "n_cells": int(len(table)),

@@ -84,7 +84,8 @@ def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None
     stem = stem_of(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    doc = {"git_commit": provenance.git_commit(), **(meta or {})}
+    doc = {"git_commit": provenance.git_commit(ignore=(stem.parent,)), **(meta or {})}  # (its own folder's
+    # files are outputs: a sweep rewriting results/l1_sweep_models read "-dirty" from its second run on)
     doc.update(format=FORMAT, version=VERSION, model_config=model.cfg.to_dict(),
                created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     text = dumps(doc, indent=2, sort_keys=True)
