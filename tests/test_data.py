@@ -245,18 +245,24 @@ def _folder(out) -> dict:
     return {f.name: f.read_bytes() for f in sorted(out.iterdir())}
 
 
-@pytest.mark.parametrize("old_folder", [False, True])
-def test_resume_after_the_csv_was_edited_is_refused_and_changes_nothing(tmp_path, capsys, old_folder):
-    """--resume on edited --data bytes recomputed every cell and silently replaced the table; now
-    one line naming the file, nothing in the folder touched. old_folder: a run folder written
-    before config.json kept the digest (the one in its results table is used)."""
-    path, out = tmp_path / "mut.csv", tmp_path / "o"
+def _small_csv_run(tmp_path, name: str):
+    """(CSV path, run folder, argv) of a finished one-cell `ols` run on a 40-row CSV."""
+    path, out = tmp_path / name, tmp_path / "o"
     _noisy_line(path, rows=40)
     cfg = tmp_path / "c.toml"
     cfg.write_text(tomli_w.dumps({"n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1}, "grid": {"N": [4]},
                                   "solvers": {"ols": {}}}))
     argv = ["run", "--config", str(cfg), "--data", str(path), "--x", "x", "--y", "y", "--out", str(out), "--no-progress"]
     assert main(argv) == 0
+    return path, out, argv
+
+
+@pytest.mark.parametrize("old_folder", [False, True])
+def test_resume_after_the_csv_was_edited_is_refused_and_changes_nothing(tmp_path, capsys, old_folder):
+    """--resume on edited --data bytes recomputed every cell and silently replaced the table; now
+    one line naming the file, nothing in the folder touched. old_folder: a run folder written
+    before config.json kept the digest (the one in its results table is used)."""
+    path, out, argv = _small_csv_run(tmp_path, "mut.csv")
     if old_folder:
         saved = json.loads((out / "config.json").read_text())
         del saved["data_sha256"]
@@ -279,13 +285,7 @@ def test_a_csv_run_records_no_generator_settings_and_resumes_an_older_record(tmp
     """config.json and metadata.json of a CSV run recorded [prompts] (standard normal x, slope and
     intercept) and grid.noise = [0.1], defaults that described prompts never drawn. They are left
     out now; a folder whose config.json still has them resumes (with or without --config)."""
-    path, out = tmp_path / "d.csv", tmp_path / "o"
-    _noisy_line(path, rows=40)
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(tomli_w.dumps({"n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1}, "grid": {"N": [4]},
-                                  "solvers": {"ols": {}}}))
-    argv = ["run", "--config", str(cfg), "--data", str(path), "--x", "x", "--y", "y", "--out", str(out), "--no-progress"]
-    assert main(argv) == 0
+    path, out, argv = _small_csv_run(tmp_path, "d.csv")
     for doc in (json.loads((out / "config.json").read_text()), json.loads((out / "metadata.json").read_text())["config"]):
         assert "prompts" not in doc and "noise" not in doc["grid"] and doc["data"]["x"] == "x", doc
     saved = json.loads((out / "config.json").read_text())
