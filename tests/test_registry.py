@@ -293,3 +293,16 @@ def test_run_warns_of_a_shadowed_plugin_name_before_the_config_is_refused(tmp_pa
     assert err == ["WARNING: plugin zzz_mean:MeanY (zzz-plugin) declares 'warn-clash', already declared by "
                    "aaa_shadow:Shadow: ignored",
                    "icl-bench: error: solvers.warn-clash.shift: unknown parameter; accepted: (none)"], err
+
+
+def test_a_built_in_loads_again_after_a_reset():
+    """After REGISTRY.reset() (tests, notebooks) `gd-lsa` was "unknown name 'gd-lsa'; known: ...
+    gd-lsa": its module, imported before, did not register again (a review). A fresh registry in a
+    process that imported the built-ins is the same situation."""
+    from icl_bench.solvers import registry
+
+    get_solver_class("gd-lsa"), get_solver_class("trained-nol1")  # their modules are imported
+    fresh = registry.Registry(registry.BUILTINS, registry.ENTRY_POINT_GROUP)
+    assert fresh.get_class("gd-lsa") is get_solver_class("gd-lsa")
+    assert fresh.get_class("trained-nol1") is get_solver_class("trained-nol1")
+    assert fresh.origin("gd-lsa") == "built-in (icl_bench.solvers.gd_lsa)"

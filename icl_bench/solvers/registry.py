@@ -128,8 +128,8 @@ class Registry:
                 d.pop(name, None)
 
     def reset(self) -> None:
-        """Forget every registration and load error (built-in modules already imported are not
-        re-imported, so call this only with their classes re-added or in a fresh process)."""
+        """Forget every registration and load error; built-ins and plugins load again on their
+        next use (a built-in whose module was imported before is found in that module)."""
         with self._lock:
             self._classes.clear()
             self._origins.clear()
@@ -183,7 +183,11 @@ class Registry:
                 return
             try:
                 if name in self.builtins:
-                    importlib.import_module(self.builtins[name])
+                    module = importlib.import_module(self.builtins[name])
+                    if name not in self._classes:  # imported before a reset(): register its class again
+                        for cls in vars(module).values():
+                            if isinstance(cls, type) and issubclass(cls, Solver) and cls.__dict__.get("name") == name:
+                                self.add(name, cls, origin=f"built-in ({cls.__module__})")
                     return
                 ep = self.entry_points().get(name)
                 if ep is None:
