@@ -96,8 +96,9 @@ def config_names(kind: str | None = None) -> list[str]:
     return names if kind is None else [n for n in names if _packaged_kind(n) == kind]
 
 
-def check_kind(doc: dict, given: str | Path, command: str) -> None:
-    """Refuse a config made for another command, naming the command that runs it.
+def check_kind(doc: dict, given: str | Path, command: str, key: str = "--config") -> None:
+    """Refuse a config made for another command, naming the command that runs it (`key`: the
+    argument's name in the message).
 
     Raises:
         ConfigError: e.g. "--config: 'train' is a training config; run it with
@@ -105,7 +106,7 @@ def check_kind(doc: dict, given: str | Path, command: str) -> None:
     """
     kind = config_kind(doc)
     if kind is not None and kind != command:
-        raise ConfigError(f"--config: {str(given)!r} is a {KINDS[kind]} config; run it with "
+        raise ConfigError(f"{key}: {str(given)!r} is a {KINDS[kind]} config; run it with "
                           f"`icl-bench {kind} --config {shlex.quote(str(given))}`")
 
 

@@ -138,3 +138,6 @@ def test_run_matrix_and_load_config_name_what_they_take():
     assert load_config("default").grid.N == load_config("default.toml").grid.N  # a packaged name, as --config takes
     with pytest.raises(ConfigError, match="^config: no such file 'nope'; packaged configs: default"):
         load_config("nope")
+    with pytest.raises(ConfigError, match=re.escape("config: 'train' is a training config; run it with `icl-bench "
+                                                    "train --config train`")):
+        load_config("train")

@@ -35,9 +35,9 @@ def test_a_file_written_to_out_during_publish_survives(tmp_path, run_dir, monkey
     capsys.readouterr()
     assert main(["publish", str(run_dir), "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err == (f"icl-bench: error: --out: {out} is not empty and not a folder written by icl-bench publish (no "
-                   "publish.json), which --force alone may replace; choose an empty or new folder (it changed while "
-                   "publish ran; nothing was replaced)\n")
+    assert err == (f"icl-bench: error: --out: {out} is not empty and icl-bench publish did not write it (no "
+                   "publish.json); only an earlier report can be replaced (--force): choose an empty or new folder (it "
+                   "changed while publish ran; nothing was replaced)\n")
     assert [p.name for p in out.iterdir()] == ["precious.txt"] and (out / "precious.txt").read_text() == "my only copy"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".pub.")]  # no temp folder left
 

@@ -306,3 +306,49 @@ def test_a_built_in_loads_again_after_a_reset():
     assert fresh.get_class("gd-lsa") is get_solver_class("gd-lsa")
     assert fresh.get_class("trained-nol1") is get_solver_class("trained-nol1")
     assert fresh.origin("gd-lsa") == "built-in (icl_bench.solvers.gd_lsa)"
+
+
+DECO_CORE = '''
+    import torch
+    from icl_bench import Solver, register_solver
+
+    @register_solver("deco-solver")
+    class Deco(Solver):
+        """Registers itself with the decorator, in a package other than its entry point's."""
+        params = {}
+
+        def predict(self, batch):
+            return batch.y.mean(dim=1)
+'''
+
+
+def test_a_plugin_may_register_its_own_name_from_another_package(tmp_path, monkeypatch):
+    """The name check took a plugin's decorator, in a package other than the one its entry point
+    names, for an impostor: the plugin was listed BROKEN (a review). While a name's entry point
+    loads, what it imports may register that name; a stray name is still refused."""
+    from icl_bench.solvers import registry
+
+    from conftest import write_plugin
+
+    root = write_plugin(tmp_path / "site", "deco-plugin", {"deco-solver": "deco_ep:Deco"},
+                        {"deco_ep": "from deco_core import Deco\n", "deco_core": DECO_CORE})
+    monkeypatch.syspath_prepend(str(root))
+    try:
+        cls = get_solver_class("deco-solver")
+        assert cls.__module__ == "deco_core"
+        assert registry.REGISTRY.origin("deco-solver") == "plugin deco_ep:Deco (deco-plugin 1.0)"
+    finally:
+        registry.REGISTRY.unregister("deco-solver")
+        sys.modules.pop("deco_ep", None)
+        sys.modules.pop("deco_core", None)
+
+
+@pytest.mark.parametrize("name", ["ols ", " gd", ""])
+def test_a_name_with_surrounding_spaces_is_refused(name):
+    """`register_solver('ols ')` ran beside `ols`; the tables strip labels, so the console summary
+    averaged the two under `ols` and the published report dropped one (a review)."""
+    from icl_bench.solvers import registry
+
+    fresh = registry.Registry(registry.BUILTINS, registry.ENTRY_POINT_GROUP)
+    with pytest.raises(ValueError, match="a name must be non-empty text without leading or trailing spaces"):
+        fresh.add(name, type("Spaced", (Solver,), {"params": {}, "predict": lambda s, b: b.x_query}), origin="x")

@@ -1267,8 +1267,12 @@ def test_out_not_empty_needs_force_and_never_overlaps_a_run(published, run_dir, 
     notes.mkdir()
     (notes / "mine.txt").write_text("mine")
     code, err = _cli(capsys, run_dir, "--out", notes)
-    assert code == 2 and "not a folder written by icl-bench publish" in err and "pass --force" not in err, err
+    assert code == 2 and "icl-bench publish did not write it" in err and "pass --force" not in err, err
     assert [p.name for p in notes.iterdir()] == ["mine.txt"]
+    (published / "mine.txt").write_text("mine")  # an earlier report with a file put there since: named, no --force
+    code, err = _cli(capsys, run_dir, "--out", published)
+    assert code == 2 and "holds mine.txt, which icl-bench publish did not write there" in err and "pass --force" not in err, err
+    (published / "mine.txt").unlink()
     code, err = _cli(capsys, run_dir, "--out", run_dir / "report", "--force")
     assert code == 2 and "overlaps the run folder" in err and not (run_dir / "report").exists()
     code, err = _cli(capsys, run_dir, "--out", run_dir.parent, "--force")

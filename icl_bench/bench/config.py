@@ -272,10 +272,12 @@ def load_config(path: str | Path, key: str = "config") -> MatrixConfig:
         ConfigError: neither a file nor a packaged name, an unreadable / non-UTF-8 / invalid TOML
             file, or any parse_config error.
     """
-    from icl_bench.resources import config_path
+    from icl_bench.resources import check_kind, config_path
 
-    path = config_path(path, key)
-    return parse_config(read_toml(path, key), base_dir=Path(path).parent)
+    given, path = path, config_path(path, key)
+    raw = read_toml(path, key)
+    check_kind(raw, given, "run", key)  # a training or sweep config: named as such, not as unknown keys
+    return parse_config(raw, base_dir=Path(path).parent)
 
 
 def parse_recorded(doc: dict) -> MatrixConfig:

@@ -107,16 +107,16 @@ def check_out(out: Path, runs: list[Path], force: bool, checkpoints=(), readme=N
             continue  # not a checkpoint: a note (the command line refuses it before publish)
         if any(_inside(f, out) for f in (stem, f"{stem}.safetensors", f"{stem}.json")):
             raise ConfigError(f"--checkpoint: {name} is inside --out {out}, which publish replaces; keep it outside")
-    if out.is_dir() and any(out.iterdir()):
+    if out.is_dir() and any(out.iterdir()):  # --force is offered only where it would be accepted (a review)
         if not (out / "publish.json").is_file():  # --force never deletes a folder publish did not write
-            raise ConfigError(f"--out: {out} is not empty and not a folder written by icl-bench publish (no "
-                              "publish.json), which --force alone may replace; choose an empty or new folder")
-        if not force:
-            raise ConfigError(f"--out: {out} holds an earlier report; pass --force to replace it")
+            raise ConfigError(f"--out: {out} is not empty and icl-bench publish did not write it (no publish.json); "
+                              "only an earlier report can be replaced (--force): choose an empty or new folder")
         other = _not_published(out)
         if other is not None:  # nor what was put there after it (a run folder, a model, notes)
             raise ConfigError(f"--out: {out} holds {other}, which icl-bench publish did not write there; --force would "
                               "delete it: move it out or choose another folder")
+        if not force:
+            raise ConfigError(f"--out: {out} holds an earlier report; pass --force to replace it")
     if out.resolve() == Path.cwd().resolve():
         raise ConfigError(f"--out: {out} is the current folder; choose a subfolder")
 

@@ -67,6 +67,7 @@ class Registry:
         self._classes: dict[str, type[Solver]] = {}
         self._origins: dict[str, str] = {}
         self._broken: dict[str, str] = {}  # name -> import error
+        self._loading: set[str] = set()  # names whose entry point is being imported (its module may register them)
 
     def add(self, name: str, cls, origin: str, *, declared: bool = False) -> None:
         """Register `cls` under `name`. `declared`: `cls` is what the name's entry point loads.
@@ -105,13 +106,15 @@ class Registry:
         from Python under `ols` or `gd-lsa` used to replace the built-in whenever it came before the
         built-in's first use (a review): its rows read as the reference's."""
         package = str(getattr(cls, "__module__", "") or "").split(".")[0]
+        if not isinstance(name, str) or not name.strip() or name != name.strip():  # `ols ` merged with `ols` in the
+            return "a name must be non-empty text without leading or trailing spaces"  # tables (a review)
         if name in self.builtins:
             module = self.builtins[name]
             return None if cls.__module__ == module else f"a built-in name (of {module})"
         twin = _case_twin(name, self._reserved())
         if twin is not None:
             return f"differs from the built-in name {twin!r} only in case"
-        ep = None if declared else self.entry_points().get(name)
+        ep = None if declared or name in self._loading else self.entry_points().get(name)
         if ep is not None and ep.module.split(".")[0] != package:  # (a plugin's own decorator: its package)
             return f"a built-in name (of {ep.module})" if _dist_name(ep) == "icl-bench" else f"declared by {_ep_origin(ep)}"
         return None
@@ -192,7 +195,11 @@ class Registry:
                 ep = self.entry_points().get(name)
                 if ep is None:
                     return
-                cls = ep.load()
+                self._loading.add(name)  # a decorator in the modules it imports registers `name` for it
+                try:
+                    cls = ep.load()
+                finally:
+                    self._loading.discard(name)
                 self.add(name, cls, origin=_ep_origin(ep), declared=True)
                 _pin_code(cls)
             except KeyboardInterrupt:  # Ctrl-C while a plugin imports stops the command
@@ -269,8 +276,8 @@ def _dist_name(ep) -> str:
 
 
 def _case_twin(name: str, reserved) -> str | None:
-    """The name in `reserved` that equals `name` up to case but is not it, or None."""
-    return next((r for r in sorted(reserved) if r != name and r.lower() == name.lower()), None)
+    """The name in `reserved` that equals `name` up to case and surrounding spaces but is not it, or None."""
+    return next((r for r in sorted(reserved) if r != name and r.casefold() == str(name).strip().casefold()), None)
 
 
 def _ep_origin(ep) -> str:
