@@ -52,7 +52,6 @@ BAD = {
     "bad-exit": (_solver("predict", lambda s, b: sys.exit(3)), "SystemExit: 3"),
     "bad-mutates": (_solver("predict", _mutate), "predict modified the prompt batch in place (y)"),
     "bad-check": (_solver("check_batch", lambda s, b: {}["missing"]), "KeyError: 'missing'"),
-    "bad-weights": (_solver("weights", lambda s: {"w": "not a tensor"}), "TypeError: weights()['w'] is a str"),
     "bad-init": (_solver("__init__", _raise_in_init), "RuntimeError: cannot build"),
     # BaseExceptions that are neither SystemExit nor KeyboardInterrupt crashed the run (a traceback, no table)
     "bad-genexit": (_solver("predict", _raise(GeneratorExit("x"))), "GeneratorExit: x"),
@@ -199,25 +198,48 @@ def test_a_finite_answer_on_an_ill_posed_prompt_is_named(tmp_path, capsys):
             "not scored).") in headline and "Warning: zero-kept" not in headline, headline
 
 
-@pytest.mark.parametrize("weights, expected", [
-    ([1.0, 0.0], "TypeError: weights() returned list; expected a dict of name -> torch.Tensor, or None"),
-    (torch.ones(3), "TypeError: weights() returned Tensor; expected a dict of name -> torch.Tensor, or None"),
-    ({"w": [1.0]}, "TypeError: weights()['w'] is a list; expected a floating-point torch.Tensor"),
-    ({"w": torch.tensor([1, 0])}, "TypeError: weights()['w'] is a torch.int64 tensor; expected a floating-point torch.Tensor"),
-])
-def test_a_bad_weights_return_is_named(weights, expected):
-    """weights() returning a list or a bare tensor failed inside torch ("'list' object has no
-    attribute 'detach'", "Boolean value of Tensor ... is ambiguous"); the error row now says what
-    the contract expects."""
-    register_solver("bad-weights")(type("BadWeights", (Solver,), {
+def _weights_run(weights):
+    register_solver("odd-weights")(type("OddWeights", (Solver,), {
         "__doc__": "OLS with odd weights.", "params": {},
         "predict": lambda s, b: b.ols_prediction.to(b.dtype), "weights": lambda s: weights}))
     try:
-        table = run_matrix(parse_config({**RAW, "solvers": {"bad-weights": {}}}), progress=False)
+        return run_matrix(parse_config({**RAW, "solvers": {"odd-weights": {}}}), progress=False)
     finally:
-        registry.REGISTRY.unregister("bad-weights")
-    assert (table.status == "error").all()
+        registry.REGISTRY.unregister("odd-weights")
+
+
+@pytest.mark.parametrize("weights, expected", [
+    ([1.0, 0.0], "weights(): TypeError: weights() returned list; expected a dict of name -> torch.Tensor, or None"),
+    (torch.ones(3), "weights(): TypeError: weights() returned Tensor; expected a dict of name -> torch.Tensor, or None"),
+    ({"w": [1.0]}, "weights(): TypeError: weights()['w'] is a list; expected a real numeric torch.Tensor"),
+    ({"w": torch.tensor([True])}, "weights(): TypeError: weights()['w'] is a torch.bool tensor; expected a real"),
+    ({"w": "not a tensor"}, "weights(): TypeError: weights()['w'] is a str"),
+])
+def test_a_bad_weights_return_is_named_and_keeps_the_answers_metrics(weights, expected, capsys):
+    """weights() returning a list or a bare tensor failed inside torch ("'list' object has no
+    attribute 'detach'", "Boolean value of Tensor ... is ambiguous") and the row was an error,
+    its MSE lost; now the weight columns are NaN and the message says what the contract expects."""
+    table = _weights_run(weights)
+    assert (table.status == "ok").all() and table.mse_vs_ols.notna().all()
+    assert table.weight_sparsity.isna().all() and table.weight_l1.isna().all()
     assert table.message.str.startswith(expected).all(), table.message.iloc[0]
+    from icl_bench.report.run_summary import cell_warnings
+
+    cell_warnings(table)  # what `run` prints after its summary
+    assert f"WARNING: odd-weights: weight_sparsity and weight_l1 are NaN in 4 cells: {expected}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("weights, sparsity, l1", [
+    (torch.nn.ParameterDict({"a": torch.nn.Parameter(torch.tensor([1.0, 0.0, 2.0]))}), 1 / 3, 3.0),
+    ({"q": torch.tensor([1, 0, 3], dtype=torch.int8)}, 1 / 3, 4.0),  # quantised weights
+    ({"z": torch.zeros(4)}, 1.0, 0.0),  # every entry zero: all of them count as zero
+])
+def test_mappings_and_integer_weights_are_weights(weights, sparsity, l1):
+    """An nn.ParameterDict or int8 weights gave a sparsity before weights() was checked; a first
+    version of the check refused them and lost the cells (a review)."""
+    table = _weights_run(weights)
+    assert (table.status == "ok").all() and (table.message == "").all(), table.message.iloc[0]
+    assert table.weight_sparsity.tolist() == pytest.approx([sparsity] * len(table)) and (table.weight_l1 == l1).all()
 
 
 def test_non_finite_weights_have_no_sparsity():

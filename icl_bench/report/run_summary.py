@@ -61,7 +61,7 @@ def cell_warnings(table: pd.DataFrame) -> None:
     """After the summary, print to stderr a line for each kind of cell that is not a plain
     success: cells with no well-posed prompt (once per reason), skipped plugins that failed to
     import (once per solver), cells whose solver answered no prompt, cells whose solver answered
-    ill-posed prompts (once per series), the first five errors."""
+    ill-posed prompts or whose weights() broke its contract (once per series), the first five errors."""
     empty = table[(table.status == "skipped") & table.message.str.startswith(NO_PROMPT)]
     for message, rows in empty.groupby("message"):
         print(f"icl-bench: WARNING: {len(rows)} cells skipped: {message}", file=sys.stderr)
@@ -79,6 +79,10 @@ def cell_warnings(table: pd.DataFrame) -> None:
         print(f"icl-bench: WARNING: {series}: {ILL_ANSWERED} in {len(rows)} cells (e.g. N={rows.N.iloc[0]} "
               f"R={rows.R.iloc[0]} {rows.dtype.iloc[0]}: {rows.message.iloc[0]}); a solver answers NaN there "
               "(icl_bench.solvers.base.nan_if_ill_posed)", file=sys.stderr)
+    odd = table[(table.status == "ok") & table.message.str.contains("weights(): ", regex=False)]
+    for series, rows in odd.groupby("series"):  # (runner.run_cell: its weight columns are NaN)
+        print(f"icl-bench: WARNING: {series}: weight_sparsity and weight_l1 are NaN in {len(rows)} cells: "
+              f"{rows.message.iloc[0]}", file=sys.stderr)
     errors = table[table.status == "error"]
     for _, r in errors.head(5).iterrows():
         print(f"error: {r['solver']} {r['solver_params']} N={r['N']} R={r['R']} {r['dtype']} {r['device']}: {r['message']}",

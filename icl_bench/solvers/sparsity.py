@@ -8,6 +8,7 @@ matrix factorization with sparseness constraints", eq. 1) is (sqrt(n) - ||w||_1 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 
@@ -15,17 +16,18 @@ SPARSITY_REL_THRESHOLD = 1e-3  # |w| < 1e-3 * max|w| counts as zero
 
 
 def check_weights(weights) -> dict[str, torch.Tensor] | None:
-    """`weights` as Solver.weights() promises it: None, or a dict of name -> floating-point tensor.
+    """`weights` as Solver.weights() promises it: None, or a mapping (a dict, an nn.ParameterDict)
+    of name -> numeric tensor (floating point or integer, e.g. quantised; not bool), as a dict.
     Raises TypeError naming what came instead (a list or a bare tensor failed deep in torch.cat)."""
     if weights is None:
         return None
-    if not isinstance(weights, dict):
+    if not isinstance(weights, (Mapping, torch.nn.ParameterDict)):  # (ParameterDict is no registered Mapping)
         raise TypeError(f"weights() returned {type(weights).__name__}; expected a dict of name -> torch.Tensor, or None")
     for name, w in weights.items():
-        if not isinstance(w, torch.Tensor) or not (w.is_floating_point() or w.is_complex()):
+        if not isinstance(w, torch.Tensor) or w.dtype == torch.bool or w.is_complex():
             got = f"{w.dtype} tensor" if isinstance(w, torch.Tensor) else type(w).__name__
-            raise TypeError(f"weights()[{name!r}] is a {got}; expected a floating-point torch.Tensor")
-    return weights
+            raise TypeError(f"weights()[{name!r}] is a {got}; expected a real numeric torch.Tensor")
+    return dict(weights)
 
 
 def weight_sparsity(weights: dict[str, torch.Tensor] | None, rel: float = SPARSITY_REL_THRESHOLD) -> float:
@@ -33,9 +35,11 @@ def weight_sparsity(weights: dict[str, torch.Tensor] | None, rel: float = SPARSI
     or if any entry is NaN / inf (no threshold is defined: every comparison with NaN was False)."""
     if not weights:
         return math.nan
-    flat = torch.cat([w.detach().reshape(-1).abs().double().cpu() for w in weights.values()])
+    flat = torch.cat([w.detach().reshape(-1).double().abs().cpu() for w in weights.values()])
     if flat.numel() == 0 or not bool(torch.isfinite(flat).all()):
         return math.nan
+    if float(flat.max()) == 0.0:  # every entry exactly zero: all of them count as zero (the threshold is 0)
+        return 1.0
     return float((flat < rel * flat.max()).double().mean())
 
 
@@ -43,7 +47,7 @@ def weight_l1(weights: dict[str, torch.Tensor] | None) -> float:
     """Sum of |w| over every weight entry; NaN if None."""
     if not weights:
         return math.nan
-    return float(sum(w.detach().abs().double().sum().cpu() for w in weights.values()))
+    return float(sum(w.detach().double().abs().sum().cpu() for w in weights.values()))
 
 
 def hoyer(w: torch.Tensor) -> float:
