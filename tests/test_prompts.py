@@ -2,6 +2,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -105,17 +106,21 @@ def test_numpy_and_tensor_scalars_are_numbers_and_bad_api_arguments_name_their_f
     """np.int64(10) read "N: must be an integer >= 2 (got np.int64(10))"; a float seed was truncated
     silently, 2**70 overflowed inside torch, "cuda" without a GPU was torch's AssertionError, a
     y_query of the wrong length failed later in the metrics (a review of the Python API)."""
-    import numpy as np
 
     spec = PromptSpec(N=np.int64(10), R=torch.tensor(100.0), noise=np.float32(0.5))
     assert (type(spec.N), spec.N, spec.R, spec.noise) == (int, 10, 100.0, 0.5)
     assert spec == PromptSpec(N=10, R=100.0, noise=0.5) and hash(spec) == hash(PromptSpec(N=10, R=100.0, noise=0.5))
     same = sample_prompts(spec, np.int64(4), seed=np.int64(3))
     assert torch.equal(same.x, sample_prompts(PromptSpec(N=10, R=100.0, noise=0.5), 4, seed=3).x)
-    for seed, message in ((1.5, "seed: must be an integer >= 0"), (-1, "seed: must be an integer >= 0"),
-                          (2**70, "seed: must be an integer in [0, 2**64)")):
-        with pytest.raises(ValueError, match=re.escape(message)):
+    for seed in (1.5, 2**70, -2**63 - 1, "3", True):
+        with pytest.raises(ValueError, match=re.escape("seed: must be an integer in [-2**63, 2**64) (got ")):
             sample_prompts(PromptSpec(), 2, seed=seed)
+    for seed in (-1, torch.tensor(3), np.array(3)):  # what torch's manual_seed takes (a review: these had worked)
+        assert sample_prompts(PromptSpec(), 2, seed=seed).B == 2
+    assert PromptSpec(R=np.array(100.0)).R == 100.0
+    with pytest.raises(ValueError, match="^R: an integer of 401 digits is beyond float64's range"):
+        PromptSpec(R=10**400)
+    assert sample_prompts(PromptSpec(), 2, seed=0, device=None).x.device.type == "cpu"
     with pytest.raises(ValueError, match="^device: 'meta'; accepted: cpu, cuda, cuda:N"):
         sample_prompts(PromptSpec(), 2, seed=0, device="meta")
     if not torch.cuda.is_available():
@@ -126,6 +131,21 @@ def test_numpy_and_tensor_scalars_are_numbers_and_bad_api_arguments_name_their_f
     assert make_batch([[1.0, 2.0]] * 2, [[1.0, 2.0]] * 2, 0.0, R=1.0, y_query=7.0).y_query.tolist() == [7.0, 7.0]
     with pytest.raises(ValueError, match="^R: must be a real number"):
         make_batch([[1.0, 2.0]], [[1.0, 2.0]], 0.0, R="1")
+
+
+def test_the_multivariate_generator_checks_its_arguments_as_the_univariate_one():
+    """np.int64 n_prompts or d were refused at d > 1 only, and "cuda" / "meta" failed inside torch."""
+    import numpy as np
+
+    from icl_bench.prompts.multivariate import make_batch_mv, sample_prompts_mv
+
+    assert sample_prompts_mv(PromptSpec(), np.int64(4), d=np.int64(2), seed=0).x.shape == (4, 20, 2)
+    with pytest.raises(ValueError, match="^device: 'meta'; accepted: cpu, cuda, cuda:N"):
+        sample_prompts_mv(PromptSpec(), 4, d=2, seed=0, device="meta")
+    with pytest.raises(ValueError, match="^n_prompts: must be an integer >= 1"):
+        sample_prompts_mv(PromptSpec(), 0, d=2, seed=0)
+    with pytest.raises(ValueError, match="^R: must be a real number"):
+        make_batch_mv(torch.randn(2, 5, 2), torch.randn(2, 5), torch.randn(2, 2), R="1")
 
 
 def test_run_matrix_and_load_config_name_what_they_take():

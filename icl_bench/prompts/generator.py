@@ -26,6 +26,7 @@ import math
 import numbers
 from dataclasses import dataclass, field, fields, replace
 
+import numpy as np
 import torch
 
 from icl_bench.prompts.ols import ols_predict
@@ -72,9 +73,9 @@ class PromptSpec:
     intercept: Dist = field(default_factory=Dist)  # distribution of a
 
     def __post_init__(self):
-        object.__setattr__(self, "N", _integer("N", self.N, 2))  # (numpy integers become int: the spec keys caches)
-        object.__setattr__(self, "noise", _real("noise", self.noise))
-        object.__setattr__(self, "R", _real("R", self.R))
+        object.__setattr__(self, "N", as_integer("N", self.N, 2))  # (numpy integers become int: the spec keys caches)
+        object.__setattr__(self, "noise", as_real("noise", self.noise))
+        object.__setattr__(self, "R", as_real("R", self.R))
         if not math.isfinite(self.noise) or self.noise < 0:
             raise ValueError(f"noise: must be finite and >= 0 (got {self.noise!r})")
         if not math.isfinite(self.R) or self.R <= 0:
@@ -85,38 +86,52 @@ class PromptSpec:
                                  f"(got {type(getattr(self, name)).__name__})")
 
 
-def _integer(name: str, value, low: int) -> int:
-    """`value` as an int >= low (Python or numpy integers; not bool). Raises ValueError naming `name`."""
+def _scalar(value):
+    """A one-element torch tensor or numpy array as its Python number; anything else unchanged."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    if isinstance(value, np.ndarray) and value.size == 1:
+        return value.item()
+    return value
+
+
+def as_integer(name: str, value, low: int) -> int:
+    """`value` as an int >= low (Python or numpy integers, a one-element integer tensor or array;
+    not bool). Raises ValueError naming `name`."""
+    value = _scalar(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
         raise ValueError(f"{name}: must be an integer >= {low} (got {value!r})")
     return int(value)
 
 
-def _real(name: str, value) -> float:
-    """`value` as a float (Python or numpy reals, a one-element tensor; not bool or str). Raises ValueError."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
-        value = value.item()
+def as_real(name: str, value) -> float:
+    """`value` as a float (Python or numpy reals, a one-element tensor or array; not bool, str or
+    complex). Raises ValueError naming `name` (an integer beyond float64's range too)."""
+    value = _scalar(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name}: must be a real number (got {type(value).__name__} {value!r})")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # (an int of hundreds of digits; formatting it as a float overflows too)
+        raise ValueError(f"{name}: an integer of {len(str(abs(value)))} digits is beyond float64's range") from None
 
 
 def seeded(seed) -> torch.Generator:
     """The CPU generator every prompt draw starts from, seeded with `seed`.
-    Raises ValueError: `seed` is not an integer in [0, 2**64) (a float was truncated silently,
-    1.5 -> 1, and 2**70 was torch's "Overflow when unpacking long long")."""
-    seed = _integer("seed", seed, 0)
-    if seed >= 2**64:
-        raise ValueError(f"seed: must be an integer in [0, 2**64) (got {seed})")
-    return torch.Generator(device="cpu").manual_seed(seed)
+    Raises ValueError: `seed` is not an integer in [-2**63, 2**64), torch's range (a float was
+    truncated silently, 1.5 -> 1, and 2**70 was torch's "Overflow when unpacking long long")."""
+    value = _scalar(seed)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not -2**63 <= value < 2**64:
+        raise ValueError(f"seed: must be an integer in [-2**63, 2**64) (got {seed!r})")
+    return torch.Generator(device="cpu").manual_seed(int(value))
 
 
-def _check_device(device) -> torch.device:
-    """`device` as a torch.device that can hold a batch. Raises ValueError naming "device"."""
+def check_device(device) -> torch.device:
+    """`device` (None: the CPU) as a torch.device that can hold a batch. Raises ValueError naming "device"."""
     try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device: {device!r} is not a torch device ({exc}); accepted: cpu, cuda, cuda:N") from None
+        dev = torch.device("cpu" if device is None else device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: {device!r} is not a torch device; accepted: cpu, cuda, cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device: {device!r} is not available on this machine (torch.cuda.is_available() is False); "
                          "accepted here: cpu")
@@ -232,8 +247,8 @@ def sample_prompts(spec: PromptSpec, n_prompts: int, *, seed: int, dtype="float3
         ValueError: n_prompts < 1, a seed that is not an integer in [0, 2**64), an unknown dtype,
             or a device that is not cpu / an available cuda device.
     """
-    n_prompts = _integer("n_prompts", n_prompts, 1)
-    _check_device(device)
+    n_prompts = as_integer("n_prompts", n_prompts, 1)
+    check_device(device)
     gen = seeded(seed)
     B, N = n_prompts, spec.N
     slope = spec.slope.sample((B,), gen)  # (B,)
@@ -261,8 +276,8 @@ def make_batch(x, y, x_query, *, R: float, dtype="float64", device="cpu", y_quer
     Raises:
         ValueError: shapes that do not match, N < 2, or a bad R / dtype / device.
     """
-    R = _real("R", R)
-    _check_device(device)
+    R = as_real("R", R)
+    check_device(device)
     x = torch.as_tensor(x, dtype=torch.float64).cpu()
     y = torch.as_tensor(y, dtype=torch.float64).cpu()
     u = torch.as_tensor(x_query, dtype=torch.float64).cpu()

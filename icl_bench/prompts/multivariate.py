@@ -23,11 +23,13 @@ condition number is (1 + (d - 1) rho) / (1 - rho) (`equicorrelation_condition`).
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
 from icl_bench.prompts.ols_mv import ols_predict_mv
-from icl_bench.prompts.generator import PromptBatch, PromptSpec, make_batch, resolve_dtype, sample_prompts, seeded
+from icl_bench.prompts.generator import (PromptBatch, PromptSpec, as_integer, as_real, check_device, make_batch,
+                                        resolve_dtype, sample_prompts, seeded)
 
 MAX_D = 64  # regressors; a bigger d is refused (d_model = d + 3 and d + 1 layers grow with it)
 
@@ -42,12 +44,15 @@ def equicorrelation_condition(d: int, rho: float) -> float:
     return (1 + (d - 1) * rho) / (1 - rho)
 
 
-def _check(d, x_corr) -> None:
-    if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= MAX_D:
+def _check(d, x_corr) -> int:
+    """`d` as an int after checking d and x_corr. Raises ValueError naming the field."""
+    if isinstance(d, bool) or not isinstance(d, numbers.Integral) or not 1 <= d <= MAX_D:
         raise ValueError(f"d: must be an integer in [1, {MAX_D}] (got {d!r})")
+    d = int(d)
     lo = -1.0 / (d - 1) if d > 1 else -1.0
-    if not isinstance(x_corr, (int, float)) or not lo < x_corr < 1.0:
+    if isinstance(x_corr, bool) or not isinstance(x_corr, numbers.Real) or not lo < x_corr < 1.0:
         raise ValueError(f"x_corr: must be a number in ({lo:g}, 1) for d = {d} (got {x_corr!r})")
+    return d
 
 
 def make_tokens_mv(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor, R: float) -> torch.Tensor:
@@ -82,11 +87,11 @@ def sample_prompts_mv(spec: PromptSpec, n_prompts: int, *, d: int = 1, x_corr: f
     Raises:
         ValueError: bad d, x_corr, n_prompts or dtype (one line naming the field).
     """
-    _check(d, x_corr)
+    d = _check(d, x_corr)
     if d == 1:  # one regressor: the 1-D generator itself (x_corr has no effect on a single coordinate)
         return sample_prompts(spec, n_prompts, seed=seed, dtype=dtype, device=device)
-    if isinstance(n_prompts, bool) or not isinstance(n_prompts, int) or n_prompts < 1:
-        raise ValueError(f"n_prompts: must be an integer >= 1 (got {n_prompts!r})")
+    n_prompts = as_integer("n_prompts", n_prompts, 1)
+    check_device(device)
     gen = seeded(seed)
     B, N = n_prompts, spec.N
     slope = spec.slope.sample((B, d), gen)  # (B, d)
@@ -123,7 +128,9 @@ def make_batch_mv(x, y, x_query, *, R: float, dtype="float64", device="cpu") -> 
     Args: x (B, N, d); y (B, N); x_query (B, d); R > 0 finite; dtype, device as in sample_prompts.
     With d = 1 the result is the univariate batch of `make_batch(x[..., 0], y, x_query[:, 0])`
     (x (B, N), x_query (B,)): every solver reads d = 1 that way.
-    Raises: ValueError on shapes that do not match, N < 2 or a bad R / dtype."""
+    Raises: ValueError on shapes that do not match, N < 2 or a bad R / dtype / device."""
+    R = as_real("R", R)
+    check_device(device)
     x = torch.as_tensor(x, dtype=torch.float64).cpu()
     y = torch.as_tensor(y, dtype=torch.float64).cpu()
     u = torch.as_tensor(x_query, dtype=torch.float64).cpu()
