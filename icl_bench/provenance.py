@@ -53,11 +53,16 @@ def package_versions() -> dict[str, str]:
 def git_commit(root: str | Path | None = None, ignore: tuple = ()) -> str:
     """HEAD of the git checkout around `root` (default: this package's source folder), with
     "-dirty" if tracked files other than the paths in `ignore` (the run's own output) have local
-    changes; "unknown" outside a checkout (an installed package) or without git."""
+    changes; "unknown" outside a checkout, in a folder the checkout does not track (an installed
+    package, even in a virtual environment inside some repository) or without git."""
     root = Path(root) if root is not None else Path(__file__).resolve().parent
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
+            return "unknown"
+        tracked = subprocess.run(["git", "ls-files", "--error-unmatch", "--", "."], cwd=root, capture_output=True,
+                                 text=True, timeout=10)
+        if tracked.returncode != 0:  # an installed package in a .venv inside the user's own repository: not ours
             return "unknown"
         top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True,
                              timeout=10).stdout.strip()

@@ -101,3 +101,25 @@ def test_git_commit_ignores_the_runs_own_output(tmp_path):
     assert git_commit(tmp_path, ignore=(tmp_path.parent / "elsewhere",)).endswith("-dirty")  # (git refuses a path
     (tmp_path / "code.py").write_text("x = 1\n")  # outside the checkout: it must not read as clean)
     assert not git_commit(tmp_path / "pkg", ignore=(tmp_path / "out.json", tmp_path.parent / "elsewhere")).endswith("-dirty")
+    (tmp_path / ".venv" / "site").mkdir(parents=True)  # an installed package inside the user's own repository
+    (tmp_path / ".venv" / "site" / "provenance.py").write_text("")
+    assert git_commit(tmp_path / ".venv" / "site") == "unknown"  # was that repository's commit (a review)
+
+
+def test_the_suites_own_json_is_left_out_of_its_dirty_check(tmp_path):
+    """benchmarks/conftest.py passes the --benchmark-json file (an open file, as pytest-benchmark's
+    option holds it, or a path) to git_commit's ignore; nothing when the option is unset."""
+    from benchmarks.conftest import _own_output
+
+    class Config:
+        def __init__(self, value):
+            self.value = value
+
+        def getoption(self, name, default=None):
+            assert name == "--benchmark-json"
+            return self.value
+
+    with open(tmp_path / "t.json", "wb") as handle:
+        assert _own_output(Config(handle)) == (str(tmp_path / "t.json"),)
+    assert _own_output(Config("results/raw/throughput.json")) == ("results/raw/throughput.json",)
+    assert _own_output(Config(None)) == ()
