@@ -75,7 +75,7 @@ class Registry:
         Raises:
             TypeError: `cls` is not a Solver subclass, or its `params` is not a dict of icl_bench.Param.
             ValueError: `name` is already taken by another class, is a built-in name or an installed
-                plugin's (`_taken`), or differs from a built-in name only in case.
+                plugin's, differs from a built-in name only in case, or has surrounding spaces (`_taken`).
         """
         if not (isinstance(cls, type) and issubclass(cls, Solver)):
             raise TypeError(f"solver {name!r}: {cls!r} is not a subclass of icl_bench.Solver")
