@@ -352,3 +352,45 @@ def test_a_name_with_surrounding_spaces_is_refused(name):
     fresh = registry.Registry(registry.BUILTINS, registry.ENTRY_POINT_GROUP)
     with pytest.raises(ValueError, match="a name must be non-empty text without leading or trailing spaces"):
         fresh.add(name, type("Spaced", (Solver,), {"params": {}, "predict": lambda s, b: b.x_query}), origin="x")
+
+
+def test_a_class_registered_while_a_plugin_loads_cannot_take_its_name(tmp_path, monkeypatch):
+    """While `foo`'s entry point loaded, a helper module it imported could register its own class
+    as `foo`, and lookups returned that class (another solver's numbers under `foo`: a review)."""
+    from icl_bench.solvers import registry
+
+    from conftest import write_plugin
+
+    helper = DECO_CORE.replace('"deco-solver"', '"taken-name"').replace("Deco", "Helper")
+    entry = "import taken_helper\nfrom deco_core import Declared\n"
+    root = write_plugin(tmp_path / "site", "taken-plugin", {"taken-name": "taken_ep:Declared"},
+                        {"taken_ep": entry, "taken_helper": helper, "deco_core": SHADOW_DECLARED})
+    monkeypatch.syspath_prepend(str(root))
+    try:
+        cls = get_solver_class("taken-name")
+        assert cls.__module__ == "deco_core" and cls.__name__ == "Declared"
+        assert registry.REGISTRY.origin("taken-name") == "plugin taken_ep:Declared (taken-plugin 1.0)"
+    finally:
+        registry.REGISTRY.unregister("taken-name")
+        for m in ("taken_ep", "taken_helper", "deco_core"):
+            sys.modules.pop(m, None)
+    (root / "taken_ep.py").write_text("import taken_helper\nraise ImportError('broken after its import')\n")
+    try:  # an entry point that fails after such an import: broken, and the helper's class is not served
+        with pytest.raises(SolverLoadError, match="broken after its import"):
+            get_solver_class("taken-name")
+    finally:
+        registry.REGISTRY.unregister("taken-name")
+        for m in ("taken_ep", "taken_helper"):
+            sys.modules.pop(m, None)
+
+
+SHADOW_DECLARED = '''
+    from icl_bench import Solver
+
+    class Declared(Solver):
+        """The class the entry point declares."""
+        params = {}
+
+        def predict(self, batch):
+            return batch.y.mean(dim=1)
+'''

@@ -200,12 +200,17 @@ class Registry:
                     cls = ep.load()
                 finally:
                     self._loading.discard(name)
+                if self._classes.get(name, cls) is not cls:  # another class took the name while it loaded: the
+                    self._classes.pop(name)  # entry point's class is the one declared (a review)
+                    self._origins.pop(name, None)
                 self.add(name, cls, origin=_ep_origin(ep), declared=True)
                 _pin_code(cls)
             except KeyboardInterrupt:  # Ctrl-C while a plugin imports stops the command
                 raise
             except BaseException as exc:  # a broken plugin (SystemExit, GeneratorExit too) must not break anything else
                 self._broken[name] = cell_message(exc, prefix=f"{type(exc).__name__}: ")  # one short line
+                self._classes.pop(name, None)  # (a class its imports registered before it failed is not it)
+                self._origins.pop(name, None)
 
     def conflicts(self) -> list[str]:
         """One line per plugin entry point that is ignored because its name is taken: a built-in
