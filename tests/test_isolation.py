@@ -227,6 +227,10 @@ def test_a_bad_weights_return_is_named_and_keeps_the_answers_metrics(weights, ex
 
     cell_warnings(table)  # what `run` prints after its summary
     assert f"WARNING: odd-weights: weight_sparsity and weight_l1 are NaN in 4 cells: {expected}" in capsys.readouterr().err
+    from icl_bench.report.aggregate import no_answer_notes
+
+    assert [n for n in no_answer_notes(table) if n.startswith("odd-weights: its weights() broke the contract in 4 of 4 "
+                                                                 f"cells, whose weight sparsity is NaN ({expected}")]
 
 
 @pytest.mark.parametrize("weights, sparsity, l1", [

@@ -118,8 +118,10 @@ def test_numpy_and_tensor_scalars_are_numbers_and_bad_api_arguments_name_their_f
     for seed in (-1, torch.tensor(3), np.array(3)):  # what torch's manual_seed takes (a review: these had worked)
         assert sample_prompts(PromptSpec(), 2, seed=seed).B == 2
     assert PromptSpec(R=np.array(100.0)).R == 100.0
-    with pytest.raises(ValueError, match="^R: an integer of 401 digits is beyond float64's range"):
+    with pytest.raises(ValueError, match="^R: an integer of 1329 bits is beyond float64's range"):
         PromptSpec(R=10**400)
+    with pytest.raises(ValueError, match=re.escape("seed: must be an integer in [-2**63, 2**64) (got an integer of 16610")):
+        sample_prompts(PromptSpec(), 2, seed=10**5000)  # (its repr alone raised Python's int-to-str limit)
     assert sample_prompts(PromptSpec(), 2, seed=0, device=None).x.device.type == "cpu"
     with pytest.raises(ValueError, match="^device: 'meta'; accepted: cpu, cuda, cuda:N"):
         sample_prompts(PromptSpec(), 2, seed=0, device="meta")
@@ -140,6 +142,10 @@ def test_the_multivariate_generator_checks_its_arguments_as_the_univariate_one()
     from icl_bench.prompts.multivariate import make_batch_mv, sample_prompts_mv
 
     assert sample_prompts_mv(PromptSpec(), np.int64(4), d=np.int64(2), seed=0).x.shape == (4, 20, 2)
+    from fractions import Fraction
+
+    same = sample_prompts_mv(PromptSpec(), 4, d=torch.tensor(2), x_corr=Fraction(1, 2), seed=0)  # (Fraction failed
+    assert torch.equal(same.x, sample_prompts_mv(PromptSpec(), 4, d=2, x_corr=0.5, seed=0).x)  # inside torch)
     with pytest.raises(ValueError, match="^device: 'meta'; accepted: cpu, cuda, cuda:N"):
         sample_prompts_mv(PromptSpec(), 4, d=2, seed=0, device="meta")
     with pytest.raises(ValueError, match="^n_prompts: must be an integer >= 1"):

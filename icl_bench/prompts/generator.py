@@ -95,12 +95,20 @@ def _scalar(value):
     return value
 
 
+def shown(value) -> str:
+    """repr(value) for a message; an integer of more than 256 bits by its size (the repr of one of
+    thousands of digits raises ValueError: Python's limit on int-to-str conversion)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value).bit_length() > 256:
+        return f"an integer of {int(value).bit_length()} bits"
+    return repr(value)
+
+
 def as_integer(name: str, value, low: int) -> int:
     """`value` as an int >= low (Python or numpy integers, a one-element integer tensor or array;
     not bool). Raises ValueError naming `name`."""
     value = _scalar(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name}: must be an integer >= {low} (got {value!r})")
+        raise ValueError(f"{name}: must be an integer >= {low} (got {shown(value)})")
     return int(value)
 
 
@@ -113,7 +121,7 @@ def as_real(name: str, value) -> float:
     try:
         return float(value)
     except OverflowError:  # (an int of hundreds of digits; formatting it as a float overflows too)
-        raise ValueError(f"{name}: an integer of {len(str(abs(value)))} digits is beyond float64's range") from None
+        raise ValueError(f"{name}: {shown(value)} is beyond float64's range") from None
 
 
 def seeded(seed) -> torch.Generator:
@@ -122,7 +130,7 @@ def seeded(seed) -> torch.Generator:
     truncated silently, 1.5 -> 1, and 2**70 was torch's "Overflow when unpacking long long")."""
     value = _scalar(seed)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not -2**63 <= value < 2**64:
-        raise ValueError(f"seed: must be an integer in [-2**63, 2**64) (got {seed!r})")
+        raise ValueError(f"seed: must be an integer in [-2**63, 2**64) (got {shown(value)})")
     return torch.Generator(device="cpu").manual_seed(int(value))
 
 
@@ -238,13 +246,14 @@ def sample_prompts(spec: PromptSpec, n_prompts: int, *, seed: int, dtype="float3
     Args:
         spec: the prompt distribution (N, noise, R and the x / slope / intercept distributions).
         n_prompts: batch size B >= 1.
-        seed: integer seed of the CPU float64 generator; same spec + seed -> same tensors.
+        seed: integer seed of the CPU float64 generator in [-2**63, 2**64); same spec + seed -> same
+            tensors (torch reads a negative seed modulo 2**64: -1 draws as 2**64 - 1).
         dtype: "float32" or "float64" (or the torch dtype) of every field but ols_prediction.
         device: torch device of the batch ("cpu", "cuda", ...).
     Returns:
         PromptBatch with B = n_prompts.
     Raises:
-        ValueError: n_prompts < 1, a seed that is not an integer in [0, 2**64), an unknown dtype,
+        ValueError: n_prompts < 1, a seed that is not an integer in [-2**63, 2**64), an unknown dtype,
             or a device that is not cpu / an available cuda device.
     """
     n_prompts = as_integer("n_prompts", n_prompts, 1)

@@ -23,13 +23,12 @@ condition number is (1 + (d - 1) rho) / (1 - rho) (`equicorrelation_condition`).
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 
 from icl_bench.prompts.ols_mv import ols_predict_mv
 from icl_bench.prompts.generator import (PromptBatch, PromptSpec, as_integer, as_real, check_device, make_batch,
-                                        resolve_dtype, sample_prompts, seeded)
+                                        resolve_dtype, sample_prompts, seeded, shown)
 
 MAX_D = 64  # regressors; a bigger d is refused (d_model = d + 3 and d + 1 layers grow with it)
 
@@ -44,15 +43,23 @@ def equicorrelation_condition(d: int, rho: float) -> float:
     return (1 + (d - 1) * rho) / (1 - rho)
 
 
-def _check(d, x_corr) -> int:
-    """`d` as an int after checking d and x_corr. Raises ValueError naming the field."""
-    if isinstance(d, bool) or not isinstance(d, numbers.Integral) or not 1 <= d <= MAX_D:
-        raise ValueError(f"d: must be an integer in [1, {MAX_D}] (got {d!r})")
-    d = int(d)
+def _check(d, x_corr) -> tuple[int, float]:
+    """(d, x_corr) as (int, float) after checking them (one-element tensors and arrays are numbers).
+    Raises ValueError naming the field."""
+    try:
+        d = as_integer("d", d, 1)
+    except ValueError:
+        d = None
+    if d is None or d > MAX_D:
+        raise ValueError(f"d: must be an integer in [1, {MAX_D}] (got {shown(d)})")
     lo = -1.0 / (d - 1) if d > 1 else -1.0
-    if isinstance(x_corr, bool) or not isinstance(x_corr, numbers.Real) or not lo < x_corr < 1.0:
-        raise ValueError(f"x_corr: must be a number in ({lo:g}, 1) for d = {d} (got {x_corr!r})")
-    return d
+    try:
+        rho = as_real("x_corr", x_corr)
+    except ValueError:
+        rho = math.nan
+    if not lo < rho < 1.0:
+        raise ValueError(f"x_corr: must be a number in ({lo:g}, 1) for d = {d} (got {shown(x_corr)})")
+    return d, rho
 
 
 def make_tokens_mv(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor, R: float) -> torch.Tensor:
@@ -87,7 +94,7 @@ def sample_prompts_mv(spec: PromptSpec, n_prompts: int, *, d: int = 1, x_corr: f
     Raises:
         ValueError: bad d, x_corr, n_prompts or dtype (one line naming the field).
     """
-    d = _check(d, x_corr)
+    d, x_corr = _check(d, x_corr)
     if d == 1:  # one regressor: the 1-D generator itself (x_corr has no effect on a single coordinate)
         return sample_prompts(spec, n_prompts, seed=seed, dtype=dtype, device=device)
     n_prompts = as_integer("n_prompts", n_prompts, 1)
