@@ -57,21 +57,21 @@ def git_commit(root: str | Path | None = None, ignore: tuple = ()) -> str:
     package, even in a virtual environment inside some repository) or without git."""
     root = Path(root) if root is not None else Path(__file__).resolve().parent
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        head = subprocess.run(["git", "rev-parse", "HEAD", "--show-toplevel"], cwd=root, capture_output=True,
+                              text=True, timeout=10)
         if head.returncode != 0:
             return "unknown"
+        commit, top = (head.stdout.splitlines() + ["", ""])[:2]
         tracked = subprocess.run(["git", "ls-files", "--error-unmatch", "--", "."], cwd=root, capture_output=True,
                                  text=True, timeout=10)
         if tracked.returncode != 0:  # an installed package in a .venv inside the user's own repository: not ours
             return "unknown"
-        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
         inside = [q for q in (Path(p).resolve() for p in ignore) if top and q.is_relative_to(Path(top).resolve())]
         skip = [f":(top,exclude){q.relative_to(Path(top).resolve())}" for q in inside]  # (git refuses a path outside)
         status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":/", *skip], cwd=root,
                                 capture_output=True, text=True, timeout=10)
         dirty = status.returncode != 0 or bool(status.stdout.strip())  # (a status that failed: not called clean)
-        return head.stdout.strip() + ("-dirty" if dirty else "")
+        return commit.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 

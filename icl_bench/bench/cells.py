@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from icl_bench.bench.axes import AXES
-from icl_bench.bench.config import MatrixConfig
+from icl_bench.bench.config import MatrixConfig, without_generator_fields
 from icl_bench.provenance import NO_SOURCE, code_digest, module_digest
 from icl_bench.prompts.data import DataSource, sample_data_prompts, snapshot
 from icl_bench.prompts.generator import Dist, PromptSpec, sample_prompts
@@ -152,10 +152,7 @@ def same_matrix(a: dict, b: dict) -> bool:
     grid lists and of each solver's parameter combinations (cells are keyed by content, so
     --resume after reordering [grid] N = [1, 4] -> [4, 1] reuses every finished cell)."""
     def canon(d: dict) -> dict:
-        d = json.loads(json.dumps(d, sort_keys=True, default=str))
-        if d.get("data") is not None:  # a CSV run recorded before MatrixConfig.to_dict left these out
-            d.pop("prompts", None)
-            (d.get("grid") or {}).pop("noise", None)
+        d = without_generator_fields(json.loads(json.dumps(d, sort_keys=True, default=str)))  # (older CSV records)
         for k, v in (d.get("grid") or {}).items():
             d["grid"][k] = sorted(v, key=lambda e: json.dumps(e, sort_keys=True))
         for k, v in (d.get("solvers") or {}).items():

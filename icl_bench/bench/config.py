@@ -216,19 +216,25 @@ class MatrixConfig(ConfigModel):
         return self
 
     def to_dict(self) -> dict:
-        """Plain dict of the validated values (config.json, metadata.json). A CSV config ([data])
-        leaves out what the file replaces, [prompts] and grid.noise: their defaults described
-        prompts that were never drawn (parse_recorded drops them from older records)."""
-        doc = super().to_dict()
-        if self.data is not None:
-            doc.pop("prompts", None)
-            doc["grid"].pop("noise", None)
-        return doc
+        """Plain dict of the validated values (config.json, metadata.json), without_generator_fields."""
+        return without_generator_fields(super().to_dict())
 
     @property
     def prompts(self) -> dict[str, Dist]:
         """{"x", "slope", "intercept"} -> Dist."""
         return {k: getattr(self.prompts_, k).to_dist() for k in ("x", "slope", "intercept")}
+
+
+def without_generator_fields(doc: dict) -> dict:
+    """`doc` (a config dict) with, where it is a CSV config ([data]), what the file replaces left
+    out: [prompts] and grid.noise, whose defaults described prompts that were never drawn. Used
+    for what a run records (MatrixConfig.to_dict), for reading an older record back
+    (parse_recorded) and for comparing the two (cells.same_matrix). Changes `doc` in place."""
+    if doc.get("data") is not None:
+        doc.pop("prompts", None)
+        if isinstance(doc.get("grid"), dict):
+            doc["grid"].pop("noise", None)
+    return doc
 
 
 def _check_size(cfg: MatrixConfig, tables: dict) -> None:
@@ -295,10 +301,9 @@ def parse_recorded(doc: dict) -> MatrixConfig:
     from icl_bench.bench.store import DATA_KEY
 
     raw = {k: v for k, v in doc.items() if k not in ("solvers", DATA_KEY)}
-    if raw.get("data") is not None:
-        raw.pop("prompts", None)
-        if isinstance(raw.get("grid"), dict):
-            raw["grid"] = {k: v for k, v in raw["grid"].items() if k != "noise"}
+    if isinstance(raw.get("grid"), dict):
+        raw["grid"] = dict(raw["grid"])  # (a copy: the caller's record stays as read)
+    without_generator_fields(raw)
     solvers = {} if doc.get("solvers") is None else doc["solvers"]
     if not isinstance(solvers, dict) or not all(isinstance(sets, list) and sets and all(isinstance(p, dict) for p in sets)
                                                 for sets in solvers.values()):

@@ -52,7 +52,7 @@ from icl_bench.solvers.registry import REGISTRY, SolverLoadError, get_solver, ge
 
 NO_ANSWER = "no finite prediction"  # the start of the message of a cell whose solver never answered
 NO_PROMPT = "no well-posed prompt"  # the start of the message of a cell skipped for having nothing to answer
-ILL_ANSWERED = "finite on ill-posed prompts"  # a message part: the solver broke the NaN contract (README "Accuracy")
+ILL_ANSWERED, WEIGHTS_BROKE = "finite on ill-posed prompts", "weights(): "  # message parts: a broken contract
 
 
 def no_answer_message(pred: torch.Tensor, batch) -> str:
@@ -157,8 +157,8 @@ def run_cell(cell: Cell, timing_slot=None) -> dict:
             row["weight_sparsity"], row["weight_l1"] = weight_sparsity(w), weight_l1(w)
         except Exception as exc:  # noqa: BLE001 - named in the row's message
             row["weight_sparsity"] = row["weight_l1"] = math.nan
-            note = cell_message(exc, prefix=f"weights(): {type(exc).__name__}: ")
-            row["message"] = "; ".join(m for m in (row["message"], note) if m)
+            note = cell_message(exc, prefix=f"{WEIGHTS_BROKE}{type(exc).__name__}: ")
+            row["message"] = f"{row['message']}; {note}" if row["message"] else note
     except SkipCell as exc:
         row.update(status="skipped", message=cell_message(exc))
     except SolverLoadError as exc:  # a plugin that does not import: skipped unless asked for by name

@@ -194,7 +194,7 @@ def no_answer_notes(table: pd.DataFrame) -> list[str]:
     line per solver with "ok" cells in which it answered ill-posed prompts (ILL_ANSWERED), which
     every solver answers NaN: those answers are not scored, and the contract break is named; and
     one per solver whose weights() broke its contract (its weight columns are NaN)."""
-    from icl_bench.bench.runner import ILL_ANSWERED, NO_ANSWER
+    from icl_bench.bench.runner import ILL_ANSWERED, NO_ANSWER, WEIGHTS_BROKE
 
     cell = [*KEYS, "seed"]  # a cell repeated by two run folders (or in two seeds' runs) is one cell each
     ok, message = table["status"] == "ok", table["message"].fillna("")
@@ -206,7 +206,7 @@ def no_answer_notes(table: pd.DataFrame) -> list[str]:
     rows = table[ok & message.str.contains(ILL_ANSWERED, regex=False)]
     out += [f"{name}: {ILL_ANSWERED} in {len(g.drop_duplicates(cell))} of {n_cells(name)} cells (every solver "
             "answers NaN there; those answers are not scored)" for name, g in rows.groupby(label, sort=False)]
-    rows = table[ok & message.str.contains("weights(): ", regex=False)]  # (runner.run_cell: weight columns NaN)
+    rows = table[ok & message.str.contains(WEIGHTS_BROKE, regex=False)]  # (runner.run_cell: weight columns NaN)
     return out + [f"{name}: its weights() broke the contract in {len(g.drop_duplicates(cell))} of {n_cells(name)} "
                   f"cells, whose weight sparsity is NaN ({g.message.iloc[0]})" for name, g in rows.groupby(label, sort=False)]
 

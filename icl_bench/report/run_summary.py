@@ -14,7 +14,7 @@ import sys
 
 import pandas as pd
 
-from icl_bench.bench.runner import ILL_ANSWERED, NO_ANSWER, NO_PROMPT
+from icl_bench.bench.runner import ILL_ANSWERED, NO_ANSWER, NO_PROMPT, WEIGHTS_BROKE
 from icl_bench.report import aggregate as report
 from icl_bench.report.coverage import varied_axes
 
@@ -79,7 +79,7 @@ def cell_warnings(table: pd.DataFrame) -> None:
         print(f"icl-bench: WARNING: {series}: {ILL_ANSWERED} in {len(rows)} cells (e.g. N={rows.N.iloc[0]} "
               f"R={rows.R.iloc[0]} {rows.dtype.iloc[0]}: {rows.message.iloc[0]}); a solver answers NaN there "
               "(icl_bench.solvers.base.nan_if_ill_posed)", file=sys.stderr)
-    odd = table[(table.status == "ok") & table.message.str.contains("weights(): ", regex=False)]
+    odd = table[(table.status == "ok") & table.message.str.contains(WEIGHTS_BROKE, regex=False)]
     for series, rows in odd.groupby("series"):  # (runner.run_cell: its weight columns are NaN)
         print(f"icl-bench: WARNING: {series}: weight_sparsity and weight_l1 are NaN in {len(rows)} cells: "
               f"{rows.message.iloc[0]}", file=sys.stderr)

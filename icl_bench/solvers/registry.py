@@ -119,10 +119,11 @@ class Registry:
             return f"a built-in name (of {ep.module})" if _dist_name(ep) == "icl-bench" else f"declared by {_ep_origin(ep)}"
         return None
 
-    def _reserved(self) -> set[str]:
-        """The built-in names: BUILTINS and icl-bench's own entry points (its baselines)."""
-        own = {ep.name for ep in entry_points(group=self.group) if _dist_name(ep) == "icl-bench"}
-        return set(self.builtins) | own
+    def _reserved(self, eps=None) -> set[str]:
+        """The built-in names: BUILTINS and icl-bench's own entry points (its baselines), from `eps`
+        (the group's entry points, when the caller has read them already)."""
+        eps = entry_points(group=self.group) if eps is None else eps
+        return set(self.builtins) | {ep.name for ep in eps if _dist_name(ep) == "icl-bench"}
 
     def unregister(self, name: str) -> None:
         """Forget `name` (class, origin and any load error); a later lookup loads it again."""
@@ -170,12 +171,11 @@ class Registry:
         """name -> entry point; icl-bench's own declarations win, then the distribution earliest on
         sys.path, then the one whose name sorts first (`_ordered`; the others: `conflicts`)."""
         out: dict = {}
-        reserved = None
-        for ep in self._ordered():
-            if ep.name not in out and _dist_name(ep) != "icl-bench":
-                reserved = self._reserved() if reserved is None else reserved
-                if _case_twin(ep.name, reserved) is not None:  # `OLS` beside `ols`: ignored (conflicts)
-                    continue
+        eps = self._ordered()
+        reserved = self._reserved(eps)
+        for ep in eps:
+            if ep.name not in out and _dist_name(ep) != "icl-bench" and _case_twin(ep.name, reserved) is not None:
+                continue  # `OLS` beside `ols`: ignored (conflicts)
             out.setdefault(ep.name, ep)
         return out
 
@@ -218,8 +218,9 @@ class Registry:
         or, in the same folder, one whose name sorts first already declared (`_ordered`)."""
         seen: dict[str, str] = {}
         out = []
-        reserved = self._reserved()
-        for ep in self._ordered():
+        eps = self._ordered()
+        reserved = self._reserved(eps)
+        for ep in eps:
             dist = ep.dist.name if getattr(ep, "dist", None) else "unknown distribution"
             twin = _case_twin(ep.name, reserved) if _dist_name(ep) != "icl-bench" else None
             if ep.name in self.builtins:

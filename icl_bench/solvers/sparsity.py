@@ -38,9 +38,10 @@ def weight_sparsity(weights: dict[str, torch.Tensor] | None, rel: float = SPARSI
     flat = torch.cat([w.detach().reshape(-1).double().abs().cpu() for w in weights.values()])
     if flat.numel() == 0 or not bool(torch.isfinite(flat).all()):
         return math.nan
-    if float(flat.max()) == 0.0:  # every entry exactly zero: all of them count as zero (the threshold is 0)
+    largest = flat.max()
+    if float(largest) == 0.0:  # every entry exactly zero: all of them count as zero (the threshold is 0)
         return 1.0
-    return float((flat < rel * flat.max()).double().mean())
+    return float((flat < rel * largest).double().mean())
 
 
 def weight_l1(weights: dict[str, torch.Tensor] | None) -> float:
