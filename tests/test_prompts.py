@@ -150,6 +150,8 @@ def test_the_multivariate_generator_checks_its_arguments_as_the_univariate_one()
         sample_prompts_mv(PromptSpec(), 4, d=2, seed=0, device="meta")
     with pytest.raises(ValueError, match="^n_prompts: must be an integer >= 1"):
         sample_prompts_mv(PromptSpec(), 0, d=2, seed=0)
+    with pytest.raises(ValueError, match=re.escape("d: must be an integer in [1, 64] (got 'a')")):  # (it said None)
+        sample_prompts_mv(PromptSpec(), 4, d="a", seed=0)
     with pytest.raises(ValueError, match="^R: must be a real number"):
         make_batch_mv(torch.randn(2, 5, 2), torch.randn(2, 5), torch.randn(2, 2), R="1")
 

@@ -46,12 +46,13 @@ def equicorrelation_condition(d: int, rho: float) -> float:
 def _check(d, x_corr) -> tuple[int, float]:
     """(d, x_corr) as (int, float) after checking them (one-element tensors and arrays are numbers).
     Raises ValueError naming the field."""
+    given = d
     try:
         d = as_integer("d", d, 1)
     except ValueError:
         d = None
     if d is None or d > MAX_D:
-        raise ValueError(f"d: must be an integer in [1, {MAX_D}] (got {shown(d)})")
+        raise ValueError(f"d: must be an integer in [1, {MAX_D}] (got {shown(given)})")
     lo = -1.0 / (d - 1) if d > 1 else -1.0
     try:
         rho = as_real("x_corr", x_corr)
