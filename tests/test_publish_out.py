@@ -57,9 +57,25 @@ def test_an_empty_out_and_force_still_publish(tmp_path, run_dir):
     out = tmp_path / "pub"
     out.mkdir()
     assert main(["publish", str(run_dir), "--out", str(out)]) == 0 and (out / "index.html").is_file()
-    (out / "index.html").write_text("old")
+    old = (out / "index.html").stat().st_ino  # (the new report is written while the old one exists)
     assert main(["publish", str(run_dir), "--out", str(out), "--force"]) == 0
-    assert (out / "index.html").read_text() != "old"
+    assert (out / "index.html").stat().st_ino != old
+
+
+@pytest.mark.parametrize("name", ["report.md", "plots/mse_vs_n.png"])
+def test_force_refuses_a_report_whose_files_were_edited(tmp_path, run_dir, capsys, name):
+    """A user's notes added to report.md were deleted by the next --force, which compared names
+    only (found by a review): publish.json keeps each file's sha256, and an edited file is named."""
+    out = tmp_path / "pub"
+    assert main(["publish", str(run_dir), "--out", str(out)]) == 0
+    with open(out / name, "ab") as f:
+        f.write(b"MY NOTES")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["publish", str(run_dir), "--out", str(out), "--force"]) == 2
+    assert capsys.readouterr().err == (f"icl-bench: error: --out: {out} holds {name}, edited since icl-bench publish "
+                                       "wrote it; --force would delete it: move it out or choose another folder\n")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_an_unwritable_out_is_refused_before_the_work(tmp_path, run_dir, monkeypatch, capsys):
@@ -92,8 +108,8 @@ def test_force_checks_the_old_report_once_more_after_moving_it_aside(tmp_path, r
     monkeypatch.setattr(outdir, "check_out", and_then_write)
     capsys.readouterr()
     assert main(["publish", str(run_dir), "--out", str(out), "--force"]) == 2
-    assert capsys.readouterr().err == (f"icl-bench: error: --out: {out} holds late.txt, written while publish ran; "
-                                       "nothing was replaced\n")
+    assert capsys.readouterr().err == (f"icl-bench: error: --out: {out} holds late.txt, which icl-bench publish did not "
+                                       "write there (while publish ran); nothing was replaced\n")
     assert (out / "late.txt").read_text() == "user data" and (out / "index.html").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml", "pub", "run"]  # no folder left beside it
 

@@ -354,7 +354,7 @@ def _legend(fig):
 
 REFERENCE_NOTE = ("weights.png and probes.png draw the LayerNorm construction (R = 10) for reference only: no transformer "
                   "solver with LayerNorm weights (ln-closed-form, a trained-* checkpoint) has ok cells at the setting, and "
-                  "no --checkpoint was given")
+                  "no --checkpoint with LayerNorm weights was given")
 
 
 # test-fails is OLS where it runs (N = 5), drawn on top of scipy-lstsq there: a twin, though it
@@ -659,6 +659,48 @@ def test_series_that_answered_nan_on_well_posed_prompts_are_flagged_in_the_plots
     assert "NaN/inf on k of n well-posed" in " ".join(fig.texts[-1].get_text().split())
     ill = summary.assign(n_ill_posed=8, n_nonfinite=8, n_nonfinite_well_posed=0)  # NaN on ill-posed prompts: right
     assert not any("NaN" in label for label in _legend(plots.mse_vs_n(ill, setting)))
+
+
+def test_series_whose_mean_overflowed_are_flagged_and_an_all_nan_plot_is_skipped(twins_summary):
+    """A diverging gd's squared errors overflow to inf: its series had no line but a legend entry,
+    and the note said nothing; a run of only a NaN-answering solver drew an empty frame with a
+    negative y axis (found by a review). The series' label counts its inf points, the note says why,
+    and a plot with no finite mean is skipped with its reason."""
+    from icl_bench.report import plots
+    from icl_bench.report.figure import INF_NOTE, NAN_NOTE, PlotSkipped
+
+    _, summary, setting = twins_summary  # N = 8 and 16
+    blown = summary.assign(mse_vs_ols=summary.mse_vs_ols.where(~((summary.solver == "ols") & (summary.N == 8)), np.inf))
+    for fig in (plots.mse_vs_n(blown, setting), plots.gd_steps(blown, setting)):
+        assert [s for s in _legend(fig) if s.startswith("ols")][0].startswith("ols (MSE = inf at 1 of 2 points)")
+        note = " ".join(fig.texts[-1].get_text().split())
+        assert " ".join(INF_NOTE.split()) in note and "NaN/inf on k" not in note, note
+    both = blown.assign(n_nonfinite_well_posed=blown.n_nonfinite_well_posed.where(blown.solver != "ols", 16))
+    label = [s for s in _legend(plots.mse_vs_n(both, setting)) if s.startswith("ols")][0]
+    assert label.startswith("ols (NaN/inf on 32 of 64 well-posed; MSE = inf at 1 of 2 points)"), label
+    note = " ".join(plots.gd_steps(both, setting).texts[-1].get_text().split())
+    assert note.count(" ".join(INF_NOTE.split())) == 1 and note.count(" ".join(NAN_NOTE.split())) == 1, note
+    for fill in (np.nan, np.inf):
+        with pytest.raises(PlotSkipped, match="no ok cell with a finite mean MSE"):
+            plots.mse_vs_n(summary.assign(mse_vs_ols=fill), setting)
+    assert not any("inf" in label for label in _legend(plots.mse_vs_n(summary, setting)))
+
+
+def test_an_overflowed_mean_or_interval_is_named_in_the_notes(tables):
+    """A diverging gd read "inf [nan, nan]" or "3.9e+257 [nan, nan]" in the headline with no word
+    why (found by a review): the headline's and the report's notes name the overflow."""
+    from icl_bench.report.aggregate import KEYS, no_answer_notes
+
+    table = tables[0]
+    assert not [n for n in no_answer_notes(table) if "overflowed" in n]
+    name = table.series.iloc[0]
+    one = table.index[table.series == name][:1]
+    for col in ("mse_vs_ols", "mse_vs_ols_se"):
+        notes = no_answer_notes(table.assign(**{col: table[col].where(~table.index.isin(one), np.inf)}))
+        n_cells = len(table[table.series == name].drop_duplicates([*KEYS, "seed"]))
+        assert [n for n in notes if "overflowed" in n] == [
+            f"{name}: its squared errors overflowed to inf (answers beyond ~1e154: it diverged) in 1 of {n_cells} cells; "
+            "its mean MSE there is inf or its interval NaN"]
 
 
 def test_one_setting_solvers_of_a_family_get_their_own_markers():
@@ -1164,6 +1206,24 @@ def test_a_run_folder_without_metadata_json_is_published_with_a_note(run_dir, pu
     assert not any("no metadata.json" in n for n in json.loads((published / "publish.json").read_text())["notes"])
 
 
+def test_names_in_notes_are_escaped_for_markdown(run_dir, tmp_path, monkeypatch):
+    """A plugin named `<!-- headline:end -->` read "Warning: : no finite prediction" on GitHub (its name
+    hidden as an HTML comment) and `<b>` rendered bold: the notes' text is escaped in headline.md and
+    report.md as table cells are; index.html escapes it already."""
+    from icl_bench.report import aggregate, model_plots
+
+    name = "<!-- x --> a|b & <b>c</b>"
+    monkeypatch.setattr(model_plots, "collect_models", lambda *a, **k: ({}, [f"{name}: a `code` note"]))
+    monkeypatch.setattr(aggregate, "no_answer_notes", lambda table: [f"{name}: no finite prediction"])
+    assert main(["publish", str(run_dir), "--out", str(tmp_path / "p")]) == 0
+    escaped = "&lt;!-- x --> a\\|b &amp; &lt;b>c&lt;/b>"
+    assert f"Warning: {escaped}: no finite prediction." in (tmp_path / "p" / "headline.md").read_text()
+    text = (tmp_path / "p" / "report.md").read_text()
+    assert f"- {escaped}: a `code` note" in text and f"- {escaped}: no finite prediction" in text
+    assert name not in text
+    assert "&lt;!-- x --&gt; a|b &amp; &lt;b&gt;c&lt;/b&gt;: a <code>code</code> note" in (tmp_path / "p" / "index.html").read_text()
+
+
 def test_an_out_that_is_a_link_keeps_the_link_and_replaces_its_target(run_dir, tmp_path, monkeypatch):
     """publish --force over a symbolic link to an earlier report replaced the link by a folder and
     left the target stale (a carried-over item): now the target is replaced and the link kept."""
@@ -1435,6 +1495,18 @@ def test_a_checkpoint_named_twice_is_drawn_once(tables, monkeypatch, tmp_path):
     assert len(models) == 2 and notes[-1] == "--checkpoint lk/m: drawn once, as 'checkpoint trained-l1-R100'"
     _, notes = model_plots.collect_models(table, setting, ["trained-l1-R1000"], n_prompts=16)
     assert notes == ["--checkpoint trained-l1-R1000: trained at R = 1000, probed at the report's R = 10"]  # no R = 1000 run
+
+
+def test_a_checkpoint_without_layernorm_is_not_probed_as_one(tables, monkeypatch, tmp_path):
+    """`--checkpoint trained-lsa-R10` (no LayerNorm) was probed and its attention output titled
+    "layer-2 LayerNorm output"; a run's trained-lsa solver was already left out with a note."""
+    from icl_bench.report import model_plots
+
+    monkeypatch.chdir(tmp_path)
+    table, _, setting = tables
+    models, notes = model_plots.collect_models(table, setting, ["trained-lsa-R10"], n_prompts=16)
+    assert list(models) == ["construction (R=10)"]
+    assert notes[0] == "--checkpoint trained-lsa-R10: no LayerNorm weights, not drawn beside the LayerNorm construction"
 
 
 def test_grid_differences_name_a_csv_runs_noise_as_n_a():

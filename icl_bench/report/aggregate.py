@@ -192,8 +192,10 @@ def no_answer_notes(table: pd.DataFrame) -> list[str]:
     """One line per solver with "ok" cells in which it answered no prompt (the runner's message
     "no finite prediction ..."): their MSE is NaN, and a NaN must come with its reason. Then one
     line per solver with "ok" cells in which it answered ill-posed prompts (ILL_ANSWERED), which
-    every solver answers NaN: those answers are not scored, and the contract break is named; and
-    one per solver whose weights() broke its contract (its weight columns are NaN)."""
+    every solver answers NaN: those answers are not scored, and the contract break is named; one
+    per solver whose MSE vs OLS or its standard error overflowed to inf (a diverging gd: a mean of
+    inf, or an interval of NaN, must come with its reason too); and one per solver whose weights()
+    broke its contract (its weight columns are NaN)."""
     from icl_bench.bench.runner import ILL_ANSWERED, NO_ANSWER, WEIGHTS_BROKE
 
     cell = [*KEYS, "seed"]  # a cell repeated by two run folders (or in two seeds' runs) is one cell each
@@ -206,6 +208,11 @@ def no_answer_notes(table: pd.DataFrame) -> list[str]:
     rows = table[ok & message.str.contains(ILL_ANSWERED, regex=False)]
     out += [f"{name}: {ILL_ANSWERED} in {len(g.drop_duplicates(cell))} of {n_cells(name)} cells (every solver "
             "answers NaN there; those answers are not scored)" for name, g in rows.groupby(label, sort=False)]
+    big = lambda c: table[c].astype(float).abs() == math.inf if c in table else False  # noqa: E731
+    rows = table[ok & (big("mse_vs_ols") | big("mse_vs_ols_se"))]  # a diverging solver's finite answers
+    out += [f"{name}: its squared errors overflowed to inf (answers beyond ~1e154: it diverged) in "
+            f"{len(g.drop_duplicates(cell))} of {n_cells(name)} cells; its mean MSE there is inf or its interval NaN"
+            for name, g in rows.groupby(label, sort=False)]
     rows = table[ok & message.str.contains(WEIGHTS_BROKE, regex=False)]  # (runner.run_cell: weight columns NaN)
     return out + [f"{name}: its weights() broke the contract in {len(g.drop_duplicates(cell))} of {n_cells(name)} "
                   f"cells, whose weight sparsity is NaN ({g.message.iloc[0]})" for name, g in rows.groupby(label, sort=False)]

@@ -3,7 +3,8 @@
     make_panels(data, col, ..) a figure with one panel per value of a column
     finish(fig, panels, ..) axis labels, one legend for the figure, the title and the note, laid
                             out so that none is cut off
-    flag_nan(data)          series that answered NaN / inf on well-posed prompts say so in their label
+    flag_nan(data, metric)  series that answered NaN / inf on well-posed prompts, or whose mean error
+                            overflowed to inf, say so in their label
     band_note(data)         what an error band is: the report's interval, over how many prompts
                             and seeds (icl_bench/report/aggregate.py), and that it under-covers
                             heavy-tailed errors (docs/report.md)
@@ -114,22 +115,35 @@ def _rank(label: str, order) -> int:
 
 NAN_NOTE = ("NaN/inf on k of n well-posed: the solver answered NaN or inf on k of the n prompts with a least-squares answer "
             "at the points drawn; its line is the MSE over the other prompts only")
+INF_NOTE = ("MSE = inf at k of n points: the squared errors overflowed the float64 range there (finite answers beyond "
+            "~1e154: the solver diverged), so those points are not drawn")
 
 
-def flag_nan(data: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+def flag_nan(data: pd.DataFrame, metric: str | None = None) -> tuple[pd.DataFrame, str]:
     """`data` (summary rows) with " (NaN/inf on k of n well-posed)" appended to the series label of
     every series that answered NaN on well-posed prompts at its rows, k and n summed over them
     (aggregate.failed_answers, the headline's "(k of n NaN/inf)"): its MSE is over the finite answers
-    only, so unflagged it could read as the best series. Returns (data, NAN_NOTE or ""); data
-    unchanged without the counts (no n_prompts column: not a summary of aggregate.aggregate)."""
+    only, so unflagged it could read as the best series. With `metric` (the error drawn), also
+    " (MSE = inf at k of n points)" for a series whose mean overflowed to inf at k of its n points
+    (a diverging solver): a log axis cannot draw them, and unflagged its worst points vanished.
+    Returns (data, the notes that apply joined by "; ", or ""); data unchanged without the counts
+    (no n_prompts column: not a summary of aggregate.aggregate)."""
     if "n_prompts" not in data:
         return data, ""
     bad, of = failed_answers(data)
     sums = pd.DataFrame({"bad": bad, "of": of}).groupby(data["series"], sort=False).sum()
-    flagged = {s: f"{s} (NaN/inf on {int(r.bad)} of {int(r.of)} well-posed)" for s, r in sums[sums["bad"] > 0].iterrows()}
-    if not flagged:
+    labels = {s: [f"NaN/inf on {int(r.bad)} of {int(r.of)} well-posed"] for s, r in sums[sums["bad"] > 0].iterrows()}
+    notes = [NAN_NOTE] if labels else []
+    if metric is not None and metric in data:
+        inf = data[metric].astype(float) == math.inf
+        per = pd.DataFrame({"inf": inf, "n": data[metric].notna()}).groupby(data["series"], sort=False).sum()
+        for s, r in per[per["inf"] > 0].iterrows():
+            labels.setdefault(s, []).append(f"MSE = inf at {int(r.inf)} of {int(r.n)} points")
+        notes += [INF_NOTE] if (per["inf"] > 0).any() else []
+    if not labels:
         return data, ""
-    return data.assign(series=[flagged.get(s, s) for s in data["series"]]), NAN_NOTE
+    flagged = {s: f"{s} ({'; '.join(v)})" for s, v in labels.items()}
+    return data.assign(series=[flagged.get(s, s) for s in data["series"]]), "; ".join(notes)
 
 
 def span(v) -> str:

@@ -176,6 +176,9 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
                 notes.append(f"--checkpoint {path}: drawn once, as {drawn[_file_key(resolved)]!r}")
                 continue
             model, meta = load_checkpoint(resolved)
+            if not model.cfg.layernorm:  # as for a run's solver above: its probes' "LayerNorm output" is not one
+                notes.append(f"--checkpoint {path}: no LayerNorm weights, not drawn beside the LayerNorm construction")
+                continue
             if shadows_shipped(str(path), resolved):
                 notes.append(f"--checkpoint {path}: the pair in this folder ({Path(resolved).resolve().parent}), not "
                              "the shipped model of that name")
@@ -191,7 +194,7 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
         models[construction]["reference"] = True  # the construction alone, and no solver of the runs
         notes.append(f"weights.png and probes.png draw the LayerNorm construction (R = {R:g}) for reference only: no "
                      "transformer solver with LayerNorm weights (ln-closed-form, a trained-* checkpoint) has ok cells "
-                     "at the setting, and no --checkpoint was given")
+                     "at the setting, and no --checkpoint with LayerNorm weights was given")
     return models, notes
 
 

@@ -8,6 +8,7 @@ A publish writes into a hidden temporary folder beside --out and moves it into p
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -26,14 +27,23 @@ OWN_FILES = {"index.html", "report.md", "headline.md", "summary.csv", "summary.m
              *(f"plots/{name}.png" for name in PLOTS)}
 
 
+def digests(folder: Path, files) -> dict[str, str]:
+    """sha256 (hex) of each of `files` (paths relative to `folder`), for publish.json's "sha256"."""
+    return {f: hashlib.sha256((folder / f).read_bytes()).hexdigest() for f in files}
+
+
 def _not_published(out: Path) -> str | None:
     """The first path under `out` (relative, in sorted order) that the publish which wrote `out`
-    did not write (publish.json's "files"; OWN_FILES when it has none), or None. Links are never its."""
+    did not write (publish.json's "files"; OWN_FILES when it has none), or that was edited since
+    (publish.json's "sha256", where it has one), as "PATH, which icl-bench publish did not write
+    there" / "PATH, edited since icl-bench publish wrote it"; or None. Links are never its."""
     try:
-        files = json.loads((out / "publish.json").read_text()).get("files")
+        info = json.loads((out / "publish.json").read_text())
+        files, sums = info.get("files"), info.get("sha256")
     except (OSError, ValueError, AttributeError, RecursionError):  # RecursionError: nested too deeply
-        files = None
+        files = sums = None
     own = set(files) if isinstance(files, list) and all(isinstance(f, str) for f in files) else OWN_FILES
+    sums = sums if isinstance(sums, dict) else {}  # (a publish before it: names only)
     dirs = {"plots"} | {str(Path(f).parent) for f in own}
     for root, subdirs, names in os.walk(out):  # links to folders are listed, not followed
         subdirs.sort()
@@ -42,7 +52,9 @@ def _not_published(out: Path) -> str | None:
             path = (rel / name).as_posix()
             is_dir = name in subdirs and not (Path(root) / name).is_symlink()
             if (path not in dirs) if is_dir else (path not in own or (Path(root) / name).is_symlink()):
-                return path
+                return f"{path}, which icl-bench publish did not write there"
+            if not is_dir and path in sums and digests(out, [path])[path] != sums[path]:  # a user's edit of
+                return f"{path}, edited since icl-bench publish wrote it"  # report.md: --force lost it (a review)
     return None
 
 
@@ -113,8 +125,8 @@ def check_out(out: Path, runs: list[Path], force: bool, checkpoints=(), readme=N
                               "only an earlier report can be replaced (--force): choose an empty or new folder")
         other = _not_published(out)
         if other is not None:  # nor what was put there after it (a run folder, a model, notes)
-            raise ConfigError(f"--out: {out} holds {other}, which icl-bench publish did not write there; --force would "
-                              "delete it: move it out or choose another folder")
+            raise ConfigError(f"--out: {out} holds {other}; --force would delete it: move it out or choose another "
+                              "folder")
         if not force:
             raise ConfigError(f"--out: {out} holds an earlier report; pass --force to replace it")
     if out.resolve() == Path.cwd().resolve():
@@ -155,7 +167,7 @@ def move_into(tmp: Path, out: Path, force: bool, recheck) -> None:
     if other is not None:
         (old / "previous").rename(out)
         old.rmdir()
-        raise ConfigError(f"--out: {out} holds {other}, written while publish ran; nothing was replaced")
+        raise ConfigError(f"--out: {out} holds {other} (while publish ran); nothing was replaced")
     try:
         tmp.rename(out)
     except BaseException:

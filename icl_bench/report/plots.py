@@ -23,8 +23,8 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from icl_bench.report import style
-from icl_bench.report.figure import (LABELS, MSE_OLS_LABEL, PlotSkipped, band_note, finish, flag_nan, fmt,
-                                     make_panels)
+from icl_bench.report.figure import (INF_NOTE, LABELS, MSE_OLS_LABEL, NAN_NOTE, PlotSkipped, band_note, finish, flag_nan,
+                                     fmt, make_panels)
 from icl_bench.report.aggregate import select
 from icl_bench.report.series import series_order, series_styles
 from icl_bench.report.coverage import setting_words, varied_axes
@@ -43,7 +43,7 @@ def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric:
     both dtypes into the top tenth of the panels (found by a new-user tryout). The note names
     the series on the floor line and how many of their points are there. Failed points inside a
     line (plots._drawn) break it."""
-    data, nan_note = flag_nan(_gaps(data, x, col))
+    data, nan_note = flag_nan(_gaps(data, x, col), metric)
     fig, panels = make_panels(data, col, col_title, sharey=False)
     styles = series_styles(data)
     twins = style.identical_series(data, [col, x], metric)
@@ -116,6 +116,12 @@ def _gaps(data: pd.DataFrame, x: str, col: str) -> pd.DataFrame:
     return pd.concat([data[~failed], data[failed][inside]]).sort_index()
 
 
+def _finite(ok: pd.DataFrame, metric: str = "mse_vs_ols") -> bool:
+    """Whether any ok row has a finite mean of `metric`: without one a plot is an empty frame (a
+    solver that answered NaN everywhere, or whose error overflowed)."""
+    return bool(np.isfinite(ok[metric].astype(float)).any()) if metric in ok else False
+
+
 def _check_varied(d: pd.DataFrame, x: str, name: str) -> None:
     """PlotSkipped when the x axis has one value: a plot of one point per series shows no trend."""
     values = sorted(d[x].dropna().unique())
@@ -131,8 +137,8 @@ def mse_vs_n(summary: pd.DataFrame, setting: dict) -> Figure:
     other values of them). Raises PlotSkipped without ok cells there, or when N took one value."""
     axes = ("R", "dtype", "device", "d", "ood")
     d, ok = _drawn(summary, setting, axes)
-    if ok.empty:
-        raise PlotSkipped(f"mse_vs_n: no ok cells at {setting_words(setting, axes, summary)}")
+    if not _finite(ok):
+        raise PlotSkipped(f"mse_vs_n: no ok cell with a finite mean MSE at {setting_words(setting, axes, summary)}")
     _check_varied(ok, "N", "mse_vs_n")
     return _mean_ci_lines(d, "N", "noise", "noise σ", "mse_vs_ols", MSE_OLS_LABEL,
                           f"Error vs context length ({setting_words(setting, axes, summary)})")
@@ -145,8 +151,8 @@ def mse_vs_r(summary: pd.DataFrame, setting: dict) -> Figure:
     `setting`. Raises PlotSkipped without ok cells there, or when R took one value."""
     axes = ("N", "noise", "device", "d", "ood")
     d, ok = _drawn(summary, setting, axes)
-    if ok.empty:
-        raise PlotSkipped(f"mse_vs_r: no ok cells at {setting_words(setting, axes, summary)}")
+    if not _finite(ok):
+        raise PlotSkipped(f"mse_vs_r: no ok cell with a finite mean MSE at {setting_words(setting, axes, summary)}")
     _check_varied(ok, "R", "mse_vs_r")
     return _mean_ci_lines(d, "R", "dtype", "dtype", "mse_vs_ols", MSE_OLS_LABEL,
                           f"Error vs embedding constant R ({setting_words(setting, axes, summary)})")
@@ -181,9 +187,9 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     d["steps"] = [_steps(s, p) for s, p in zip(d["solver"], d["solver_params"])]
     stepped = d[d["steps"].notna()].copy()
     ok = _drawn(stepped, {}, ())[1]  # (its failed rows break lines but are not data)
-    if ok.empty:
+    if not _finite(ok):
         raise PlotSkipped(f"gd_steps: no solver in the runs set a `steps` parameter (e.g. [solvers.gd-lsa] steps = "
-                          f"[1, 4, 16]) with ok cells at "
+                          f"[1, 4, 16]) with ok cells of a finite mean MSE at "
                           f"{setting_words(setting, axes, summary)}")
     stepped["steps"] = stepped["steps"].astype(float)
     ok = ok.astype({"steps": float})
@@ -194,9 +200,9 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     # one line per solver and its parameters other than steps
     stepped["series"] = [" ".join(w for w in s.split() if not w.startswith("steps=")) for s in stepped["series"]]
     stepped["series_rank"] = stepped.groupby("series")["series_rank"].transform("min")
-    stepped, nan_note = flag_nan(_gaps(stepped, "steps", "N"))  # per line drawn: a solver over its steps
-    refs, ref_note = flag_nan(_drawn(d[d["steps"].isna()], {}, ())[1])  # a level line has no point to break
-    nan_note = nan_note or ref_note
+    stepped, nan_note = flag_nan(_gaps(stepped, "steps", "N"), "mse_vs_ols")  # per line drawn: a solver over its steps
+    refs, ref_note = flag_nan(_drawn(d[d["steps"].isna()], {}, ())[1], "mse_vs_ols")  # a level line has no point to break
+    nan_note = "; ".join(n for n in (NAN_NOTE, INF_NOTE) if n in nan_note or n in ref_note)  # once each
     fig, panels = make_panels(stepped, "N", "N")
     styles = series_styles(pd.concat([stepped, refs]))
     twins = style.identical_series(stepped, ["N", "steps"], "mse_vs_ols")

@@ -163,7 +163,7 @@ def _report_md(ctx: dict) -> str:
     lines = ["# icl-bench results", "", f"Generated {ctx['generated_at']} by:", "", "```bash", ctx["command"], "```", "",
              ctx["headline_md"]]
     if ctx["left_out"]:
-        lines += ["Left out:", ""] + [f"- {n}" for n in ctx["left_out"]] + [""]
+        lines += ["Left out:", ""] + [f"- {report.md_cell(n)}" for n in ctx["left_out"]] + [""]
     lines += ["## Scaling laws (exponent p of MSE vs OLS ∝ R^p, N^p; 95 % CI, conservative)", "",
               f"Against R at {_scaling_at(ctx, 'N')}; against N at {_scaling_at(ctx, 'R')}; every setting: "
               "[scaling.csv](scaling.csv).", "", report.to_markdown(ctx["scaling_at"]),
@@ -171,7 +171,7 @@ def _report_md(ctx: dict) -> str:
     if not ctx["mechanism"]["table"].empty:
         lines += [report.to_markdown(ctx["mechanism"]["table"]), f"Verdict: {ctx['mechanism']['source']}.", ""]
     lines += ["## Plots", ""] + [f"[![{PLOT_TITLES[n]}](plots/{n}.png)](plots/{n}.png)" for n in ctx["plots"]]
-    lines += [""] + (["## Notes", ""] + [f"- {n}" for n in ctx["notes"]] + [""] if ctx["notes"] else [])  # no empty heading
+    lines += [""] + (["## Notes", ""] + [f"- {report.md_cell(n)}" for n in ctx["notes"]] + [""] if ctx["notes"] else [])  # no empty heading
     lines += ["## Failed and skipped cells", "", report.to_markdown(ctx["failures"]),
               "## Weight sparsity", "", report.to_markdown(ctx["sparsity"]),
               f"All cells: [summary.csv](summary.csv) ({len(ctx['summary'])} rows).", "", "## Runs", ""]
@@ -242,8 +242,9 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         ill = report.ill_posed_note(summary, setting)
         headline_md = "\n".join([
             f"### Mean MSE vs OLS [95 % CI] by solver and N ({at_text})", "",
-            report.to_markdown(head), *[f"Warning: {n}." for n in silent_at], *[f"Note: {n}." for n in ill],
-            *([f"Left out: {'; '.join(gaps)}.", ""] if gaps else []),
+            report.to_markdown(head), *[f"Warning: {report.md_cell(n)}." for n in silent_at],  # (names escaped:
+            *[f"Note: {report.md_cell(n)}." for n in ill],  # a plugin's "<!-- x -->" hid itself)
+            *([f"Left out: {report.md_cell('; '.join(gaps))}.", ""] if gaps else []),
             f"Made by `{command}`{'' if force else ' (add --force to regenerate into the same folder)'}; {CI_NOTE}", "",
             "#### Median squared error vs OLS, (median |prediction − OLS|)², by solver and N (same setting)", "",
             report.to_markdown(typical), MEDIAN_NOTE, "", *target_md])
@@ -281,6 +282,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         from icl_bench.provenance import package_versions
 
         info["packages"] = package_versions()
+        info["sha256"] = outdir.digests(tmp, [f for f in info["files"] if f != "publish.json"])  # --force keeps edits
         (tmp / "publish.json").write_text(json.dumps(info, indent=2, default=_json_default), encoding="utf-8")
         _share(tmp)
         outdir.move_into(tmp, out, force, lambda: outdir.check_out(given, runs, force, checkpoints, readme))  # (as typed)
