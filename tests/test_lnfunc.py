@@ -45,6 +45,25 @@ def test_a_division_by_the_raw_second_moment_is_not_the_division():
     assert r["ln1.r2_raw"] > 0.999 > r["ln1.r2"] and r["state"] == "neither", r
 
 
+@pytest.mark.parametrize("change", ["ln2 gain 0", "readout skips the division", "readout NaN"])
+def test_a_model_whose_output_ignores_layer_2s_layernorm_does_not_divide(change):
+    """Known negatives that keep layer 2's std a perfect function of Cxx (slope 1, R² 1) while the
+    output does not use it: the frozen error was compared with 0.03, not with the model's own
+    error, so these inaccurate models (freeze = rel_mse = 0.55, or inf) read "layer-2 division"
+    (found by a review)."""
+    model = build_construction(100.0)
+    with torch.no_grad():
+        if change == "ln2 gain 0":
+            model.blocks[1].ln.weight.zero_()
+        elif change == "readout skips the division":
+            model.readout.weight[0, 3] = 0.0
+        else:
+            model.readout.weight[0, 0] = math.nan
+    r = ln_functional(model, 100.0, N=20, n_prompts=1024)
+    assert abs(r["ln1.slope"] - 1.0) < 2e-3 and r["ln1.r2"] > 0.999, r  # the std still tracks Cxx
+    assert not r["ln1.freeze"] - r["rel_mse"] >= 0.03 and r["state"] == "neither", r
+
+
 def test_unfrozen_forward_is_the_model():
     model = build_construction(100.0)
     tokens = torch.randn(16, 21, 3, dtype=torch.float64)
@@ -70,7 +89,7 @@ def test_random_weights_do_not_divide(seed):
 def test_state_names_each_case():
     div = {"slope": 1.0, "r2": 0.99, "r2_raw": 0.95, "freeze": 0.06}
     none = {"slope": 0.1, "r2": 0.2, "r2_raw": 0.2, "freeze": 0.001}
-    mk = lambda a, b: {"has_layernorm": True, **{f"ln0.{k}": v for k, v in a.items()}, **{f"ln1.{k}": v for k, v in b.items()}}  # noqa: E731
+    mk = lambda a, b: {"has_layernorm": True, "rel_mse": 1e-3, **{f"ln0.{k}": v for k, v in a.items()}, **{f"ln1.{k}": v for k, v in b.items()}}  # noqa: E731
     assert state(mk(none, div)) == "layer-2 division"
     assert state(mk(div, none)) == "layer-1 division"
     assert state(mk({"slope": 0.5, "r2": 0.9, "freeze": 0.01}, none)) == "layer-1 scale normaliser"
@@ -81,6 +100,8 @@ def test_state_names_each_case():
     assert state(mk(none, {**div, "slope": 1.3})) == "neither"
     assert state(mk(none, {**div, "slope": 1.04})) == "layer-2 division"
     assert state({"has_layernorm": False}) == "neither"
+    assert state({**mk(none, div), "rel_mse": 0.04}) == "neither"  # freezing added 0.02 only
+    assert state({**mk(none, div), "rel_mse": math.nan}) == "neither"  # an answer of NaN is no evidence
     assert ANY_ACCURATE_MODEL == ("probe.division",) and math.isfinite(div["slope"])
 
 

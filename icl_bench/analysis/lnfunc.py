@@ -17,19 +17,25 @@ Weights can implement one function in many ways, so these tests look at what the
     ln{i}.freeze            relative MSE vs OLS after replacing LayerNorm i's std, at every token,
                             by its median over prompts (per token position): how much the model
                             relies on that division. The construction at N = 20, x ~ N(0, 1):
-                            layer 1 ~ 2e-7, layer 2 ~ 0.06.
+                            layer 1 ~ 2e-7, layer 2 ~ 0.06. The tests below use its increase over
+                            rel_mse (freeze - rel_mse): an inaccurate model whose output ignores
+                            the LayerNorm has freeze = rel_mse, which is no reliance at all.
     effective_R             |embedding column of the constant| * R / max(|column of x|, |column of y|):
                             how much the constant dominates the stream (the construction: R).
 
 State (the thresholds are the success criterion of docs/mechanism.md; `state` names the first
 that holds):
-    layer-2 division          ln1 (layer 2): |slope - 1| <= 0.05, R^2 >= 0.9, R^2 > r2_raw, freeze >= 0.03
-    layer-1 division          ln0 (layer 1): |slope - 1| <= 0.05, R^2 >= 0.9, R^2 > r2_raw, freeze >= 0.03
+    layer-2 division          ln1 (layer 2): |slope - 1| <= 0.05, R^2 >= 0.9, R^2 > r2_raw,
+                              freeze - rel_mse >= 0.03
+    layer-1 division          ln0 (layer 1): the same tests on ln0
                               (a division by Cxx makes the std grow as Cxx^1: a slope of 1.3 is
                               another function of Cxx, however well it fits)
     layer-1 scale normaliser  ln0: |slope - 0.5| <= 0.15 with R^2 >= 0.5 (std ~ sqrt(Cxx)), and
                               layer 2 not dividing (a stuck state seen in training)
     neither                   otherwise (also: a model without LayerNorm)
+The construction is the known positive of "layer-2 division"; no model, built or trained, is yet
+known to reach "layer-1 division" or "layer-1 scale normaliser" (their tests are checked on numbers
+only, tests/test_lnfunc.py), so those two states are unvalidated names.
 The division probe of icl_bench.analysis.probes (b_hat (u - x_bar) decodable at the last LayerNorm) is
 passed by every accurate model whatever it does, so it is not a mechanism test.
 """
@@ -134,7 +140,10 @@ def _divides(r: dict, i: int) -> bool:
     """LayerNorm i divides by the centred variance Cxx (the thresholds of the module docstring)."""
     s, r2, f = r.get(f"ln{i}.slope", math.nan), r.get(f"ln{i}.r2", math.nan), r.get(f"ln{i}.freeze", math.nan)
     raw = r.get(f"ln{i}.r2_raw", math.nan)  # NaN (a constant std) never beats r2
-    return SLOPE_MIN <= s <= SLOPE_MAX and r2 >= R2_MIN and not raw >= r2 and f >= FREEZE_MIN
+    # the error freezing ADDS: an inaccurate model whose output ignores this LayerNorm (its gain 0, a
+    # readout that skips its slot) had freeze = rel_mse >= FREEZE_MIN and read "divides" (a review)
+    grew = f - r.get("rel_mse", math.nan)  # NaN (a model answering NaN or inf) is no evidence
+    return SLOPE_MIN <= s <= SLOPE_MAX and r2 >= R2_MIN and not raw >= r2 and grew >= FREEZE_MIN
 
 
 def state(r: dict) -> str:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import math
 from dataclasses import dataclass
 
@@ -45,6 +44,7 @@ import scipy.optimize
 import torch
 
 from icl_bench.errors import ConfigError
+from icl_bench.files import dumps
 from icl_bench.solvers.transformer import Transformer
 
 LOG_SCALE_BOUND = math.log(1e6)  # |log scale| of each residual slot in the polished alignment
@@ -271,12 +271,14 @@ def similarity(model: Transformer, construction: Transformer, *, steps: tuple[in
 
 
 def alignment_json(alignment: dict) -> str:
-    """The alignment as compact JSON text (floats rounded to 6 significant digits)."""
+    """The alignment as compact standard JSON text (floats rounded to 6 significant digits; NaN and
+    inf as null, the JSON policy of icl_bench/files.py: a bare NaN token, which json.dumps writes,
+    failed strict parsers such as JavaScript's JSON.parse)."""
     def r(v):
         return float(f"{v:.6g}") if isinstance(v, float) and math.isfinite(v) else v
     a = {k: ([r(x) for x in v] if isinstance(v, list) else {n: r(c) for n, c in v.items()} if isinstance(v, dict) else r(v))
          for k, v in alignment.items()}
-    return json.dumps(a, sort_keys=True)
+    return dumps(a, sort_keys=True)
 
 
 @torch.no_grad()
