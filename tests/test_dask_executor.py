@@ -340,7 +340,7 @@ def test_a_run_whose_cluster_has_no_worker_left_says_so_once(monkeypatch, capsys
     monkeypatch.setattr(executors, "WORKER_WAIT_S", 3.0)
     ex = executors.DaskExecutor.__new__(executors.DaskExecutor)
     ex.cfg, ex.client = Executor(kind="dask", scheduler="tcp://h:1"), SimpleNamespace(status="running")
-    ex._alive = lambda: False
+    ex._alive, ex.cluster = (lambda: False), None
     calls = []
 
     def wait(futures, timeout, return_when):
@@ -354,6 +354,38 @@ def test_a_run_whose_cluster_has_no_worker_left_says_so_once(monkeypatch, capsys
     err = capsys.readouterr().err
     assert err == ("icl-bench: waiting: the cluster at tcp://h:1 has no worker (1 cells in flight); start workers, "
                    "or Ctrl-C and --resume later\n")
+
+
+def test_a_local_cluster_left_without_workers_ends_the_run(monkeypatch):
+    """A LocalCluster whose workers a cell killed on every attempt sometimes got none back (its nanny
+    gave up restarting): the run printed "start workers" and waited forever, though no one can start
+    workers for a cluster the run started itself (found by a review). After WORKER_WAIT_S without a
+    worker it ends as a RunAborted (exit 1, the finished cells kept, the resume line)."""
+    from types import SimpleNamespace
+
+    from icl_bench.bench import executors
+    from icl_bench.errors import RunAborted
+
+    monkeypatch.setattr(executors, "WORKER_WAIT_S", 3.0)
+    ex = executors.DaskExecutor.__new__(executors.DaskExecutor)
+    ex.cfg, ex.client = Executor(kind="dask", n_workers=2), SimpleNamespace(status="running")
+    ex._alive, ex.cluster = (lambda: False), object()
+
+    def wait(futures, timeout, return_when):
+        raise TimeoutError
+    with pytest.raises(RunAborted, match=r"^executor: the local cluster has had no worker for 3 s and none came back "
+                                         r"\(2 cells in flight; a cell that kills its worker"):
+        list(ex._finished({"a": 0, "b": 1}, wait))
+    ex._alive = lambda: True  # a cell that runs long on a live worker is waited for
+    calls = []
+
+    def slow(futures, timeout, return_when):
+        calls.append(1)
+        if len(calls) < 8:
+            raise TimeoutError
+        return SimpleNamespace(done=set(futures))
+    pending = {"a": None}
+    assert [pending.pop(f) or f for f in ex._finished(pending, slow)] == ["a"]  # the caller pops what finished
 
 
 def test_a_result_lost_with_the_scheduler_is_a_run_aborted_and_a_dead_workers_result_is_waited_for(monkeypatch, capsys):
@@ -370,7 +402,7 @@ def test_a_result_lost_with_the_scheduler_is_a_run_aborted_and_a_dead_workers_re
     monkeypatch.setattr(executors, "WORKER_WAIT_S", 3.0)
     ex = executors.DaskExecutor.__new__(executors.DaskExecutor)
     ex.cfg, ex.client = Executor(kind="dask", scheduler="tcp://h:1"), SimpleNamespace(status="running")
-    ex._alive = lambda: False
+    ex._alive, ex.cluster = (lambda: False), None
 
     def closed(timeout):
         raise CommClosedError("in <TCP (closed) ConnectionPool.gather>: Stream is closed")

@@ -286,3 +286,25 @@ def test_empty_batch_off_the_cpu_chunking():
     batch = sample_prompts(PromptSpec(N=20), 3, seed=0).slice(0, 0).to("meta")
     with torch.no_grad():
         assert get_solver("gd").predict(batch).shape == (0,)
+
+
+@pytest.mark.parametrize("d", [1, 2])
+@pytest.mark.parametrize("dtype, R", [("float32", 1e20), ("float64", 1e154)])
+def test_a_layernorm_variance_that_overflows_is_no_answer(d, dtype, R):
+    """ln-closed-form at R = 1e20 (float32) or 1e154 (float64): LayerNorm's variance (c R)^2
+    overflowed to inf, its 1 / std became 0 and every slot the bias alone: finite wrong answers
+    (0, or y_bar with standardize), status ok, no NaN counted (found by a review). Now NaN, in the
+    fused kernel and the eager forward alike; one decade below, the answers are right."""
+    from icl_bench.prompts.multivariate import sample_prompts_mv
+    from icl_bench.solvers import fused
+
+    draw = lambda r: sample_prompts_mv(PromptSpec(N=20, noise=0.1, R=r), 16, d=d, seed=0, dtype=dtype)  # noqa: E731
+    for standardize in (False, True):
+        solver = get_solver("ln-closed-form", standardize=standardize)
+        assert torch.isnan(solver.predict(draw(R))).all()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(fused, "ENABLED", False)
+            assert torch.isnan(solver.predict(draw(R))).all()
+        ok = draw(R / 100)
+        err = (solver.predict(ok).double() - ok.ols_prediction).abs().max().item()
+        assert err < (1e-2 if dtype == "float32" else 1e-10), err

@@ -113,7 +113,11 @@ class DaskExecutor:
             # workers' stack sampler (10 ms) only feeds the dashboard profiles. distributed serves its
             # HTTP endpoints even with dashboard_address=None (on :8787, with a warning when a
             # concurrent run holds that port): ":0" puts them on a free port of 127.0.0.1
+            # worker-saturation 1.0: a worker holds only the cell it runs (no queue behind it), so a cell
+            # that kills its worker on every attempt no longer takes the cells queued there down with it
+            # (each death counted against them too: healthy cells became KilledWorker rows; a review)
             with dask.config.set({"distributed.scheduler.allowed-failures": cfg.retries,
+                                  "distributed.scheduler.worker-saturation": 1.0,
                                   "distributed.worker.profile.enabled": False}), _sigint_held():
                 self.cluster = LocalCluster(n_workers=cfg.n_workers, threads_per_worker=1, processes=True,
                                             host="127.0.0.1", dashboard_address=":0", resources=resources,
@@ -234,6 +238,11 @@ class DaskExecutor:
         worker; returns whether it has been said."""
         if told or idle * POLL_S < WORKER_WAIT_S or self._alive():
             return told
+        if self.cluster is not None:  # no one can start workers for the cluster this run started: waiting
+            raise RunAborted(  # never ended (its nannies gave up restarting a worker killed at once; a review)
+                f"executor: the local cluster has had no worker for {idle * POLL_S:g} s and none came back "
+                f"({len(pending)} cells in flight; a cell that kills its worker on every attempt, e.g. out of memory, "
+                "does this)")
         print(f"icl-bench: waiting: the cluster at {self.cfg.scheduler or 'the local cluster'} has no "
               f"worker ({len(pending)} cells in flight); start workers, or Ctrl-C and --resume later",
               file=sys.stderr, flush=True)

@@ -134,7 +134,7 @@ class _Block:
             out.append("mu = (" + _sum([f"a{r}" for r in rows]) + ") / fd")
             out += [f"c{r} = a{r} - mu" if r in rows else f"c{r} = -mu" for r in range(d)]
             out.append("var = (" + " + ".join(f"c{r} * c{r}" for r in range(d)) + ") / fd")
-            out.append("inv = one / np.sqrt(var + eps)")
+            out.append("inv = one / np.sqrt(var + eps) + var * zero")  # NaN where var overflowed (the eager path's)
             new = {r: (f"(h{r} + bb{r})" if bias[r] else f"h{r}") + (f" + (c{r} * g{r}) * inv" if gain[r] else "")
                    for r in range(d) if bias[r] or gain[r]}
         else:

@@ -214,7 +214,10 @@ class Block(nn.Module):
         else:
             total = a.sum(dim=1, keepdim=True)  # (B, 1, T')
         c = a - total / d  # (B, d, T'): centred over d
-        inv = torch.rsqrt(c.square().sum(dim=1, keepdim=True) / d + self.ln.eps)  # (B, 1, T'): 1 / LN std
+        var = c.square().sum(dim=1, keepdim=True) / d  # (B, 1, T')
+        # 1 / LN std; + var * 0 is exactly 0, but NaN where the variance overflowed to inf: its 1 / std of 0
+        # turned every slot into the bias alone, a finite wrong answer (ln-closed-form at R >= 2e19 in float32)
+        inv = torch.rsqrt(var + self.ln.eps) + var * 0  # (B, 1, T')
         gc = c if self.ln.weight is None else c * self.ln.weight[:, None]  # gain * centred
         base = h if self.ln.bias is None else h + self.ln.bias[:, None]
         return torch.addcmul(base, gc, inv)  # h + gain * (a - mean) / std + bias
