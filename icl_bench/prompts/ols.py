@@ -46,6 +46,7 @@ import math
 import torch
 
 CHUNK_ELEMENTS = 1 << 16  # CPU: prompts per chunk = this // N (at least 1)
+ROW_ALIGN = 16  # _sums pads each row to a multiple of this many values (64 bytes in float32)
 SHIFT_SAMPLES = 8  # values of x (and y) per prompt whose median (scaled path: mean) is the first shift
 REFINE = 4.0  # a shift with sum x'^2 > REFINE Sxx (or sum y'^2 > REFINE Syy) moves to the mean (`_refined`)
 REFINE_PASSES = 3  # at most this many more passes over such a prompt
@@ -119,9 +120,14 @@ def _sums(x: torch.Tensor, y: torch.Tensor, c: torch.Tensor, s: torch.Tensor | N
         return torch.bmm(z, z[:, 1:3].transpose(1, 2))
     step = max(B, 1) if x.device.type != "cpu" else max(1, min(B, CHUNK_ELEMENTS // N))
     G = torch.empty(B, 3, 2, dtype=x.dtype, device=x.device)
-    z = torch.empty(step, 3, N, dtype=x.dtype, device=x.device)  # rows: 1, x', y' (reused per chunk)
-    z[:, 0] = 1.0
-    xs, ys, xy = z[:, 1], z[:, 2], z[:, 1:3].transpose(1, 2)  # views; xy (step, N, 2)
+    # rows 1, x', y' (reused per chunk), each padded with zeros to a multiple of ROW_ALIGN values: every
+    # prompt's rows then start 64-byte aligned, and bmm's sums came out different in the last bits for
+    # a prompt at an odd slot of the chunk (N >= 67: a reference that depended on batch_size; a review).
+    # The zeros add exactly nothing to any sum.
+    Np = -(-N // ROW_ALIGN) * ROW_ALIGN
+    z = torch.zeros(step, 3, Np, dtype=x.dtype, device=x.device)
+    z[:, 0, :N] = 1.0
+    xs, ys, xy = z[:, 1, :N], z[:, 2, :N], z[:, 1:3].transpose(1, 2)  # views; xy (step, Np, 2)
     neg_c = -c  # (B, 2)
     for a in range(0, B, step):
         e = min(B, a + step)
@@ -260,7 +266,10 @@ def ols_predict(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor) -> torc
         y_bar + b_hat * (u - x_bar); NaN (never +-inf) for ill-posed prompts (`ill_posed`) and for
         a result that overflows the dtype. Accuracy (docs/accuracy.md): |error| <= (N + 4) u K
         with u the unit roundoff of the dtype and K the condition numerator of the prompt.
+        y and x_query of another dtype are cast to x's (a float64 y beside a float32 x was rounded
+        to float32 silently, and the answer promoted to float64: a review).
     """
+    y, x_query = y.to(x.dtype), x_query.to(x.dtype)
     kx, ky, cx, ox, yb, beta, _, fast = _moments(x, y)
     # (u - x_bar) 2^-kx as (u 2^-kx - c_x') - o_x': the scaling is exact and u - c_x' cancels
     # without loss near the prompt's offset, where u - (c_x' + o_x') would first round x_bar to the
