@@ -253,3 +253,20 @@ def test_non_finite_weights_have_no_sparsity():
     assert math.isnan(weight_sparsity({"a": torch.tensor([1.0, 0.0]), "b": torch.tensor([float("nan"), 1.0])}))
     assert math.isnan(weight_sparsity({"a": torch.tensor([float("inf"), 0.0])}))
     assert weight_sparsity({"a": torch.tensor([1.0, 0.0])}) == 0.5
+
+
+def test_run_warning_and_error_lines_name_d_and_ood_when_they_tell_cells_apart(capsys):
+    """The lines said "N=80 R=100.0 float64" of a d = 64 cell, leaving out the one axis that told
+    it from the d = 1 cells (found by a review)."""
+    import pandas as pd
+
+    from icl_bench.bench.runner import NO_ANSWER
+    from icl_bench.report.run_summary import cell_warnings
+
+    row = dict(solver="ols", solver_params="", N=30, R=100.0, dtype="float32", device="cpu", d=1, ood="none", prompts="")
+    cell_warnings(pd.DataFrame([{**row, "d": 3, "status": "error", "message": "RuntimeError: x"},
+                                {**row, "ood": "x-shift", "status": "ok", "message": f"{NO_ANSWER}: NaN"},
+                                {**row, "status": "error", "message": "RuntimeError: y"}]))
+    err = capsys.readouterr().err
+    assert "(e.g. N=30 ood=x-shift R=100.0 float32: " in err and "error: ols  N=30 d=3 R=100.0 float32 cpu: RuntimeError: x" in err
+    assert "error: ols  N=30 R=100.0 float32 cpu: RuntimeError: y" in err

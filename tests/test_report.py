@@ -534,6 +534,11 @@ def test_identical_series_are_overlaid_and_named_and_one_value_axes_are_centred(
         plots.mse_vs_r(summary, setting)
     with pytest.raises(plots.PlotSkipped, match=r"mse_vs_n: N did not vary \(N = 8\)"):
         plots.mse_vs_n(summary[summary.N == 8], setting)
+    # N varied, but only N = 8 has ok cells (N <= d at d = 3): not "did not vary ... add a list" (a review)
+    failed = summary[summary.N == 16].assign(failed=True, mse_vs_ols=np.nan)
+    with pytest.raises(plots.PlotSkipped, match=r"^mse_vs_n: only N = 8 has ok cells at this setting \(every cell at "
+                                                r"N = 16 errored or was skipped: failures.md\)$"):
+        plots.mse_vs_n(pd.concat([summary[summary.N == 8].assign(failed=False), failed]), setting)
     fig = plots.gd_steps(summary, setting)
     assert _legend(fig) == ["gd", "gd-lsa (= gd)", "ols (no steps)", style.FLOOR_LABEL]
     with pytest.raises(plots.PlotSkipped, match=r"steps did not vary \(gd steps=4, gd-lsa steps=4\)"):

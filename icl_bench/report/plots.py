@@ -122,11 +122,17 @@ def _finite(ok: pd.DataFrame, metric: str = "mse_vs_ols") -> bool:
     return bool(np.isfinite(ok[metric].astype(float)).any()) if metric in ok else False
 
 
-def _check_varied(d: pd.DataFrame, x: str, name: str) -> None:
-    """PlotSkipped when the x axis has one value: a plot of one point per series shows no trend."""
+def _check_varied(d: pd.DataFrame, x: str, name: str, every: pd.DataFrame | None = None) -> None:
+    """PlotSkipped when the x axis of the ok rows `d` has one value: a plot of one point per series
+    shows no trend. `every`: the rows at the setting, failed ones too (_drawn), so that an axis that
+    varied but has ok cells at one value only is not called unvaried (N = 2, 3 at d = 3: a review)."""
     values = sorted(d[x].dropna().unique())
     if len(values) < 2:
         shown = ", ".join(fmt(v) for v in values) or "none"
+        others = sorted(set(every[x].dropna().unique()) - set(values)) if every is not None else []
+        if others:
+            raise PlotSkipped(f"{name}: only {x} = {shown} has ok cells at this setting (every cell at {x} = "
+                              f"{', '.join(fmt(v) for v in others)} errored or was skipped: failures.md)")
         raise PlotSkipped(f"{name}: {x} did not vary ({x} = {shown}); add a list of {x} values to the config's [grid] "
                           "to draw it")
 
@@ -139,7 +145,7 @@ def mse_vs_n(summary: pd.DataFrame, setting: dict) -> Figure:
     d, ok = _drawn(summary, setting, axes)
     if not _finite(ok):
         raise PlotSkipped(f"mse_vs_n: no ok cell with a finite mean MSE at {setting_words(setting, axes, summary)}")
-    _check_varied(ok, "N", "mse_vs_n")
+    _check_varied(ok, "N", "mse_vs_n", d)
     return _mean_ci_lines(d, "N", "noise", "noise σ", "mse_vs_ols", MSE_OLS_LABEL,
                           f"Error vs context length ({setting_words(setting, axes, summary)})")
 
@@ -153,7 +159,7 @@ def mse_vs_r(summary: pd.DataFrame, setting: dict) -> Figure:
     d, ok = _drawn(summary, setting, axes)
     if not _finite(ok):
         raise PlotSkipped(f"mse_vs_r: no ok cell with a finite mean MSE at {setting_words(setting, axes, summary)}")
-    _check_varied(ok, "R", "mse_vs_r")
+    _check_varied(ok, "R", "mse_vs_r", d)
     return _mean_ci_lines(d, "R", "dtype", "dtype", "mse_vs_ols", MSE_OLS_LABEL,
                           f"Error vs embedding constant R ({setting_words(setting, axes, summary)})")
 

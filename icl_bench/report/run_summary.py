@@ -73,11 +73,11 @@ def cell_warnings(table: pd.DataFrame) -> None:
     for series, rows in silent.groupby("series"):
         ran = int(((table.series == series) & (table.status != "skipped")).sum())  # skipped cells did not answer
         print(f"icl-bench: WARNING: {series}: {NO_ANSWER} in {len(rows)} of the {ran} cells it ran "
-              f"(e.g. N={rows.N.iloc[0]} R={rows.R.iloc[0]} {rows.dtype.iloc[0]}: {rows.message.iloc[0]})", file=sys.stderr)
+              f"(e.g. {_where(rows.iloc[0])}: {rows.message.iloc[0]})", file=sys.stderr)
     made_up = table[(table.status == "ok") & table.message.str.contains(ILL_ANSWERED, regex=False)]
     for series, rows in made_up.groupby("series"):
-        print(f"icl-bench: WARNING: {series}: {ILL_ANSWERED} in {len(rows)} cells (e.g. N={rows.N.iloc[0]} "
-              f"R={rows.R.iloc[0]} {rows.dtype.iloc[0]}: {rows.message.iloc[0]}); a solver answers NaN there "
+        print(f"icl-bench: WARNING: {series}: {ILL_ANSWERED} in {len(rows)} cells (e.g. {_where(rows.iloc[0])}: "
+              f"{rows.message.iloc[0]}); a solver answers NaN there "
               "(icl_bench.solvers.base.nan_if_ill_posed)", file=sys.stderr)
     odd = table[(table.status == "ok") & table.message.str.contains(WEIGHTS_BROKE, regex=False)]
     for series, rows in odd.groupby("series"):  # (runner.run_cell: its weight columns are NaN)
@@ -85,5 +85,12 @@ def cell_warnings(table: pd.DataFrame) -> None:
               f"{rows.message.iloc[0]}", file=sys.stderr)
     errors = table[table.status == "error"]
     for _, r in errors.head(5).iterrows():
-        print(f"error: {r['solver']} {r['solver_params']} N={r['N']} R={r['R']} {r['dtype']} {r['device']}: {r['message']}",
-              file=sys.stderr)
+        print(f"error: {r['solver']} {r['solver_params']} {_where(r)} {r['device']}: {r['message']}", file=sys.stderr)
+
+
+def _where(row) -> str:
+    """"N=30 R=100.0 float32" of a result row, with d and ood where they are not 1 / none (the axis
+    that told two cells apart was missing from the lines: a review)."""
+    extra = "".join(f" {a}={row[a]}" for a, plain in (("d", 1), ("ood", "none")) if a in row and pd.notna(row[a])
+                    and row[a] != plain)
+    return f"N={row['N']}{extra} R={row['R']} {row['dtype']}"
