@@ -230,6 +230,7 @@ class Transformer(nn.Module):
     """
 
     CHUNK_TOKENS = 65536  # CPU forward: prompts per chunk = this // (N+1), at least 1 (cache-sized)
+    MAPS_AT_ONCE = 2**25  # folded-map values held at once (256 MiB in float64); beyond, layer by layer
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -277,22 +278,39 @@ class Transformer(nn.Module):
         return out, ext
 
     def forward_eager(self, tokens: torch.Tensor) -> torch.Tensor:
-        """`forward` in torch ops (any device, differentiable): the channels-first fast path below."""
-        maps = [block.attn.folded_map() for block in self.blocks]
+        """`forward` in torch ops (any device, differentiable): the channels-first fast path below.
+        Chunk by chunk, every layer's folded map held at once; where those maps would exceed
+        MAPS_AT_ONCE values (they grow as layers * H^2 d^4: the d = 64 ln-closed-form's 65 layers took
+        42 GB), layer by layer over the chunks instead, one map at a time: the same arithmetic."""
         B, T = tokens.shape[:2]
         step = max(1, self.CHUNK_TOKENS // T) if tokens.device.type == "cpu" else max(B, 1)
-        outs = [self._forward_channels(tokens[i:i + step], maps) for i in range(0, B, step)]
-        if not outs:  # B = 0: the empty batch goes through once, so shape, dtype and device are right
-            return self._forward_channels(tokens, maps)
+        chunks = [tokens[i:i + step] for i in range(0, B, step)] or [tokens]  # B = 0: once, for shape and dtype
+        H, d = self.cfg.n_heads, self.cfg.d_model
+        last = len(self.blocks) - 1
+        if len(self.blocks) * d * d * (H * d) ** 2 <= self.MAPS_AT_ONCE:
+            maps = [block.attn.folded_map() for block in self.blocks]
+            hs = []
+            for c in chunks:  # chunk-major: each chunk's stream stays in cache through the layers
+                hT = self._embed(c)
+                for i, (block, K) in enumerate(zip(self.blocks, maps)):
+                    hT = block.forward_channels(hT, K, query_only=(i == last and self.cfg.readout == "query"))
+                hs.append(hT)
+        else:
+            hs = [self._embed(c) for c in chunks]
+            for i, block in enumerate(self.blocks):
+                K = block.attn.folded_map()
+                hs = [block.forward_channels(h, K, query_only=(i == last and self.cfg.readout == "query")) for h in hs]
+                del K
+        outs = [self._readout(h) for h in hs]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def _forward_channels(self, tokens: torch.Tensor, maps: list[tuple]) -> torch.Tensor:
-        """One chunk of `forward`: tokens (b, T, d_in) -> (b,)."""
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (b, T, d_in) -> the channels-first stream (b, d, T)."""
         W = self.embed.weight  # (d, d_in)
-        hT = torch.bmm(W.expand(tokens.shape[0], -1, -1).contiguous(), tokens.transpose(1, 2))  # (b, d, T)
-        last = len(self.blocks) - 1
-        for i, (block, K) in enumerate(zip(self.blocks, maps)):
-            hT = block.forward_channels(hT, K, query_only=(i == last and self.cfg.readout == "query"))
+        return torch.bmm(W.expand(tokens.shape[0], -1, -1).contiguous(), tokens.transpose(1, 2))
+
+    def _readout(self, hT: torch.Tensor) -> torch.Tensor:
+        """The last stream (b, d, T) or its query token (b, d, 1) -> predictions (b,)."""
         feats = hT.transpose(1, 2).flatten(1) if self.cfg.readout == "flatten" else hT[:, :, -1]
         return self.readout(feats).squeeze(-1)  # (b,)
 
