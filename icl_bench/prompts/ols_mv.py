@@ -43,7 +43,10 @@ rank-deficient. Two numbers measure that, both of the *centred* problem:
 Computing X~ perturbs column j by about eps * ||x'_j|| = eps * gamma * ||X~_j|| (normwise), and
 Householder QR adds a backward error of about N * eps (Higham, *Accuracy and Stability of
 Numerical Algorithms*, 2nd ed., Theorem 19.4); a relative perturbation delta of A moves sigma_min by up
-to delta * sigma_max, so the answer has no correct digit once N * eps * kappa * gamma >= 1:
+to delta * sigma_max, so no correct digit is guaranteed once N * eps * kappa * gamma >= 1 (a
+worst-case bound: measured errors are often smaller, e.g. 3 digits at N = 2000, kappa = 2e12 in
+float64; and float32 `ols` at N > 1 / eps32 = 8.4e6 answers NaN even at kappa = 1, where the d = 1
+path answers; docs/ln-closed-form-multivariate.md):
 
     ill-posed  <=>  any non-finite value in x, y or u,  or  N * eps * kappa * gamma >= 1
                     (kappa = inf when a column of X~ is exactly 0 or N <= d).
