@@ -270,7 +270,7 @@ def ols_predict(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor) -> torc
         to float32 silently, and the answer promoted to float64: a review).
     """
     y, x_query = y.to(x.dtype), x_query.to(x.dtype)
-    kx, ky, cx, ox, yb, beta, _, fast = _moments(x, y)
+    kx, ky, cx, ox, yb, beta, bad, fast = _moments(x, y)
     # (u - x_bar) 2^-kx as (u 2^-kx - c_x') - o_x': the scaling is exact and u - c_x' cancels
     # without loss near the prompt's offset, where u - (c_x' + o_x') would first round x_bar to the
     # offset's ulp (x = 1e4 + 0.01 z in float32: relative errors of order 1; docs/accuracy.md)
@@ -290,7 +290,16 @@ def ols_predict(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor) -> torc
         idx = far.nonzero().squeeze(1)
         alt = ldexp(yb[idx] - beta[idx] * (cx[idx] + ox[idx]), ky[idx]) + ldexp(beta[idx], ky[idx] - kx[idx]) * x_query[idx]
         pred = pred.index_put((idx,), alt)  # out of place: the gradient of the rows replaced is 0
-    return pred.masked_fill(~torch.isfinite(pred), float("nan"))
+    pred = pred.masked_fill(~torch.isfinite(pred), float("nan"))
+    lost = torch.isnan(pred) & ~bad & torch.isfinite(beta) & torch.isfinite(x_query)  # (B,) overflowed inside
+    if x.dtype == torch.float32 and not pred.requires_grad and bool(lost.any()):
+        # float32's exponent range is too short for the scaling: subnormal x (2^-149) scaled by at most
+        # 2^104 left slope * u beyond float32 on answers of 1e32..3e38 (a review). float64 holds every
+        # intermediate of float32 data: answer there, rounded once (NaN where it is beyond float32)
+        idx = lost.nonzero().squeeze(1)
+        redo = ols_predict(x[idx].double(), y[idx].double(), x_query[idx].double()).float()
+        pred = pred.index_put((idx,), redo.masked_fill(~torch.isfinite(redo), float("nan")))
+    return pred
 
 
 def centred_scales(x: torch.Tensor, y: torch.Tensor):
