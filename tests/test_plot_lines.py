@@ -69,7 +69,7 @@ def test_a_failed_point_breaks_its_line_and_the_note_says_why(drawn):
     assert "a gap in a line: every cell of that point errored or was skipped (failures.md)" in note
     assert "(32 prompts, 1 prompt seed;" in note  # the failed point counts no prompts
     assert not np.isnan(np.asarray(_line(fig, "gd steps=8").get_ydata(), dtype=float)).any()  # (ols: on the floor line)
-    with pytest.raises(plots.PlotSkipped, match="no ok cells"):  # failed rows alone are no data
+    with pytest.raises(plots.PlotSkipped, match="no ok cell with a finite mean"):  # failed rows alone are no data
         plots.mse_vs_n(summary[summary["failed"]], setting)
 
 

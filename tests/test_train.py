@@ -35,6 +35,24 @@ def test_reproducible_and_seed_matters():
     assert not all(torch.equal(va, vc) for va, vc in zip(a.state_dict().values(), c.state_dict().values()))
 
 
+@pytest.mark.parametrize("before", [False, True])
+def test_training_leaves_the_process_flushing_subnormals_as_it_found_it(before):
+    """train() turned on torch.set_flush_denormal for the whole process and left it on: every later
+    computation (a benchmark, float32 OLS of subnormal x, which then read NaN) flushed subnormals
+    to 0 (found by a review). It is restored, after a training that raises too."""
+    from icl_bench.training.train import _flushing
+
+    torch.set_flush_denormal(before)
+    try:
+        train(TrainConfig(**dict(TINY, steps=2, eval_every=1, eval_prompts=16, batch_size=8)))
+        assert _flushing() is before
+        with pytest.raises(AttributeError):  # (a model that is not one fails inside the training)
+            train(TrainConfig(**dict(TINY, steps=2)), model="not a model")
+        assert _flushing() is before
+    finally:
+        torch.set_flush_denormal(False)
+
+
 def test_preconditioning_keeps_the_function():
     cfg = TrainConfig(**dict(TINY, R=1000.0, precondition_R=1.0))
     model = init_model(cfg)

@@ -153,7 +153,21 @@ def train(cfg: TrainConfig, model: Transformer | None = None) -> tuple[Transform
         sample_prompts(seed = cfg.seed * 1_000_000 + t).
     """
     torch.set_num_threads(cfg.threads)
+    flushing = _flushing()
     torch.set_flush_denormal(True)  # denormals slow CPU training > 10x (docs/design.md §8)
+    try:
+        return _train(cfg, model)
+    finally:  # process-wide: left on, every later computation of the process flushed subnormals to 0
+        torch.set_flush_denormal(flushing)  # (float32 OLS of subnormal x read NaN after a training; a review)
+
+
+def _flushing() -> bool:
+    """Whether torch flushes subnormal floats to zero now (torch.set_flush_denormal has no getter)."""
+    return float((torch.tensor([2.0 ** -1070], dtype=torch.float64) * 1.0).item()) == 0.0
+
+
+def _train(cfg: TrainConfig, model: Transformer | None) -> tuple[Transformer, list[dict]]:
+    """train's body, with denormals flushed."""
     dtype = resolve_dtype(cfg.dtype)
     model = init_model(cfg) if model is None else model
     precondition(model, cfg)
