@@ -330,27 +330,42 @@ def test_bad_executor_flags_exit_2_and_write_nothing(tmp_path, monkeypatch, caps
                                            'distributed (pip install "icl-bench[dask]")\n')
 
 
-def test_a_run_whose_cluster_has_no_worker_left_says_so_once(monkeypatch, capsys):
-    # every worker died and none came back: the scheduler keeps the cells queued and the driver
-    # would wait in silence; after WORKER_WAIT_S it prints one line (and keeps waiting)
+def _stub_executor(monkeypatch, cfg, cluster=None):
+    """A DaskExecutor with no cluster behind it: a running client, no worker alive, WORKER_WAIT_S 3 s
+    (`cluster`: None for --scheduler, anything else for the LocalCluster the run started)."""
     from types import SimpleNamespace
 
     from icl_bench.bench import executors
 
     monkeypatch.setattr(executors, "WORKER_WAIT_S", 3.0)
     ex = executors.DaskExecutor.__new__(executors.DaskExecutor)
-    ex.cfg, ex.client = Executor(kind="dask", scheduler="tcp://h:1"), SimpleNamespace(status="running")
-    ex._alive, ex.cluster = (lambda: False), None
+    ex.cfg, ex.client = cfg, SimpleNamespace(status="running")
+    ex._alive, ex.cluster = (lambda: False), cluster
+    return ex
+
+
+def _done_after(polls: int | None):
+    """A distributed.wait stand-in: nothing finishes for polls - 1 calls, then every future (None:
+    never; after 100 calls an AssertionError, so a run that waits forever fails the test, not hangs)."""
+    from types import SimpleNamespace
+
     calls = []
 
     def wait(futures, timeout, return_when):
         calls.append(1)
-        if len(calls) < 8:
+        assert len(calls) <= 100, "still waiting after 100 polls: the run would never end"
+        if polls is None or len(calls) < polls:
             raise TimeoutError
         return SimpleNamespace(done=set(futures))
+    return wait
 
+
+def test_a_run_whose_cluster_has_no_worker_left_says_so_once(monkeypatch, capsys):
+    # every worker died and none came back: the scheduler keeps the cells queued and the driver
+    # would wait in silence; after WORKER_WAIT_S it prints one line (and keeps waiting)
+    ex = _stub_executor(monkeypatch, Executor(kind="dask", scheduler="tcp://h:1"))
     pending = {"f": None}
-    assert [pending.pop(f) or f for f in ex._finished(pending, wait)] == ["f"]  # the caller pops what finished
+    assert [pending.pop(f) or f for f in ex._finished(pending, _done_after(8))] == ["f"]  # the caller pops what finished
     err = capsys.readouterr().err
     assert err == ("icl-bench: waiting: the cluster at tcp://h:1 has no worker (1 cells in flight); start workers, "
                    "or Ctrl-C and --resume later\n")
@@ -361,31 +376,39 @@ def test_a_local_cluster_left_without_workers_ends_the_run(monkeypatch):
     gave up restarting): the run printed "start workers" and waited forever, though no one can start
     workers for a cluster the run started itself (found by a review). After WORKER_WAIT_S without a
     worker it ends as a RunAborted (exit 1, the finished cells kept, the resume line)."""
-    from types import SimpleNamespace
-
-    from icl_bench.bench import executors
     from icl_bench.errors import RunAborted
 
-    monkeypatch.setattr(executors, "WORKER_WAIT_S", 3.0)
-    ex = executors.DaskExecutor.__new__(executors.DaskExecutor)
-    ex.cfg, ex.client = Executor(kind="dask", n_workers=2), SimpleNamespace(status="running")
-    ex._alive, ex.cluster = (lambda: False), object()
-
-    def wait(futures, timeout, return_when):
-        raise TimeoutError
+    ex = _stub_executor(monkeypatch, Executor(kind="dask", n_workers=2), cluster=object())
     with pytest.raises(RunAborted, match=r"^executor: the local cluster has had no worker for 3 s and none came back "
                                          r"\(2 cells in flight; a cell that kills its worker"):
-        list(ex._finished({"a": 0, "b": 1}, wait))
+        list(ex._finished({"a": 0, "b": 1}, _done_after(None)))
     ex._alive = lambda: True  # a cell that runs long on a live worker is waited for
-    calls = []
-
-    def slow(futures, timeout, return_when):
-        calls.append(1)
-        if len(calls) < 8:
-            raise TimeoutError
-        return SimpleNamespace(done=set(futures))
     pending = {"a": None}
-    assert [pending.pop(f) or f for f in ex._finished(pending, slow)] == ["a"]  # the caller pops what finished
+    assert [pending.pop(f) or f for f in ex._finished(pending, _done_after(8))] == ["a"]  # the caller pops what finished
+
+
+def test_the_local_cluster_queues_no_cell_behind_a_running_one(monkeypatch):
+    """A cell that kills its worker on every attempt took the cells queued behind it on that worker
+    down too (KilledWorker rows for healthy cells; a review): the LocalCluster's scheduler is made
+    with worker-saturation 1.0, one cell per one-thread worker, and the run's retries."""
+    import dask
+    import distributed
+
+    from icl_bench.bench import executors
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def cluster(**kwargs):
+        seen.update(saturation=dask.config.get("distributed.scheduler.worker-saturation"),
+                    failures=dask.config.get("distributed.scheduler.allowed-failures"), **kwargs)
+        raise Stop
+    monkeypatch.setattr(distributed, "LocalCluster", cluster)
+    with pytest.raises(Stop):
+        executors.DaskExecutor(Executor(kind="dask", n_workers=2, retries=1))
+    assert seen["saturation"] == 1.0 and seen["failures"] == 1 and seen["threads_per_worker"] == 1
 
 
 def test_a_result_lost_with_the_scheduler_is_a_run_aborted_and_a_dead_workers_result_is_waited_for(monkeypatch, capsys):

@@ -76,6 +76,9 @@ def test_the_reference_of_a_prompt_does_not_depend_on_its_batch(dtype, N):
     assert torch.equal(full, alone)
     perm = torch.randperm(40, generator=g)
     assert torch.equal(ols_predict(x[perm], y[perm], u[perm]), full[perm])
+    xg = x.clone().requires_grad_(True)  # the autograd branch pads its rows the same way (a review)
+    grad = ols_predict(xg, y, u).detach()
+    assert torch.equal(grad, torch.cat([ols_predict(xg[i:i + 1], y[i:i + 1], u[i:i + 1]).detach() for i in range(40)]))
 
 
 def test_mixed_dtypes_are_computed_and_answered_in_the_dtype_of_x():

@@ -677,18 +677,26 @@ def test_series_whose_mean_overflowed_are_flagged_and_an_all_nan_plot_is_skipped
     _, summary, setting = twins_summary  # N = 8 and 16
     blown = summary.assign(mse_vs_ols=summary.mse_vs_ols.where(~((summary.solver == "ols") & (summary.N == 8)), np.inf))
     for fig in (plots.mse_vs_n(blown, setting), plots.gd_steps(blown, setting)):
-        assert [s for s in _legend(fig) if s.startswith("ols")][0].startswith("ols (MSE = inf at 1 of 2 points)")
+        assert [s for s in _legend(fig) if s.startswith("ols")][0].startswith("ols (MSE off the scale at 1 of 2 points)")
         note = " ".join(fig.texts[-1].get_text().split())
         assert " ".join(INF_NOTE.split()) in note and "NaN/inf on k" not in note, note
     both = blown.assign(n_nonfinite_well_posed=blown.n_nonfinite_well_posed.where(blown.solver != "ols", 16))
     label = [s for s in _legend(plots.mse_vs_n(both, setting)) if s.startswith("ols")][0]
-    assert label.startswith("ols (NaN/inf on 32 of 64 well-posed; MSE = inf at 1 of 2 points)"), label
+    assert label.startswith("ols (NaN/inf on 32 of 64 well-posed; MSE off the scale at 1 of 2 points)"), label
     note = " ".join(plots.gd_steps(both, setting).texts[-1].get_text().split())
     assert note.count(" ".join(INF_NOTE.split())) == 1 and note.count(" ".join(NAN_NOTE.split())) == 1, note
     for fill in (np.nan, np.inf):
         with pytest.raises(PlotSkipped, match="no ok cell with a finite mean MSE"):
             plots.mse_vs_n(summary.assign(mse_vs_ols=fill), setting)
-    assert not any("inf" in label for label in _legend(plots.mse_vs_n(summary, setting)))
+    assert not any("off the scale" in label for label in _legend(plots.mse_vs_n(summary, setting)))
+    # a finite mean near the top of float64 (a diverging gd at 2e303) overflowed the axis margins, and
+    # matplotlib's "Axis limits cannot be NaN or Inf" ended publish (a review): flagged as off the scale
+    huge = summary.solver == "gd"
+    near = summary.assign(mse_vs_ols=summary.mse_vs_ols.where(~huge, 2e303),
+                          mse_vs_ols_ci_high=summary.mse_vs_ols_ci_high.where(~huge, 1e308))
+    fig = plots.mse_vs_n(near, setting)
+    fig.canvas.draw()  # (the limits are checked when drawn)
+    assert all("off the scale at 2 of 2 points" in s for s in _legend(fig) if s.startswith("gd ")), _legend(fig)
 
 
 def test_an_overflowed_mean_or_interval_is_named_in_the_notes(tables):
@@ -700,12 +708,16 @@ def test_an_overflowed_mean_or_interval_is_named_in_the_notes(tables):
     assert not [n for n in no_answer_notes(table) if "overflowed" in n]
     name = table.series.iloc[0]
     one = table.index[table.series == name][:1]
-    for col in ("mse_vs_ols", "mse_vs_ols_se"):
+    n_cells = len(table[table.series == name].drop_duplicates([*KEYS, "seed"]))
+    said = {"mse_vs_ols": f"{name}: its squared errors overflowed to inf (answers beyond ~1e154: it diverged) in 1 of "
+                          f"{n_cells} cells; its mean MSE there is inf",
+            "mse_vs_ols_se": f"{name}: the standard error of its MSE overflowed to inf (squared errors beyond ~1e154: it "
+                             f"diverged) in 1 of {n_cells} cells; its interval there is NaN"}  # (the mean is finite)
+    for col, line in said.items():
         notes = no_answer_notes(table.assign(**{col: table[col].where(~table.index.isin(one), np.inf)}))
-        n_cells = len(table[table.series == name].drop_duplicates([*KEYS, "seed"]))
-        assert [n for n in notes if "overflowed" in n] == [
-            f"{name}: its squared errors overflowed to inf (answers beyond ~1e154: it diverged) in 1 of {n_cells} cells; "
-            "its mean MSE there is inf or its interval NaN"]
+        assert [n for n in notes if "overflowed" in n] == [line]
+    both = table.assign(mse_vs_ols=np.inf, mse_vs_ols_se=np.inf)  # an inf mean's inf error: the mean's line alone
+    assert not [n for n in no_answer_notes(both) if "standard error of its MSE" in n]
 
 
 def test_one_setting_solvers_of_a_family_get_their_own_markers():

@@ -114,9 +114,11 @@ def _sums(x: torch.Tensor, y: torch.Tensor, c: torch.Tensor, s: torch.Tensor | N
     rounding of the exact difference; x, y (B, N), c (B, 2), all in x's dtype. On the CPU the
     prompts go through in chunks of about CHUNK_ELEMENTS values, x' and y' in one reused buffer."""
     B, N = x.shape
+    Np = -(-N // ROW_ALIGN) * ROW_ALIGN  # rows padded with zeros (below: the answer then ignores the slot)
     if torch.is_grad_enabled() and (x.requires_grad or y.requires_grad):  # autograd records no out= ops
         xs, ys = (x, y) if s is None else (x * s[:, :1], y * s[:, 1:])
         z = torch.stack([torch.ones_like(x), xs - c[:, :1], ys - c[:, 1:]], dim=1)  # (B, 3, N)
+        z = torch.nn.functional.pad(z, (0, Np - N))  # (B, 3, Np): the same sums as without gradients
         return torch.bmm(z, z[:, 1:3].transpose(1, 2))
     step = max(B, 1) if x.device.type != "cpu" else max(1, min(B, CHUNK_ELEMENTS // N))
     G = torch.empty(B, 3, 2, dtype=x.dtype, device=x.device)
@@ -124,7 +126,6 @@ def _sums(x: torch.Tensor, y: torch.Tensor, c: torch.Tensor, s: torch.Tensor | N
     # prompt's rows then start 64-byte aligned, and bmm's sums came out different in the last bits for
     # a prompt at an odd slot of the chunk (N >= 67: a reference that depended on batch_size; a review).
     # The zeros add exactly nothing to any sum.
-    Np = -(-N // ROW_ALIGN) * ROW_ALIGN
     z = torch.zeros(step, 3, Np, dtype=x.dtype, device=x.device)
     z[:, 0, :N] = 1.0
     xs, ys, xy = z[:, 1, :N], z[:, 2, :N], z[:, 1:3].transpose(1, 2)  # views; xy (step, Np, 2)

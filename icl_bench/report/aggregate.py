@@ -209,9 +209,13 @@ def no_answer_notes(table: pd.DataFrame) -> list[str]:
     out += [f"{name}: {ILL_ANSWERED} in {len(g.drop_duplicates(cell))} of {n_cells(name)} cells (every solver "
             "answers NaN there; those answers are not scored)" for name, g in rows.groupby(label, sort=False)]
     big = lambda c: table[c].astype(float).abs() == math.inf if c in table else False  # noqa: E731
-    rows = table[ok & (big("mse_vs_ols") | big("mse_vs_ols_se"))]  # a diverging solver's finite answers
+    rows = table[ok & big("mse_vs_ols")]  # a diverging solver's finite answers
     out += [f"{name}: its squared errors overflowed to inf (answers beyond ~1e154: it diverged) in "
-            f"{len(g.drop_duplicates(cell))} of {n_cells(name)} cells; its mean MSE there is inf or its interval NaN"
+            f"{len(g.drop_duplicates(cell))} of {n_cells(name)} cells; its mean MSE there is inf"
+            for name, g in rows.groupby(label, sort=False)]
+    rows = table[ok & big("mse_vs_ols_se") & ~big("mse_vs_ols")]  # the squares of squared errors beyond ~1e77
+    out += [f"{name}: the standard error of its MSE overflowed to inf (squared errors beyond ~1e154: it diverged) "
+            f"in {len(g.drop_duplicates(cell))} of {n_cells(name)} cells; its interval there is NaN"
             for name, g in rows.groupby(label, sort=False)]
     rows = table[ok & message.str.contains(WEIGHTS_BROKE, regex=False)]  # (runner.run_cell: weight columns NaN)
     return out + [f"{name}: its weights() broke the contract in {len(g.drop_duplicates(cell))} of {n_cells(name)} "

@@ -115,8 +115,9 @@ def _rank(label: str, order) -> int:
 
 NAN_NOTE = ("NaN/inf on k of n well-posed: the solver answered NaN or inf on k of the n prompts with a least-squares answer "
             "at the points drawn; its line is the MSE over the other prompts only")
-INF_NOTE = ("MSE = inf at k of n points: the squared errors overflowed the float64 range there (finite answers beyond "
-            "~1e154: the solver diverged), so those points are not drawn")
+INF_NOTE = ("MSE off the scale at k of n points: a mean squared error of 1e300 or more there (inf where the squares "
+            "overflowed float64: a diverging solver), which a log axis cannot hold, so those points are not drawn")
+DRAW_MAX = 1e300  # means (and band ends) from here up are not drawn: near 1e303 the axis margins overflowed
 
 
 def flag_nan(data: pd.DataFrame, metric: str | None = None) -> tuple[pd.DataFrame, str]:
@@ -124,10 +125,11 @@ def flag_nan(data: pd.DataFrame, metric: str | None = None) -> tuple[pd.DataFram
     every series that answered NaN on well-posed prompts at its rows, k and n summed over them
     (aggregate.failed_answers, the headline's "(k of n NaN/inf)"): its MSE is over the finite answers
     only, so unflagged it could read as the best series. With `metric` (the error drawn), also
-    " (MSE = inf at k of n points)" for a series whose mean overflowed to inf at k of its n points
-    (a diverging solver): a log axis cannot draw them, and unflagged its worst points vanished.
-    Returns (data, the notes that apply joined by "; ", or ""); data unchanged without the counts
-    (no n_prompts column: not a summary of aggregate.aggregate)."""
+    " (MSE off the scale at k of n points)" for a series whose mean is DRAW_MAX or more (inf: it
+    overflowed) at k of its n points (a diverging solver), and those means and band ends set to NaN:
+    a log axis cannot draw them (near 1e303 its margins overflowed and publish crashed), and
+    unflagged its worst points vanished. Returns (data, the notes that apply joined by "; ", or "");
+    data unchanged without the counts (no n_prompts column: not a summary of aggregate.aggregate)."""
     if "n_prompts" not in data:
         return data, ""
     bad, of = failed_answers(data)
@@ -135,11 +137,13 @@ def flag_nan(data: pd.DataFrame, metric: str | None = None) -> tuple[pd.DataFram
     labels = {s: [f"NaN/inf on {int(r.bad)} of {int(r.of)} well-posed"] for s, r in sums[sums["bad"] > 0].iterrows()}
     notes = [NAN_NOTE] if labels else []
     if metric is not None and metric in data:
-        inf = data[metric].astype(float) == math.inf
+        inf = data[metric].astype(float) >= DRAW_MAX
         per = pd.DataFrame({"inf": inf, "n": data[metric].notna()}).groupby(data["series"], sort=False).sum()
         for s, r in per[per["inf"] > 0].iterrows():
-            labels.setdefault(s, []).append(f"MSE = inf at {int(r.inf)} of {int(r.n)} points")
+            labels.setdefault(s, []).append(f"MSE off the scale at {int(r.inf)} of {int(r.n)} points")
         notes += [INF_NOTE] if (per["inf"] > 0).any() else []
+        ends = [c for c in (metric, f"{metric}_ci_low", f"{metric}_ci_high") if c in data]
+        data = data.assign(**{c: data[c].astype(float).where(~(data[c].astype(float) >= DRAW_MAX)) for c in ends})
     if not labels:
         return data, ""
     flagged = {s: f"{s} ({'; '.join(v)})" for s, v in labels.items()}

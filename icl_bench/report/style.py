@@ -15,6 +15,7 @@ points at the float floor of their dtype gets a floor line at its bottom (floor_
 from __future__ import annotations
 
 import math
+import sys
 import textwrap
 
 import numpy as np
@@ -203,7 +204,8 @@ def floor_layout(values, floor: float | None) -> dict:
         return {"bottom": f / 10**0.5, "top": f * 10**0.5, "line": floor, "cut": None}
     lo, hi = float(v.min()), float(v.max())
     span = max(math.log10(hi / lo), 1.0)
-    top = hi * 10 ** (0.05 * span)
+    top = min(hi * 10 ** (0.05 * span), sys.float_info.max)  # a diverging mean near 1e303 overflowed the
+    # margin to inf, and matplotlib refused the limits: publish crashed (a review)
     if floor is None:
         return {"bottom": lo / 10 ** (0.05 * span), "top": top, "line": None, "cut": None}
     gap = max(0.15 * span, FLOOR_GAP)
