@@ -292,8 +292,10 @@ def ols_predict(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor) -> torc
         alt = ldexp(yb[idx] - beta[idx] * (cx[idx] + ox[idx]), ky[idx]) + ldexp(beta[idx], ky[idx] - kx[idx]) * x_query[idx]
         pred = pred.index_put((idx,), alt)  # out of place: the gradient of the rows replaced is 0
     pred = pred.masked_fill(~torch.isfinite(pred), float("nan"))
+    if x.dtype != torch.float32 or pred.requires_grad:
+        return pred
     lost = torch.isnan(pred) & ~bad & torch.isfinite(beta) & torch.isfinite(x_query)  # (B,) overflowed inside
-    if x.dtype == torch.float32 and not pred.requires_grad and bool(lost.any()):
+    if bool(lost.any()):
         # float32's exponent range is too short for the scaling: subnormal x (2^-149) scaled by at most
         # 2^104 left slope * u beyond float32 on answers of 1e32..3e38 (a review). float64 holds every
         # intermediate of float32 data: answer there, rounded once (NaN where it is beyond float32)
