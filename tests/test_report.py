@@ -688,6 +688,9 @@ def test_series_whose_mean_overflowed_are_flagged_and_an_all_nan_plot_is_skipped
     for fill in (np.nan, np.inf):
         with pytest.raises(PlotSkipped, match="no ok cell with a finite mean MSE"):
             plots.mse_vs_n(summary.assign(mse_vs_ols=fill), setting)
+        with pytest.raises(PlotSkipped, match=r"^gd_steps: no ok cell of a solver with `steps` \(gd, gd-lsa\) has a "
+                                              r"finite mean MSE at "):
+            plots.gd_steps(summary.assign(mse_vs_ols=fill), setting)
     assert not any("off the scale" in label for label in _legend(plots.mse_vs_n(summary, setting)))
     # a finite mean near the top of float64 (a diverging gd at 2e303) overflowed the axis margins, and
     # matplotlib's "Axis limits cannot be NaN or Inf" ended publish (a review): flagged as off the scale

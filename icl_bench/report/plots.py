@@ -193,10 +193,12 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     d["steps"] = [_steps(s, p) for s, p in zip(d["solver"], d["solver_params"])]
     stepped = d[d["steps"].notna()].copy()
     ok = _drawn(stepped, {}, ())[1]  # (its failed rows break lines but are not data)
-    if not _finite(ok):
+    if ok.empty:
         raise PlotSkipped(f"gd_steps: no solver in the runs set a `steps` parameter (e.g. [solvers.gd-lsa] steps = "
-                          f"[1, 4, 16]) with ok cells of a finite mean MSE at "
-                          f"{setting_words(setting, axes, summary)}")
+                          f"[1, 4, 16]) with ok cells at {setting_words(setting, axes, summary)}")
+    if not _finite(ok):  # (it said no solver set `steps` of a gd that did, every mean overflowed: a review)
+        raise PlotSkipped(f"gd_steps: no ok cell of a solver with `steps` ({', '.join(sorted(set(ok['solver'])))}) has a "
+                          f"finite mean MSE at {setting_words(setting, axes, summary)}")
     stepped["steps"] = stepped["steps"].astype(float)
     ok = ok.astype({"steps": float})
     varied = ok.groupby("solver")["steps"].nunique()
