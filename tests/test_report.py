@@ -700,6 +700,13 @@ def test_series_whose_mean_overflowed_are_flagged_and_an_all_nan_plot_is_skipped
     fig = plots.mse_vs_n(near, setting)
     fig.canvas.draw()  # (the limits are checked when drawn)
     assert all("off the scale at 2 of 2 points" in s for s in _legend(fig) if s.startswith("gd ")), _legend(fig)
+    # below DRAW_MAX, matplotlib's own autoscaling of data near 1e300 overflowed its margins to inf
+    # while the limits were being set: the axis turns autoscaling off first (found reading the change)
+    near = summary.assign(mse_vs_ols=summary.mse_vs_ols.where(~huge, 1e290),
+                          mse_vs_ols_ci_high=summary.mse_vs_ols_ci_high.where(~huge, 9.9e299))
+    fig = plots.mse_vs_n(near, setting)
+    fig.canvas.draw()
+    assert not any("off the scale" in s for s in _legend(fig)) and fig.axes[0].get_ylim()[1] > 9.9e299
 
 
 def test_an_overflowed_mean_or_interval_is_named_in_the_notes(tables):

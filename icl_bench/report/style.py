@@ -222,6 +222,7 @@ def floor_axis(ax, layout: dict, floor_text: str) -> None:
     on both spines; ticks at powers of ten (1, 2, 5 × them below two decades) on the true scale
     only, plus one at the line reading `floor_text` ("≤1.4e-10")."""
     bottom, top, line, cut = layout["bottom"], layout["top"], layout["line"], layout["cut"]
+    ax.set_autoscaley_on(False)  # (before the limits: autoscaling data near 1e300 overflowed its margins to inf)
     ax.set_yscale("log")
     ax.set_ylim(bottom, top)
     lo = cut if cut is not None else bottom
@@ -295,6 +296,7 @@ def error_axis(ax, layout: dict, floor_text: str, values) -> None:
     if layout["line"] is not None:
         floor_axis(ax, layout, floor_text)
         return
+    ax.set_autoscaley_on(False)  # (as in floor_axis)
     ax.set_yscale("log")
     ax.set_ylim(layout["bottom"], layout["top"])
     log_ticks(ax, "y", values)
