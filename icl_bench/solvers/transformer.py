@@ -285,21 +285,21 @@ class Transformer(nn.Module):
         B, T = tokens.shape[:2]
         step = max(1, self.CHUNK_TOKENS // T) if tokens.device.type == "cpu" else max(B, 1)
         chunks = [tokens[i:i + step] for i in range(0, B, step)] or [tokens]  # B = 0: once, for shape and dtype
-        H, d = self.cfg.n_heads, self.cfg.d_model
-        last = len(self.blocks) - 1
-        if len(self.blocks) * d * d * (H * d) ** 2 <= self.MAPS_AT_ONCE:
+        H, d, L = self.cfg.n_heads, self.cfg.d_model, len(self.blocks)
+        query_only = [i == L - 1 and self.cfg.readout == "query" for i in range(L)]  # the last block: the query alone
+        if L * d * d * (H * d) ** 2 <= self.MAPS_AT_ONCE:
             maps = [block.attn.folded_map() for block in self.blocks]
             hs = []
             for c in chunks:  # chunk-major: each chunk's stream stays in cache through the layers
                 hT = self._embed(c)
                 for i, (block, K) in enumerate(zip(self.blocks, maps)):
-                    hT = block.forward_channels(hT, K, query_only=(i == last and self.cfg.readout == "query"))
+                    hT = block.forward_channels(hT, K, query_only=query_only[i])
                 hs.append(hT)
         else:
             hs = [self._embed(c) for c in chunks]
             for i, block in enumerate(self.blocks):
                 K = block.attn.folded_map()
-                hs = [block.forward_channels(h, K, query_only=(i == last and self.cfg.readout == "query")) for h in hs]
+                hs = [block.forward_channels(h, K, query_only=query_only[i]) for h in hs]
                 del K
         outs = [self._readout(h) for h in hs]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
