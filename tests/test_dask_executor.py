@@ -407,7 +407,7 @@ def test_the_local_cluster_queues_no_cell_behind_a_running_one(monkeypatch):
         raise Stop
     monkeypatch.setattr(distributed, "LocalCluster", cluster)
     with pytest.raises(Stop):
-        executors.DaskExecutor(Executor(kind="dask", n_workers=2, retries=1))
+        executors.DaskExecutor(Executor(kind="dask", n_workers=2, retries=1)).workers()  # (started on first use)
     assert seen["saturation"] == 1.0 and seen["failures"] == 1 and seen["threads_per_worker"] == 1
 
 
@@ -512,3 +512,33 @@ def test_metadata_names_the_torch_threads_the_cells_ran_with():
                                 scheduler=SimpleNamespace(address="tcp://h:1"))
     assert {a: w["torch_threads"] for a, w in ex.describe(threads=2)["workers"].items()} == {"tcp://w:1": 2, "tcp://w:2": 2}
     assert {a: w["torch_threads"] for a, w in ex.describe(threads=0)["workers"].items()} == {"tcp://w:1": 1, "tcp://w:2": 1}
+
+
+def test_a_local_cluster_starts_only_for_cells_to_compute_and_after_the_out_check(tmp_path, monkeypatch, capsys):
+    """--workers started its LocalCluster (about 20 s) before --out was checked, so a busy --out was
+    refused only after it, and a resume with every cell stored started one for nothing (a review).
+    Both now finish without starting one; the resumed table is the stored one."""
+    import distributed
+
+    from icl_bench.bench import store
+
+    from icl_bench.errors import ConfigError
+
+    tiny = {**SLOW, "n_prompts": 50, "grid": {**SLOW["grid"], "N": [4, 5]}}
+    out = tmp_path / "run"
+    first = run_matrix(parse_config(tiny), out, progress=False)
+
+    def no_cluster(**kwargs):
+        raise AssertionError("a LocalCluster was started")
+    monkeypatch.setattr(distributed, "LocalCluster", no_cluster)
+    local = Executor(kind="dask", n_workers=2)
+    again = run_matrix(parse_config(tiny), out, resume=True, progress=False, executor=local)
+    pd.testing.assert_frame_equal(again, first)
+    executor = json.loads((out / "metadata.json").read_text())["executor"]
+    assert executor["local_cluster"] is True and executor["workers"] == {} and executor["scheduler"] is None
+    lock = store.prepare(out, resume=True, config_json=None)  # another run holds the folder
+    try:
+        with pytest.raises(ConfigError, match="--out"):
+            run_matrix(parse_config(tiny), out, resume=True, progress=False, executor=local)
+    finally:
+        lock.close()

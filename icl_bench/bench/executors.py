@@ -85,11 +85,10 @@ class DaskExecutor:
 
     def __init__(self, cfg: Executor):
         try:
-            import dask
-            from distributed import Client, LocalCluster
+            from distributed import Client  # (which needs dask)
         except ImportError:
             raise ConfigError(DASK_MISSING) from None
-        self.cfg, self.cluster, self.seen = cfg, None, {}
+        self.cfg, self.cluster, self.client, self.seen = cfg, None, None, {}
         # a lost scheduler is reported by the run in one line (RunAborted); distributed's client also
         # logs its end of reconnecting as an ERROR, at a moment that races with our report
         logging.getLogger("distributed.client").addFilter(_quiet_reconnect)
@@ -105,9 +104,17 @@ class DaskExecutor:
                                      f"waiting for its first worker ({type(exc).__name__})") from None
                 raise ConfigError(f"executor.scheduler: the cluster at {cfg.scheduler!r} has no worker after "
                                   f"{WORKER_WAIT_S:g} s; start some (dask worker {cfg.scheduler} --nthreads 1)") from None
-        else:
-            import torch
 
+    def _start(self) -> None:
+        """Start the LocalCluster (no --scheduler) on first use, not in __init__: the run checks its
+        --out folder (a lock held by another run) first and starts no cluster for a matrix whose every
+        cell is stored already (it took 20 s before the refusal; a review)."""
+        if self.client is None:
+            import dask
+            import torch
+            from distributed import Client, LocalCluster
+
+            cfg = self.cfg
             resources = {"GPU": 1} if torch.cuda.is_available() else None
             # the scheduler runs in this process and reads allowed-failures when it is created; the
             # workers' stack sampler (10 ms) only feeds the dashboard profiles. distributed serves its
@@ -128,6 +135,7 @@ class DaskExecutor:
     def workers(self) -> dict:
         """address -> {host, nthreads, resources} of the cluster's workers now (and remembered in
         `seen`, so that describe() names every worker of the run, those that died or left too)."""
+        self._start()
         info = self.client.scheduler_info(n_workers=-1)["workers"]
         now = {a: {"host": w.get("host"), "nthreads": w.get("nthreads"), "resources": w.get("resources", {})}
                for a, w in info.items()}
@@ -139,7 +147,12 @@ class DaskExecutor:
         `torch_threads`, the threads its cells ran with (not the driver's, which metadata's device
         block gives): `threads` (the config's timing.threads) when it is set, else the worker's own
         default, asked of those alive now; `retries` only for a LocalCluster (a running cluster's
-        allowed-failures are its own)."""
+        allowed-failures are its own). A LocalCluster never started (every cell was stored) has no
+        scheduler and no worker."""
+        local = self.cfg.scheduler is None
+        if self.client is None:
+            return {"kind": "dask", "scheduler": None, "local_cluster": True, "retries": self.cfg.retries,
+                    "exclusive_timing": self.cfg.exclusive_timing, "workers": {}}
         try:
             self.workers()
             own = self.client.run(_torch_threads) if threads <= 0 else {a: threads for a in self.seen}
@@ -148,13 +161,16 @@ class DaskExecutor:
         except Exception:  # the scheduler is gone: what was seen stays
             pass
         return {"kind": "dask", "scheduler": self.client.scheduler.address,
-                "local_cluster": self.cluster is not None,
-                "retries": self.cfg.retries if self.cluster is not None else "the cluster's own allowed-failures",
+                "local_cluster": local,
+                "retries": self.cfg.retries if local else "the cluster's own allowed-failures",
                 "exclusive_timing": self.cfg.exclusive_timing, "workers": dict(self.seen)}
 
     def results(self, cells: Iterable, work: Callable[[object], dict]) -> Iterator[tuple[object, dict | None, Failure | None]]:
         from distributed import wait
 
+        cells = list(cells)
+        if not cells:  # (a LocalCluster is not started for nothing)
+            return
         workers = self.workers()
         gpu = any(w["resources"].get("GPU") for w in workers.values())  # GPU workers at the start of the run
         pending = {}
@@ -264,6 +280,10 @@ class DaskExecutor:
             return True
 
     def close(self) -> None:
+        if self.client is None:  # a LocalCluster never started, or interrupted while it started
+            if self.cluster is not None:
+                self.cluster.close()
+            return
         log = logging.getLogger("distributed.client")
         level = log.level
         if self.client.status != "running":  # closing cancels its reconnection, which distributed logs
@@ -350,5 +370,6 @@ def _drain(items: list) -> list:
 
 
 def make_executor(cfg: Executor):
-    """The executor `cfg` names (a LocalExecutor or a connected DaskExecutor)."""
+    """The executor `cfg` names: a LocalExecutor, or a DaskExecutor connected to its scheduler (a
+    LocalCluster starts when the first cell is submitted)."""
     return DaskExecutor(cfg) if cfg.kind == "dask" else LocalExecutor(cfg.exclusive_timing)
