@@ -1308,6 +1308,8 @@ def test_at_values_are_read_in_the_type_of_their_axis():
                                 ("noise", "0.1", "has no ok cells; accepted: nan")):
         with pytest.raises(ConfigError, match=f"^--at: {axis}={text} " + problem.replace("(", r"\(").replace(")", r"\)")):
             report.representative(t, {axis: text})
+    zero = t.assign(noise=0.0)
+    assert math.copysign(1.0, report.representative(zero, {"noise": "-0"})["noise"]) == 1.0  # titled "noise = -0"
 
 
 def test_at_values_that_no_ok_cell_has_together_are_refused():
