@@ -384,6 +384,8 @@ CASES = [
     Case("publish-parquet-status-null", edited(status=None), f"{PARQUET} column 'status' is null in 1 of 1 rows; expected text"),
     Case("publish-parquet-solver-empty", edited(solver=" "), f"{PARQUET} column 'solver' holds an empty name (' '); expected a "
          "solver's name"),
+    Case("publish-parquet-solver-invisible", edited(solver="\u200b"), f"{PARQUET} column 'solver' holds an empty name "
+         "('\\u200b'); expected a solver's name"),
     Case("publish-parquet-mse-text", edited(mse_vs_ols="0.5"), f"{PARQUET} column 'mse_vs_ols' holds '0.5' (str); expected numbers"),
     Case("publish-parquet-se-negative", edited(mse_vs_ols_se=-1.0), f"{PARQUET} column 'mse_vs_ols_se' holds -1.0; expected numbers >= 0"),
     Case("publish-parquet-nonfinite-over-n", edited(n_nonfinite=999, n_prompts=16),  # headline: "(999 of 16 NaN)"

@@ -354,6 +354,16 @@ def test_a_name_with_surrounding_spaces_is_refused(name):
         fresh.add(name, type("Spaced", (Solver,), {"params": {}, "predict": lambda s, b: b.x_query}), origin="x")
 
 
+@pytest.mark.parametrize("name", ["\u200b", "my\u200bols", "two\nlines", "tab\there"])
+def test_a_name_with_invisible_or_control_characters_is_refused(name):
+    """A zero-width space passed as a name: its rows had an invisible solver label (a review)."""
+    from icl_bench.solvers import registry
+
+    fresh = registry.Registry(registry.BUILTINS, registry.ENTRY_POINT_GROUP)
+    with pytest.raises(ValueError, match="a name must be printable text"):
+        fresh.add(name, type("Hidden", (Solver,), {"params": {}, "predict": lambda s, b: b.x_query}), origin="x")
+
+
 def test_a_class_registered_while_a_plugin_loads_cannot_take_its_name(tmp_path, monkeypatch):
     """While `foo`'s entry point loaded, a helper module it imported could register its own class
     as `foo`, and lookups returned that class (another solver's numbers under `foo`: a review)."""

@@ -108,6 +108,8 @@ class Registry:
         package = str(getattr(cls, "__module__", "") or "").split(".")[0]
         if not isinstance(name, str) or not name.strip() or name != name.strip():  # `ols ` merged with `ols` in the
             return "a name must be non-empty text without leading or trailing spaces"  # tables (a review)
+        if not name.isprintable():  # a zero-width space or a newline: an invisible or table-breaking name
+            return "a name must be printable text (no control, format or zero-width characters)"
         if name in self.builtins:
             module = self.builtins[name]
             return None if cls.__module__ == module else f"a built-in name (of {module})"
