@@ -194,3 +194,24 @@ def test_the_far_query_fallback_sums_without_overflowing_a_term(dtype, scale, fa
     assert float(dot_scaled(a, torch.tensor([[1e10, -1e10]], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64))[0]) == 1.0
     f32 = torch.tensor([[3e38, 3e38]], dtype=torch.float32)  # exponents beyond ldexp's float32 range: 0, not NaN
     assert float(dot_scaled(f32, f32 * torch.tensor([[1.0, -1.0]]), torch.zeros(1))[0]) == 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("N,d", [(67, 3), (1001, 3), (333, 7), (50, 9)])
+def test_the_reference_of_a_prompt_does_not_depend_on_its_batch_for_d_above_1(dtype, N, d):
+    """LAPACK's QR and SVD and bmm's Q^T y differed in the last bits with a prompt's slot in the
+    batch (its rows' alignment): up to 39 of 40 prompts at N = 1001 got another reference alone
+    than in a batch (found by a review). Rows and R are now padded to whole 64-byte lines."""
+    from icl_bench.prompts.ols_mv import ols_predict_mv
+
+    g = torch.Generator().manual_seed(N * d)
+    x = torch.randn(40, N, d, generator=g, dtype=dtype) * 3 + 1
+    y = torch.randn(40, N, generator=g, dtype=dtype)
+    u = torch.randn(40, d, generator=g, dtype=dtype)
+    full, fit = ols_predict_mv(x, y, u, dtype), ols_fit_mv(x, y, dtype)
+    alone = [ols_fit_mv(x[i:i + 1], y[i:i + 1], dtype) for i in range(40)]
+    assert torch.equal(full, torch.cat([ols_predict_mv(x[i:i + 1], y[i:i + 1], u[i:i + 1], dtype) for i in range(40)]))
+    assert torch.equal(fit["kappa"], torch.cat([a["kappa"] for a in alone]))  # (the NaN rule's input)
+    perm = torch.randperm(40, generator=g)
+    assert torch.equal(ols_predict_mv(x[perm], y[perm], u[perm], dtype), full[perm])
+    assert torch.equal(ols_predict_mv(x[3:10], y[3:10], u[3:10], dtype), full[3:10])

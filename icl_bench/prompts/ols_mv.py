@@ -26,8 +26,12 @@ How it is computed (every step batched over prompts, in float64):
   2. centre: X~ = x' - mean(x'), y~ = y' - mean(y').
   3. equilibrate: A = X~ D^-1, D = diag(max_i |X~_ij|) (column scaling leaves the fitted prediction
      unchanged).
-  4. Householder QR of A (torch.linalg.qr, LAPACK geqrf), beta_eq = R^-1 Q^T y~ (triangular solve),
-     beta_hat = D^-1 beta_eq. QR never forms A^T A, so it loses one factor kappa, not kappa^2, to
+  4. Householder QR (torch.linalg.qr, mode "r": LAPACK geqrf) of the augmented [A, y~], whose last
+     column then holds Q^T y~ (Q is never formed); beta_eq = R^-1 Q^T y~ (triangular solve), beta_hat
+     = D^-1 beta_eq. [A, y~] gets zero rows up to a multiple of ROW_ALIGN (16), which changes neither R
+     nor Q^T y~ in exact arithmetic and puts every prompt's columns on whole 64-byte lines: LAPACK's
+     and bmm's sums differed in the last bits with a prompt's slot in the batch (up to 39 of 40
+     prompts at N = 1001, so a prompt's reference depended on batch_size; a review). kappa: _kappa. QR never forms A^T A, so it loses one factor kappa, not kappa^2, to
      rounding (Golub & Van Loan, *Matrix Computations*, 4th ed., section 5.3.8).
   5. map back: y_hat = 2^ky (y_bar' + sum_j (u_j 2^-kx_j - c_j - mean(x'_j)) beta'_j), beta' the
      slopes in scaled units, so no intermediate leaves the range either. Wherever steps 1-4 on the
@@ -60,9 +64,10 @@ from __future__ import annotations
 
 import torch
 
-from icl_bench.prompts.ols import REFINE, REFINE_PASSES, exp_clamp, exponent_of, ldexp, pow2
+from icl_bench.prompts.ols import REFINE, REFINE_PASSES, ROW_ALIGN, exp_clamp, exponent_of, ldexp, pow2
 
 SHIFT_SAMPLES = 8  # rows of x (and y) whose mean is the shift c
+SV_ALIGN = 4  # _kappa pads R to a multiple of this size (a 4 x 4 block is whole 64-byte lines in float32 and float64)
 
 
 def _as3d(x: torch.Tensor) -> torch.Tensor:
@@ -122,11 +127,13 @@ def ols_fit_mv(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype = torch.floa
     scale = xt.abs().amax(dim=1)  # (B, d) column max |X~_j|
     zero_col = (scale == 0).any(dim=1)  # (B,) a column with no spread at all
     A = xt / torch.where(scale > 0, scale, torch.ones_like(scale))[:, None]  # (B, N, d) equilibrated
-    Q, Rm = torch.linalg.qr(A)  # (B, N, min(N,d)), (B, min(N,d), d)
+    pad = -N % ROW_ALIGN  # zero rows: each prompt's columns start 64-byte aligned (step 4)
+    Ay = A.new_empty(B, N + pad, d + 1)  # (B, Np, d + 1): [A, y~] above zero rows
+    Ay[:, :N, :d], Ay[:, :N, d], Ay[:, N:] = A, yt, 0.0
+    Ry = torch.linalg.qr(Ay, mode="r")[1]  # (B, min(Np, d + 1), d + 1): [[R, Q^T y~], [0, *]]
     if N >= d:
-        sv = torch.linalg.svdvals(Rm)  # (B, d): singular values of A (= those of R)
-        kappa = sv[:, 0] / sv[:, -1]  # inf where sigma_min = 0
-        qty = (Q.transpose(1, 2) @ yt[..., None])  # (B, d, 1)
+        Rm, qty = Ry[:, :d, :d], Ry[:, :d, d:]  # (B, d, d), (B, d, 1)
+        kappa = _kappa(Rm)  # (B,) inf where sigma_min = 0
         beta_eq = torch.linalg.solve_triangular(Rm, qty, upper=True).squeeze(-1)  # (B, d)
     else:  # fewer examples than regressors: never a unique fit
         kappa = torch.full((B,), float("inf"), dtype=x.dtype, device=x.device)
@@ -142,6 +149,22 @@ def ols_fit_mv(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype = torch.floa
     return {"x_bar": ldexp(x_bar, kx), "y_bar": ldexp(y_bar, ky), "beta": ldexp(beta, ky[:, None] - kx),
             "intercept": intercept, "kappa": kappa, "gamma": gamma, "ill_posed": ill,
             "_kx": kx, "_ky": ky, "_shift": cx, "_mxs": mxs, "_y_bar": y_bar, "_beta": beta}
+
+
+def _kappa(Rm: torch.Tensor) -> torch.Tensor:
+    """sigma_max / sigma_min of each R (B, d, d), (B,): the condition number of A (same singular
+    values). R is padded to a multiple of SV_ALIGN with |R_00| on the new diagonal entries: a
+    triangular R's first column has norm |R_00|, which lies between its sigma_min and sigma_max, so the
+    block-diagonal [[R, 0], [0, |R_00| I]] has R's extreme singular values, and every block starts on a
+    whole 64-byte line (LAPACK's gesdd answered differently in the last bits at odd slots when d = 7)."""
+    B, d = Rm.shape[0], Rm.shape[-1]
+    dp = -(-d // SV_ALIGN) * SV_ALIGN
+    block = Rm.new_zeros(B, dp, dp)
+    block[:, :d, :d] = Rm
+    extra = torch.arange(d, dp, device=Rm.device)
+    block[:, extra, extra] = Rm[:, :1, 0].abs()  # (B, 1) broadcast over the new diagonal
+    sv = torch.linalg.svdvals(block)  # (B, dp), descending
+    return sv[:, 0] / sv[:, -1]
 
 
 def ols_predict_mv(x: torch.Tensor, y: torch.Tensor, x_query: torch.Tensor,
