@@ -35,6 +35,22 @@ def test_reproducible_and_seed_matters():
     assert not all(torch.equal(va, vc) for va, vc in zip(a.state_dict().values(), c.state_dict().values()))
 
 
+def test_training_leaves_the_thread_count_as_it_found_it():
+    """train() set torch's thread count to cfg.threads for the rest of the process (found again by
+    a review); it is restored, after a training that raises too."""
+    before = torch.get_num_threads()
+    other = 2 if before != 2 else 3
+    torch.set_num_threads(other)
+    try:
+        train(TrainConfig(**dict(TINY, steps=2, eval_every=1, eval_prompts=16, batch_size=8, threads=1)))
+        assert torch.get_num_threads() == other
+        with pytest.raises(AttributeError):
+            train(TrainConfig(**dict(TINY, steps=2, threads=1)), model="not a model")
+        assert torch.get_num_threads() == other
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("before", [False, True])
 def test_training_leaves_the_process_flushing_subnormals_as_it_found_it(before):
     """train() turned on torch.set_flush_denormal for the whole process and left it on: every later

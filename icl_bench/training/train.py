@@ -37,6 +37,7 @@ from icl_bench.errors import ConfigError
 from icl_bench.solvers.checkpoint import beside, save_checkpoint, stem_of
 from icl_bench.solvers.sparsity import weight_l1, weight_sparsity
 from icl_bench.solvers.transformer import Transformer
+from icl_bench.startup import torch_threads
 from icl_bench.training.augment import ProxL1, training_batch
 from icl_bench.training.config import TrainConfig, prox_window
 
@@ -152,11 +153,11 @@ def train(cfg: TrainConfig, model: Transformer | None = None) -> tuple[Transform
     Reproducibility: the same cfg (and thread count) gives the same weights; step t trains on
         sample_prompts(seed = cfg.seed * 1_000_000 + t).
     """
-    torch.set_num_threads(cfg.threads)
     flushing = _flushing()
     torch.set_flush_denormal(True)  # denormals slow CPU training > 10x (docs/design.md §8)
     try:
-        return _train(cfg, model)
+        with torch_threads(cfg.threads):  # restored after: it stayed at cfg.threads for the whole process
+            return _train(cfg, model)
     finally:  # process-wide: left on, every later computation of the process flushed subnormals to 0
         torch.set_flush_denormal(flushing)  # (float32 OLS of subnormal x read NaN after a training; a review)
 
