@@ -81,8 +81,28 @@ def test_different_seeds_give_different_prompts():
     p0 = cell_prompts(c0.prompts, c0.N, c0.noise, c0.R, c0.n_prompts, c0.seed, c0.dtype, c0.device)
     p1 = cell_prompts(c1.prompts, c1.N, c1.noise, c1.R, c1.n_prompts, c1.seed, c1.dtype, c1.device)
     assert not torch.equal(p0.x, p1.x)
-    seeds = {prompt_seed(11, N, noise, R) for N in (2, 9) for noise in (0.0, 0.3) for R in (10.0, 1000.0)}
-    assert len(seeds) == 8 and prompt_seed(11, 2, 0.0, 10.0) != prompt_seed(12, 2, 0.0, 10.0)
+    seeds = {prompt_seed(11, N, noise) for N in (2, 9) for noise in (0.0, 0.3)}
+    assert len(seeds) == 4 and prompt_seed(11, 2, 0.0) != prompt_seed(12, 2, 0.0)
+
+
+def test_every_R_of_a_grid_point_reads_the_same_prompts():
+    """R is the embedding constant, not part of the prompt: each R drew its own prompts, so an
+    error-vs-R curve mixed the sampling noise of independent draws into its slope (gd, which does
+    not read R, read a slope of -0.04 [-0.96, 0.88] on the default matrix). The R values of a grid
+    point now share the prompts (paired), and a solver that ignores R reads the same error at each."""
+    from icl_bench.bench.runner import run_matrix
+
+    cfg = parse_config({**RAW, "grid": {**RAW["grid"], "R": [10.0, 1000.0]}, "solvers": {"gd": {}, "ln-closed-form": {}}})
+    cells = [c for c in expand_cells(cfg) if c.N == 9 and c.dtype == "float32" and c.solver == "gd"]
+    batches = [cell_prompts(c.prompts, c.N, c.noise, c.R, c.n_prompts, c.seed, c.dtype, c.device) for c in cells]
+    assert [c.R for c in cells] == [10.0, 1000.0]
+    for field in ("x", "y", "x_query", "y_query", "ols_prediction"):
+        assert torch.equal(getattr(batches[0], field), getattr(batches[1], field)), field
+    assert not torch.equal(batches[0].tokens, batches[1].tokens)  # (R is in the embedding)
+    table = run_matrix(cfg, progress=False)
+    by_R = table.set_index(["solver", "N", "dtype", "R"])["mse_vs_ols"].unstack("R")
+    assert (by_R.loc["gd", 10.0] == by_R.loc["gd", 1000.0]).all()
+    assert (by_R.loc["ln-closed-form", 10.0] != by_R.loc["ln-closed-form", 1000.0]).all()  # (it reads R)
 
 
 def test_data_prompts_are_seeded_too(tmp_path):

@@ -38,9 +38,9 @@ def test_default_d_is_one_and_cell_keys_and_seeds_are_the_1d_ones():
     for cell in expand_cells(cfg):
         old = {k: v for k, v in asdict(cell).items() if k not in ("d", "ood", "data_sha256", "inputs_sha256", "optional")}  # pre-d, pre-ood key
         assert cell.key == hashlib.sha1(json.dumps(old, sort_keys=True, allow_nan=True).encode()).hexdigest()[:20]
-    old_seed = int.from_bytes(hashlib.sha256(json.dumps([3, 12, 0.1, 100.0]).encode()).digest()[:7], "little")
-    assert prompt_seed(3, 12, 0.1, 100.0) == prompt_seed(3, 12, 0.1, 100.0, 1) == old_seed
-    assert prompt_seed(3, 12, 0.1, 100.0, 2) != old_seed
+    seed_1d = int.from_bytes(hashlib.sha256(json.dumps([3, 12, 0.1]).encode()).digest()[:7], "little")
+    assert prompt_seed(3, 12, 0.1) == prompt_seed(3, 12, 0.1, 1) == seed_1d
+    assert prompt_seed(3, 12, 0.1, 2) != seed_1d
 
 
 def test_d1_matrix_is_the_1d_path_bit_for_bit():
@@ -49,7 +49,7 @@ def test_d1_matrix_is_the_1d_path_bit_for_bit():
     assert stable(implicit).equals(stable(explicit)) and (implicit.d == 1).all() and (implicit.status == "ok").all()
     # every row equals the 1-D API run by hand: sample_prompts at the grid point's seed, predict, metrics
     for row in implicit.itertuples():
-        batch = sample_prompts(PromptSpec(N=12, noise=0.1, R=100.0), 48, seed=prompt_seed(3, 12, 0.1, 100.0),
+        batch = sample_prompts(PromptSpec(N=12, noise=0.1, R=100.0), 48, seed=prompt_seed(3, 12, 0.1),
                                dtype=row.dtype)
         assert batch.x.shape == (48, 12) and batch.d == 1
         pred = get_solver(row.solver, **json.loads(row.solver_params)).predict(batch)

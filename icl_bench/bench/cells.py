@@ -2,8 +2,9 @@
 
 A *cell* is one (solver, solver parameters, grid point) of the matrix, the grid point holding one
 value per axis of bench/axes.py. A cell is a pure function of its `Cell` (docs/design.md,
-"Execution"): the prompts are drawn from a seed derived from the run's seed and the grid point,
-wherever the cell runs, and every input it reads (a CSV file) is part of its key by content hash.
+"Execution"): the prompts are drawn from a seed derived from the run's seed and the grid point's
+N, noise and d (not R: prompt_seed), wherever the cell runs, and every input it reads (a CSV file)
+is part of its key by content hash.
 """
 from __future__ import annotations
 
@@ -74,10 +75,13 @@ class Cell:
         return f"{self.solver} {self.solver_params} N={self.N} noise={self.noise} R={self.R}{dim} {self.dtype} {self.device}{ood}"
 
 
-def prompt_seed(seed: int, N: int, noise: float, R: float, d: int = 1) -> int:
-    """Seed of one grid point's prompts: shared by every solver, dtype and device there.
-    d = 1 hashes exactly what it did before the d axis existed (the 1-D prompts are unchanged)."""
-    point = [seed, N, noise, R] if d == 1 else [seed, N, noise, R, d]
+def prompt_seed(seed: int, N: int, noise: float, d: int = 1) -> int:
+    """Seed of one grid point's prompts: shared by every solver, dtype and device there, and by
+    every R of the same (N, noise, d): R is the embedding constant, not part of the prompt, so the
+    points of an error-vs-R curve are measured on the same prompts (paired), and a solver that
+    does not read R (gd, gd-lsa) reads the same error at every R instead of the sampling noise
+    between independent draws (docs/report.md, "Scaling laws")."""
+    point = [seed, N, noise] if d == 1 else [seed, N, noise, d]
     digest = hashlib.sha256(json.dumps(point, allow_nan=True).encode()).digest()
     return int.from_bytes(digest[:7], "little")
 
@@ -207,7 +211,7 @@ def cell_prompts(source: str, N: int, noise: float, R: float, n_prompts: int, se
     the bytes with that digest (prompts.data._read: those expand_cells read, or in another process
     the file if it still hashes so, else RuntimeError, an error row), never from a file edited since."""
     spec = json.loads(source)
-    pseed = prompt_seed(seed, N, noise, R, d)
+    pseed = prompt_seed(seed, N, noise, d)
     if "csv" in spec:
         batch = sample_data_prompts(DataSource(**spec["csv"]), N, R, n_prompts, seed=pseed, dtype=dtype, device=device,
                                     data_sha256=data_sha256)
