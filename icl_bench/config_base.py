@@ -93,7 +93,33 @@ def validate(model: type[ConfigModel], raw: Any, *, where: str = "", context: di
     try:
         return model.model_validate(raw, context=context)
     except ValidationError as exc:
-        raise ConfigError(format_error(exc, where)) from None
+        raise ConfigError(format_error(exc, where) + misplaced_hint(exc, model)) from None
+
+
+def misplaced_hint(exc: ValidationError, model: type[ConfigModel]) -> str:
+    """"; `seed` is a top-level key: ..." where an unknown key inside a table is one of `model`'s own
+    top-level keys: TOML puts every key written after a [table] header into that table, so a new
+    user's `n_prompts = 256` below [grid] read "grid.n_prompts: unknown key" (a review)."""
+    err = exc.errors(include_url=False)[0]
+    unknown = (err.get("ctx") or {}).get("unknown")
+    if err["type"] != "icl_key" or not err["loc"] or unknown is None:
+        return ""
+    return top_level_hint(unknown, model)
+
+
+def top_level_hint(key: str, model: type[ConfigModel]) -> str:
+    """The hint of misplaced_hint for `key`, or "" where `key` is not a top-level key of `model`."""
+    top = [f.alias or name for name, f in model.model_fields.items() if not _is_table(f.annotation)]
+    if key not in top:
+        return ""
+    return (f"; `{key}` is a top-level key: write it above the first [table] header (TOML puts every "
+            "key after a header into that table)")
+
+
+def _is_table(annotation) -> bool:
+    """Whether a field's type is a config table (a ConfigModel, or a dict of them / of tables)."""
+    return isinstance(annotation, type) and issubclass(annotation, ConfigModel) or \
+        getattr(annotation, "__origin__", None) is dict
 
 
 def read_toml(path: str | Path, key: str = "--config") -> dict:

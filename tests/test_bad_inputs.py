@@ -163,6 +163,13 @@ CASES = [
     # ---- TOML config: keys, types, ranges, names ----
     Case("toml-unknown-top-key", toml(lambda r: _set(r, 1, "sed")), "sed: unknown key; accepted: seed, n_prompts"),
     Case("toml-unknown-grid-key", toml(lambda r: _set(r, [1], "grid", "M")), "grid.M: unknown key; accepted: N, noise, R, dtype, device"),
+    Case("toml-top-key-below-grid", toml(text="[grid]\nN = [10]\nn_prompts = 256\n"),  # TOML put it in [grid]
+         "grid.n_prompts: unknown key; accepted: N, noise, R, dtype, device, d, ood; `n_prompts` is a top-level key: "
+         "write it above the first [table] header"),
+    Case("toml-top-key-below-solver", toml(text="[solvers.gd]\nsteps = [1]\nseed = 3\n"),
+         "solvers.gd.seed: unknown parameter; accepted: steps, lr, variant; `seed` is a top-level key"),
+    Case("toml-table-name-below-grid", toml(text="[grid]\nN = [10]\ngrid = 3\n"),  # (a table's name: no hint)
+         "grid.grid: unknown key; accepted: N, noise, R, dtype, device, d, ood\n"),
     Case("toml-grid-not-table", toml(lambda r: _set(r, [1, 2], "grid")), "grid: must be a table (got list)"),
     Case("toml-seed-text", toml(lambda r: _set(r, "zero", "seed")), "seed: expected an integer >= 0"),
     Case("toml-seed-huge", toml(lambda r: _set(r, 2**70, "seed")), "seed: must be <= 9223372036854775807"),

@@ -1667,7 +1667,7 @@ def test_probe_titles_use_the_series_label_and_wrap(tables, tmp_path):
     ok = table[(table.status == "ok") & (table.solver == "ols")]
     label = f"trained-nol1 models_dir={mine}"
     rows = ok.assign(solver="trained-nol1", solver_params=json.dumps({"models_dir": str(mine)}),
-                     series=label + " · x=uniform(-1, 2)")  # its prompt source: not the probes' prompts, left out
+                     series=label + " · x=uniform[-1, 1]")  # its prompt source: not the probes' prompts, left out
     models, _ = model_plots.collect_models(pd.concat([table, rows]), setting, n_prompts=16)
     assert f"{label} (trained-nol1-R10)" in models, list(models)
     fig = model_plots.probe_scatter({k: v for k, v in models.items() if k.startswith("trained-nol1")})

@@ -118,6 +118,9 @@ def test_source_labels_name_what_tells_sources_apart():
     assert source_labels([dists(), dists(5.0)]) == {dists(): "x=normal(0, 1)", dists(5.0): "x=normal(0, 5)"}
     got = source_labels([dists(), dists(5.0, 2.0)])
     assert got[dists(5.0, 2.0)] == "x=normal(0, 5) slope=normal(2, 1)"
+    uniform = json.dumps({**json.loads(dists()), "x": {"dist": "uniform", "loc": -1.0, "scale": 2.0}},
+                         sort_keys=True)  # U[loc, loc + scale]
+    assert source_labels([dists(), uniform])[uniform] == "x=uniform[-1, 1]"
     # a file name shared by two folders: the paths; other columns of one file: the columns
     got = source_labels([csv("/a/d.csv"), csv("/b/d.csv"), csv("/a/d.csv", y="z"), csv("/c/e.csv")])
     assert list(got.values()) == ["/a/d.csv x→y", "/b/d.csv x→y", "d.csv x→z", "e.csv x→y"]

@@ -32,7 +32,7 @@ from pydantic import BeforeValidator, Field, ValidationInfo, create_model, field
 
 from icl_bench.bench.axes import AXES
 from icl_bench.config_base import (FLOAT_MAX, FLOAT_TINY, MAX_SEED, MAX_THREADS, ConfigModel, axis_list, choice, flag, integer,
-                                   number, problem, read_toml, text, validate)
+                                   number, problem, read_toml, text, top_level_hint, validate)
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.data import DataSource, check_source
 from icl_bench.prompts.generator import DISTRIBUTIONS, MAX_VALUES, Dist
@@ -146,8 +146,15 @@ def _solver_grid(name: str, params: Any) -> list[dict]:
     for combo in combos:
         try:
             cls(**combo)
-        except (ConfigError, KeyboardInterrupt):  # the solver contract's parameter errors (Param.check, unknown
-            raise  # parameter, a solver's own check of its values): already "solvers.NAME.PARAM: ..."
+        except ConfigError as exc:  # the solver contract's parameter errors (Param.check, unknown parameter, a
+            # solver's own check of its values): already "solvers.NAME.PARAM: ...". A top-level key written
+            # below [solvers.NAME] (`n_prompts = 16`) gets the hint of where it belongs (a review)
+            stray = [k for k in combo if k not in declared and top_level_hint(k, MatrixConfig)]
+            if stray and str(exc).startswith(f"solvers.{name}.{stray[0]}: unknown parameter"):
+                raise ConfigError(f"{exc}{top_level_hint(stray[0], MatrixConfig)}") from None
+            raise
+        except KeyboardInterrupt:
+            raise
         except BaseException:  # anything else (a plain ValueError, SystemExit, GeneratorExit) is the solver failing
             pass  # to build, not bad input: its cells become error rows with the exception (bench/runner.py: run_cell)
     return combos

@@ -33,10 +33,15 @@ def _parse(source: str):
 
 
 def _dist(d) -> str:
-    """normal(0, 5) for {"dist": "normal", "loc": 0.0, "scale": 5.0}; other values as JSON."""
+    """normal(0, 5) for {"dist": "normal", "loc": 0.0, "scale": 5.0} (mean, standard deviation);
+    uniform[-1, 1] for {"dist": "uniform", "loc": -1.0, "scale": 2.0}, its interval [loc, loc + scale]
+    (prompts/generator.py: Dist; "uniform(-1, 2)" read as U(-1, 2): a review); other values as JSON."""
     if isinstance(d, dict) and {"dist", "loc", "scale"} <= set(d):
         try:
-            return f"{d['dist']}({float(d['loc']):g}, {float(d['scale']):g})"
+            lo, scale = float(d["loc"]), float(d["scale"])
+            if d["dist"] == "uniform":
+                return f"uniform[{lo:g}, {lo + scale:g}]"
+            return f"{d['dist']}({lo:g}, {scale:g})"
         except (TypeError, ValueError):
             pass
     return json.dumps(d, sort_keys=True)
