@@ -11,6 +11,7 @@ message names our accepted values, not pydantic's internal types.
 """
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from pathlib import Path
@@ -53,7 +54,9 @@ class ConfigModel(BaseModel):
         accepted = [f.alias or name for name, f in cls.model_fields.items()]
         for k in data:
             if k not in accepted:
-                raise PydanticCustomError("icl_key", "{msg}", {"msg": f"unknown key; accepted: {', '.join(accepted)}",
+                close = difflib.get_close_matches(str(k), accepted, n=1)  # (grid.devices: device)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise PydanticCustomError("icl_key", "{msg}", {"msg": f"unknown key; accepted: {', '.join(accepted)}{hint}",
                                                                "unknown": str(k)})
         return data
 

@@ -170,6 +170,10 @@ CASES = [
          "solvers.gd.seed: unknown parameter; accepted: steps, lr, variant; `seed` is a top-level key"),
     Case("toml-table-name-below-grid", toml(text="[grid]\nN = [10]\ngrid = 3\n"),  # (a table's name: no hint)
          "grid.grid: unknown key; accepted: N, noise, R, dtype, device, d, ood\n"),
+    Case("toml-grid-key-typo", toml(text="[grid]\ndevices = [\"cpu\"]\n"),
+         "grid.devices: unknown key; accepted: N, noise, R, dtype, device, d, ood; did you mean 'device'?"),
+    Case("toml-solver-param-typo", toml(text="[solvers.gd]\nstep = [1]\n"),
+         "solvers.gd.step: unknown parameter; accepted: steps, lr, variant; did you mean 'steps'?"),
     Case("toml-grid-not-table", toml(lambda r: _set(r, [1, 2], "grid")), "grid: must be a table (got list)"),
     Case("toml-seed-text", toml(lambda r: _set(r, "zero", "seed")), "seed: expected an integer >= 0"),
     Case("toml-seed-huge", toml(lambda r: _set(r, 2**70, "seed")), "seed: must be <= 9223372036854775807"),

@@ -14,6 +14,7 @@ Write a solver by subclassing `Solver`, declaring `params` (name -> `Param`) and
 """
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from abc import ABC, abstractmethod
@@ -184,7 +185,9 @@ class Solver(ABC):
         unknown = sorted(set(values) - set(self.params))
         if unknown:
             accepted = ", ".join(self.params) or "(none)"
-            raise ConfigError(f"solvers.{self.name}.{unknown[0]}: unknown parameter; accepted: {accepted}")
+            close = difflib.get_close_matches(unknown[0], list(self.params), n=1)  # (step: steps)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"solvers.{self.name}.{unknown[0]}: unknown parameter; accepted: {accepted}{hint}")
         self.values = {k: p.check(self.name, k, values.get(k, p.default)) for k, p in self.params.items()}
 
     def __repr__(self) -> str:
