@@ -35,6 +35,26 @@ def test_reproducible_and_seed_matters():
     assert not all(torch.equal(va, vc) for va, vc in zip(a.state_dict().values(), c.state_dict().values()))
 
 
+def test_the_init_ignores_the_default_dtype_and_leaves_the_callers_random_stream():
+    """init_model built its modules in the process's default dtype: under float64 nn.Linear's init
+    drew other values and shifted every later draw, so one config and seed gave another model; and
+    it re-seeded the caller's global generator (both found by a review)."""
+    cfg = TrainConfig(**TINY)
+    a = init_model(cfg).state_dict()
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        b = init_model(cfg).state_dict()
+    finally:
+        torch.set_default_dtype(before)
+    assert all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
+    torch.manual_seed(12345)
+    expected = torch.rand(3)
+    torch.manual_seed(12345)
+    init_model(cfg)
+    assert torch.equal(torch.rand(3), expected)
+
+
 def test_training_leaves_the_thread_count_as_it_found_it():
     """train() set torch's thread count to cfg.threads for the rest of the process (found again by
     a review); it is restored, after a training that raises too."""

@@ -49,16 +49,27 @@ def init_model(cfg: TrainConfig) -> Transformer:
 
     With embed_r_over_R the R column (index 2) of the embedding is divided by R, so the token
     (x, y, R) embeds to O(1) values: this is what lets training leave the R >= 10 plateau.
+    The draws come from torch's global CPU generator seeded with cfg.seed, forked so that the caller's
+    random stream is left as it was, and the modules are built in float32 whatever the process's
+    default dtype: nn.Linear's own init draws a different number of values in float64, which
+    shifted every later draw (another init for the same config and seed; a review).
     """
-    torch.manual_seed(cfg.seed)
-    model = Transformer(cfg.transformer_config()).to(resolve_dtype(cfg.dtype))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".ln." in name:
-                continue  # nn.LayerNorm's own init: gain 1, bias 0
-            p.normal_(0.0, cfg.init_scale)
-        if cfg.embed_r_over_R:
-            model.embed.weight[:, 2] /= cfg.R
+    default = torch.get_default_dtype()
+    with torch.random.fork_rng(devices=[]):  # (the CPU generator: the modules are built on the CPU)
+        torch.default_generator.manual_seed(cfg.seed)
+        torch.set_default_dtype(torch.float32)
+        try:
+            model = Transformer(cfg.transformer_config())
+        finally:
+            torch.set_default_dtype(default)
+        model = model.to(resolve_dtype(cfg.dtype))
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if ".ln." in name:
+                    continue  # nn.LayerNorm's own init: gain 1, bias 0
+                p.normal_(0.0, cfg.init_scale)
+            if cfg.embed_r_over_R:
+                model.embed.weight[:, 2] /= cfg.R
     return model
 
 
