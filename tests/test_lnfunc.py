@@ -33,15 +33,17 @@ def _uncentred(R: float):
 
 def test_a_division_by_the_raw_second_moment_is_not_the_division():
     """Known negative against the known positive at the test's N = 20: the raw moment explains the
-    uncentred model's std (R² 1.000 > 0.945), Cxx the construction's (1.000 > 0.945). At N = 40 the
-    negative also passes slope, R² and freeze (log Cxx and log mean x² correlate closer still);
-    only the comparison with the raw moment's R² rejects it there."""
+    uncentred model's std (R² 1.000 > 0.945), Cxx the construction's (1.000 > 0.945). On analyze's
+    own 2048 prompts the negative also passes slope (0.956), R² and freeze − rel_mse (0.071): only
+    the comparison with the raw moment's R² rejects it there. (At N = 40, the case this test used
+    before, freeze − rel_mse is 0.024 since the freeze rule compares with the model's own error, so
+    it no longer needed r2_raw: a review.)"""
     neg = ln_functional(_uncentred(100.0), 100.0, N=20, n_prompts=1024)
     pos = ln_functional(build_construction(100.0), 100.0, N=20, n_prompts=1024)
     assert neg["ln1.r2_raw"] > 0.999 > neg["ln1.r2"] and neg["state"] == "neither", neg
     assert pos["ln1.r2"] > 0.999 > pos["ln1.r2_raw"] and pos["state"] == "layer-2 division", pos
-    r = ln_functional(_uncentred(100.0), 100.0, N=40, n_prompts=1024)
-    assert r["ln1.slope"] >= 0.95 and r["ln1.r2"] >= 0.9 and r["ln1.freeze"] >= 0.03, r
+    r = ln_functional(_uncentred(100.0), 100.0, N=20, n_prompts=2048)  # analyze's default prompts
+    assert 0.95 <= r["ln1.slope"] <= 1.05 and r["ln1.r2"] >= 0.9 and r["ln1.freeze"] - r["rel_mse"] >= 0.03, r
     assert r["ln1.r2_raw"] > 0.999 > r["ln1.r2"] and r["state"] == "neither", r
 
 
