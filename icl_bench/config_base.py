@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import typing
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -120,9 +121,12 @@ def top_level_hint(key: str, model: type[ConfigModel]) -> str:
 
 
 def _is_table(annotation) -> bool:
-    """Whether a field's type is a config table (a ConfigModel, or a dict of them / of tables)."""
-    return isinstance(annotation, type) and issubclass(annotation, ConfigModel) or \
-        getattr(annotation, "__origin__", None) is dict
+    """Whether a field's type is a config table: anything but a number, bool, text or list of
+    them (a ConfigModel, a dict, a dataclass such as [data]'s; Optional[...] unwrapped)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is typing.Union and len(args) == 1:
+        annotation = args[0]
+    return not (annotation in (int, float, bool, str) or typing.get_origin(annotation) in (list, typing.Literal))
 
 
 def read_toml(path: str | Path, key: str = "--config") -> dict:

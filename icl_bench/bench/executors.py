@@ -149,7 +149,7 @@ class DaskExecutor:
         default, asked of those alive now; `retries` only for a LocalCluster (a running cluster's
         allowed-failures are its own). A LocalCluster never started (every cell was stored) has no
         scheduler and no worker."""
-        local = self.cfg.scheduler is None
+        local = not self.cfg.scheduler  # ("" names a LocalCluster too)
         if self.client is None:
             return {"kind": "dask", "scheduler": None, "local_cluster": True, "retries": self.cfg.retries,
                     "exclusive_timing": self.cfg.exclusive_timing, "workers": {}}
