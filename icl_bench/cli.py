@@ -131,12 +131,19 @@ def cmd_publish(args) -> int:
                 load_checkpoint(checkpoint_path(name, "--checkpoint"))
             except ConfigError as exc:  # name the flag: "--checkpoint: ... is a folder; ..."
                 raise ConfigError(re.sub(r"^checkpoint:", "--checkpoint:", str(exc))) from None
+    if args.readme is not None and not args.readme.strip():  # (it was skipped without a word: a review)
+        raise ConfigError("--readme: empty path; give the README file")
     if args.readme:  # check the target block before anything is written
         if Path(args.readme).is_dir():
             raise ConfigError(f"--readme: {args.readme} is a folder; give the README file")
         if not Path(args.readme).is_file():
             raise ConfigError(f"--readme: no such file {args.readme!r}")
         read_block(args.readme, "headline")
+        # it is replaced through a temp file beside it: an unwritable folder was refused only after the
+        # whole report was written, naming the temp file instead of --readme (a review)
+        folder = Path(args.readme).resolve().parent
+        if not os.access(folder, os.W_OK) or not os.access(args.readme, os.W_OK):
+            raise ConfigError(f"--readme: cannot write {args.readme} (its folder {folder} or the file is not writable)")
     seen = set()
     for d in args.run_dirs:  # the same run twice would count every cell twice
         refuse_link_loop(d, "RUN_DIR", "give the --out folder of `icl-bench run`")  # (resolve raises RuntimeError)

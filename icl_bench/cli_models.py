@@ -88,6 +88,8 @@ def cmd_train(args) -> int:
 
     if args.steps is not None and not 1 <= args.steps <= MAX_STEPS:
         raise ConfigError(f"--steps: must be an integer >= 1 and <= {MAX_STEPS} (got {args.steps})")
+    if not str(args.out).strip():  # (it saved into the current folder; run, --cache and analyze refuse it: a review)
+        raise ConfigError("--out: empty path; give a folder")
     path = resources.config_path(args.config)
     doc = read_toml(path)
     resources.check_kind(doc, args.config, "train")

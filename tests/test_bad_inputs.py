@@ -432,7 +432,25 @@ CASES = [
     Case("publish-readme-not-utf8", readme(b"<!-- headline:begin -->\xff\xfe<!-- headline:end -->\n"),
          f"--readme: {RUN_AT}README.md is not UTF-8 text (invalid start byte at byte 23)"),
     Case("publish-at-no-cells", lambda tmp: ["publish", str(tmp / "input-run"), "--at", "R=7"], "--at: R=7 has no ok cells"),
+    Case("publish-readme-empty", lambda tmp: ["publish", str(tmp / "input-run"), "--readme", ""],  # (skipped silently)
+         "--readme: empty path; give the README file"),
 ]
+
+
+def test_a_readme_that_cannot_be_written_is_refused_before_the_report(tmp_path, capsys, finished_run, monkeypatch):
+    """A --readme in a read-only folder was refused only after the whole report had been written,
+    and the message named a temp file instead of --readme (found by a review)."""
+    import os
+
+    (tmp_path / "ro").mkdir()
+    target = tmp_path / "ro" / "README.md"
+    target.write_text("<!-- headline:begin -->\nold\n<!-- headline:end -->\n")
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == tmp_path / "ro" else real(p, mode, **kw))
+    assert main(["publish", str(finished_run), "--out", str(tmp_path / "pub"), "--readme", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"icl-bench: error: --readme: cannot write {target} (its folder") and err.count("\n") == 1
+    assert not (tmp_path / "pub").exists() and "old" in target.read_text()
 
 
 class _Evil:

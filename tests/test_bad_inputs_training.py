@@ -61,6 +61,7 @@ def run(capsys, tmp_path, argv, toml=None):
     ("[runs.a]\nsteps = 10000000000\n", "runs.a.steps: must be <= 1000000"),
     ("[runs.a]\nsteps = 1000001\n", "runs.a.steps: must be <= 1000000"),  # seed 0's steps 10^6.. were seed 1's prompts
     ("progress = 'yes'\n" + TINY, "train.progress: expected true or false"),
+    ("lr = 1e38\nprogress = false\n" + TINY, "train.lr: the optimiser's step size overflows float32 (lr = 1e+38"),  # was a torch traceback
     ("seed = 9223372036854775807\n" + TINY, "train.seed: must be <= 9223372035853"),  # seed * 10^6 + step
     ('[runs.tiny-b]\nsolver = "trained-lsa"\nlayernorm = true\n' + TINY,  # was saved as trained-lsa with LayerNorm
      "runs.tiny-b.layernorm: solver 'trained-lsa' is LSA without LayerNorm; accepted: false (or leave it out)"),
@@ -80,6 +81,8 @@ def test_train_flags(capsys, tmp_path):
     assert huge.startswith("--steps: must be an integer >= 1 and <= 1000000 (got 999"), huge
     msg = run(capsys, tmp_path, ["train", "--config", tmp_path / "c.toml", "--run", "nosuch", "--out", tmp_path / "m"], TINY)
     assert msg.startswith("--run: unknown run 'nosuch'; accepted: model"), msg
+    msg = run(capsys, tmp_path, ["train", "--config", tmp_path / "c.toml", "--out", ""], TINY)  # saved into the cwd
+    assert msg.strip() == "--out: empty path; give a folder", msg
 
 
 @pytest.mark.parametrize("toml, expected", [
@@ -89,6 +92,7 @@ def test_train_flags(capsys, tmp_path):
     ("[sweep]\nl1 = [0.0]\nout = 'sw/.'\n[train]\n" + TINY,  # pathlib reads it as 'sw': the same files beside it
      "sweep.out: must be a non-empty path ending in a file stem (got 'sw/.', which ends in '.', a folder)"),
     ("[sweep]\nl1 = [0.0]\neval_prompts = 1000000000000\n", "sweep.eval_prompts: eval_prompts * (eval_N + 1) exceeds"),
+    ("[sweep]\nl1 = [0.0]\neval_prompts = 1\n", "sweep.eval_prompts: must be >= 2 (got 1)"),  # rel_mse NaN
     ("[sweep]\nl1 = [0.0]\n[train]\nreadout = 'flatten'\nN = [12]\n" + TINY,  # raised after training the first run
      "sweep.eval_N: a flatten readout fixes the context length at train.N = 12; set eval_N = 12 (got 30)"),
     ("train = 3\n[sweep]\nl1 = [0.0]\n", "train: must be a table"),

@@ -348,6 +348,20 @@ def test_missing_cells_in_a_column_pandas_left_as_text_are_dropped(tmp_path):
         check_source(DataSource(path=str(tmp_path / "e.csv"), x="x", y="y"), [10])
 
 
+def test_an_unreadable_file_is_one_line(tmp_path, monkeypatch):
+    """A file without read permission raised UnboundLocalError (the error handler read the bytes
+    that were never read; found by a review)."""
+    from pathlib import Path
+
+    (tmp_path / "d.csv").write_text("x,y\n" + "".join(f"{i},{i}\n" for i in range(20)))
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(ConfigError, match=r"^data.path: cannot read '.*d.csv' \(Permission denied\); accepted: a readable CSV file$"):
+        check_source(DataSource(path=str(tmp_path / "d.csv"), x="x", y="y"), [5])
+
+
 def test_a_row_with_one_field_too_many_is_named_by_its_line(tmp_path):
     """One row with a trailing comma read 'cannot read ... as CSV (ParserError)': no line to fix."""
     (tmp_path / "d.csv").write_text("x,y\n" + "".join(f"{i},{i}\n" for i in range(31)) + "31,31,\n")

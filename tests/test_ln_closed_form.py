@@ -107,6 +107,15 @@ def test_probe_fails_on_unrelated_activations():
         mechanism_probes({"layer0.resid": torch.zeros(2, 3, 4)}, torch.zeros(2, 3, 3))
 
 
+def test_a_probe_of_values_that_overflow_when_centred_is_refused():
+    """Finite values near 1e308 (a run at noise 1e308, published) overflowed when centred, and
+    lstsq failed with a torch internal-assert traceback (found by a review): a ConfigError now,
+    which publish turns into a note."""
+    t = torch.tensor([1.7e308, 1.7e308, -1e308, 1.0], dtype=torch.float64)  # (their sum overflows)
+    with pytest.raises(ConfigError, match="too large to centre"):
+        probe_fit(torch.stack([t, t], 1), t)
+
+
 def far_prompts(R, dtype="float64"):
     # x and u ~ N(300, 100^2), y = 2x + 5 + N(0, 0.1^2), N = 50: scales far above the premise
     spec = PromptSpec(N=50, noise=0.1, R=R, x=Dist("normal", 300.0, 100.0),

@@ -92,6 +92,10 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
         raise ConfigError(f"data.path: no such file {str(path)!r}")
     try:
         data = path.read_bytes()
+    except OSError as exc:  # (unreadable: the handler below read `data`, unset: an UnboundLocalError; a review)
+        raise ConfigError(f"data.path: cannot read {str(path)!r} ({exc.strerror or type(exc).__name__}); "
+                          "accepted: a readable CSV file") from None
+    try:
         frame = _frame(path, data)
     except _READ_ERRORS as exc:
         zst = isinstance(exc, ImportError) and path.name.lower().endswith(".zst")

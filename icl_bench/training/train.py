@@ -263,13 +263,22 @@ def train_and_save(cfg: TrainConfig, out_dir: str | Path, *, replace: bool = Tru
             `key`) replace is False and the pair appeared while training: the message names where
             this run was saved instead.
     """
-    model, history = train(cfg)
+    where = where or f"runs.{cfg.name}.lr"
+    try:
+        model, history = train(cfg)
+    except RuntimeError as exc:  # Adam's step size lr / (1 - beta1^t), 10 lr at step 1, must fit the dtype:
+        if "overflow" not in str(exc):  # lr = 1e38 in float32 was a torch traceback (a review)
+            raise
+        raise ConfigError(f"{where}: the optimiser's step size overflows {cfg.dtype} (lr = {cfg.lr:g}: Adam's first "
+                          "step is 10 lr); no checkpoint written: lower lr") from None
     final = history[-1]
     if (final["step"] > 0 and not math.isfinite(final["loss"])) or not all(bool(torch.isfinite(p).all())
                                                                            for p in model.parameters()):
-        raise ConfigError(f"{where or 'runs.' + cfg.name + '.lr'}: training diverged by step {final['step']} (loss "
+        raise ConfigError(f"{where}: training diverged by step {final['step']} (loss "
                           f"{final['loss']}, lr = {cfg.lr:g}{f', l1 = {cfg.l1:g}' if cfg.l1 else ''}); no checkpoint "
-                          "written: lower lr" + (" or l1" if cfg.l1 else "") + ("" if cfg.clip > 0 else ", or set clip > 0"))
+                          "written: lower lr" + (" or l1" if cfg.l1 else "") + ("" if cfg.clip > 0 else ", or set clip > 0")
+                          + ("" if cfg.l1 else f" (or, where lr is already small, R = {cfg.R:g}, noise = {cfg.noise:g} "
+                                                f"or init_scale = {cfg.init_scale:g} may be too large for {cfg.dtype})"))
     meta = {"solver": cfg.solver, "R": float(cfg.R), "N": cfg.N, "seed": cfg.seed, "train_config": cfg.to_dict(),
             "metrics": {**{k: final[k] for k in ("step", "eval_mse_vs_ols", "eval_rel_mse", "sparsity", "elapsed_s", "steps_per_s")},
                         "weight_l1": weight_l1(model.weight_matrices()), "fresh_noise0.1": fresh_metrics(model, cfg.R, n_prompts=cfg.eval_prompts)},
