@@ -284,7 +284,9 @@ def main(argv: list[str] | None = None) -> int:
             full = lambda f: next((p for p in PATH_FLAGS if len(f) > 3 and p.startswith(f)), None)  # noqa: E731 (--ou)
             flag = next((full(f) for f, v in given if full(f) and (
                 v == name or v.startswith(f"{name}/") or name.startswith(f"{v.rstrip('/')}/"))), None)
-            where = f"{flag}: {name}" if flag else name
+            run_dir = argv[:1] == ["publish"] and any(  # publish's positional RUN_DIRs (a review: unnamed)
+                not v.startswith("-") and (name == v or name.startswith(f"{v.rstrip('/')}/")) for v in argv[1:])
+            where = f"{flag}: {name}" if flag else f"RUN_DIR: {name}" if run_dir else name
         print(f"icl-bench: error: {where}: {exc.strerror or type(exc).__name__}", file=sys.stderr)
         return 2
 

@@ -636,3 +636,34 @@ def test_analyze_refuses_sizes_it_cannot_hold_before_allocating(kwargs):
 
     with pytest.raises(ConfigError, match=r"^n_prompts: n_prompts \* \(N \+ 1\) = \d+ prompt values exceed"):
         analyze(Transformer(TransformerConfig()), 10.0, **kwargs)
+
+
+def test_unreadable_inputs_say_permission_denied_and_name_their_field(tmp_path, capsys, finished_run, monkeypatch):
+    """Permission errors read as other faults (found by a review): a --resume config.json "cannot
+    be read as JSON", a checkpoint's JSON "is not valid JSON", its weights "No such file or
+    directory", and a RUN_DIR's table lacked the RUN_DIR: prefix. (Root reads any file, so the
+    denial is simulated.)"""
+    real_read_text, real_access = Path.read_text, os.access
+    denied = {finished_run / "config.json"}
+
+    def read_text(self, *a, **kw):
+        if self in denied or self.suffix == ".json" and self.parent.name == "ckpt":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_read_text(self, *a, **kw)
+    monkeypatch.setattr(Path, "read_text", read_text)
+    with pytest.raises(ConfigError, match=r"^--resume: cannot read .*config.json \(Permission denied\)$"):
+        store.prepare(finished_run, resume=True, config_json="{}")
+    stem = save_checkpoint(Transformer(GOOD), tmp_path / "ckpt" / "model", {"R": 10.0, "N": 20})
+    with pytest.raises(ConfigError, match=r"^checkpoint: cannot read .*model.json \(Permission denied\)$"):
+        load_checkpoint(stem)
+    monkeypatch.setattr(Path, "read_text", real_read_text)
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if str(p).endswith(".safetensors") else real_access(p, mode, **kw))
+    with pytest.raises(ConfigError, match=r"^checkpoint: cannot read .*model.safetensors \(Permission denied\)$"):
+        load_checkpoint(stem)
+    monkeypatch.setattr(os, "access", real_access)
+
+    def no_parquet(path, *a, **kw):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(Path, "is_file", lambda self: no_parquet(self) if self.name == "results.parquet" else os.path.isfile(self))
+    assert main(["publish", str(finished_run), "--out", str(tmp_path / "pub")]) == 2
+    assert capsys.readouterr().err == f"icl-bench: error: RUN_DIR: {finished_run}/results.parquet: Permission denied\n"

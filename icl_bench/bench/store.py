@@ -257,7 +257,9 @@ def prepare(out: Path, *, resume: bool, config_json: str | None, same=None):
             raise ConfigError(f"--resume: {out} is not an icl-bench run folder (no {CONFIG_NAME}); choose another --out")
         try:
             old, new = json.loads(saved.read_text()), json.loads(config_json)
-        except (OSError, ValueError) as exc:  # empty, binary, not JSON: it read "a run of another config"
+        except OSError as exc:  # (a PermissionError read "cannot be read as JSON": a review)
+            raise ConfigError(f"--resume: cannot read {saved} ({exc.strerror or type(exc).__name__})") from None
+        except ValueError as exc:  # empty, binary, not JSON: it read "a run of another config"
             raise ConfigError(f"--resume: {saved} cannot be read as JSON ({type(exc).__name__}): not an "
                               "icl-bench run folder; choose another --out") from None
         except RecursionError:  # json recurses once per nested array / object

@@ -162,7 +162,9 @@ def read_meta(path: str | Path) -> dict:
         raise ConfigError(f"checkpoint: metadata file {jpath} is missing; a checkpoint is <stem>.safetensors + <stem>.json")
     try:
         meta = json.loads(jpath.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except OSError as exc:  # (a PermissionError read "is not valid JSON": a review)
+        raise ConfigError(f"checkpoint: cannot read {jpath} ({exc.strerror or type(exc).__name__})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"checkpoint: {jpath} is not valid JSON ({type(exc).__name__})") from None
     except RecursionError:  # json recurses once per nested array / object
         raise ConfigError(f"checkpoint: {jpath} is not valid JSON (nested too deeply to read)") from None
@@ -200,6 +202,8 @@ def load_checkpoint(path: str | Path, *, device: str = "cpu") -> tuple[Transform
             cfg = TransformerConfig(**meta["model_config"])
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"checkpoint: {stem}.json has a bad model_config: {exc}".replace("\n", " ")) from None
+        if not os.access(spath, os.R_OK):  # safetensors says "No such file or directory" (a review)
+            raise ConfigError(f"checkpoint: cannot read {spath} (Permission denied)")
         try:
             tensors = load_file(str(spath), device="cpu")
         except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
