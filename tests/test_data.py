@@ -348,6 +348,12 @@ def test_missing_cells_in_a_column_pandas_left_as_text_are_dropped(tmp_path):
         check_source(DataSource(path=str(tmp_path / "e.csv"), x="x", y="y"), [10])
 
 
+def test_a_device_is_not_a_csv_file():
+    """[data] path = "/dev/null" read "no such file" (found by a review)."""
+    with pytest.raises(ConfigError, match=r"^data.path: '/dev/null' is not a regular file"):
+        check_source(DataSource(path="/dev/null", x="x", y="y"), [5])
+
+
 def test_an_unreadable_file_is_one_line(tmp_path, monkeypatch):
     """A file without read permission raised UnboundLocalError (the error handler read the bytes
     that were never read; found by a review)."""

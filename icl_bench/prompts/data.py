@@ -89,6 +89,9 @@ def check_source(src: DataSource, Ns: list[int], base_dir: Path | None = None) -
     if not path.is_file():
         if path.is_dir():  # was "no such file": it exists, as a folder
             raise ConfigError(f"data.path: {str(path)!r} is a folder; accepted: a CSV file (plain or compressed)")
+        if path.exists():  # /dev/null, a FIFO, a socket (it read "no such file"; a review)
+            raise ConfigError(f"data.path: {str(path)!r} is not a regular file (a device, pipe or socket); accepted: "
+                              "a CSV file (plain or compressed)")
         raise ConfigError(f"data.path: no such file {str(path)!r}")
     try:
         data = path.read_bytes()
