@@ -130,11 +130,16 @@ def ols_fit_mv(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype = torch.floa
     pad = -N % ROW_ALIGN  # zero rows: each prompt's columns start 64-byte aligned (step 4)
     Ay = A.new_empty(B, N + pad, d + 1)  # (B, Np, d + 1): [A, y~] above zero rows
     Ay[:, :N, :d], Ay[:, :N, d], Ay[:, N:] = A, yt, 0.0
-    Ry = torch.linalg.qr(Ay, mode="r")[1]  # (B, min(Np, d + 1), d + 1): [[R, Q^T y~], [0, *]]
+    grad = torch.is_grad_enabled() and Ay.requires_grad  # (mode "r" has no derivative: the same R, with Q)
+    Ry = torch.linalg.qr(Ay, mode="reduced" if grad else "r")[1]  # (B, min(Np, d + 1), d + 1): [[R, Q^T y~], [0, *]]
     if N >= d:
         Rm, qty = Ry[:, :d, :d], Ry[:, :d, d:]  # (B, d, d), (B, d, 1)
         kappa = _kappa(Rm)  # (B,) inf where sigma_min = 0
-        beta_eq = torch.linalg.solve_triangular(Rm, qty, upper=True).squeeze(-1)  # (B, d)
+        # the triangular solve on R padded like _kappa's (with 1 on the new diagonal, and zeros below
+        # Q^T y~): MKL's solve answered differently in the last bits at odd slots from d = 35 (a review)
+        R1 = _block(Rm, torch.ones_like(Rm[:, :1, 0]))  # (B, dp, dp)
+        qty = torch.cat([qty, qty.new_zeros(B, R1.shape[-1] - d, 1)], dim=1)  # (B, dp, 1)
+        beta_eq = torch.linalg.solve_triangular(R1, qty, upper=True)[:, :d, 0]  # (B, d)
     else:  # fewer examples than regressors: never a unique fit
         kappa = torch.full((B,), float("inf"), dtype=x.dtype, device=x.device)
         beta_eq = torch.zeros(B, d, dtype=x.dtype, device=x.device)
@@ -151,19 +156,26 @@ def ols_fit_mv(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype = torch.floa
             "_kx": kx, "_ky": ky, "_shift": cx, "_mxs": mxs, "_y_bar": y_bar, "_beta": beta}
 
 
-def _kappa(Rm: torch.Tensor) -> torch.Tensor:
-    """sigma_max / sigma_min of each R (B, d, d), (B,): the condition number of A (same singular
-    values). R is padded to a multiple of SV_ALIGN with |R_00| on the new diagonal entries: a
-    triangular R's first column has norm |R_00|, which lies between its sigma_min and sigma_max, so the
-    block-diagonal [[R, 0], [0, |R_00| I]] has R's extreme singular values, and every block starts on a
-    whole 64-byte line (LAPACK's gesdd answered differently in the last bits at odd slots when d = 7)."""
+def _block(Rm: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
+    """[[R, 0], [0, fill I]] (B, dp, dp), each R (B, d, d) padded to dp, a multiple of SV_ALIGN, with
+    `fill` (B, 1) on the new diagonal: every block then starts on a whole 64-byte line, and LAPACK's
+    and MKL's per-matrix kernels answer the same bits at any slot of the batch."""
     B, d = Rm.shape[0], Rm.shape[-1]
     dp = -(-d // SV_ALIGN) * SV_ALIGN
     block = Rm.new_zeros(B, dp, dp)
     block[:, :d, :d] = Rm
     extra = torch.arange(d, dp, device=Rm.device)
-    block[:, extra, extra] = Rm[:, :1, 0].abs()  # (B, 1) broadcast over the new diagonal
-    sv = torch.linalg.svdvals(block)  # (B, dp), descending
+    block[:, extra, extra] = fill  # (B, 1) broadcast over the new diagonal
+    return block
+
+
+def _kappa(Rm: torch.Tensor) -> torch.Tensor:
+    """sigma_max / sigma_min of each R (B, d, d), (B,): the condition number of A (same singular
+    values). R is padded (_block) with |R_00| on the new diagonal entries: a triangular R's first
+    column has norm |R_00|, which lies between its sigma_min and sigma_max, so the block-diagonal
+    [[R, 0], [0, |R_00| I]] has R's extreme singular values (LAPACK's gesdd answered differently in
+    the last bits at odd slots when d = 7)."""
+    sv = torch.linalg.svdvals(_block(Rm, Rm[:, :1, 0].abs()))  # (B, dp), descending
     return sv[:, 0] / sv[:, -1]
 
 
