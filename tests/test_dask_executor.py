@@ -517,7 +517,8 @@ def test_metadata_names_the_torch_threads_the_cells_ran_with():
 def test_a_local_cluster_starts_only_for_cells_to_compute_and_after_the_out_check(tmp_path, monkeypatch, capsys):
     """--workers started its LocalCluster (about 20 s) before --out was checked, so a busy --out was
     refused only after it, and a resume with every cell stored started one for nothing (a review).
-    Both now finish without starting one; the resumed table is the stored one."""
+    Both now finish without starting one, as does a resume with only cuda cells left on a machine
+    without a GPU; the resumed table is the stored one."""
     import distributed
 
     from icl_bench.bench import store
@@ -536,6 +537,13 @@ def test_a_local_cluster_starts_only_for_cells_to_compute_and_after_the_out_chec
     pd.testing.assert_frame_equal(again, first)
     executor = json.loads((out / "metadata.json").read_text())["executor"]
     assert executor["local_cluster"] is True and executor["workers"] == {} and executor["scheduler"] is None
+    import torch
+
+    cuda = {**tiny, "grid": {**tiny["grid"], "device": ["cpu", "cuda"]}}  # only cuda cells left, no GPU:
+    if not torch.cuda.is_available():  # skipped without a cluster (one started just to write skipped rows)
+        table = run_matrix(parse_config(cuda), out.parent / "cuda", progress=False)
+        table = run_matrix(parse_config(cuda), out.parent / "cuda", resume=True, progress=False, executor=local)
+        assert (table[table.device == "cuda"].status == "skipped").all() and (table[table.device == "cpu"].status == "ok").all()
     lock = store.prepare(out, resume=True, config_json=None)  # another run holds the folder
     try:
         with pytest.raises(ConfigError, match="--out"):

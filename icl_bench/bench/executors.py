@@ -111,11 +111,10 @@ class DaskExecutor:
         cell is stored already (it took 20 s before the refusal; a review)."""
         if self.client is None:
             import dask
-            import torch
             from distributed import Client, LocalCluster
 
             cfg = self.cfg
-            resources = {"GPU": 1} if torch.cuda.is_available() else None
+            resources = {"GPU": 1} if torch_cuda() else None
             # the scheduler runs in this process and reads allowed-failures when it is created; the
             # workers' stack sampler (10 ms) only feeds the dashboard profiles. distributed serves its
             # HTTP endpoints even with dashboard_address=None (on :8787, with a warning when a
@@ -169,6 +168,11 @@ class DaskExecutor:
         from distributed import wait
 
         cells = list(cells)
+        if self.client is None and not torch_cuda():
+            # a LocalCluster not started yet, on a machine without a GPU: its cuda cells are skipped without
+            # starting it (a resume with only cuda cells left started one to write skipped rows; a review)
+            yield from ((c, None, ("skipped", NO_GPU)) for c in cells if c.device.startswith("cuda"))
+            cells = [c for c in cells if not c.device.startswith("cuda")]
         if not cells:  # (a LocalCluster is not started for nothing)
             return
         workers = self.workers()
@@ -312,6 +316,13 @@ def _sigint_held():
         yield
     finally:
         signal.signal(signal.SIGINT, old)
+
+
+def torch_cuda() -> bool:
+    """Whether this process sees a CUDA device (what a LocalCluster's workers would have)."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _torch_threads() -> int:

@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import threading
+import unicodedata
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
@@ -75,7 +76,7 @@ class Registry:
         Raises:
             TypeError: `cls` is not a Solver subclass, or its `params` is not a dict of icl_bench.Param.
             ValueError: `name` is already taken by another class, is a built-in name or an installed
-                plugin's, differs from a built-in name only in case, or has surrounding spaces (`_taken`).
+                plugin's, differs from a built-in name only in case or Unicode form, or has surrounding spaces (`_taken`).
         """
         if not (isinstance(cls, type) and issubclass(cls, Solver)):
             raise TypeError(f"solver {name!r}: {cls!r} is not a subclass of icl_bench.Solver")
@@ -115,7 +116,7 @@ class Registry:
             return None if cls.__module__ == module else f"a built-in name (of {module})"
         twin = _case_twin(name, self._reserved())
         if twin is not None:
-            return f"differs from the built-in name {twin!r} only in case"
+            return f"differs from the built-in name {twin!r} only in case or Unicode form"
         ep = None if declared or name in self._loading else self.entry_points().get(name)
         if ep is not None and ep.module.split(".")[0] != package:  # (a plugin's own decorator: its package)
             return f"a built-in name (of {ep.module})" if _dist_name(ep) == "icl-bench" else f"declared by {_ep_origin(ep)}"
@@ -284,8 +285,11 @@ def _dist_name(ep) -> str:
 
 
 def _case_twin(name: str, reserved) -> str | None:
-    """The name in `reserved` that equals `name` up to case and surrounding spaces but is not it, or None."""
-    return next((r for r in sorted(reserved) if r != name and r.casefold() == str(name).strip().casefold()), None)
+    """The name in `reserved` that equals `name` up to case, surrounding spaces and Unicode
+    compatibility forms (NFKC: fullwidth 'ｏｌｓ' is 'ols'; a review) but is not it, or None.
+    Look-alike letters of other scripts (a Cyrillic 'о') are not caught: that needs a confusables table."""
+    key = lambda s: unicodedata.normalize("NFKC", str(s).strip()).casefold()  # noqa: E731
+    return next((r for r in sorted(reserved) if r != name and key(r) == key(name)), None)
 
 
 def _ep_origin(ep) -> str:
@@ -310,7 +314,7 @@ def register_solver(name: str):
     Raises:
         TypeError: the class is not a Solver subclass.
         ValueError: `name` is already taken by another class, is a built-in name (`ols`, `gd-lsa`,
-            ...) or one an installed plugin declares, or differs from a built-in name only in case.
+            ...) or one an installed plugin declares, or differs from a built-in name only in case or Unicode form.
     """
 
     def decorate(cls):

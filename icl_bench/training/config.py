@@ -307,6 +307,12 @@ class SweepConfig(ConfigModel):
         for key in ("name", "seed", "l1"):
             if key in self.train:
                 raise problem("set by the sweep; accepted: any other TrainConfig field", key=f"train.{key}")
+        # a [sweep] key below [train] (TOML puts it there) was "unknown key; did you mean 'seed'?" for
+        # `seeds`, sending the user to a key the sweep refuses in [train] (a review)
+        for key in self.train:
+            if key in Sweep.model_fields and key not in TrainConfig.model_fields:
+                raise problem(f"a [sweep] key; write it under [sweep] (accepted there: {', '.join(Sweep.model_fields)})",
+                              key=f"train.{key}")
         return self
 
 
@@ -314,7 +320,15 @@ def read_sweep(path: str | Path) -> SweepConfig:
     """Read and validate a sweep TOML, its [train] table included (so a bad field fails before any
     training). Raises ConfigError (one line) for any problem."""
     cfg = validate(SweepConfig, read_toml(path))
-    train = validate(TrainConfig, {**cfg.train, "seed": max(cfg.sweep.seeds), "l1": max(cfg.sweep.l1)}, where="train")
+    try:
+        train = validate(TrainConfig, {**cfg.train, "seed": max(cfg.sweep.seeds), "l1": max(cfg.sweep.l1)}, where="train")
+    except ConfigError as exc:  # name, seed and l1 are the sweep's: suggest where they are set, not the refused key
+        msg = str(exc)
+        for key, instead in (("l1", "[sweep] l1"), ("seed", "[sweep] seeds"), ("name", None)):
+            hint = f"; did you mean {key!r}?"
+            if msg.endswith(hint):
+                msg = msg[:-len(hint)] + (f"; did you mean {instead}? (the sweep sets train.{key})" if instead else "")
+        raise ConfigError(msg) from None
     if train.readout == "flatten" and cfg.sweep.eval_N != train.N[0]:  # the evaluation raised after training
         raise ConfigError(f"sweep.eval_N: a flatten readout fixes the context length at train.N = {train.N[0]}; "
                           f"set eval_N = {train.N[0]} (got {cfg.sweep.eval_N})")
