@@ -236,7 +236,8 @@ def axis_list(item: Callable[[Any], Any], *, unique: bool = True,
         seen: dict = {}
         for x in out if unique and same is not None else ():
             if same(x) in seen:
-                raise problem(f"{seen[same(x)]!r} and {x!r} are the same value in {values!r}; keep one")
+                how = f"print alike ({same(x)})" if isinstance(same(x), str) else "are the same value"
+                raise problem(f"{seen[same(x)]!r} and {x!r} {how} in {values!r}; keep one")
             seen[same(x)] = x
         return out
     return check

@@ -212,6 +212,10 @@ CASES = [
     Case("toml-grid-repeat", toml(lambda r: _set(r, [10, 10], "grid", "N")), "grid.N: repeated values"),
     Case("toml-ood-same-map", toml(lambda r: _set(r, ["none", "x-shift:5", "x-shift:5.0"], "grid", "ood")),  # two cells,
          "grid.ood: 'x-shift:5' and 'x-shift:5.0' are the same value in ['none', 'x-shift:5', 'x-shift:5.0']"),  # one map
+    Case("toml-R-print-alike", toml(lambda r: _set(r, [10.0, 10.000000000000002], "grid", "R")),  # two cells, one label
+         "grid.R: 10.0 and 10.000000000000002 print alike (10) in [10.0, 10.000000000000002]; keep one"),
+    Case("toml-noise-print-alike", toml(lambda r: _set(r, [0.1, 0.1000000001], "grid", "noise")),
+         "grid.noise: 0.1 and 0.1000000001 print alike (0.1) in"),
     Case("toml-solver-unknown", toml(lambda r: _set(r, {}, "solvers", "olss")), "solvers.olss: unknown name 'olss'; known: "),
     Case("toml-solver-not-table", toml(lambda r: _set(r, 3, "solvers", "ols")), "solvers.ols: must be a table of parameters"),
     Case("toml-solver-param-unknown", toml(lambda r: _set(r, 3, "solvers", "ols", "steps")), "solvers.ols.steps: unknown parameter"),

@@ -20,6 +20,13 @@ from icl_bench.prompts.ood import parse_ood
 DEVICES = ("cpu", "cuda")
 
 
+def shown(v: float) -> str:
+    """A number as the report's tables and titles print it (6 significant digits): two grid values
+    that print alike (R = 10.0 and 10.000000000000001) ran as two cells under one label, and
+    `--at R=10` picked one of them (a review), so they are refused as one value."""
+    return f"{v:g}"
+
+
 def ood_value(v: Any) -> str:
     """One value of the `ood` axis: "none" or a map of prompts/ood.py ("x-shift:5", "outliers:0.1")."""
     try:
@@ -44,8 +51,8 @@ class Axis:
 
 AXES: tuple[Axis, ...] = (
     Axis("N", (20,), integer(2), "int64", True, "context length: examples per prompt"),
-    Axis("noise", (0.1,), number(ge=0), "float64", True, "std of the label noise (NaN for CSV data)"),
-    Axis("R", (100.0,), number(gt=0), "float64", True, "the constant in every token's third slot"),
+    Axis("noise", (0.1,), number(ge=0), "float64", True, "std of the label noise (NaN for CSV data)", same=shown),
+    Axis("R", (100.0,), number(gt=0), "float64", True, "the constant in every token's third slot", same=shown),
     Axis("dtype", ("float32",), choice(tuple(DTYPES)), "object", False, "floating-point type of prompts and solver"),
     Axis("device", ("cpu",), choice(DEVICES), "object", False, "torch device the solver runs on"),
     Axis("d", (1,), integer(1, MAX_D), "int64", True,
