@@ -62,9 +62,10 @@ def probe_fit(stream: torch.Tensor, target: torch.Tensor, *, name: str = "", sou
     if t.numel() < 3:
         raise ConfigError(f"stream: a probe needs at least 3 finite rows (got {t.numel()})")
     tc, Sc = t - t.mean(), S - S.mean(0)  # centred: the intercepts drop out
-    if not (torch.isfinite(tc).all() and torch.isfinite(Sc).all()):  # finite values near 1e308 overflow here,
-        raise ConfigError("stream: values too large to centre in float64 (they overflow); no probe fits")  # and
-        # lstsq then failed with a torch internal assert (publish of a run at noise 1e308; a review)
+    # finite values near 1e308 overflow when centred, and lstsq then failed with a torch internal
+    # assert (publish of a run at noise 1e308; a review)
+    if not (torch.isfinite(tc).all() and torch.isfinite(Sc).all()):
+        raise ConfigError("stream: values too large to centre in float64 (they overflow); no probe fits")
     var_t = tc.pow(2).sum()
     best = (float("-inf"), 0, float("nan"), float("nan"))  # (r2, slot, slope, intercept)
     for k in range(S.shape[1]):

@@ -149,9 +149,10 @@ def _solver_grid(name: str, params: Any) -> list[dict]:
         except ConfigError as exc:  # the solver contract's parameter errors (Param.check, unknown parameter, a
             # solver's own check of its values): already "solvers.NAME.PARAM: ...". A top-level key written
             # below [solvers.NAME] (`n_prompts = 16`) gets the hint of where it belongs (a review)
-            stray = [k for k in combo if k not in declared and top_level_hint(k, MatrixConfig)]
-            if stray and str(exc).startswith(f"solvers.{name}.{stray[0]}: unknown parameter"):
-                raise ConfigError(f"{exc}{top_level_hint(stray[0], MatrixConfig)}") from None
+            hints = [(k, top_level_hint(k, MatrixConfig)) for k in combo if k not in declared]
+            key, hint = next(((k, h) for k, h in hints if h), (None, ""))
+            if hint and str(exc).startswith(f"solvers.{name}.{key}: unknown parameter"):
+                raise ConfigError(f"{exc}{hint}") from None
             raise
         except KeyboardInterrupt:
             raise

@@ -31,8 +31,10 @@ How it is computed (every step batched over prompts, in float64):
      = D^-1 beta_eq. [A, y~] gets zero rows up to a multiple of ROW_ALIGN (16), which changes neither R
      nor Q^T y~ in exact arithmetic and puts every prompt's columns on whole 64-byte lines: LAPACK's
      and bmm's sums differed in the last bits with a prompt's slot in the batch (up to 39 of 40
-     prompts at N = 1001, so a prompt's reference depended on batch_size; a review). kappa: _kappa. QR never forms A^T A, so it loses one factor kappa, not kappa^2, to
-     rounding (Golub & Van Loan, *Matrix Computations*, 4th ed., section 5.3.8).
+     prompts at N = 1001, so a prompt's reference depended on batch_size; a review); R is padded
+     likewise for the triangular solve and for kappa (_block, _kappa). QR never forms A^T A, so it
+     loses one factor kappa, not kappa^2, to rounding (Golub & Van Loan, *Matrix Computations*, 4th
+     ed., section 5.3.8).
   5. map back: y_hat = 2^ky (y_bar' + sum_j (u_j 2^-kx_j - c_j - mean(x'_j)) beta'_j), beta' the
      slopes in scaled units, so no intermediate leaves the range either. Wherever steps 1-4 on the
      raw values neither overflow nor underflow, the result is bit for bit theirs (the maps are exact).
@@ -67,7 +69,7 @@ import torch
 from icl_bench.prompts.ols import REFINE, REFINE_PASSES, ROW_ALIGN, exp_clamp, exponent_of, ldexp, pow2
 
 SHIFT_SAMPLES = 8  # rows of x (and y) whose mean is the shift c
-SV_ALIGN = 4  # _kappa pads R to a multiple of this size (a 4 x 4 block is whole 64-byte lines in float32 and float64)
+SV_ALIGN = 4  # _block pads R to a multiple of this size (a 4 x 4 block is whole 64-byte lines in float32 and float64)
 
 
 def _as3d(x: torch.Tensor) -> torch.Tensor:

@@ -155,7 +155,7 @@ def _check_text(s: pd.Series, col: str, where: str) -> None:
     for v in s[~missing].unique().tolist():
         if col == "status" and v not in STATUSES:
             raise ConfigError(f"{where} holds {_shown(v)}; accepted: {', '.join(STATUSES)}")
-        if col == "solver" and not (v.strip() and v.isprintable()):  # an unlabelled headline row (a review);
+        if col == "solver" and not (v.strip() and v.isprintable()):  # an unlabelled headline row (a review):
             raise ConfigError(f"{where} holds an empty name ({_shown(v)}); expected a solver's name")  # no run writes one
         if col in JSON_OBJECT and v != "" and not isinstance(decoded := _json(v), dict):
             why = "JSON nested too deeply to read" if decoded is TOO_DEEP else "not a JSON object"

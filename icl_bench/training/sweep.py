@@ -50,8 +50,9 @@ def row_for(stem: Path, sweep: Sweep) -> dict:
     R = float(meta["R"])
     batch = sample_prompts(PromptSpec(N=sweep.eval_N, noise=sweep.eval_noise, R=R), sweep.eval_prompts,
                            seed=3_000_000_000, dtype=next(model.parameters()).dtype)
-    with torch.no_grad(), torch_threads(1):  # one thread, as the analysis below: a resumed sweep (no training
-        err = (model(batch.tokens).double() - batch.ols_prediction) ** 2  # before it) gives the same row
+    # one thread, as the analysis below: a resumed sweep (no training before it) gives the same row
+    with torch.no_grad(), torch_threads(1):
+        err = (model(batch.tokens).double() - batch.ols_prediction) ** 2  # (B,)
     ok = torch.isfinite(err)
     mse = float(err[ok].mean()) if bool(ok.any()) else math.nan
     w = model.weight_matrices()
