@@ -23,6 +23,22 @@ class FailsAtN12(Solver):
         return batch.ols_prediction.to(batch.dtype) + 0.1
 
 
+class FailsAtN5(Solver):
+    """OLS plus 0.2, except that it raises at N = 5: a failed point at the start of its line."""
+
+    def predict(self, batch):
+        if batch.x.shape[1] == 5:
+            raise RuntimeError("boom at N=5")
+        return batch.ols_prediction.to(batch.dtype) + 0.2
+
+
+class FailsAlways(Solver):
+    """Raises on every prompt batch: a series with no ok point."""
+
+    def predict(self, batch):
+        raise RuntimeError("boom")
+
+
 class GDFailsAtK2(Solver):
     """gd's answers, except at steps = 2, where every cell raises: a failed steps value inside its line.
     Its name sorts before gd, so it is listed first though it has fewer points."""
@@ -36,7 +52,7 @@ class GDFailsAtK2(Solver):
 
 RAW = {"seed": 0, "n_prompts": 32, "batch_size": 32, "timing": {"repeats": 1},
        "grid": {"N": [5, 12, 20], "noise": [0.1], "R": [100.0], "dtype": ["float64"], "device": ["cpu"]},
-       "solvers": {"ols": {}, "gd": {"steps": [1, 2, 4, 8]}, "gd-lsa": {"steps": [1, 8]}, "test-mid-fails": {},
+       "solvers": {"ols": {}, "gd": {"steps": [1, 2, 4, 8]}, "gd-lsa": {"steps": [1, 8]}, "test-mid-fails": {}, "test-first-fails": {}, "test-all-fails": {},
                    "a-gd-k2-fails": {"steps": [1, 2, 4, 8]}}}
 
 
@@ -44,6 +60,8 @@ RAW = {"seed": 0, "n_prompts": 32, "batch_size": 32, "timing": {"repeats": 1},
 def drawn(tmp_path_factory):
     register_solver("test-mid-fails")(FailsAtN12)
     register_solver("a-gd-k2-fails")(GDFailsAtK2)
+    register_solver("test-first-fails")(FailsAtN5)
+    register_solver("test-all-fails")(FailsAlways)
     try:
         out = tmp_path_factory.mktemp("run")
         run_matrix(parse_config(RAW), out, progress=False)
@@ -51,6 +69,8 @@ def drawn(tmp_path_factory):
     finally:
         REGISTRY.unregister("test-mid-fails")
         REGISTRY.unregister("a-gd-k2-fails")
+        REGISTRY.unregister("test-first-fails")
+        REGISTRY.unregister("test-all-fails")
     summary = report.aggregate(table)
     return report.with_failed_points(summary, table), report.representative(table)
 
@@ -71,6 +91,22 @@ def test_a_failed_point_breaks_its_line_and_the_note_says_why(drawn):
     assert not np.isnan(np.asarray(_line(fig, "gd steps=8").get_ydata(), dtype=float)).any()  # (ols: on the floor line)
     with pytest.raises(plots.PlotSkipped, match="no ok cell with a finite mean"):  # failed rows alone are no data
         plots.mse_vs_n(summary[summary["failed"]], setting)
+
+
+def test_failed_points_no_line_shows_are_named_in_the_note(drawn):
+    """A series that failed at its first x, or everywhere, has no gap to draw: it vanished from the
+    figure and the legend with nothing said (a review). The note names those points."""
+    summary, setting = drawn
+    fig = plots.mse_vs_n(summary, setting)
+    labels = [ln.get_label() for ln in fig.axes[0].get_lines()]
+    x, _ = (np.asarray(v, dtype=float) for v in _line(fig, "test-first-fails").get_data())
+    assert list(x) == [12.0, 20.0] and "test-all-fails" not in labels
+    note = " ".join(fig.texts[-1].get_text().split())
+    assert ("not drawn, every cell errored or was skipped (failures.md): a-gd-k2-fails steps=2 (no ok point in "
+            "this figure); test-all-fails (no ok point in this figure); test-first-fails at N = 5") in note, note
+    assert "test-mid-fails at" not in note  # its failed point is a gap inside its line, said so already
+    clean = summary[~summary["series"].isin(["test-first-fails", "test-all-fails", "a-gd-k2-fails steps=2"])]
+    assert "not drawn" not in " ".join(plots.mse_vs_n(clean, setting).texts[-1].get_text().split())
 
 
 def test_a_series_on_a_grid_within_anothers_is_a_twin(drawn):

@@ -539,6 +539,14 @@ def test_identical_series_are_overlaid_and_named_and_one_value_axes_are_centred(
     with pytest.raises(plots.PlotSkipped, match=r"^mse_vs_n: only N = 8 has ok cells at this setting \(every cell at "
                                                 r"N = 16 errored or was skipped: failures.md\)$"):
         plots.mse_vs_n(pd.concat([summary[summary.N == 8].assign(failed=False), failed]), setting)
+    # R varies at another N of the runs (two runs published together; the setting's N is only the
+    # other run's): the note says where, not "add a list of R values" (a review)
+    other = summary[summary.N == 16].assign(N=32)
+    other = pd.concat([other.assign(R=10.0), other.assign(R=1000.0)])
+    with pytest.raises(plots.PlotSkipped, match=r"^mse_vs_r: R took one value at this setting \(R = 100\); the runs "
+                                                r"have R = 10, 1000 at N = 32; publish with --at N=32 to draw it$"):
+        plots.mse_vs_r(pd.concat([summary, other]), setting)
+    assert plots._varied_elsewhere(summary, setting, ("N", "noise", "device", "d", "ood"), "R") == ""
     fig = plots.gd_steps(summary, setting)
     assert _legend(fig) == ["gd", "gd-lsa (= gd)", "ols (no steps)", style.FLOOR_LABEL]
     with pytest.raises(plots.PlotSkipped, match=r"steps did not vary \(gd steps=4, gd-lsa steps=4\)"):
@@ -761,6 +769,10 @@ def test_throughput_plot_one_dot_per_solver_and_dtype_at_the_median(tables, figs
         assert {plots._rate(v) for v in median} <= {t.get_text() for t in ax.texts}  # and says its value
     assert plots._rate(219_400) == "219k" and plots._rate(1.5e6) == "1.5M" and plots._rate(42.0) == "42"
     assert _legend(fig) == ["float32", "float64"]
+    # a dtype has one colour in every figure: float64 was blue alone and orange beside float32 (a review)
+    both = [c[0].get_color() for c in ax.containers]
+    alone = plots.throughput(table[table.dtype == "float64"]).axes[0].containers[0][0].get_color()
+    assert alone == both[1] != both[0]
     fig = plots.throughput(pd.concat([table, table[table.solver == "ols"].assign(device="cuda")]))
     assert [ax.get_title() for ax in fig.axes] == ["device = cpu", "device = cuda"]
     assert [len(c[0].get_xdata()) for c in fig.axes[1].containers] == [1, 1]  # only ols ran on cuda
@@ -871,6 +883,9 @@ def test_model_plots_draw_the_construction_and_its_probes_without_running_solver
     assert [ax.get_xlabel().split("(")[-1] for ax in fig.axes] == ["x units)", "y units)", "y units)"]
     assert fig.axes[2].get_xlabel().startswith("closed form b_hat (u - x_bar)")
     assert "passed by any accurate model: not a mechanism test" in fig._suptitle.get_text()  # docs/analysis.md
+    # what it probed: a figure used alone named R only, in a panel title (a review)
+    N, noise = int(setting["N"]), float(setting["noise"])
+    assert f"\nprobed on 128 prompts at N = {N}, noise = {noise:g}, R = 10 (float64, seed 0)" in fig._suptitle.get_text()
 
 
 def test_a_solver_not_installed_here_is_named_so_in_the_model_plots_note(tables):
@@ -997,6 +1012,34 @@ def test_scaling_exponents_ln_closed_form_r_minus_4_and_ols_flat(tmp_path, table
     assert shown.to_dict() == {"never": "no finite MSE", "exact": "at float floor (1 NaN)", "mixed": "-2.00 (2 pts, 1 NaN)"}
 
 
+def test_failed_points_are_counted_in_the_scaling_fits_and_a_missing_fit_says_why():
+    """A fit through the ok points left by a failed one read like a full fit ("0.00 (2 pts)"), and
+    a series with no fit at the setting had a blank cell (a review). Failed points (every cell
+    errored or was skipped: report.with_failed_points' rows) are counted; the blank says why."""
+    from icl_bench.report import scaling
+
+    row = {"solver_params": "{}", "prompts": "", "N": 30, "noise": 0.1, "dtype": "float64", "device": "cpu", "d": 1,
+           "ood": "none"}
+    ok = [{**row, "series": s, "solver": s, "R": R, "mse_vs_ols": m, "mse_vs_ols_se": 0.01 * m, "failed": False}
+          for s, pts in (("part", ((10.0, 1e-2), (100.0, 1e-4))), ("full", ((10.0, 1e-2), (100.0, 1e-4), (1000.0, 1e-6))),
+                         ("lone", ((10.0, 1e-3),)))
+          for R, m in pts]
+    bad = [{**row, "series": s, "solver": s, "R": R, "mse_vs_ols": math.nan, "failed": True}
+           for s, R in (("part", 1000.0), ("lone", 100.0), ("gone", 10.0), ("gone", 100.0))]
+    summary = pd.DataFrame(ok + bad)
+    fits = scaling.scaling_table(summary).set_index(["series", "vs"])
+    assert fits.loc[("part", "R"), ["n_points", "n_failed", "n_nan"]].tolist() == [2, 1, 0]
+    assert fits.loc[("full", "R"), "n_failed"] == 0 and fits.loc[("full", "R"), "n_points"] == 3
+    setting = {"N": 30, "noise": 0.1, "R": 100.0, "device": "cpu", "d": 1, "ood": "none"}
+    shown = scaling.scaling_at(fits.reset_index(), setting, ["full", "part", "lone", "gone"]).set_index("series")
+    assert shown["exponent vs R"].to_dict() == {"full": "-2.00 [-2.01, -1.99] (3 pts)", "part": "-2.00 (2 pts, 1 failed)",
+                                                "lone": "(1 point above floor, 1 failed)", "gone": "no ok point"}
+    assert shown["exponent vs N"].tolist() == ["no fit: one N value here"] * 4
+    # without failed rows (a summary as before): the same fits of the ok points, nothing counted
+    plain = scaling.scaling_table(pd.DataFrame(ok).drop(columns="failed")).set_index(["series", "vs"])
+    assert plain.loc[("part", "R"), "exponent"] == fits.loc[("part", "R"), "exponent"] and plain["n_failed"].eq(0).all()
+
+
 def test_rounding_dominated_float32_points_leave_the_fit():
     """float32 ln-closed-form's rounding grows with R (a U-curve), far above the one-number float
     floor: at R = 1000 2.3e-9 against 7.2e-11 in float64, and the fit through it read "-3.06" for
@@ -1032,6 +1075,26 @@ def test_rounding_dominated_float32_points_leave_the_fit():
     shown = scaling.scaling_at(fits32, {"N": 30, "noise": 0.1, "R": 100.0, "device": "cpu", "d": 1, "ood": "none"},
                                ["ln"]).set_index("dtype")["exponent vs R"]
     assert shown["float32"].endswith("(3 pts, rounding unchecked: no float64 run)")
+
+
+def test_series_measured_on_different_prompt_sets_get_a_note():
+    """Runs of other seeds published together: gd (seeds 0, 1) beside gd-lsa (seed 0) read 0.876 and
+    0.795 for one algorithm, with nothing said (a review). The note names each prompt set."""
+    from icl_bench.report import coverage
+
+    setting = {"N": 10, "noise": 0.1, "R": 100.0, "dtype": "float32", "device": "cpu", "d": 1, "ood": "none"}
+    row = {k: v for k, v in setting.items() if k != "N"}
+    rows = [{**row, "series": s, "N": n, "seed": seed, "n_prompts": 256, "status": "ok", "run": "a"}
+            for s, seeds in (("gd", (0, 1)), ("ols", (0, 1)), ("gd-lsa", (0,))) for seed in seeds for n in (10, 30)]
+    table = pd.DataFrame(rows)
+    (note,) = coverage.prompt_sets_note(table, setting)
+    assert "prompt seeds 0, 1 × 256 prompts: gd, ols; prompt seed 0 × 256 prompts: gd-lsa;" in note, note
+    same = table[table["seed"] == 0]
+    assert coverage.prompt_sets_note(same, setting) == []  # one prompt set: nothing to say
+    other_size = pd.concat([same, same[same.series == "gd"].assign(series="big", n_prompts=512)])
+    assert "prompt seed 0 × 512 prompts: big" in coverage.prompt_sets_note(other_size, setting)[0]
+    elsewhere = pd.concat([same, table[table.series == "gd"].assign(series="far", R=10.0)])
+    assert coverage.prompt_sets_note(elsewhere, setting) == []  # another setting's rows are not the headline's
 
 
 def test_publishing_runs_with_different_grids_names_what_it_left_out(run_dir, tmp_path, monkeypatch, solvers):

@@ -64,6 +64,32 @@ def grid_differences(table: pd.DataFrame) -> list[str]:
     return out
 
 
+def prompt_sets_note(table: pd.DataFrame, setting: dict, most: int = 8) -> list[str]:
+    """One line when the series of the headline's setting (every N) were measured on different
+    prompts: other prompt seeds, or other numbers of prompts per seed (runs of other seeds or
+    n_prompts published together). Their differences then include the sampling noise between
+    prompt sets: gd-lsa and gd, one algorithm, read 0.795 and 0.876 side by side, 1 seed against
+    2 (a review). Empty when every series read the same prompts."""
+    at = select(table[table["status"] == "ok"], setting, FIXED)
+    if at.empty or "seed" not in at:
+        return []
+    groups: dict = {}
+    for series, g in at.groupby("series", sort=False):
+        seeds = tuple(sorted(int(v) for v in g["seed"].unique()))
+        sizes = tuple(sorted(int(v) for v in g["n_prompts"].unique()))
+        groups.setdefault((seeds, sizes), []).append(str(series))
+    if len(groups) < 2:
+        return []
+    parts = []
+    for (seeds, sizes), names in groups.items():
+        shown = ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+        parts.append(f"prompt seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))} × "
+                     f"{' or '.join(map(str, sizes))} prompts: {shown}")
+    return ["the series at this setting were measured on different prompts, so a difference between series of "
+            "different prompt sets includes the sampling noise between those sets (equal methods can read "
+            "differently): " + "; ".join(parts) + "; publish runs of the same seeds and n_prompts to compare them"]
+
+
 def _absent(g: pd.DataFrame, setting: dict) -> tuple[str, str]:
     """Why the ok rows `g` have none at `setting`, and "" or ", e.g. --at A=V": the values they have
     of each FIXED axis whose setting value they lack ("its ok cells have R = 10; dtype = float64"),

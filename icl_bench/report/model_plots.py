@@ -130,12 +130,13 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
         n_prompts = max(2, PROBE_TOKENS // (N + 1))
         notes.append(f"probes at N={N} drawn from {n_prompts} prompts (at most {PROBE_TOKENS} tokens)")
     tokens = sample_prompts(PromptSpec(N=N, noise=noise, R=R), n_prompts, seed=seed, dtype="float64").tokens
+    probed_on = f"{n_prompts} prompts at N = {N}, noise = {noise:g}, R = {R:g} (float64, seed {seed})"  # probes.png says so
 
     def add(label: str, model) -> None:
         model = model.to(torch.float64).eval()
         with torch.no_grad():
             models[label] = {"weights": model.weight_matrices(), "trace": {"tokens": tokens, **model.probe(tokens)},
-                             "reference": False}
+                             "reference": False, "probed_on": probed_on}
 
     at = select(table[table["status"] == "ok"], setting, ("N", "noise", "R", "d"))
     if multi:
@@ -364,8 +365,10 @@ def probe_scatter(models: dict[str, dict], notes: list[str] | None = None) -> Fi
             ax.set_ylabel(f"stream slot {f.slot} (model units)", fontsize=7)
             ax.legend(fontsize=6)
     refs = [label for label in fits if models[label].get("reference")]
+    on = sorted({models[label].get("probed_on", "") for label in fits} - {""})  # (a figure used alone said not on what)
     fig.suptitle("LayerNorm probes: stream slot vs the closed form's statistic (the division column is passed by "
                  "any accurate model: not a mechanism test; icl-bench analyze's ln.state is)"
+                 + (f"\nprobed on {'; '.join(on)}" if on else "")
                  + "".join(f"\n{label}: {REFERENCE}" for label in refs), fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     return fig

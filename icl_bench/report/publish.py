@@ -239,7 +239,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
         gaps = coverage.left_out(table, setting)
         silent = report.no_answer_notes(table)  # NaN in the table must come with its reason (the notes: every cell)
         silent_at = report.no_answer_notes(at_rows)  # the headline's: its setting only (another run's solver is not in it)
-        ill = report.ill_posed_note(summary, setting)
+        ill = report.ill_posed_note(summary, setting) + coverage.prompt_sets_note(table, setting)
         headline_md = "\n".join([
             f"### Mean MSE vs OLS [95 % CI] by solver and N ({at_text})", "",
             report.to_markdown(head), *[f"Warning: {report.md_cell(n)}." for n in silent_at],  # (names escaped:
@@ -256,7 +256,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
                "notes": notes, "failures": report.failure_summary(table), "sparsity": report.sparsity(table),
                "summary": summary.drop(columns=["series_rank"], errors="ignore"), "runs": metas, "forced": force,
                "left_out": gaps, "setting": setting, "varied": varied, "mechanism": mechanism.section(table)}
-        fits = scaling.scaling_table(summary)
+        fits = scaling.scaling_table(report.with_failed_points(summary, table))  # (failed points: counted)
         ctx["scaling_at"] = scaling.scaling_at(fits, setting, report.series_order(summary))
         one_source = summary["prompts"].nunique() <= 1  # then the long prompt-source JSON says nothing
         ctx["summary_shown"] = ctx["summary"].drop(columns=["prompts"] if one_source else [])

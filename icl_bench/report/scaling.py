@@ -120,44 +120,57 @@ def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
     """Every fit: one row per (series, vs ∈ {R, N}, the other grid axes).
 
     Args:
-        summary: report.aggregate output (mse_vs_ols per series and cell).
+        summary: report.aggregate output (mse_vs_ols per series and cell), optionally with
+            report.with_failed_points' rows (failed = True: every cell of the point errored or was
+            skipped), which are no data but are counted (`n_failed`): a fit through the ok points
+            that remain read like a full one (a review).
     Returns:
         columns series, solver, solver_params, vs, N, noise, R, dtype, device, d, ood (the fixed
         axes; the fitted axis is NaN), exponent, ci_low, ci_high, n_points, n_floor, n_rounding,
-        n_unchecked (points of a lower precision with no float64 twin: rounding not checked), n_nan, max_mse.
+        n_unchecked (points of a lower precision with no float64 twin: rounding not checked), n_nan,
+        n_failed, max_mse.
     """
     rows = []
     keys = ["series", "solver", "solver_params", "prompts", "N", "noise", "R", "dtype", "device", "d", "ood"]
-    summary = summary.assign(_rounding=rounding_dominated(summary), _unchecked=rounding_unchecked(summary))
+    failed = summary["failed"].astype(bool) if "failed" in summary else pd.Series(False, index=summary.index)
+    summary = summary.assign(_failed=failed)
+    ok = ~summary["_failed"]
+    summary.loc[ok, "_rounding"] = rounding_dominated(summary[ok])
+    summary.loc[ok, "_unchecked"] = rounding_unchecked(summary[ok])
     for vs in ("R", "N"):
         fixed = [k for k in keys if k != vs]
-        for key, g in summary.groupby(fixed, dropna=False, sort=True):
-            if g[vs].nunique() < 2:
+        for key, every in summary.groupby(fixed, dropna=False, sort=True):
+            if every[vs].nunique() < 2:
                 continue
+            g = every[~every["_failed"]]
             row = dict(zip(fixed, key), vs=vs, **{vs: math.nan})
             se = g["mse_vs_ols_se"] if "mse_vs_ols_se" in g else None
-            row.update(fit_exponent(g[vs], g["mse_vs_ols"], key[fixed.index("dtype")], se, g["_rounding"]))
-            row["n_unchecked"] = int(g["_unchecked"].sum())
-            row["max_mse"] = float(g["mse_vs_ols"].max())
+            row.update(fit_exponent(g[vs], g["mse_vs_ols"], key[fixed.index("dtype")], se, g["_rounding"].astype(bool)))
+            row["n_unchecked"] = int(g["_unchecked"].astype(bool).sum())
+            row["n_failed"] = int(every["_failed"].sum())
+            row["max_mse"] = float(g["mse_vs_ols"].max()) if len(g) else math.nan
             rows.append(row)
     cols = [*keys, "vs", "exponent", "ci_low", "ci_high", "n_points", "n_floor", "n_rounding", "n_unchecked", "n_nan",
-            "max_mse"]
+            "n_failed", "max_mse"]
     return pd.DataFrame(rows, columns=cols).drop(columns="prompts")
 
 
 def scaling_at(fits: pd.DataFrame, setting: dict, order: list[str]) -> pd.DataFrame:
     """The page's table: per series and dtype, "p [low, high] (n)" vs R (at setting's N, noise,
     device, d, ood) and vs N (at its R, noise, device, d, ood); "at float floor" when every point
-    with a finite MSE is at the float floor, "no finite MSE" when none has one."""
-    def text(r) -> str:
+    with a finite MSE is at the float floor, "no finite MSE" when none has one; "k failed" counts
+    points whose every cell errored or was skipped, and a series with no fit at the setting says
+    why ("one R value here": the runs hold that series at one R there)."""
+    def text(r, vs: str) -> str:
         if r is None:
-            return ""
-        nan = f"{r['n_nan']} NaN" if r["n_nan"] else ""
+            return f"no fit: one {vs} value here"
+        nan = ", ".join(t for t in (f"{r['n_nan']} NaN" if r["n_nan"] else "",
+                                    f"{r['n_failed']} failed" if r.get("n_failed", 0) else "") if t)  # (older csv)
         rounding = f"{r['n_rounding']} rounding" if r.get("n_rounding", 0) else ""  # (a scaling.csv of before it)
         if not math.isfinite(r["exponent"]):
             if r["n_points"] == 0:
                 what = ("rounding-dominated" if r.get("n_rounding", 0) else "at float floor" if r["n_floor"]
-                        else "no finite MSE")
+                        else "no finite MSE" if r["n_nan"] or not r.get("n_failed", 0) else "no ok point")
                 return f"{what} ({nan})" if nan and r["n_floor"] else what
             return f"({r['n_points']} point above floor{', ' + rounding if rounding else ''}{', ' + nan if nan else ''})"
         ci = f" [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if math.isfinite(r["ci_low"]) else ""
@@ -182,6 +195,6 @@ def scaling_at(fits: pd.DataFrame, setting: dict, order: list[str]) -> pd.DataFr
             if r.empty and n.empty:
                 continue
             rows.append({"series": s, "dtype": dtype,
-                         "exponent vs R": text(r.iloc[0] if len(r) else None),
-                         "exponent vs N": text(n.iloc[0] if len(n) else None)})
+                         "exponent vs R": text(r.iloc[0] if len(r) else None, "R"),
+                         "exponent vs N": text(n.iloc[0] if len(n) else None, "N")})
     return pd.DataFrame(rows, columns=["series", "dtype", "exponent vs R", "exponent vs N"])
