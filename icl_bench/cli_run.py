@@ -143,6 +143,11 @@ def cmd_run(args) -> int:
         given = raw.get("executor", {}) if isinstance(raw.get("executor"), dict) else {}
         if (args.scheduler or args.workers is not None) and args.executor is None:
             flags["kind"] = "dask"  # --scheduler / --workers alone mean: run on that cluster / a LocalCluster
+        # a flag replaces the table's keys it contradicts, as the flags override the table (docs/scale-out.md;
+        # a config's n_workers refused --scheduler, its scheduler --executor local: a review)
+        dropped = ({"scheduler", "n_workers", "retries"} if flags["kind"] == "local" else set()) | (
+            {"n_workers", "retries"} if args.scheduler else set()) | ({"scheduler"} if args.workers is not None else set())
+        given = {k: v for k, v in given.items() if k not in dropped}
         raw["executor"] = {**given, **{k: v for k, v in flags.items() if v is not None}}
     named = [("data.path:", "--data:", args.data), ("data.x:", "--x:", args.data), ("data.y:", "--y:", args.data),
              *[("executor.kind:", f"{f}:", v) for f, v in (("--executor", args.executor), ("--workers", args.workers),

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import dask
 import pandas as pd
@@ -25,6 +26,7 @@ from icl_bench.bench.cells import expand_cells
 from icl_bench.bench.config import Executor, parse_config
 from icl_bench.bench.runner import run_matrix
 from icl_bench.bench.schema import TIMING_COLUMNS
+from icl_bench.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 RETRIES = 1  # worker deaths a cell survives before it becomes an error row (allowed-failures)
@@ -333,8 +335,6 @@ def test_bad_executor_flags_exit_2_and_write_nothing(tmp_path, monkeypatch, caps
 def _stub_executor(monkeypatch, cfg, cluster=None):
     """A DaskExecutor with no cluster behind it: a running client, no worker alive, WORKER_WAIT_S 3 s
     (`cluster`: None for --scheduler, anything else for the LocalCluster the run started)."""
-    from types import SimpleNamespace
-
     from icl_bench.bench import executors
 
     monkeypatch.setattr(executors, "WORKER_WAIT_S", 3.0)
@@ -347,8 +347,6 @@ def _stub_executor(monkeypatch, cfg, cluster=None):
 def _done_after(polls: int | None):
     """A distributed.wait stand-in: nothing finishes for polls - 1 calls, then every future (None:
     never; after 100 calls an AssertionError, so a run that waits forever fails the test, not hangs)."""
-    from types import SimpleNamespace
-
     calls = []
 
     def wait(futures, timeout, return_when):
@@ -368,7 +366,7 @@ def test_a_run_whose_cluster_has_no_worker_left_says_so_once(monkeypatch, capsys
     assert [pending.pop(f) or f for f in ex._finished(pending, _done_after(8))] == ["f"]  # the caller pops what finished
     err = capsys.readouterr().err
     assert err == ("icl-bench: waiting: the cluster at tcp://h:1 has no worker (1 cells in flight); start workers, "
-                   "or Ctrl-C and --resume later\n")
+                   "or Ctrl-C and --resume later (a worker that closed on its first cell may lack icl-bench: see its log)\n")
 
 
 def test_a_local_cluster_left_without_workers_ends_the_run(monkeypatch):
@@ -415,8 +413,6 @@ def test_a_result_lost_with_the_scheduler_is_a_run_aborted_and_a_dead_workers_re
     """wait() can report a future done just before the scheduler dies; fetching its result then raised
     CommClosedError (an OSError), reported as "--out: CommClosedError", exit 2, no resume line; and a
     result held by a worker that died blocked without the "no worker" line (found by a review)."""
-    from types import SimpleNamespace
-
     from distributed.comm.core import CommClosedError
 
     from icl_bench.bench import executors
@@ -444,7 +440,8 @@ def test_a_result_lost_with_the_scheduler_is_a_run_aborted_and_a_dead_workers_re
 
     assert ex._gather(late, {"a": 0}) == {"row": 1} and polls == [executors.POLL_S] * 5
     assert capsys.readouterr().err == ("icl-bench: waiting: the cluster at tcp://h:1 has no worker (1 cells in flight); "
-                                       "start workers, or Ctrl-C and --resume later\n")
+                                       "start workers, or Ctrl-C and --resume later (a worker that closed on its first "
+                                       "cell may lack icl-bench: see its log)\n")
 
 
 def test_a_scheduler_address_where_no_dask_scheduler_answers_is_one_line(monkeypatch):
@@ -501,8 +498,6 @@ def test_metadata_names_the_torch_threads_the_cells_ran_with():
     """A cell runs under timing.threads and restores the worker's count after it, so asking an idle
     worker after the run gave its default (1) for a run at threads = 2 (found by a review): the
     config's count is recorded when set, the worker's own default only for threads = 0."""
-    from types import SimpleNamespace
-
     from icl_bench.bench import executors
 
     ex = executors.DaskExecutor.__new__(executors.DaskExecutor)
@@ -550,3 +545,54 @@ def test_a_local_cluster_starts_only_for_cells_to_compute_and_after_the_out_chec
             run_matrix(parse_config(tiny), out, resume=True, progress=False, executor=local)
     finally:
         lock.close()
+
+
+def test_workers_that_cannot_import_icl_bench_are_named_before_the_run(cluster, monkeypatch, tmp_path):
+    """A worker whose Python lacks icl-bench closes on its first cell (the task does not unpickle),
+    and a cluster of only such workers kept the run waiting forever on "has no worker" (a review).
+    The executor asks every worker first: none can -> one ConfigError before anything is written;
+    some cannot -> a warning naming them (the cells are retried on the others). Here the package
+    asked for is one that no worker has."""
+    from icl_bench.bench import executors
+
+    _, address = cluster
+    assert executors.DaskExecutor(_on(address)).close() is None  # the real package: no word
+    monkeypatch.setattr(executors, "PACKAGE", "no_such_package_icl")
+    with pytest.raises(ConfigError, match=r"^executor\.scheduler: no worker of the cluster at '[^']+' can import "
+                                          r"no_such_package_icl \(tcp://[^:]+:\d+: ModuleNotFoundError: No module named "
+                                          r"'no_such_package_icl'; tcp://.*\); install icl-bench in the workers' Python "
+                                          r"environment \(docs/scale-out\.md\)$"):
+        executors.DaskExecutor(_on(address))
+    ex = executors.DaskExecutor.__new__(executors.DaskExecutor)
+    ex.cfg, ex.cluster = _on("tcp://h:1"), None
+    ex.client = SimpleNamespace(run=lambda *a, **k: {"tcp://a:1": ModuleNotFoundError("No module named 'x'"),
+                                                     "tcp://b:2": "0.1.0"})
+    with pytest.warns(UserWarning, match=r"^1 of 2 workers of the cluster at tcp://h:1 cannot import no_such_package_icl "
+                                         r"\(tcp://a:1: ModuleNotFoundError: No module named 'x'\): each closes on its "
+                                         r"first cell, which is then retried on another worker"):
+        ex._check_workers()
+
+
+def test_executor_flags_replace_the_table_keys_they_contradict(tmp_path, monkeypatch):
+    """docs/scale-out.md: the flags override the config's [executor] table; a table's n_workers
+    refused --scheduler, and its scheduler refused --executor local (a review). The executor the
+    run gets is recorded here instead of started."""
+    from icl_bench.bench import runner
+    from icl_bench.bench.executors import LocalExecutor
+    from icl_bench.cli import main
+
+    got = []
+    monkeypatch.setattr(runner, "make_executor", lambda cfg: got.append(cfg) or LocalExecutor())
+    base = 'n_prompts = 8\nbatch_size = 8\n[grid]\nN = [4]\ndevice = ["cpu"]\n[solvers.ols]\n'
+    cases = [('kind = "dask"\nn_workers = 3\nretries = 1\n', ["--scheduler", "tcp://127.0.0.1:8786"],
+              {"kind": "dask", "scheduler": "tcp://127.0.0.1:8786", "n_workers": 2, "retries": 2}),
+             ('kind = "dask"\nscheduler = "tcp://127.0.0.1:8786"\n', ["--executor", "local"],
+              {"kind": "local", "scheduler": ""}),
+             ('kind = "dask"\nscheduler = "tcp://127.0.0.1:8786"\n', ["--workers", "3"],
+              {"kind": "dask", "scheduler": "", "n_workers": 3}),
+             ('kind = "dask"\nn_workers = 3\n', ["--exclusive-timing"], {"kind": "dask", "n_workers": 3})]  # nothing contradicted
+    for n, (table, flags, expected) in enumerate(cases):
+        cfg = tmp_path / f"c{n}.toml"
+        cfg.write_text(base + "[executor]\n" + table)
+        assert main(["run", "--config", str(cfg), "--out", str(tmp_path / f"o{n}"), "--no-progress", *flags]) == 0
+        assert {k: getattr(got[-1], k) for k in expected} == expected, (flags, got[-1])

@@ -193,6 +193,36 @@ def test_a_process_without_the_runs_bytes_refuses_an_edited_file(tmp_path):
     assert "changed since the run started" in row["message"] and row["data_sha256"] == cell.data_sha256
 
 
+def test_a_worker_reading_a_relative_path_from_its_own_folder_is_told_so(tmp_path, monkeypatch):
+    """A Dask worker reads a relative [data] path from its own folder: the row said "No such file"
+    or, with another file of that name there, "changed since the run started ... rerun", which never
+    helps (a review). Both now say the path is relative and to give an absolute one."""
+    from icl_bench.bench.cells import expand_cells
+    from icl_bench.bench.config import parse_config
+    from icl_bench.bench.runner import run_cell
+
+    driver, worker = tmp_path / "driver", tmp_path / "worker"
+    driver.mkdir(), worker.mkdir()
+    _noisy_line(driver / "data.csv")
+    monkeypatch.chdir(driver)
+    cfg = parse_config({"seed": 0, "n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1},
+                        "grid": {"N": [4], "dtype": ["float64"]}, "solvers": {"ols": {}},
+                        "data": {"path": "data.csv", "x": "x", "y": "y"}})
+    (cell,) = expand_cells(cfg)
+    assert run_cell(cell)["status"] == "ok"
+    data._SNAPSHOTS.clear()  # a worker: only the files on its disk, from its folder
+    monkeypatch.chdir(worker)
+    hint = (f"a relative path is read from each process's own folder, here {worker}, which a Dask worker's is not the "
+            "driver's: give [data] path (--data) as an absolute path on a file system the workers share")
+    row = run_cell(cell.__class__(**{**cell.__dict__, "N": 5}))
+    assert row["status"] == "error" and row["message"].startswith("FileNotFoundError: data.path: data.csv: no such file; ")
+    assert hint in " ".join(row["message"].split()), row["message"]
+    _noisy_line(worker / "data.csv", scale=3.0)  # another file of that name in the worker's folder
+    row = run_cell(cell.__class__(**{**cell.__dict__, "N": 6}))
+    assert "changed since the run started" in row["message"] and "or, as a relative path is read from" in row["message"]
+    assert hint.split(", here")[1] in " ".join(row["message"].split()), row["message"]
+
+
 @pytest.mark.parametrize("key, value, expected", [
     ("noise", [0.0, 0.1], "grid.noise: [0.0, 0.1] would be ignored: CSV prompts ([data] / --data) take y from the file"),
     ("noise", [0.1], "grid.noise: [0.1] would be ignored"),  # given is given, even the default value

@@ -20,12 +20,14 @@ workers that declare a `GPU` resource; with none in the cluster they come back "
 from __future__ import annotations
 
 import logging
+import pkgutil
 import re
 import signal
 import sys
 import threading
 import time
 import uuid
+import warnings
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
@@ -36,6 +38,7 @@ Failure = tuple[str, str]  # (status, message) of a cell the executor could not 
 DASK_MISSING = 'executor.kind: "dask" needs the optional packages dask and distributed (pip install "icl-bench[dask]")'
 CONNECT_TIMEOUT = "10s"  # to reach a running scheduler
 HANDSHAKE_S = 30.0  # for the whole connection, handshake included (CONNECT_TIMEOUT does not bound that)
+PACKAGE = "icl_bench"  # what every worker must import (_check_workers)
 WORKER_WAIT_S = 60.0  # for the first worker of a running scheduler (batch jobs start late)
 POLL_S = 1.0  # how often a run waiting for its cells checks that its client still has a scheduler
 NO_GPU = ("no Dask worker of this cluster declares a GPU resource (start GPU workers with "
@@ -104,6 +107,34 @@ class DaskExecutor:
                                      f"waiting for its first worker ({type(exc).__name__})") from None
                 raise ConfigError(f"executor.scheduler: the cluster at {cfg.scheduler!r} has no worker after "
                                   f"{WORKER_WAIT_S:g} s; start some (dask worker {cfg.scheduler} --nthreads 1)") from None
+            self._check_workers()
+
+    def _check_workers(self) -> None:
+        """Ask every worker of a running cluster to import icl-bench (pkgutil.resolve_name of its
+        __version__: a stdlib function, so the question reaches a worker without icl-bench too).
+        A worker that cannot closes on its first cell (the task does not unpickle), and a run whose
+        every worker was such waited forever with "the cluster has no worker" (a review).
+
+        Raises:
+            ConfigError: no worker can import it (the run has not written anything yet).
+        Warns: some workers cannot (their cells are retried on the others).
+        """
+        try:
+            got = self.client.run(pkgutil.resolve_name, f"{PACKAGE}.__version__", on_error="return")
+        except Exception:  # (the scheduler went away: the run reports that where it waits)
+            return
+        bad = {a: v for a, v in got.items() if isinstance(v, BaseException)}
+        if not bad:
+            return
+        why = "; ".join(f"{a}: {type(v).__name__}: {' '.join(str(v).split())[:120]}" for a, v in list(bad.items())[:3])
+        if len(bad) == len(got):
+            self.close()
+            raise ConfigError(f"executor.scheduler: no worker of the cluster at {self.cfg.scheduler!r} can import "
+                              f"{PACKAGE} ({why}); install icl-bench in the workers' Python environment "
+                              "(docs/scale-out.md)")
+        warnings.warn(f"{len(bad)} of {len(got)} workers of the cluster at {self.cfg.scheduler} cannot import {PACKAGE} "
+                      f"({why}): each closes on its first cell, which is then retried on another worker; install "
+                      "icl-bench in their Python environment (docs/scale-out.md)", stacklevel=3)
 
     def _start(self) -> None:
         """Start the LocalCluster (no --scheduler) on first use, not in __init__: the run checks its
@@ -264,8 +295,8 @@ class DaskExecutor:
                 f"({len(pending)} cells in flight; a cell that kills its worker on every attempt, e.g. out of memory, "
                 "does this)")
         print(f"icl-bench: waiting: the cluster at {self.cfg.scheduler or 'the local cluster'} has no "
-              f"worker ({len(pending)} cells in flight); start workers, or Ctrl-C and --resume later",
-              file=sys.stderr, flush=True)
+              f"worker ({len(pending)} cells in flight); start workers, or Ctrl-C and --resume later (a worker "
+              "that closed on its first cell may lack icl-bench: see its log)", file=sys.stderr, flush=True)
         return True
 
     def _lost(self, exc: BaseException, pending: dict) -> RunAborted:

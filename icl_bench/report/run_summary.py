@@ -17,6 +17,7 @@ import pandas as pd
 from icl_bench.bench.runner import ILL_ANSWERED, NO_ANSWER, NO_PROMPT, WEIGHTS_BROKE
 from icl_bench.report import aggregate as report
 from icl_bench.report.coverage import varied_axes
+from icl_bench.report.load import shared_timing
 
 MAX_REASONS = 8  # distinct skip / error messages printed (the rest are counted)
 
@@ -42,6 +43,11 @@ def console_summary(table: pd.DataFrame) -> str:
     where = report.setting_text(setting, report.AXES, _fmt, varied_axes(table))
     lines = [f"cells per series (whole run); MSE vs OLS (y units², mean over seeds) and prompts/s at {where}:",
              out.to_string(float_format=lambda v: f"{v:.3g}", na_rep="-")]
+    shared = int(shared_timing(at).sum())  # a Dask run's medians, unmarked, read as the solvers' own (a review)
+    if shared:
+        lines.append(f"prompts/s: {shared} of the {len(at)} cells above were timed while other icl-bench cells ran on "
+                     "the same machine (concurrency > 1): they understate the solver alone (docs/scale-out.md, "
+                     "\"Honest timing\")")
     bad = table[table["status"] != "ok"]
     if not bad.empty:
         groups = (bad.groupby(["status", "message"], dropna=False)
