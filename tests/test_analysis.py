@@ -3,6 +3,7 @@ representation-space maps, the flat `analyze` dict and the `icl-bench analyze` c
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 
@@ -86,6 +87,46 @@ def test_random_symmetries_keep_predictions_and_similarity_one(construction, tok
     expected = 1.0 / np.array(args["delta"])[inverse]
     ratio = found / expected  # equal up to the free global scale
     assert np.allclose(ratio, ratio[0], rtol=1e-3)
+    assert abs(np.log(align["scales"]).mean()) < 1e-12  # the free global scale reported as geometric mean 1
+
+
+def _key_value_swapped(model: Transformer, heads: int) -> Transformer:
+    """The model with every head's key and value roles swapped, in a copy with `heads` heads per
+    layer: each head's M = W_Q^T W_K = sum_r a_r b_r^T and P = W_O W_V = sum_q u_q w_q^T (SVD)
+    become heads M' = a_r w_q^T, P' = u_q b_r^T, one per (r, q). The layer reads
+    sum_j (h_i . a)(b . h_j)(w . h_j) u either way (key and value read the same token h_j), so the
+    predictions are the model's; only the similarity's f <-> c symmetrisation sees it as the same
+    (docs/design.md §7)."""
+    out = Transformer(dataclasses.replace(model.cfg, n_heads=heads)).to(torch.float64)
+    eye = torch.eye(model.cfg.d_model, dtype=torch.float64)
+    with torch.no_grad():
+        for (name, p), q in zip(out.named_parameters(), model.parameters()):
+            if not name.split(".")[-1].startswith("W_"):
+                p.copy_(q)  # embedding, LayerNorm, readout
+        for mine, theirs in zip(out.blocks, model.blocks):
+            a = theirs.attn
+            parts = []
+            for k in range(model.cfg.n_heads):
+                (U, S, Vh), (U2, S2, Vh2) = (torch.linalg.svd(m) for m in (a.W_Q[k].T @ a.W_K[k], a.W_O[k] @ a.W_V[k]))
+                for r in torch.nonzero(S > 1e-12 * S.max().clamp_min(1e-300)).flatten().tolist():
+                    for t in torch.nonzero(S2 > 1e-12 * S2.max().clamp_min(1e-300)).flatten().tolist():
+                        parts.append((torch.outer(U[:, r] * S[r], Vh2[t]), torch.outer(U2[:, t] * S2[t], Vh[r])))
+            assert len(parts) <= heads, len(parts)
+            for k, (M, P) in enumerate(parts):
+                mine.attn.W_Q[k], mine.attn.W_K[k], mine.attn.W_O[k], mine.attn.W_V[k] = eye, M, P, eye
+    return out
+
+
+def test_similarity_is_one_for_the_construction_with_key_and_value_roles_swapped(construction, tokens):
+    """Key and value read the same token, so swapping their roles in every head leaves the function
+    unchanged (module docstring of similarity.py, f <-> c). A mutation review dropped that
+    symmetrisation and every test still passed: here the swapped copy scores 1."""
+    swapped = _key_value_swapped(construction, heads=4)
+    ref = construction(tokens).detach()
+    assert torch.allclose(swapped(tokens), ref, rtol=1e-7, atol=1e-7 * float(ref.abs().max()))
+    assert not torch.allclose(swapped.blocks[0].attn.W_K[0], swapped.blocks[0].attn.W_V[0])
+    score, align = similarity(swapped, construction)
+    assert score >= 0.999, align["components"]
 
 
 def test_similarity_flatten_readout_and_unused_layernorm_input_slots(construction, tokens):

@@ -69,3 +69,19 @@ def test_matrix_ood_axis_gives_every_solver_ood_rows(tmp_path):
     for bad in ["x-scale:0", "shift:5"]:
         with pytest.raises(ConfigError, match="grid.ood"):
             parse_config({**raw, "grid": {**raw["grid"], "ood": [bad]}})
+
+
+@pytest.mark.parametrize("value", ["outliers:0.25", "student-t:3"])
+def test_a_cells_ood_draws_are_seeded_apart_from_its_prompts(value):
+    """A grid point's map draws from prompt_seed + 1: the stream the prompts (slopes first) came
+    from is not reused, so the outliers' places and the noise are not a function of the slopes
+    (a mutation review: seeding the map with the prompts' own seed passed every test)."""
+    from icl_bench.bench.cells import cell_prompts, prompt_seed
+
+    source = '{"intercept": {"dist": "normal", "loc": 0.0, "scale": 1.0}, "slope": {"dist": "normal", "loc": 0.0, ' \
+             '"scale": 1.0}, "x": {"dist": "normal", "loc": 0.0, "scale": 1.0}}'
+    got = cell_prompts(source, 12, 0.1, 100.0, 64, 5, "float64", "cpu", 1, value)
+    pseed = prompt_seed(5, 12, 0.1)
+    plain = sample_prompts(PromptSpec(N=12, noise=0.1, R=100.0), 64, seed=pseed, dtype="float64")
+    assert torch.equal(got.y, apply_ood(plain, value, seed=pseed + 1).y)
+    assert not torch.equal(got.y, apply_ood(plain, value, seed=pseed).y)

@@ -32,6 +32,32 @@ def test_noise_level_and_clean_data():
     assert torch.allclose(clean.ols_prediction, clean.y_query_clean.double(), atol=1e-10)
 
 
+def test_each_field_is_drawn_from_its_own_distribution_and_the_query_noise_is_its_own():
+    """Which distribution feeds which field, and that the query's noise is independent of the
+    context's (a mutation review: drawing the intercept or the query from the slope's distribution,
+    or reusing the last example's noise for the query, passed every test)."""
+    spec = PromptSpec(N=5, noise=1.0, x=Dist("uniform", 10.0, 1.0), slope=Dist("normal", -3.0, 0.1),
+                      intercept=Dist("normal", 7.0, 2.0))
+    b = sample_prompts(spec, 20000, seed=1, dtype="float64")
+    assert ((b.x >= 10) & (b.x <= 11)).all() and ((b.x_query >= 10) & (b.x_query <= 11)).all()
+    assert abs(b.x_query.mean().item() - 10.5) < 0.01 and abs(b.x_query.std().item() - 12 ** -0.5) < 0.01
+    assert abs(b.slope.mean().item() + 3.0) < 0.005 and abs(b.slope.std().item() - 0.1) < 0.005
+    assert abs(b.intercept.mean().item() - 7.0) < 0.05 and abs(b.intercept.std().item() - 2.0) < 0.05
+    noise = b.y - (b.intercept[:, None] + b.slope[:, None] * b.x)  # (B, N)
+    query_noise = b.y_query - b.y_query_clean  # (B,)
+    assert abs(query_noise.std().item() - 1.0) < 0.02
+    for i in range(spec.N):  # independent of every context example's noise: |corr| ~ 1/sqrt(B) = 0.007
+        assert abs(torch.corrcoef(torch.stack([noise[:, i], query_noise]))[0, 1].item()) < 0.03
+
+
+def test_seeds_in_torchs_whole_range_are_accepted():
+    """The documented range [-2**63, 2**64) holds at both ends (only the outside was tested)."""
+    for seed in (-2**63, 2**63, 2**64 - 1):
+        assert sample_prompts(PromptSpec(N=3), 2, seed=seed, dtype="float64").x.shape == (2, 3)
+    with pytest.raises(ValueError, match=r"^seed: must be an integer in \[-2\*\*63, 2\*\*64\)"):
+        sample_prompts(PromptSpec(N=3), 2, seed=2**64, dtype="float64")
+
+
 def test_same_seed_same_tensors_other_seed_differs():
     spec = PromptSpec(N=9, noise=0.2, R=10.0, x=Dist("uniform", -1.0, 2.0))
     a, b = (sample_prompts(spec, 32, seed=5) for _ in range(2))
@@ -90,6 +116,9 @@ def test_bad_spec_names_field(kwargs, field):
 
 
 def test_bad_make_batch_inputs():
+    for R in (0.0, -1.0, float("inf"), float("nan")):  # the R of a batch made from the user's arrays
+        with pytest.raises(ValueError, match=r"^R: must be finite and > 0"):
+            make_batch([[1.0, 2.0]], [[1.0, 2.0]], 0.0, R=R)
     with pytest.raises(ValueError, match="^x, y:"):
         make_batch([[1.0, 2.0]], [1.0, 2.0, 3.0], 0.0, R=1.0)
     with pytest.raises(ValueError, match="^N:"):

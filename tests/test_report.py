@@ -182,6 +182,37 @@ def test_standard_error_known_value():
     batch = make_batch([[0.0, 1.0, 2.0]] * 4, [[0.0, 1.0, 2.0]] * 4, [0.0] * 4, R=10.0)  # OLS = 0
     m = prediction_metrics(torch.tensor([1.0, -2.0, 3.0, -4.0], dtype=torch.float64), batch)
     assert m["mse_vs_ols"] == 7.5 and m["mse_vs_ols_se"] == pytest.approx(math.sqrt(43) / 2, rel=1e-14)
+    # the quantiles of |prediction - OLS| are the ones their names say (torch.quantile's linear
+    # interpolation): 1, 2, 3, 4 -> median 2.5, 99th percentile 3 + 0.97 (a mutation review: p99 as p90 passed)
+    assert m["abs_err_median"] == 2.5 and m["abs_err_p99"] == pytest.approx(3.97, rel=1e-14)
+    # one finite squared error: its mean has no standard error (NaN), not a zero-width interval
+    one = prediction_metrics(torch.tensor([2.0, math.nan, math.nan, math.nan], dtype=torch.float64), batch)
+    assert one["mse_vs_ols"] == 4.0 and math.isnan(one["mse_vs_ols_se"])
+
+
+def test_seeds_pool_by_the_prompts_each_scored_with_the_median_of_their_medians():
+    """Three seeds of 100 prompts: 20 ill-posed in the second, 10 failed answers in the third, so
+    each mean is over 100, 80, 90 prompts. The pooled mean and standard error weight each seed by
+    those counts, the interval is the module docstring's, and abs_err_median is the median of the
+    seeds' medians (a mutation review: counting ill-posed prompts as scored, an unweighted standard
+    error and the mean of the medians each passed every test)."""
+    from icl_bench.report import aggregate as report
+
+    cell = {"solver": "s", "solver_params": "{}", "N": 10, "noise": 0.1, "R": 10.0, "dtype": "float64", "device": "cpu",
+            "d": 1, "ood": "none", "prompts": "", "series": "s", "series_rank": 0, "status": "ok", "prompts_per_s": 1.0}
+    seeds = [(0, 0, 0, 1.0, 0.1, 1.0), (1, 20, 0, 2.0, 0.2, 2.0), (2, 0, 10, 4.0, 0.3, 10.0)]
+    table = pd.DataFrame([{**cell, "seed": seed, "n_prompts": 100, "n_ill_posed": ill, "n_nonfinite_well_posed": bad,
+                           "n_nonfinite": ill + bad, "mse_vs_ols": m, "mse_vs_ols_se": se, "mse_vs_truth": m,
+                           "mse_vs_truth_se": se, "mse_vs_target": m, "abs_err_median": med}
+                          for seed, ill, bad, m, se, med in seeds])
+    (row,) = report.aggregate(table).to_dict("records")
+    n = np.array([100, 80, 90])
+    mean, sem = (n * [1.0, 2.0, 4.0]).sum() / 270, math.sqrt(((n * [0.1, 0.2, 0.3]) ** 2).sum()) / 270
+    assert row["mse_vs_ols"] == pytest.approx(mean, rel=1e-14) and row["mse_vs_ols_se"] == pytest.approx(sem, rel=1e-14)
+    f = math.exp(scipy.stats.t.ppf(0.975, 269) * sem / mean)
+    assert (row["mse_vs_ols_ci_low"], row["mse_vs_ols_ci_high"]) == pytest.approx((mean / f, mean * f), rel=1e-12)
+    assert row["abs_err_median"] == 2.0 and (row["n_seeds"], row["n_prompts"], row["n_ill_posed"]) == (3, 300, 20)
+    assert row["n_nonfinite_well_posed"] == 10
 
 
 def test_seeds_pool_and_repeated_runs_count_once(run_dir, tmp_path, solvers):
@@ -997,6 +1028,12 @@ def test_scaling_exponents_ln_closed_form_r_minus_4_and_ols_flat(tmp_path, table
     # the interval includes each mean's sampling error, so it covers 0 (the fit alone: [0.028, 0.036])
     flat = scaling.fit_exponent([10, 100, 1000], [0.673, 0.725, 0.779], "float64", [0.06, 0.06, 0.06])
     assert flat["ci_low"] < 0 < flat["ci_high"] and flat["exponent"] == pytest.approx(0.0318, abs=1e-3)
+    # ... and its half-width is the sampling term's: 1.96 sqrt(sum dx^2 s^2) / sum dx^2, s = se / MSE
+    # on the log scale (a mutation review: a 90 % quantile or a misplaced square root passed)
+    dx = np.log([10, 100, 1000]) - np.log([10, 100, 1000]).mean()
+    s_log = 0.06 / np.array([0.673, 0.725, 0.779])
+    half = scipy.stats.norm.ppf(0.975) * math.sqrt((dx**2 * s_log**2).sum()) / (dx**2).sum()
+    assert flat["ci_high"] - flat["exponent"] == pytest.approx(half, rel=1e-12) == flat["exponent"] - flat["ci_low"]
     bent = scaling.fit_exponent([10, 100, 1000], [1e-2, 1e-5, 1e-6], "float64", [1e-4, 1e-7, 1e-8])
     assert bent["ci_high"] - bent["ci_low"] == pytest.approx(  # tiny errors: the lack-of-fit interval stays
         2 * float(scipy.stats.t.ppf(0.975, 1)) * scipy.stats.linregress(np.log([10, 100, 1000]), np.log([1e-2, 1e-5, 1e-6])).stderr)
@@ -1053,6 +1090,9 @@ def test_rounding_dominated_float32_points_leave_the_fit():
                              "dtype": dt, "device": "cpu", "d": 1, "ood": "none", "mse_vs_ols": m, "mse_vs_ols_se": 0.05 * m}
                             for s, dt, ms in cells for R, m in zip((10.0, 100.0, 1000.0), ms)])
     assert scaling.rounding_dominated(summary).tolist() == [False, False, True] + [False] * 9
+    near = summary.assign(mse_vs_ols=summary.mse_vs_ols.where(summary.index != 2, 5 * 7.2e-11))  # 5x its twin: out
+    assert scaling.rounding_dominated(near).tolist()[2] and not scaling.rounding_dominated(
+        summary.assign(mse_vs_ols=summary.mse_vs_ols.where(summary.index != 2, 2.5 * 7.2e-11))).tolist()[2]  # 2.5x: in
     fits = scaling.scaling_table(summary).set_index(["series", "dtype", "vs"])
     ln32, ln64 = fits.loc[("ln", "float32", "R")], fits.loc[("ln", "float64", "R")]
     assert (ln32.n_points, ln32.n_rounding) == (2, 1) and ln32.exponent == pytest.approx(-3.82, abs=0.01)
