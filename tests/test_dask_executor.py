@@ -140,6 +140,10 @@ def test_dask_table_equals_local_table_bit_for_bit(cluster, tmp_path):
     threads = client.run(lambda: __import__("torch").get_num_threads())  # the driver's (a review); a running
     assert {a: w["torch_threads"] for a, w in ex["workers"].items()} == threads  # cluster's retries are its own
     assert ex["retries"] == "the cluster's own allowed-failures" and not ex["local_cluster"]
+    # each worker's rows of the table: one that joined but computed nothing read like the others (a review)
+    assert {a: w["cells"] for a, w in ex["workers"].items()} == {
+        a: int((table.worker == a).sum()) for a in ex["workers"]} and sum(w["cells"] for w in ex["workers"].values()) == len(
+        table[table.worker != ""])
 
 
 def test_killing_a_worker_mid_run_still_gives_every_cell(cluster, slow_reference, tmp_path):

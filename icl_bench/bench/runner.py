@@ -313,6 +313,7 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
                 meta = run_metadata(config, started=started, table=table, out=out)
                 meta["n_cells_reused"] = reused  # cells taken from an earlier run (--resume) or the cell cache
                 meta["executor"] = ex.describe(threads=config.timing.threads)
+                _count_worker_rows(meta["executor"], table)
                 meta["command"] = session["command"]  # of this session (a resumed run: the resume)
                 meta["sessions"] = cells_db.close_session(session_n, {
                     **session, "finished_at": meta["finished_at"], "status": "finished", "executor": meta["executor"]})
@@ -329,6 +330,18 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
                 if db is not None:
                     db.close()
     return table
+
+
+def _count_worker_rows(executor: dict, table) -> None:
+    """Give each worker of metadata's executor block `cells`: the rows of the table it computed. A
+    worker that joined but computed nothing (every cell came from the cache, or it closed on its
+    first cell) was listed like one that computed them all (a review)."""
+    workers = executor.get("workers")
+    if isinstance(workers, dict) and "worker" in table:
+        counts = table["worker"].value_counts()
+        for address, info in workers.items():
+            if isinstance(info, dict):
+                info["cells"] = int(counts.get(address, 0))
 
 
 @contextmanager
