@@ -22,15 +22,14 @@ from __future__ import annotations
 import logging
 import pkgutil
 import re
-import signal
 import sys
 import threading
 import time
 import uuid
 import warnings
-from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
+from icl_bench.bench.cluster import drain, in_flight, sigint_held, torch_cuda, worker_threads
 from icl_bench.bench.config import Executor
 from icl_bench.errors import ConfigError, RunAborted
 
@@ -45,17 +44,6 @@ NO_GPU = ("no Dask worker of this cluster declares a GPU resource (start GPU wor
           "`dask worker SCHEDULER --nthreads 1 --resources GPU=1`)")
 
 
-def worker_name() -> str:
-    """The Dask worker running the caller (its address), or "local" outside a Dask worker."""
-    distributed = sys.modules.get("distributed")
-    if distributed is not None:
-        try:
-            return distributed.get_worker().address
-        except ValueError:  # not inside a worker task
-            pass
-    return "local"
-
-
 class LocalExecutor:
     """Runs each cell in this process, in order."""
 
@@ -64,7 +52,7 @@ class LocalExecutor:
     def __init__(self, exclusive_timing: bool = False):
         self.exclusive_timing = exclusive_timing
 
-    def describe(self, threads: int = 0) -> dict:
+    def describe(self, threads: int = 0, table=None) -> dict:
         """metadata.json's executor block (exclusive_timing too: a local run beside others can take
         the machine's timing lock, and its metadata said nothing of it; a review)."""
         return {"kind": "local", "exclusive_timing": self.exclusive_timing}
@@ -155,7 +143,7 @@ class DaskExecutor:
             # (each death counted against them too: healthy cells became KilledWorker rows; a review)
             with dask.config.set({"distributed.scheduler.allowed-failures": cfg.retries,
                                   "distributed.scheduler.worker-saturation": 1.0,
-                                  "distributed.worker.profile.enabled": False}), _sigint_held():
+                                  "distributed.worker.profile.enabled": False}), sigint_held():
                 self.cluster = LocalCluster(n_workers=cfg.n_workers, threads_per_worker=1, processes=True,
                                             host="127.0.0.1", dashboard_address=":0", resources=resources,
                                             silence_logs=logging.CRITICAL)  # (ERROR: a worker's heartbeat to
@@ -172,24 +160,29 @@ class DaskExecutor:
         self.seen.update(now)
         return now
 
-    def describe(self, threads: int = 0) -> dict:
+    def describe(self, threads: int = 0, table=None) -> dict:
         """The run's executor for metadata.json: `workers` = every worker seen during the run, with
         `torch_threads`, the threads its cells ran with (not the driver's, which metadata's device
         block gives): `threads` (the config's timing.threads) when it is set, else the worker's own
-        default, asked of those alive now; `retries` only for a LocalCluster (a running cluster's
-        allowed-failures are its own). A LocalCluster never started (every cell was stored) has no
-        scheduler and no worker."""
+        default, asked of those alive now, and `cells`, the rows of the run's `table` it computed (a
+        worker that joined but computed nothing read like the others: a review); `retries` only for
+        a LocalCluster (a running cluster's allowed-failures are its own). A LocalCluster never
+        started (every cell was stored) has no scheduler and no worker."""
         local = not self.cfg.scheduler  # ("" names a LocalCluster too)
         if self.client is None:
             return {"kind": "dask", "scheduler": None, "local_cluster": True, "retries": self.cfg.retries,
                     "exclusive_timing": self.cfg.exclusive_timing, "workers": {}}
         try:
             self.workers()
-            own = self.client.run(_torch_threads) if threads <= 0 else {a: threads for a in self.seen}
+            own = self.client.run(worker_threads) if threads <= 0 else {a: threads for a in self.seen}
             for address, n in own.items():
                 self.seen.setdefault(address, {})["torch_threads"] = n
         except Exception:  # the scheduler is gone: what was seen stays
             pass
+        if table is not None and "worker" in table:
+            counts = table["worker"].value_counts()
+            for address, info in self.seen.items():
+                info["cells"] = int(counts.get(address, 0))
         return {"kind": "dask", "scheduler": self.client.scheduler.address,
                 "local_cluster": local,
                 "retries": self.cfg.retries if local else "the cluster's own allowed-failures",
@@ -210,7 +203,7 @@ class DaskExecutor:
         gpu = any(w["resources"].get("GPU") for w in workers.values())  # GPU workers at the start of the run
         pending = {}
         todo = iter(cells)
-        window, refreshed = _window(workers), time.monotonic()  # tasks in flight: 2 per worker thread
+        window, refreshed = in_flight(workers), time.monotonic()  # tasks in flight: 2 per worker thread
 
         def submit() -> bool:
             for cell in todo:
@@ -227,7 +220,7 @@ class DaskExecutor:
         try:
             while len(pending) < window and submit():
                 pass
-            yield from ((c, None, ("skipped", NO_GPU)) for c in _drain(skipped))
+            yield from ((c, None, ("skipped", NO_GPU)) for c in drain(skipped))
             for fut in self._finished(pending, wait):
                 cell = pending[fut]  # (counted in flight by the messages until its row is here)
                 if fut.status == "finished":
@@ -239,13 +232,13 @@ class DaskExecutor:
                 fut.release()
                 if time.monotonic() - refreshed > 1.0:  # workers come and go (batch jobs, restarts)
                     try:
-                        window, refreshed = _window(self.workers()), time.monotonic()
+                        window, refreshed = in_flight(self.workers()), time.monotonic()
                     except Exception as exc:  # (OSError) the scheduler went away between two polls
                         raise self._lost(exc, pending) from None
                 while len(pending) < window and submit():
                     pass
                 yield cell, row, failure
-                yield from ((c, None, ("skipped", NO_GPU)) for c in _drain(skipped))
+                yield from ((c, None, ("skipped", NO_GPU)) for c in drain(skipped))
         finally:
             if pending and self.client.status == "running":  # interrupted: nothing more is computed for this run
                 self.client.cancel(list(pending))
@@ -332,37 +325,6 @@ class DaskExecutor:
             self.cluster.close()
 
 
-@contextmanager
-def _sigint_held():
-    """Ignore SIGINT while the LocalCluster starts its worker processes: they inherit the ignored
-    signal (a blocked one they do not), so a terminal's Ctrl-C, sent to the whole process group,
-    stops the run alone, which then closes its cluster, instead of each worker printing its own
-    KeyboardInterrupt tracebacks (68 lines before the resume line; found by a review). A Ctrl-C in
-    those seconds is not seen: press it again. A worker Dask restarts later takes Ctrl-C again."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-
-
-def torch_cuda() -> bool:
-    """Whether this process sees a CUDA device (what a LocalCluster's workers would have)."""
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def _torch_threads() -> int:
-    """(On a worker) the torch threads its cells run with now."""
-    import torch
-
-    return torch.get_num_threads()
-
-
 def _connect(Client, address: str):
     """A Client of the scheduler at `address`, within HANDSHAKE_S.
 
@@ -399,16 +361,6 @@ def _connect(Client, address: str):
 def _quiet_reconnect(record: logging.LogRecord) -> bool:
     """A logging filter: drop distributed's "Failed to reconnect to scheduler ..." (the run says it)."""
     return not str(record.msg).startswith("Failed to reconnect to scheduler")
-
-
-def _window(workers: dict) -> int:
-    return max(4, 2 * sum(w["nthreads"] or 1 for w in workers.values()))
-
-
-def _drain(items: list) -> list:
-    out = items[:]
-    items.clear()
-    return out
 
 
 def make_executor(cfg: Executor):

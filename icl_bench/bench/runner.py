@@ -22,7 +22,7 @@ import math
 import time
 import traceback
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from datetime import datetime, timezone
 from functools import partial
@@ -38,7 +38,8 @@ from icl_bench.bench import hostload, schema, store
 from icl_bench.bench.cache import CellCache, cache_key
 from icl_bench.bench.cells import Cell, cell_prompts, digest_mismatch, expand_cells, same_matrix
 from icl_bench.bench.config import Executor, MatrixConfig
-from icl_bench.bench.executors import make_executor, worker_name
+from icl_bench.bench.cluster import worker_name
+from icl_bench.bench.executors import make_executor
 from icl_bench.bench.metrics import prediction_metrics
 from icl_bench.bench.schema import CELL_COLUMNS, COLUMNS, METRIC_COLUMNS, NO_COUNTS, RESULT_COLUMNS
 from icl_bench.bench.timing import sync, time_passes
@@ -145,7 +146,7 @@ def run_cell(cell: Cell, timing_slot=None) -> dict:
         check_well_posed(cell, batch)  # no prompt has an answer: skipped, with the reason
         check_regressors(solver, batch)  # d > 1 and no multivariate path: skipped, with the reason
         solver.check_batch(batch)
-        with (timing_slot or _no_slot)() as extra:
+        with (timing_slot or (lambda: nullcontext({})))() as extra:
             pred, seconds = _timed_predictions(solver, batch, cell, extra.get(hostload.START))
         row.update(extra)
         _check_untouched(batch, pristine)
@@ -173,11 +174,6 @@ def run_cell(cell: Cell, timing_slot=None) -> dict:
         row.update(status="error", message=cell_message(exc, prefix=f"{type(exc).__name__}: ", where=where))
     row["elapsed_s"] = time.perf_counter() - t0
     return row
-
-
-@contextmanager
-def _no_slot():
-    yield {}
 
 
 def failed_row(cell: Cell, status: str, message: str) -> dict:
@@ -312,8 +308,7 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
             if cells_db is not None:
                 meta = run_metadata(config, started=started, table=table, out=out)
                 meta["n_cells_reused"] = reused  # cells taken from an earlier run (--resume) or the cell cache
-                meta["executor"] = ex.describe(threads=config.timing.threads)
-                _count_worker_rows(meta["executor"], table)
+                meta["executor"] = ex.describe(threads=config.timing.threads, table=table)
                 meta["command"] = session["command"]  # of this session (a resumed run: the resume)
                 meta["sessions"] = cells_db.close_session(session_n, {
                     **session, "finished_at": meta["finished_at"], "status": "finished", "executor": meta["executor"]})
@@ -330,18 +325,6 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
                 if db is not None:
                     db.close()
     return table
-
-
-def _count_worker_rows(executor: dict, table) -> None:
-    """Give each worker of metadata's executor block `cells`: the rows of the table it computed. A
-    worker that joined but computed nothing (every cell came from the cache, or it closed on its
-    first cell) was listed like one that computed them all (a review)."""
-    workers = executor.get("workers")
-    if isinstance(workers, dict) and "worker" in table:
-        counts = table["worker"].value_counts()
-        for address, info in workers.items():
-            if isinstance(info, dict):
-                info["cells"] = int(counts.get(address, 0))
 
 
 @contextmanager

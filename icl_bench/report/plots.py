@@ -19,7 +19,6 @@ import numbers
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
 
 from icl_bench.report import style
@@ -343,7 +342,7 @@ def throughput(table: pd.DataFrame, setting: dict | None = None) -> Figure:
     d, nan_note = flag_nan(d)  # a solver answering NaN is fast at it: unflagged it read as the fastest
     order = series_order(d)
     dtypes = sorted(d["dtype"].unique())
-    colours = dtype_colours(dtypes)
+    colours = style.dtype_colours(dtypes)
     height = 0.9 + 0.16 * len(order) * max(len(dtypes), 1) + 0.5
     fig, panels = make_panels(d, "device", "device", width=4.6, height=max(2.6, height), sharey=True)
     log_x = style.spans(d["prompts_per_s"], 1)
@@ -381,18 +380,6 @@ def throughput(table: pd.DataFrame, setting: dict | None = None) -> Figure:
                      "least-squares answer; its prompts/s counts them too" if nan_note else ""),
                   legend_title="dtype")
     return fig
-
-
-DTYPE_ORDER = ("float32", "float64", "float16", "bfloat16")  # a dtype's colour: its place here, whatever the run holds
-
-
-def dtype_colours(dtypes) -> dict:
-    """dtype -> colour, the same in every figure: by place in DTYPE_ORDER (other names after, in
-    sorted order). By place among the dtypes present, float64 was blue in a float64-only run and
-    orange beside float32 (a review)."""
-    known = list(DTYPE_ORDER) + sorted(set(dtypes) - set(DTYPE_ORDER))
-    palette = sns.color_palette("deep", len(known))
-    return {t: palette[known.index(t)] for t in dtypes}
 
 
 def _rate(x: float) -> str:

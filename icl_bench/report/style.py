@@ -20,6 +20,7 @@ import textwrap
 
 import numpy as np
 import pandas as pd
+import seaborn as sns
 from matplotlib import ticker, transforms
 from matplotlib.collections import LineCollection
 from matplotlib.lines import Line2D
@@ -351,3 +352,15 @@ def floor_note(d: pd.DataFrame, metric: str, at: dict[str, list], broken: bool) 
             "below the data)" if broken else "")
             + f", not at its value, series side by side in legend order: {on}"
             + (f" ({zeros} exactly 0)" if zeros else "") + "; bands reaching the floor end on it")
+
+
+DTYPE_ORDER = ("float32", "float64", "float16", "bfloat16")  # a dtype's colour: its place here, whatever the run holds
+
+
+def dtype_colours(dtypes) -> dict:
+    """dtype -> colour, the same in every figure: by place in DTYPE_ORDER (other names after, in
+    sorted order). By place among the dtypes present, float64 was blue in a float64-only run and
+    orange beside float32 (a review)."""
+    known = list(DTYPE_ORDER) + sorted(set(dtypes) - set(DTYPE_ORDER))
+    palette = sns.color_palette("deep", len(known))
+    return {t: palette[known.index(t)] for t in dtypes}
