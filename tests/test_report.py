@@ -541,7 +541,7 @@ def test_identical_series_are_overlaid_and_named_and_one_value_axes_are_centred(
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from icl_bench.report import plots, style
+    from icl_bench.report import plot_gaps, plots, style
 
     _, summary, setting = twins_summary
     fig = plots.mse_vs_n(summary, setting)
@@ -577,7 +577,7 @@ def test_identical_series_are_overlaid_and_named_and_one_value_axes_are_centred(
     with pytest.raises(plots.PlotSkipped, match=r"^mse_vs_r: R took one value at this setting \(R = 100\); the runs "
                                                 r"have R = 10, 1000 at N = 32; publish with --at N=32 to draw it$"):
         plots.mse_vs_r(pd.concat([summary, other]), setting)
-    assert plots._varied_elsewhere(summary, setting, ("N", "noise", "device", "d", "ood"), "R") == ""
+    assert plot_gaps.varied_elsewhere(summary, setting, ("N", "noise", "device", "d", "ood"), "R") == ""
     fig = plots.gd_steps(summary, setting)
     assert _legend(fig) == ["gd", "gd-lsa (= gd)", "ols (no steps)", style.FLOOR_LABEL]
     with pytest.raises(plots.PlotSkipped, match=r"steps did not vary \(gd steps=4, gd-lsa steps=4\)"):
@@ -592,6 +592,35 @@ def test_identical_series_are_overlaid_and_named_and_one_value_axes_are_centred(
     box = fig._suptitle.get_window_extent(FigureCanvasAgg(fig).get_renderer())  # in pixels
     assert plots._steps("gd-lsa", "{}") == 16 and plots._steps("no-such-solver", "{}") is None
     assert box.x0 >= 0 and box.x1 <= fig.bbox.width, (box, fig._suptitle.get_text())
+
+
+def test_the_notes_of_what_a_plot_cannot_draw_reach_a_drawable_setting():
+    """A review of the notes: (1) the --at hint must pin every axis that takes several values, or
+    report.representative picks another noise and the plot is skipped again; (2) a NaN axis value
+    (a CSV run's noise) is written --at noise=nan, which --at accepts, not "n/a"; (3) a failed
+    point on a CSV run's one NaN noise panel has no empty "(noise = )"; (4) gd_steps names a panel
+    whose level line (a solver without steps) failed there."""
+    from icl_bench.report import plot_gaps
+
+    axes = ("N", "noise", "device", "d", "ood")
+    row = {"device": "cpu", "d": 1, "ood": "none", "mse_vs_ols": 1.0, "failed": False}
+    summary = pd.DataFrame([{**row, "N": n, "noise": z, "R": r} for n, z, r in
+                            ((20, 0.1, 100.0), (10, 0.0, 100.0), (10, 0.1, 10.0), (10, 0.1, 100.0), (30, 0.0, 100.0))])
+    setting = {"N": 20, "noise": 0.1, "device": "cpu", "d": 1, "ood": "none"}
+    assert plot_gaps.varied_elsewhere(summary, setting, axes, "R") == (
+        "the runs have R = 10, 100 at N = 10; publish with --at N=10 --at noise=0.1 to draw it")
+    csv = pd.DataFrame([{**row, "N": n, "noise": math.nan, "R": r} for n, r in ((10, 10.0), (10, 100.0))])
+    hint = plot_gaps.varied_elsewhere(pd.concat([csv, summary[summary.N == 20]]), setting, axes, "R")
+    assert hint.endswith("publish with --at N=10 --at noise=nan to draw it"), hint
+    data = pd.DataFrame([{"series": "s", "series_rank": 0, "N": n, "noise": math.nan, "failed": n == 10}
+                         for n in (10, 20, 40)])
+    assert plot_gaps.gaps(data, "N", "noise")[1] == "not drawn, every cell errored or was skipped (failures.md): s at N = 10"
+    level = pd.DataFrame([{"series": s, "series_rank": i, "N": n, "failed": s == "ref" and n == 10}
+                          for i, s in enumerate(("ref", "gone")) for n in (10, 30)])
+    level.loc[level.series == "gone", "failed"] = True
+    assert plot_gaps.level_outside(level) == ("not drawn, every cell errored or was skipped (failures.md): ref at N = 10; "
+                                              "gone (no ok point in this figure)")
+    assert plot_gaps.joined("not drawn, x: a", "", "not drawn, x: b") == "not drawn, x: a; b"
 
 
 def test_a_steps_default_that_is_no_number_is_no_point_on_the_k_axis(monkeypatch):
@@ -1069,9 +1098,13 @@ def test_failed_points_are_counted_in_the_scaling_fits_and_a_missing_fit_says_wh
     assert fits.loc[("full", "R"), "n_failed"] == 0 and fits.loc[("full", "R"), "n_points"] == 3
     setting = {"N": 30, "noise": 0.1, "R": 100.0, "device": "cpu", "d": 1, "ood": "none"}
     shown = scaling.scaling_at(fits.reset_index(), setting, ["full", "part", "lone", "gone"]).set_index("series")
+    assert "gone" not in set(fits.reset_index()["series"])  # no ok point: no fit row (cuda cells without a GPU)
     assert shown["exponent vs R"].to_dict() == {"full": "-2.00 [-2.01, -1.99] (3 pts)", "part": "-2.00 (2 pts, 1 failed)",
-                                                "lone": "(1 point above floor, 1 failed)", "gone": "no ok point"}
-    assert shown["exponent vs N"].tolist() == ["no fit: one N value here"] * 4
+                                                "lone": "(1 point above floor, 1 failed)"}  # gone: no row
+    assert shown["exponent vs N"].tolist() == ["no fit: fewer than 2 N values with ok cells here"] * 3
+    nan = pd.DataFrame(ok[:1] + [{**ok[1], "mse_vs_ols": math.nan}] + bad[:1])  # 1 ok, 1 NaN, 1 failed point
+    (text,) = scaling.scaling_at(scaling.scaling_table(nan.assign(mse_vs_ols=math.nan)), setting, ["part"])["exponent vs R"]
+    assert text == "no finite MSE (2 NaN, 1 failed)"  # the failed count was hidden
     # without failed rows (a summary as before): the same fits of the ok points, nothing counted
     plain = scaling.scaling_table(pd.DataFrame(ok).drop(columns="failed")).set_index(["series", "vs"])
     assert plain.loc[("part", "R"), "exponent"] == fits.loc[("part", "R"), "exponent"] and plain["n_failed"].eq(0).all()

@@ -147,7 +147,7 @@ def with_failed_points(summary: pd.DataFrame, table: pd.DataFrame) -> pd.DataFra
         return out
     bad = table[table["status"] != "ok"].drop_duplicates([*KEYS, "series"])[[*KEYS, "series", "series_rank"]]
     # (every series: gd_steps joins "flaky steps=2", failed at every cell, into the line of flaky,
-    # which it must break; a review. The plots keep only failed rows inside a line: plots._gaps)
+    # which it must break; a review. The plots keep only failed rows inside a line: plot_gaps.gaps)
     seen = pd.MultiIndex.from_frame(summary[[*KEYS, "series"]].astype(str))
     bad = bad[~pd.MultiIndex.from_frame(bad[[*KEYS, "series"]].astype(str)).isin(seen)]
     if bad.empty:

@@ -102,7 +102,8 @@ def _absent(g: pd.DataFrame, setting: dict) -> tuple[str, str]:
     for a in FIXED:
         differ += ~g.index.isin(select(g, setting, (a,)).index)
     near = g.loc[[differ.idxmin()]]  # the first ok row that differs from the setting on the fewest axes
-    flags = " ".join(f"--at {a}={_fmt(near[a].iloc[0])}" for a in FIXED if select(near, setting, (a,)).empty)
+    flags = " ".join(f"--at {a}={'nan' if pd.isna(near[a].iloc[0]) else _fmt(near[a].iloc[0])}"  # (n/a: refused)
+                     for a in FIXED if select(near, setting, (a,)).empty)
     return "it has ok cells at each of these values but none at all of them together", f", e.g. {flags}"
 
 

@@ -23,8 +23,9 @@ from matplotlib.figure import Figure
 
 from icl_bench.report import style
 from icl_bench.report.figure import (INF_NOTE, LABELS, MSE_OLS_LABEL, NAN_NOTE, PlotSkipped, band_note, finish, flag_nan,
-                                     fmt, make_panels)
+                                     make_panels)
 from icl_bench.report.aggregate import select
+from icl_bench.report.plot_gaps import GAP_NOTE, check_varied, gaps, joined, level_outside, varied_elsewhere
 from icl_bench.report.series import series_order, series_styles
 from icl_bench.report.coverage import setting_words, varied_axes
 from icl_bench.report.load import shared_timing
@@ -42,7 +43,7 @@ def _mean_ci_lines(data: pd.DataFrame, x: str, col: str, col_title: str, metric:
     both dtypes into the top tenth of the panels (found by a new-user tryout). The note names
     the series on the floor line and how many of their points are there. Failed points inside a
     line (plots._drawn) break it."""
-    data, outside = _gaps(data, x, col)
+    data, outside = gaps(data, x, col)
     data, nan_note = flag_nan(data, metric)
     fig, panels = make_panels(data, col, col_title, sharey=False)
     styles = series_styles(data)
@@ -101,100 +102,10 @@ def _drawn(summary: pd.DataFrame, setting: dict, axes) -> tuple[pd.DataFrame, pd
     return d, (d[~d["failed"].astype(bool)] if "failed" in d else d)
 
 
-GAP_NOTE = "; a gap in a line: every cell of that point errored or was skipped (failures.md)"
-
-
-def _gaps(data: pd.DataFrame, x: str, col: str) -> tuple[pd.DataFrame, str]:
-    """(`data` with only the failed rows (see _drawn) that fall inside a line: between the first and
-    last ok x of their series in their panel (`col`), a note naming the others). Elsewhere a failed
-    cell has no line to break and would only add an empty panel, tick or legend entry; but a series
-    that failed at its first or last x, or everywhere in the figure, would vanish from it unremarked
-    (a review: a PNG used alone showed no failure), so the note names those points."""
-    if "failed" not in data or not data["failed"].any():
-        return data, ""
-    failed = data["failed"].astype(bool)
-    span = data[~failed].groupby(["series", col], dropna=False)[x].agg(["min", "max"])
-    lo_hi = data[failed].join(span, on=["series", col])
-    inside = (lo_hi[x] > lo_hi["min"]) & (lo_hi[x] < lo_hi["max"])
-    return pd.concat([data[~failed], data[failed][inside]]).sort_index(), _outside_note(data, lo_hi[~inside], x, col)
-
-
-def _outside_note(data: pd.DataFrame, out: pd.DataFrame, x: str, col: str, most: int = 6) -> str:
-    """"not drawn, every cell errored or was skipped (failures.md): S at x = a, b (col = c); T (no ok
-    point)" for the failed rows `out` that no line shows; the panel is named where the point
-    failed in some panels only. At most `most` series, then a count."""
-    if out.empty:
-        return ""
-    drawn = set(data.loc[~data["failed"].astype(bool), "series"])
-    panels = data[col].nunique(dropna=False)
-    parts = []
-    order = out.sort_values(["series_rank", "series"] if "series_rank" in out else ["series"], kind="stable")
-    for series, g in order.groupby("series", sort=False):  # (legend order)
-        if series not in drawn:
-            parts.append(f"{series} (no ok point in this figure)")
-            continue
-        where = []
-        for v, gv in g.groupby(x, sort=True):
-            cols = sorted(gv[col].dropna().unique().tolist(), key=str)
-            where.append(fmt(v) + (f" ({col} = {', '.join(map(fmt, cols))})" if len(cols) < panels else ""))
-        parts.append(f"{series} at {x} = {', '.join(where)}")
-    more = f"; and {len(parts) - most} more series" if len(parts) > most else ""
-    return "not drawn, every cell errored or was skipped (failures.md): " + "; ".join(parts[:most]) + more
-
-
 def _finite(ok: pd.DataFrame, metric: str = "mse_vs_ols") -> bool:
     """Whether any ok row has a finite mean of `metric`: without one a plot is an empty frame (a
     solver that answered NaN everywhere, or whose error overflowed)."""
     return bool(np.isfinite(ok[metric].astype(float)).any()) if metric in ok else False
-
-
-def _check_varied(d: pd.DataFrame, x: str, name: str, every: pd.DataFrame | None = None,
-                  elsewhere: str = "") -> None:
-    """PlotSkipped when the x axis of the ok rows `d` has one value: a plot of one point per series
-    shows no trend. `every`: the rows at the setting, failed ones too (_drawn), so that an axis that
-    varied but has ok cells at one value only is not called unvaried (N = 2, 3 at d = 3: a review).
-    `elsewhere`: _varied_elsewhere's hint, where x varies at another setting of the runs."""
-    values = sorted(d[x].dropna().unique())
-    if len(values) < 2:
-        shown = ", ".join(fmt(v) for v in values) or "none"
-        others = sorted(set(every[x].dropna().unique()) - set(values)) if every is not None else []
-        if others:
-            raise PlotSkipped(f"{name}: only {x} = {shown} has ok cells at this setting (every cell at {x} = "
-                              f"{', '.join(fmt(v) for v in others)} errored or was skipped: failures.md)")
-        if elsewhere:
-            raise PlotSkipped(f"{name}: {x} took one value at this setting ({x} = {shown}); {elsewhere}")
-        raise PlotSkipped(f"{name}: {x} did not vary ({x} = {shown}); add a list of {x} values to the config's [grid] "
-                          "to draw it")
-
-
-def _varied_elsewhere(summary: pd.DataFrame, setting: dict, axes, x: str) -> str:
-    """Where the ok rows of `summary` hold several values of x at a setting other than `setting`
-    (its `axes` fixed): "the runs have R = 10, 100, 1000 at N = 30; publish with --at N=30 to
-    draw it", for the such setting that differs from `setting` on the fewest axes (then: has the
-    most x values); "" when x varies nowhere. Two runs published together can put the setting
-    where only one of them has cells (N = 20 of an OOD run beside a grid of N = 10, 30, 100),
-    and "add a list of R values" was then false of the runs (a review)."""
-    ok = summary[~summary["failed"].astype(bool)] if "failed" in summary else summary
-    ok = ok[np.isfinite(ok["mse_vs_ols"].astype(float))] if "mse_vs_ols" in ok else ok
-    axes = [a for a in axes if a in ok]
-    if ok.empty or not axes:
-        return ""
-    best = None
-    for key, g in ok.groupby(axes, dropna=False, sort=True):
-        values = sorted(g[x].dropna().unique())
-        if len(values) < 2:
-            continue
-        key = key if isinstance(key, tuple) else (key,)
-        differ = [(a, v) for a, v in zip(axes, key) if not (v == setting.get(a) or (pd.isna(v) and pd.isna(setting.get(a))))]
-        rank = (len(differ), -len(values))
-        if best is None or rank < best[0]:
-            best = (rank, differ, values)
-    if best is None:
-        return ""
-    _, differ, values = best
-    at = ", ".join(f"{a} = {fmt(v)}" for a, v in differ)
-    flags = " ".join(f"--at {a}={fmt(v)}" for a, v in differ)
-    return f"the runs have {x} = {', '.join(fmt(v) for v in values)} at {at}; publish with {flags} to draw it"
 
 
 def mse_vs_n(summary: pd.DataFrame, setting: dict) -> Figure:
@@ -205,7 +116,7 @@ def mse_vs_n(summary: pd.DataFrame, setting: dict) -> Figure:
     d, ok = _drawn(summary, setting, axes)
     if not _finite(ok):
         raise PlotSkipped(f"mse_vs_n: no ok cell with a finite mean MSE at {setting_words(setting, axes, summary)}")
-    _check_varied(ok, "N", "mse_vs_n", d, _varied_elsewhere(summary, setting, axes, "N"))
+    check_varied(ok, "N", "mse_vs_n", d, varied_elsewhere(summary, setting, axes, "N"))
     return _mean_ci_lines(d, "N", "noise", "noise σ", "mse_vs_ols", MSE_OLS_LABEL,
                           f"Error vs context length ({setting_words(setting, axes, summary)})")
 
@@ -219,7 +130,7 @@ def mse_vs_r(summary: pd.DataFrame, setting: dict) -> Figure:
     d, ok = _drawn(summary, setting, axes)
     if not _finite(ok):
         raise PlotSkipped(f"mse_vs_r: no ok cell with a finite mean MSE at {setting_words(setting, axes, summary)}")
-    _check_varied(ok, "R", "mse_vs_r", d, _varied_elsewhere(summary, setting, axes, "R"))
+    check_varied(ok, "R", "mse_vs_r", d, varied_elsewhere(summary, setting, axes, "R"))
     return _mean_ci_lines(d, "R", "dtype", "dtype", "mse_vs_ols", MSE_OLS_LABEL,
                           f"Error vs embedding constant R ({setting_words(setting, axes, summary)})")
 
@@ -268,9 +179,10 @@ def gd_steps(summary: pd.DataFrame, setting: dict) -> Figure:
     # one line per solver and its parameters other than steps
     stepped["series"] = [" ".join(w for w in s.split() if not w.startswith("steps=")) for s in stepped["series"]]
     stepped["series_rank"] = stepped.groupby("series")["series_rank"].transform("min")
-    stepped, outside = _gaps(stepped, "steps", "N")  # per line drawn: a solver over its steps
+    stepped, outside = gaps(stepped, "steps", "N")  # per line drawn: a solver over its steps
     stepped, nan_note = flag_nan(stepped, "mse_vs_ols")
     refs, ref_note = flag_nan(_drawn(d[d["steps"].isna()], {}, ())[1], "mse_vs_ols")  # a level line has no point to break
+    outside = joined(outside, level_outside(d[d["steps"].isna()]))  # but a panel without it is named (a review)
     nan_note = "; ".join(n for n in (NAN_NOTE, INF_NOTE) if n in nan_note or n in ref_note)  # once each
     fig, panels = make_panels(stepped, "N", "N")
     styles = series_styles(pd.concat([stepped, refs]))

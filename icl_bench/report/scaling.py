@@ -143,6 +143,8 @@ def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
             if every[vs].nunique() < 2:
                 continue
             g = every[~every["_failed"]]
+            if g.empty:  # no ok point: nothing to fit (every cuda cell skipped without a GPU doubled the table)
+                continue
             row = dict(zip(fixed, key), vs=vs, **{vs: math.nan})
             se = g["mse_vs_ols_se"] if "mse_vs_ols_se" in g else None
             row.update(fit_exponent(g[vs], g["mse_vs_ols"], key[fixed.index("dtype")], se, g["_rounding"].astype(bool)))
@@ -160,18 +162,19 @@ def scaling_at(fits: pd.DataFrame, setting: dict, order: list[str]) -> pd.DataFr
     device, d, ood) and vs N (at its R, noise, device, d, ood); "at float floor" when every point
     with a finite MSE is at the float floor, "no finite MSE" when none has one; "k failed" counts
     points whose every cell errored or was skipped, and a series with no fit at the setting says
-    why ("one R value here": the runs hold that series at one R there)."""
+    so ("no fit: fewer than 2 R values with ok cells here": one R there, no cell there, or every
+    cell but one value's failed)."""
     def text(r, vs: str) -> str:
         if r is None:
-            return f"no fit: one {vs} value here"
+            return f"no fit: fewer than 2 {vs} values with ok cells here"
         nan = ", ".join(t for t in (f"{r['n_nan']} NaN" if r["n_nan"] else "",
                                     f"{r['n_failed']} failed" if r.get("n_failed", 0) else "") if t)  # (older csv)
         rounding = f"{r['n_rounding']} rounding" if r.get("n_rounding", 0) else ""  # (a scaling.csv of before it)
         if not math.isfinite(r["exponent"]):
             if r["n_points"] == 0:
                 what = ("rounding-dominated" if r.get("n_rounding", 0) else "at float floor" if r["n_floor"]
-                        else "no finite MSE" if r["n_nan"] or not r.get("n_failed", 0) else "no ok point")
-                return f"{what} ({nan})" if nan and r["n_floor"] else what
+                        else "no finite MSE")
+                return f"{what} ({nan})" if nan and (r["n_floor"] or r.get("n_failed", 0)) else what
             return f"({r['n_points']} point above floor{', ' + rounding if rounding else ''}{', ' + nan if nan else ''})"
         ci = f" [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if math.isfinite(r["ci_low"]) else ""
         dropped = "".join(f", {d}" for d in (f"{r['n_floor']} at floor" if r["n_floor"] else "", rounding, nan) if d)
