@@ -274,20 +274,20 @@ def _read(source: DataSource, digest: str = "") -> tuple[np.ndarray, np.ndarray,
         # another process than the driver's (a Dask worker) reads a relative path from its own folder: said so,
         # where "No such file" or "changed since the run started" (rerun: no help) pointed the wrong way (a review)
         relative = digest and not source.path.startswith("matplotlib:") and not source.resolve().is_absolute()
-        elsewhere = (f"; a relative path is read from each process's own folder, here {os.getcwd()}, which a Dask "
-                     "worker's is not the driver's: give [data] path (--data) as an absolute path on a file system "
-                     "the workers share (docs/scale-out.md)") if relative else ""
+        why = (f"a relative path is read from each process's own folder, here {os.getcwd()}, which a Dask worker's "
+               "is not the driver's: give [data] path (--data) as an absolute path on a file system the workers "
+               "share (docs/scale-out.md)")
         try:
             data = source.resolve().read_bytes()
         except FileNotFoundError as exc:
             if not relative:
                 raise
-            raise FileNotFoundError(f"data.path: {source.path}: no such file{elsewhere}") from exc
+            raise FileNotFoundError(f"data.path: {source.path}: no such file; {why}") from exc
         now = hashlib.sha256(data).hexdigest()
         if digest and now != digest:
             raise RuntimeError(f"data.path: {source.path} changed since the run started (sha256 {now[:12]}..., "
                                f"the run's cells are keyed by {digest[:12]}...); rerun to use the new content"
-                               + elsewhere.replace("; a relative", ", or, as a relative", 1))
+                               + (f", or, as {why}" if relative else ""))
         digest = _pin(data, now)
     return _parse(source, digest, data)
 

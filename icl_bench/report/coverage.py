@@ -27,6 +27,12 @@ def _fmt(v) -> str:
     return "n/a" if isinstance(v, float) and v != v else f"{v:g}" if isinstance(v, float) else str(v)
 
 
+def at_flag(axis: str, value) -> str:
+    """"--at AXIS=VALUE" as `--at` reads it back (validate.at_value): NaN (a CSV run's noise) as
+    "nan", not the tables' "n/a", which --at refuses (a review)."""
+    return f"--at {axis}={'nan' if pd.isna(value) else _fmt(value)}"
+
+
 def varied_axes(df: pd.DataFrame) -> set[str]:
     """The grid axes with more than one value in df's ok rows (every row if it has no status
     column, e.g. the summary): a setting text must name these even at their default."""
@@ -102,8 +108,7 @@ def _absent(g: pd.DataFrame, setting: dict) -> tuple[str, str]:
     for a in FIXED:
         differ += ~g.index.isin(select(g, setting, (a,)).index)
     near = g.loc[[differ.idxmin()]]  # the first ok row that differs from the setting on the fewest axes
-    flags = " ".join(f"--at {a}={'nan' if pd.isna(near[a].iloc[0]) else _fmt(near[a].iloc[0])}"  # (n/a: refused)
-                     for a in FIXED if select(near, setting, (a,)).empty)
+    flags = " ".join(at_flag(a, near[a].iloc[0]) for a in FIXED if select(near, setting, (a,)).empty)
     return "it has ok cells at each of these values but none at all of them together", f", e.g. {flags}"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from icl_bench.report.coverage import at_flag
 from icl_bench.report.figure import PlotSkipped, fmt
 
 
@@ -29,14 +30,14 @@ def gaps(data: pd.DataFrame, x: str, col: str) -> tuple[pd.DataFrame, str]:
     return pd.concat([data[~failed], data[failed][inside]]).sort_index(), outside_note(data, lo_hi[~inside], x, col)
 
 
-def outside_note(data: pd.DataFrame, out: pd.DataFrame, x: str, col: str, most: int = 6) -> str:
+def outside_note(data: pd.DataFrame, out: pd.DataFrame, x: str, col: str | None, most: int = 6) -> str:
     """"not drawn, every cell errored or was skipped (failures.md): S at x = a, b (col = c); T (no ok
-    point)" for the failed rows `out` that no line shows; the panel is named where the point
-    failed in some panels only. At most `most` series, then a count."""
+    point)" for the failed rows `out` that no line shows; the panel (`col`; None: one panel) is
+    named where the point failed in some panels only. At most `most` series, then a count."""
     if out.empty:
         return ""
     drawn = set(data.loc[~data["failed"].astype(bool), "series"])
-    panels = data[col].nunique(dropna=False)
+    panels = data[col].nunique(dropna=False) if col else 1
     parts = []
     order = out.sort_values(["series_rank", "series"] if "series_rank" in out else ["series"], kind="stable")
     for series, g in order.groupby("series", sort=False):  # (legend order)
@@ -45,9 +46,10 @@ def outside_note(data: pd.DataFrame, out: pd.DataFrame, x: str, col: str, most: 
             continue
         where = []
         for v, gv in g.groupby(x, sort=True):
-            cols = sorted(gv[col].unique().tolist(), key=str)  # (NaN: a CSV run's one noise panel, "n/a")
-            where.append(fmt(v) + (f" ({col} = {', '.join(map(fmt, cols))})" if gv[col].nunique(dropna=False) < panels
-                                   else ""))
+            panel = ""
+            if col and gv[col].nunique(dropna=False) < panels:  # (NaN: a CSV run's one noise panel, "n/a")
+                panel = f" ({col} = {', '.join(map(fmt, sorted(gv[col].unique().tolist(), key=str)))})"
+            where.append(fmt(v) + panel)
         parts.append(f"{series} at {x} = {', '.join(where)}")
     more = f"; and {len(parts) - most} more series" if len(parts) > most else ""
     return "not drawn, every cell errored or was skipped (failures.md): " + "; ".join(parts[:most]) + more
@@ -61,7 +63,7 @@ def level_outside(level: pd.DataFrame) -> str:
     failed = level["failed"].astype(bool)
     ok = set(zip(level.loc[~failed, "series"], level.loc[~failed, "N"]))
     missing = level[failed & ~pd.Series([(s, n) in ok for s, n in zip(level["series"], level["N"])], index=level.index)]
-    return outside_note(level.assign(_one=0), missing.assign(_one=0), "N", "_one")
+    return outside_note(level, missing, "N", None)
 
 
 def joined(*notes: str) -> str:
@@ -118,5 +120,5 @@ def varied_elsewhere(summary: pd.DataFrame, setting: dict, axes, x: str) -> str:
     # given afresh: --at N=10 alone landed on noise = 0 there, where R did not vary again; a review)
     pinned = [a for a in axes if a in differ or ok[a].nunique(dropna=False) > 1]
     at = ", ".join(f"{a} = {fmt(key[a])}" for a in differ)
-    flags = " ".join(f"--at {a}={'nan' if pd.isna(key[a]) else fmt(key[a])}" for a in pinned)  # (n/a: refused)
+    flags = " ".join(at_flag(a, key[a]) for a in pinned)
     return f"the runs have {x} = {', '.join(fmt(v) for v in values)} at {at}; publish with {flags} to draw it"

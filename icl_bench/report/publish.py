@@ -62,12 +62,12 @@ TARGET_NOTE = ("CSV prompts have no clean truth: this is the held-out prediction
                "predicts, and a solver can predict the query better than OLS does.")
 
 
-def _figures(table, summary, setting, checkpoints):
-    """(name -> Figure, notes) for every plot that has data; the others become notes."""
+def _figures(table, drawn, setting, checkpoints):
+    """(name -> Figure, notes) for every plot that has data; the others become notes. drawn: the
+    summary with report.with_failed_points' rows (a failed point breaks its line)."""
     from icl_bench.report import model_plots, plots
 
     figs, notes = {}, []
-    drawn = report.with_failed_points(summary, table)  # a failed point breaks its line
     makers = {
         "mse_vs_n": lambda: plots.mse_vs_n(drawn, setting),
         "mse_vs_r": lambda: plots.mse_vs_r(drawn, setting),
@@ -248,7 +248,8 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
             f"Made by `{command}`{'' if force else ' (add --force to regenerate into the same folder)'}; {CI_NOTE}", "",
             "#### Median squared error vs OLS, (median |prediction − OLS|)², by solver and N (same setting)", "",
             report.to_markdown(typical), MEDIAN_NOTE, "", *target_md])
-        figs, notes = _figures(table, summary, setting, checkpoints)
+        drawn = report.with_failed_points(summary, table)  # for the plots and the scaling fits
+        figs, notes = _figures(table, drawn, setting, checkpoints)
         notes = unfinished_notes(metas) + silent + ill + shared_timing_notes(table) + notes  # an unfinished run first
         ctx = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command,
                "headline": head, "typical": typical, "target": target, "headline_md": headline_md, "headline_at": headline_at,
@@ -256,7 +257,7 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
                "notes": notes, "failures": report.failure_summary(table), "sparsity": report.sparsity(table),
                "summary": summary.drop(columns=["series_rank"], errors="ignore"), "runs": metas, "forced": force,
                "left_out": gaps, "setting": setting, "varied": varied, "mechanism": mechanism.section(table)}
-        fits = scaling.scaling_table(report.with_failed_points(summary, table))  # (failed points: counted)
+        fits = scaling.scaling_table(drawn)  # (failed points: counted)
         ctx["scaling_at"] = scaling.scaling_at(fits, setting, report.series_order(summary))
         one_source = summary["prompts"].nunique() <= 1  # then the long prompt-source JSON says nothing
         ctx["summary_shown"] = ctx["summary"].drop(columns=["prompts"] if one_source else [])

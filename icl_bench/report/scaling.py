@@ -133,10 +133,9 @@ def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
     rows = []
     keys = ["series", "solver", "solver_params", "prompts", "N", "noise", "R", "dtype", "device", "d", "ood"]
     failed = summary["failed"].astype(bool) if "failed" in summary else pd.Series(False, index=summary.index)
-    summary = summary.assign(_failed=failed)
-    ok = ~summary["_failed"]
-    summary.loc[ok, "_rounding"] = rounding_dominated(summary[ok])
-    summary.loc[ok, "_unchecked"] = rounding_unchecked(summary[ok])
+    ok = summary[~failed]  # (a failed row is no data: it is not its twin's float64 reference either)
+    summary = summary.assign(_failed=failed, _rounding=rounding_dominated(ok).reindex(summary.index, fill_value=False),
+                             _unchecked=rounding_unchecked(ok).reindex(summary.index, fill_value=False))
     for vs in ("R", "N"):
         fixed = [k for k in keys if k != vs]
         for key, every in summary.groupby(fixed, dropna=False, sort=True):
@@ -147,10 +146,10 @@ def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
                 continue
             row = dict(zip(fixed, key), vs=vs, **{vs: math.nan})
             se = g["mse_vs_ols_se"] if "mse_vs_ols_se" in g else None
-            row.update(fit_exponent(g[vs], g["mse_vs_ols"], key[fixed.index("dtype")], se, g["_rounding"].astype(bool)))
-            row["n_unchecked"] = int(g["_unchecked"].astype(bool).sum())
+            row.update(fit_exponent(g[vs], g["mse_vs_ols"], key[fixed.index("dtype")], se, g["_rounding"]))
+            row["n_unchecked"] = int(g["_unchecked"].sum())
             row["n_failed"] = int(every["_failed"].sum())
-            row["max_mse"] = float(g["mse_vs_ols"].max()) if len(g) else math.nan
+            row["max_mse"] = float(g["mse_vs_ols"].max())
             rows.append(row)
     cols = [*keys, "vs", "exponent", "ci_low", "ci_high", "n_points", "n_floor", "n_rounding", "n_unchecked", "n_nan",
             "n_failed", "max_mse"]
