@@ -9,9 +9,12 @@ whose MSE is above the float floor. Its 95 % confidence interval is the union of
   - sampling: slope ± z · se_sampling, z = 1.96, se_sampling^2 = Σ (x_i - mean)^2 s_i^2 / (Σ (x_i -
     mean)^2)^2 (the variance of the least-squares slope from independent errors of its points),
     s_i = se(MSE_i) / MSE_i the delta-method standard error of log MSE_i (mse_vs_ols_se): the
-    prompts are drawn anew at every grid point, so three means that happen to lie on a line would
-    otherwise give a tight interval around a slope that is sampling noise (a solver that never
-    reads R got "0.03 [0.03, 0.04]" vs R).
+    prompts of a fit vs N are drawn anew at every N, so three means that happen to lie on a line
+    would otherwise give a tight interval around a slope that is sampling noise (a solver that
+    never reads R got "0.03 [0.03, 0.04]" vs R when each R drew its own prompts). The points of a
+    fit vs R read the same prompts (cells.prompt_seed), so their errors are positively
+    correlated: the interval is conservative for three equally spaced R (only the end points
+    weigh in the slope), not guaranteed for more (docs/report.md, "Scaling laws").
 Two points give the slope without an interval; fewer give no fit.
 
 Rounding-dominated points. The floor is one number per dtype; rounding that grows with the
