@@ -229,6 +229,8 @@ def test_a_clash_in_one_folder_is_decided_by_distribution_name(tmp_path, monkeyp
     ("gd-lsa", "a built-in name (of icl_bench.solvers.gd_lsa)"),
     ("OLS", "differs from the built-in name 'ols' only in case or Unicode form"),
     ("\uff4f\uff4c\uff53", "differs from the built-in name 'ols' only in case or Unicode form"),  # fullwidth: NFKC 'ols' (a review)
+    ("\u043els", "mixes letters of the CYRILLIC and LATIN scripts (a look-alike of another name)"),  # Cyrillic 'о'
+    ("gd-\u03bfls", "mixes letters of the GREEK and LATIN scripts (a look-alike of another name)"),  # Greek 'ο'
 ])
 def test_register_solver_refuses_a_built_in_name_before_the_built_in_loaded(name, expected):
     """`@register_solver("ols")` from a notebook replaced the reference baseline whenever it came

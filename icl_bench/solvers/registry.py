@@ -111,6 +111,9 @@ class Registry:
             return "a name must be non-empty text without leading or trailing spaces"  # tables (a review)
         if not name.isprintable():  # a zero-width space or a newline: an invisible or table-breaking name
             return "a name must be printable text (no control, format or zero-width characters)"
+        scripts = _scripts(name)
+        if "LATIN" in scripts and len(scripts) > 1:  # 'оls' with a Cyrillic 'о' read as `ols` in every table
+            return f"mixes letters of the {' and '.join(sorted(scripts))} scripts (a look-alike of another name)"
         if name in self.builtins:
             module = self.builtins[name]
             return None if cls.__module__ == module else f"a built-in name (of {module})"
@@ -287,9 +290,17 @@ def _dist_name(ep) -> str:
 def _case_twin(name: str, reserved) -> str | None:
     """The name in `reserved` that equals `name` up to case, surrounding spaces and Unicode
     compatibility forms (NFKC: fullwidth 'ｏｌｓ' is 'ols'; a review) but is not it, or None.
-    Look-alike letters of other scripts (a Cyrillic 'о') are not caught: that needs a confusables table."""
+    Look-alike letters of other scripts mixed with Latin ones (a Cyrillic 'о') are refused by
+    `_scripts`; a name written wholly in another script is not compared (that needs a confusables table)."""
     key = lambda s: unicodedata.normalize("NFKC", str(s).strip()).casefold()  # noqa: E731
     return next((r for r in sorted(reserved) if r != name and key(r) == key(name)), None)
+
+
+def _scripts(name: str) -> set[str]:
+    """The scripts of the letters in `name`, as the first word of each letter's Unicode name
+    ('LATIN', 'CYRILLIC', 'GREEK', ...). A name mixing Latin with another script is refused: the
+    look-alike letters of Cyrillic and Greek ('о', 'ο') pass NFKC and case folding unchanged."""
+    return {unicodedata.name(ch, "?").split()[0] for ch in name if ch.isalpha()}
 
 
 def _ep_origin(ep) -> str:
