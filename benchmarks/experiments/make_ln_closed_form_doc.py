@@ -11,6 +11,7 @@ Takes about half a minute on one CPU core.
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import sys
 from pathlib import Path
@@ -159,6 +160,9 @@ def main() -> None:
     old = PAGE.read_text()
     new = render(old)
     if args.check:
+        if new != old:  # the lines that differ: a last float32 digit from another CPU reads differently from a stale page
+            sys.stderr.writelines(line for line in difflib.unified_diff(old.splitlines(True), new.splitlines(True), "page",
+                                                                        "rerun", n=0) if not line.startswith("@@"))
         sys.exit(0 if new == old else f"{PAGE} is stale: rerun python -m benchmarks.experiments.make_ln_closed_form_doc")
     PAGE.write_text(new)
     print(f"wrote {PAGE}")
