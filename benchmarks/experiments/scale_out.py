@@ -31,6 +31,7 @@ from icl_bench.bench.cells import expand_cells
 from icl_bench.bench.config import Executor, parse_config
 from icl_bench.bench import runner
 from icl_bench.bench.runner import run_cell, run_matrix
+from icl_bench.bench.schema import RESULT_COLUMNS
 
 
 @register_solver("bench-trivial")
@@ -113,6 +114,16 @@ def bench_store_and_overhead(n_cells: int, tmp: Path) -> dict:
         files.write_atomic(ref_dir / f"{i:020x}.json", json.dumps({**row, "_key": f"{i:020x}"}, allow_nan=True).encode())
     ref_put = (time.perf_counter() - t0) / n_ref
     ref_bytes = sum(p.stat().st_blocks * 512 for p in ref_dir.iterdir()) / n_ref
+    # the store as it is (synchronous = NORMAL) against an fsync at every commit (FULL), same rows
+    sync_put = {}
+    for mode in ("NORMAL", "FULL"):
+        store = cellstore.CellStore(tmp / f"sync_{mode}", RESULT_COLUMNS, resume=False)
+        store._db.execute(f"PRAGMA synchronous={mode}")
+        t0 = time.perf_counter()
+        for i in range(n_ref):
+            store.put(f"{mode}-{i}", row)
+        sync_put[mode] = (time.perf_counter() - t0) / n_ref
+        store.close()
     return {
         "cells": n, "wall_s": wall, "load_avg": la,
         "per_cell_ms": 1e3 * wall / n, "cpu_per_cell_ms": 1e3 * cpu / n,
@@ -124,6 +135,7 @@ def bench_store_and_overhead(n_cells: int, tmp: Path) -> dict:
         "resume_all_done_wall_s": resume_wall, "resume_per_cell_ms": 1e3 * resume_wall / n, "resume_load_avg": la_resume,
         "json_file_put_per_cell_ms": 1e3 * ref_put, "json_file_bytes_per_cell": ref_bytes, "json_reference_cells": n_ref,
         "store_vs_json_put_speedup": ref_put / (put_s[0] / n), "store_vs_json_bytes_ratio": ref_bytes / (store_bytes / n),
+        "put_normal_ms": 1e3 * sync_put["NORMAL"], "put_full_ms": 1e3 * sync_put["FULL"], "sync_cells": n_ref,
     }
 
 
@@ -189,6 +201,14 @@ def main() -> None:
     print(report(result))
 
 
+def _sync_row(s: dict) -> str:
+    """The table row of an fsync at every commit, for results measured since it was added."""
+    if "put_full_ms" not in s:
+        return ""
+    return (f"| store put alone, {s['sync_cells']} rows: synchronous = NORMAL (the store) / FULL (an fsync per commit) | "
+            f"{s['put_normal_ms']:.3f} ms / {s['put_full_ms']:.3f} ms | |\n")
+
+
 def report(r: dict) -> str:
     s, d, i = r["store_and_overhead"], r["speedup"], r["info"]
     ok = lambda good: "meets the goal" if good else "MISSES the goal"  # noqa: E731
@@ -212,7 +232,7 @@ Measured {s.get('started', '?')}.
 | store size (cells.sqlite) | {s['store_bytes_per_cell']:.0f} bytes | <= 1 KB: {ok(s['store_bytes_per_cell'] <= 1024)} |
 | --resume of the finished run (load + tables) | {s['resume_per_cell_ms']:.3f} ms | |
 | reference, same run: one JSON file per cell (fsync + rename) | {s['json_file_put_per_cell_ms']:.3f} ms, {s['json_file_bytes_per_cell']:.0f} bytes on disk | |
-
+{_sync_row(s)}
 Store vs one file per cell: {s['store_vs_json_put_speedup']:.1f}x faster per put, {s['store_vs_json_bytes_ratio']:.1f}x
 smaller. Load average: run {s['load_avg']}, resume {s['resume_load_avg']}.
 
