@@ -705,3 +705,46 @@ def test_errors_vs_target_and_truth_are_over_the_well_posed_prompts_for_every_so
     m = prediction_metrics(answer, batch)
     assert m["mse_vs_target"] == pytest.approx((0.5 ** 2 + 0.5 ** 2) / 2)  # not with (100 - 9)^2
     assert (m["n_ill_posed"], m["n_nonfinite"], m["n_nonfinite_well_posed"]) == (1, 0, 0)
+
+
+NEEDS_DEP = '''
+    import dep_not_yet_installed  # the plugin's own dependency, installed later
+    import torch
+    from icl_bench import Param, Solver
+
+    class NeedsDep(Solver):
+        """Predicts the shift."""
+        params = {"shift": Param(0.0, "the prediction")}
+
+        def predict(self, batch):
+            return torch.full((batch.B,), self.values["shift"], dtype=batch.dtype)
+'''
+
+
+def test_a_plugin_that_failed_to_load_resumes_with_its_list_of_values(tmp_path, monkeypatch, capsys):
+    """A plugin that could not load kept its parameter list unexpanded: one error row per grid
+    point, config.json recorded `shift = [0.0, 1.0]` as one value, and once the dependency was
+    installed --resume refused it ('expected float') while --config refused the file as another
+    config: the run could not be finished (a review). The list is a grid here too."""
+    from conftest import write_plugin
+
+    site = write_plugin(tmp_path / "site", "dep-plugin", {"needs-dep": "needs_dep:NeedsDep"}, {"needs_dep": NEEDS_DEP})
+    monkeypatch.syspath_prepend(str(site))
+    REGISTRY.reset()
+    try:
+        cfg = _cfg(tmp_path, dict(RAW, all_solvers=False, solvers={"ols": {}, "needs-dep": {"shift": [0.0, 1.0]}}))
+        assert _run(capsys, "--config", cfg, "--out", tmp_path / "run")[0] == 1
+        first = pd.read_parquet(tmp_path / "run" / "results.parquet")
+        broken = first[first.solver == "needs-dep"]
+        assert list(broken.status) == ["error"] * 4 and broken.solver_params.nunique() == 2  # 2 N x 2 values
+        (site / "dep_not_yet_installed.py").write_text("")  # the dependency is installed
+        REGISTRY.reset()
+        code, _, err = _run(capsys, "--out", tmp_path / "run", "--resume")  # the recorded config
+        table = pd.read_parquet(tmp_path / "run" / "results.parquet")
+        assert code == 0 and (table.status == "ok").all(), err
+        mine = table[table.solver == "needs-dep"]
+        assert len(mine) == 4 and mine.mse_vs_target.notna().all() and mine.solver_params.nunique() == 2
+    finally:
+        sys.modules.pop("needs_dep", None)
+        sys.modules.pop("dep_not_yet_installed", None)
+        REGISTRY.reset()

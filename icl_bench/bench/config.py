@@ -126,12 +126,17 @@ def _solver_grid(name: str, params: Any) -> list[dict]:
     except UnknownSolverError as exc:
         raise ConfigError(f"solvers.{name}: {str(exc).split(': ', 1)[1]}") from None
     except SolverLoadError:  # recorded as error rows by the runner; the rest still runs
-        return [dict(params)]
+        cls = None
     axes = {k: (v if isinstance(v, list) else [v]) for k, v in params.items()}
-    declared = getattr(cls, "params", {})
     for k, v in axes.items():
         if not v:
             raise ConfigError(f"solvers.{name}.{k}: empty list; give at least one value")
+    if cls is None:  # a list is a grid here too: one error row per value, and config.json records the sets that a
+        # --resume validates once the plugin loads (the unexpanded list read as one value there: it was refused as
+        # 'expected float', and the config file as another config; found by a review)
+        return [dict(zip(axes, vals)) for vals in itertools.product(*axes.values())]
+    declared = getattr(cls, "params", {})
+    for k, v in axes.items():
         if k in declared:  # values that check to the same one (4 and 4, or 1 and 1.0 for a float) give one
             checked = [declared[k].check(name, k, x) for x in v]  # solver twice, under one row key
             if declared[k].same is not None:  # e.g. two spellings of one folder
