@@ -100,6 +100,11 @@ def test_a_plugin_whose_params_are_not_param_is_listed_as_broken(tmp_path, monke
 @pytest.mark.parametrize("params, expected", [
     ("{1: Param(0.0, 'x')}", "parameter name 1 must be an identifier (a config key)"),  # listed as "1 = 0.0"
     ("{'shift': Param(float('nan'), 'x')}", "the default of 'shift' fails its own check (solvers.odd.shift: must be finite"),
+    # listed as `sizes = [8, 8]` and `seed = None`, but no config could set them (a list is a grid; TOML has no None)
+    ("{'sizes': Param([8, 8], 'x')}", "the default of 'sizes' must be a bool, int, float or str, the values a config "
+                                      "can give (got list [8, 8])"),
+    ("{'seed': Param(None, 'x')}", "the default of 'seed' must be a bool, int, float or str, the values a config can "
+                                   "give (got NoneType None)"),
 ])
 def test_odd_plugin_parameters_are_a_broken_plugin_with_its_version_on_record(tmp_path, monkeypatch, params, expected):
     """Found by a review: an int key was listed and failed in the runner; a NaN default blamed the
@@ -407,3 +412,18 @@ SHADOW_DECLARED = '''
         def predict(self, batch):
             return batch.y.mean(dim=1)
 '''
+
+
+def test_a_non_solver_is_named_without_a_memory_address():
+    """An entry point to a function was refused as '<function f at 0x7fbf...>', so the error rows of
+    two identical runs differed in their message column (a plugin author's review)."""
+    from icl_bench.solvers import registry
+
+    def not_a_solver():
+        return None
+
+    fresh = registry.Registry(registry.BUILTINS, registry.ENTRY_POINT_GROUP)
+    with pytest.raises(TypeError) as err:
+        fresh.add("not-a-solver", not_a_solver, origin="built-in (__main__)")
+    assert str(err.value) == (f"solver 'not-a-solver': function {__name__}.test_a_non_solver_is_named_without_a_memory_"
+                              "address.<locals>.not_a_solver is not a subclass of icl_bench.Solver")

@@ -78,8 +78,9 @@ class Registry:
             ValueError: `name` is already taken by another class, is a built-in name or an installed
                 plugin's, differs from a built-in name only in case or Unicode form, or has surrounding spaces (`_taken`).
         """
-        if not (isinstance(cls, type) and issubclass(cls, Solver)):
-            raise TypeError(f"solver {name!r}: {cls!r} is not a subclass of icl_bench.Solver")
+        if not (isinstance(cls, type) and issubclass(cls, Solver)):  # named without repr's memory address, which
+            what = f"{type(cls).__name__} {getattr(cls, '__module__', None) or '?'}.{getattr(cls, '__qualname__', '?')}"
+            raise TypeError(f"solver {name!r}: {what} is not a subclass of icl_bench.Solver")  # made the rows differ
         params = getattr(cls, "params", {})  # (a plain default, {"shift": 0.0}, crashed `list`; a tryout)
         if not isinstance(params, dict):
             raise TypeError(f"solver {name!r}: params must be a dict of name -> icl_bench.Param (got {type(params).__name__})")
@@ -88,6 +89,10 @@ class Registry:
                 raise TypeError(f"solver {name!r}: parameter name {k!r} must be an identifier (a config key)")
             if not isinstance(v, Param):
                 raise TypeError(f"solver {name!r}: params[{k!r}] must be an icl_bench.Param (got {v!r})")
+            if type(v.default) not in (bool, int, float, str):  # a config's list is a grid of values, and TOML has
+                # no None: a list or None default was listed but no config could set it (a review)
+                raise TypeError(f"solver {name!r}: the default of {k!r} must be a bool, int, float or str, the values "
+                                f"a config can give (got {type(v.default).__name__} {v.default!r})")
             try:
                 v.check(name, k, v.default)
             except ConfigError as exc:
