@@ -179,3 +179,39 @@ def test_a_checkpoints_commit_ignores_its_own_folder(tmp_path, monkeypatch):
     stem = save_checkpoint(_model(), tmp_path / "models" / "m", {})
     assert seen == [(stem.parent,)] and stem.parent == tmp_path / "models"
     assert json.loads(Path(f"{stem}.json").read_text())["git_commit"] == "abc"
+
+
+def _flip(path: Path, value: float) -> None:
+    """Overwrite the first float32 of the last tensor's data (the file's last 4 bytes are data)."""
+    raw = bytearray(path.read_bytes())
+    raw[-4:] = torch.tensor([value], dtype=torch.float32).view(torch.uint8).numpy().tobytes()
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("value", [10.0, float("nan")])
+def test_a_damaged_weight_is_refused(tmp_path, value):
+    """safetensors has no checksum: a damaged tensor byte loaded, and analyze printed the numbers of
+    other weights with exit 0 (a review). The JSON's weights_sha256 refuses it now."""
+    stem = save_checkpoint(_model(), tmp_path / "m")
+    _flip(tmp_path / "m.safetensors", value)
+    with pytest.raises(ConfigError, match=r"m\.safetensors does not hold the weights .*m\.json records \(weights_sha256 "
+                                          r"differs\): the file is damaged, or the pair mixes two checkpoints"):
+        load_checkpoint(stem)
+
+
+def test_weights_copied_beside_another_runs_json_are_refused_and_older_pairs_load(tmp_path):
+    """`sweep --reuse` tabulated one run's weights under another's lambda and seed after a copy (a
+    review): nothing tied the .safetensors to its .json. A pair saved before the field existed
+    (no weights_sha256) still loads."""
+    other = _model()
+    with torch.no_grad():
+        other.embed.weight.add_(1.0)
+    a, b = save_checkpoint(_model(), tmp_path / "a"), save_checkpoint(other, tmp_path / "b")
+    (tmp_path / "a.safetensors").write_bytes((tmp_path / "b.safetensors").read_bytes())
+    with pytest.raises(ConfigError, match="weights_sha256 differs"):
+        load_checkpoint(a)
+    meta = json.loads((tmp_path / "b.json").read_text())
+    del meta["weights_sha256"]
+    (tmp_path / "b.json").write_text(json.dumps(meta))
+    model, _ = load_checkpoint(b)
+    assert torch.equal(model.embed.weight, other.embed.weight)

@@ -6,12 +6,16 @@ A checkpoint is a pair of files with one stem:
     <stem>.json          {"format": "icl-bench-checkpoint", "version": 1,
                           "model_config": TransformerConfig as a dict, "R": ..., "N": [...],
                           "seed": ..., "train_config": {...}, "metrics": {...},
-                          "git_commit": ..., "created": ISO time, ...caller's fields}
+                          "git_commit": ..., "created": ISO time, "weights_sha256": ...,
+                          ...caller's fields}
 
 Loading never unpickles anything (safetensors holds raw tensors and a JSON header; the
 metadata is JSON), so a checkpoint cannot run code. Every problem with the pair (missing
 file, truncated or corrupt data, a pickle renamed to .safetensors, tensors whose names or
-shapes do not fit the config) is a one-line `ConfigError`.
+shapes do not fit the config) is a one-line `ConfigError`. safetensors has no checksum of its
+own: `weights_sha256` (`weights_digest`) ties the weights to their JSON, so a damaged tensor byte or
+a .safetensors copied beside another run's .json is refused when the field is there (checkpoints
+saved before it was added are loaded unchecked).
 
 Saving replaces a pair without ever mixing two: both files are written under temporary names
 beside it and fsynced, then the old .json is removed, the .safetensors renamed into place and the
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import errno
+import hashlib
 import json
 import os
 import re
@@ -61,6 +66,17 @@ def beside(stem: str | Path, k: int = 0) -> Path:
     return stem.with_name(f"{stem.name}-pid{os.getpid()}" + (f"-{k}" if k else ""))
 
 
+def weights_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 (hex) over each tensor's name, dtype, shape and bytes, in name order: the weights a
+    checkpoint's JSON records (`weights_sha256`), whatever the file layout that holds them."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
 def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None = None, *,
                     replace: bool = True) -> Path:
     """Write `<stem>.safetensors` and `<stem>.json`; returns the stem.
@@ -69,7 +85,7 @@ def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None
         model: the Transformer; its weights are saved as contiguous CPU tensors in their dtype.
         path_stem: file stem (a .safetensors/.json suffix is dropped); parent dirs are created.
         meta: JSON-serialisable fields to store beside the config (e.g. train_config, metrics,
-            seed, R, N). "format", "version", "model_config" and "created" are set here, and
+            seed, R, N). "format", "version", "model_config", "weights_sha256" and "created" are set here, and
             "git_commit" unless given. Non-finite floats are stored as null.
         replace: whether a pair already at `path_stem` is replaced; False: FileExistsError instead
             (checked under the folder's lock, so a pair saved by another process after the caller
@@ -86,7 +102,7 @@ def save_checkpoint(model: Transformer, path_stem: str | Path, meta: dict | None
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     doc = {"git_commit": provenance.git_commit(ignore=(stem.parent,)), **(meta or {})}  # (its own folder's
     # files are outputs: a sweep rewriting results/l1_sweep_models read "-dirty" from its second run on)
-    doc.update(format=FORMAT, version=VERSION, model_config=model.cfg.to_dict(),
+    doc.update(format=FORMAT, version=VERSION, model_config=model.cfg.to_dict(), weights_sha256=weights_digest(tensors),
                created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     text = dumps(doc, indent=2, sort_keys=True)
     spath, jpath = Path(f"{stem}.safetensors"), Path(f"{stem}.json")
@@ -189,7 +205,8 @@ def load_checkpoint(path: str | Path, *, device: str = "cpu") -> tuple[Transform
         ConfigError: (one line) either file missing, JSON invalid or not a checkpoint, a model
             config the Transformer rejects, a safetensors file that is truncated, corrupt or
             not safetensors at all (e.g. a pickle), or tensors with missing/extra names or
-            shapes that do not match the config.
+            shapes that do not match the config, or weights whose digest differs from the
+            `weights_sha256` the JSON records (a damaged byte, or another checkpoint's file).
     """
     stem = stem_of(path)
     with folder_lock(stem.parent, shared=True):  # not while a save_checkpoint renames a new pair in
@@ -218,6 +235,10 @@ def load_checkpoint(path: str | Path, *, device: str = "cpu") -> tuple[Transform
     for k, shape in expected.items():
         if got[k] != shape:
             raise ConfigError(f"checkpoint: {spath} tensor {k!r} has shape {got[k]}, the config needs {shape}")
+    recorded = meta.get("weights_sha256")
+    if recorded is not None and recorded != weights_digest(tensors):
+        raise ConfigError(f"checkpoint: {spath} does not hold the weights {stem}.json records (weights_sha256 differs): "
+                          "the file is damaged, or the pair mixes two checkpoints; train or copy the pair again")
     dtypes = {v.dtype for v in tensors.values()}
     if len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
         raise ConfigError(f"checkpoint: {spath} tensors must share one floating dtype (got {sorted(map(str, dtypes))})")
