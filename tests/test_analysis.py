@@ -71,6 +71,19 @@ def test_sparsity_report_overall_and_per_matrix(construction):
     assert dense["sparsity"] < 0.01 < rep["sparsity"] and dense["hoyer"] < 0.4 < rep["hoyer"]
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_per_matrix_sparsity_of_a_tensor_with_a_non_finite_entry_is_nan(construction, bad):
+    """One NaN in a W_Q of 32 entries read sparsity 1 ('all zero') per matrix, one inf 0.97, while
+    the whole read NaN (a review of a damaged checkpoint)."""
+    model = copy.deepcopy(construction)
+    with torch.no_grad():
+        model.blocks[0].attn.W_Q[0, 0, 0] = bad
+    rep = sparsity_report(model)
+    per = json.loads(rep["per_matrix"])
+    assert per["blocks.0.attn.W_Q"]["sparsity"] is None and math.isnan(rep["sparsity"])  # NaN, written as null
+    assert per["blocks.1.attn.W_Q"]["sparsity"] == pytest.approx(30 / 32)  # the other tensors as before
+
+
 # --- weight-space similarity ------------------------------------------------------------------
 
 def test_random_symmetries_keep_predictions_and_similarity_one(construction, tokens):

@@ -44,7 +44,7 @@ from icl_bench.files import blocking_file, cannot_create, jsonable
 from icl_bench.prompts.generator import MAX_VALUES, PromptSpec, sample_prompts
 from icl_bench.solvers.checkpoint import load_checkpoint, read_meta, stem_of
 from icl_bench.solvers.ln_closed_form import build_construction
-from icl_bench.solvers.sparsity import SPARSITY_REL_THRESHOLD, hoyer, weight_l1, weight_sparsity
+from icl_bench.solvers.sparsity import hoyer, weight_l1, weight_sparsity
 from icl_bench.solvers.transformer import Transformer
 
 DEFAULT_N = 20  # context length of the analysis prompts when the model's readout does not fix it; the
@@ -58,15 +58,13 @@ def sparsity_report(model: Transformer) -> dict:
     embedding, W_Q/W_K/W_V/W_O, LayerNorm gains and biases, readout), and per parameter.
 
     Returns: {"sparsity", "l1", "hoyer": floats, "per_matrix": JSON text of
-    {name: {"sparsity", "l1", "hoyer"}} (NaN as null; an all-zero tensor has sparsity 1)}.
+    {name: {"sparsity", "l1", "hoyer"}} (NaN as null; an all-zero tensor has sparsity 1, one with a
+    NaN or inf entry NaN)}.
     """
     w = model.weight_matrices()
     per = {}
-    for name, t in w.items():
-        a = t.detach().abs().double()
-        top = float(a.max()) if a.numel() else 0.0
-        per[name] = {"sparsity": float((a < SPARSITY_REL_THRESHOLD * top).double().mean()) if top > 0 else 1.0,
-                     "l1": float(a.sum()), "hoyer": hoyer(t)}
+    for name, t in w.items():  # (NaN with a NaN or inf entry, as the whole: 'all zero' had read 1; a review)
+        per[name] = {"sparsity": weight_sparsity({name: t}), "l1": weight_l1({name: t}), "hoyer": hoyer(t)}
     return {"sparsity": weight_sparsity(w), "l1": weight_l1(w),
             "hoyer": hoyer(torch.cat([t.reshape(-1).double().cpu() for t in w.values()])),
             "per_matrix": json.dumps(jsonable(per))}
