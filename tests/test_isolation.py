@@ -190,7 +190,7 @@ def test_a_finite_answer_on_an_ill_posed_prompt_is_named(tmp_path, capsys):
     n_ill = int(table.loc["zero-ill", "n_ill_posed"])
     assert n_ill > 0 and table.loc["zero-kept", "message"] == ""
     assert table.loc["zero-ill", "message"] == (f"{ILL_ANSWERED}: {n_ill} of {n_ill} answered where every solver "
-                                                "answers NaN (README 'Accuracy')")
+                                                "answers NaN (docs/accuracy.md)")
     assert f"icl-bench: WARNING: zero-ill: {ILL_ANSWERED} in 1 cells" in err and "zero-kept" not in err, err
     assert main(["publish", str(tmp_path / "o"), "--out", str(tmp_path / "pub")]) == 0
     headline = (tmp_path / "pub" / "headline.md").read_text()

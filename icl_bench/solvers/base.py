@@ -2,7 +2,7 @@
 
 Write a solver by subclassing `Solver`, declaring `params` (name -> `Param`) and implementing
 `predict`. Register it with `@register_solver("name")` (inside icl_bench) or through the
-`icl_bench.solvers` entry-point group (plugins; see README).
+`icl_bench.solvers` entry-point group (plugins; docs/plugins.md).
 
     @register_solver("my-solver")
     class MySolver(Solver):
