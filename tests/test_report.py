@@ -499,6 +499,9 @@ def test_series_labels_carry_every_distinguishing_parameter():
     # text that does not print is escaped: a newline or NUL split the WARNING line (adversarial tester)
     t = pd.DataFrame({"solver": ["x", "x"], "solver_params": [json.dumps({"s": "a\nb"}), json.dumps({"s": "x\u0000y"})]})
     assert sorted(add_series(t).series) == ['x s="a\\nb"', 'x s="x\\u0000y"']
+    # a boolean as a config writes it (TOML), not Python's True / False (a plugin author's review)
+    t = pd.DataFrame({"solver": ["ridge", "ridge"], "solver_params": ['{"center": false}', '{"center": true}']})
+    assert add_series(t).sort_values("series_rank").series.tolist() == ["ridge center=false", "ridge center=true"]
     # runs of gd at its default steps and at steps = 4, published together: both read "gd" (one
     # series, two sets of numbers); a parameter set in one and left out in the other is shown
     t = pd.DataFrame({"solver": ["gd", "gd", "ols"], "solver_params": ["{}", '{"steps": 4}', "{}"]})

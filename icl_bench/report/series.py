@@ -99,10 +99,12 @@ def _off_default(solver: str, params: dict) -> set[str]:
 
 
 def _value(v) -> str:
-    """A parameter value in a series label: 1e-05, 16, text as it is; text that is empty, holds a
+    """A parameter value in a series label: 1e-05, 16, true, text as it is; text that is empty, holds a
     space or does not print (a newline, NUL) is quoted as JSON (models_dir="" would read as unset)."""
     if isinstance(v, str) and (not v or " " in v or not v.isprintable()):
         return json.dumps(v)
+    if isinstance(v, bool):  # as a config writes it (TOML), not Python's True (a plugin author's review)
+        return "true" if v else "false"
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
