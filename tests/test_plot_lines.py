@@ -139,3 +139,20 @@ def test_a_steps_value_failed_everywhere_breaks_the_gd_steps_line_and_the_partia
     note = " ".join(fig.texts[-1].get_text().split())
     assert "a-gd-k2-fails coincides with gd where both have a value (equal; open markers on top)" in note
     assert "a gap in a line" in note
+
+
+def test_a_note_of_wide_glyphs_is_wrapped_within_the_figure():
+    """Lines of a coinciding-series note ('mode=b (= NoDoc k=1 mode=a)') ran past the figure's right
+    edge and were cut off: the wrap width came from an average glyph width (a plugin author's
+    review). Every line is now measured in the font."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    from icl_bench.report.style import wrap_note
+
+    note = "NoDoc k=1 mode=b coincides with NoDoc k=1 mode=a (equal; open markers on top); " * 12
+    text, n = wrap_note(note, 8.0)
+    widths = [TextToPath().get_text_width_height_descent(ln, FontProperties(size=7), ismath=False)[0]
+              for ln in text.split("\n")]
+    assert n == len(widths) > 1 and max(widths) <= (8.0 - 0.2) * 72
+    assert " ".join(text.split()) == " ".join(note.split())  # nothing lost

@@ -22,6 +22,8 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib import ticker, transforms
+from matplotlib.font_manager import FontProperties
+from matplotlib.textpath import TextToPath
 from matplotlib.collections import LineCollection
 from matplotlib.lines import Line2D
 
@@ -33,6 +35,7 @@ from icl_bench.report.scaling import FLOOR_ULPS, float_floor
 # float32 (MSE vs OLS at steps = 16 on the default matrix; 1e-13 in float64), and the note gives
 # the measured difference, so nothing is hidden by the tolerance
 VISUAL_RTOL = 1e-2
+_TEXT = TextToPath()  # measures a line of a figure note in points (wrap_note)
 
 
 def identical_series(data: pd.DataFrame, keys: list[str], value: str) -> dict[str, tuple[str, float]]:
@@ -165,12 +168,20 @@ def _thin(v: list[float], log: bool, max_ticks: int = 8) -> list[float]:
 
 
 def wrap_note(text: str, width_in: float, fontsize: float = 7) -> tuple[str, int]:
-    """`text` wrapped to a figure `width_in` inches wide; returns (text, number of lines)."""
+    """`text` wrapped to a figure `width_in` inches wide; returns (text, number of lines). The
+    characters per line start from an average glyph width and shrink until every line, measured in
+    the font (matplotlib's TextToPath), fits in the width less 0.2 in: lines of wide glyphs ("mode=b
+    (= NoDoc k=1 mode=a)") ran past the figure's edge and were cut off (a plugin author's review)."""
     chars = max(int(width_in * 72 / (0.55 * fontsize)) - 4, 20)
     text = text.replace(" = ", "\0=\0")  # "noise = 0.1" stays on one line
-    lines = [ln.replace("\0", " ") for para in text.split("\n")
-             for ln in (textwrap.wrap(para, chars, break_on_hyphens=False) or [""])]
-    return "\n".join(lines), len(lines)
+    font = FontProperties(size=fontsize)
+    while True:
+        lines = [ln.replace("\0", " ") for para in text.split("\n")
+                 for ln in (textwrap.wrap(para, chars, break_on_hyphens=False) or [""])]
+        widest = max(_TEXT.get_text_width_height_descent(ln, font, ismath=False)[0] for ln in lines)
+        if widest <= (width_in - 0.2) * 72 or chars <= 20:
+            return "\n".join(lines), len(lines)
+        chars = max(20, int(chars * 0.95))
 
 
 # Float floor (report/scaling.py float_floor): on a logarithmic error axis a mean MSE at or below
