@@ -9,11 +9,12 @@ import functools
 import hashlib
 import importlib.util
 import platform
+import re
 import shlex
 import subprocess
 import sys
 import uuid
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError, distribution, packages_distributions, version
 from pathlib import Path
 
 import torch
@@ -146,12 +147,48 @@ def _digest_files(roots: list[Path], origin: str | None) -> str:
     return h.hexdigest()
 
 
+@functools.cache
+def _tops() -> dict[str, tuple[str, ...]]:
+    """Top-level import name -> the distributions that install it (importlib.metadata; editable
+    installs too, through their top_level.txt)."""
+    return {top: tuple(dists) for top, dists in packages_distributions().items()}
+
+
+@functools.cache
+def distribution_parts(top: str) -> tuple[str, ...]:
+    """What else a plugin's numbers may read, for the distribution(s) that install the top-level
+    package `top` (none for icl-bench's own, whose code and ARITHMETIC versions code_digest has):
+    "name:source_digest" of each of its other top-level packages (a helper package shipped beside
+    the solver's) and "name=version" of each distribution it requires (markers for extras left
+    out; "absent" when not installed). A plugin whose maths sat in a second package of its
+    distribution got its old cells back from --cache and --resume after that package changed
+    (a plugin author's review). Code imported from elsewhere is not seen (docs/design.md §10)."""
+    parts = []
+    for dist in sorted(d for d in _tops().get(top, ()) if d != "icl-bench"):
+        parts += [f"{t}:{source_digest(t)}" for t in sorted(t for t, ds in _tops().items() if dist in ds and t != top)]
+        try:
+            requires = distribution(dist).requires or []
+        except PackageNotFoundError:
+            continue
+        for req in requires:
+            if re.search(r"\bextra\s*==", req):  # an optional extra's requirement
+                continue
+            name = re.split(r"[\s;<>=!~\[(@]", req.strip(), maxsplit=1)[0]
+            try:
+                parts.append(f"{name}={version(name)}")
+            except PackageNotFoundError:
+                parts.append(f"{name}=absent")
+    return tuple(parts)
+
+
 def code_digest(module: str) -> str:
     """sha256 (hex) of the code behind the numbers of a solver defined in `module` (its __module__):
-    the sources of icl_bench and of the module's top-level package (source_digest), and the
-    versions of the ARITHMETIC packages. Part of a cell's key (bench/cells.py), so a changed
-    solver, reference or upgraded torch never gets a cached row of the old code."""
+    the sources of icl_bench and of the module's top-level package (source_digest), the versions of
+    the ARITHMETIC packages and, for a plugin, its distribution's other packages and requirements
+    (distribution_parts). Part of a cell's key (bench/cells.py), so a changed solver, reference or
+    upgraded torch never gets a cached row of the old code."""
     versions = package_versions()
     parts = [source_digest("icl_bench"), module_digest(module) if module else ""]
     parts += [f"{name}={versions[name]}" for name in ARITHMETIC]
+    parts += distribution_parts(module.split(".")[0]) if module else ()
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()

@@ -748,3 +748,39 @@ def test_a_plugin_that_failed_to_load_resumes_with_its_list_of_values(tmp_path, 
         sys.modules.pop("needs_dep", None)
         sys.modules.pop("dep_not_yet_installed", None)
         REGISTRY.reset()
+
+
+def test_a_plugins_code_digest_covers_its_distributions_other_packages_and_requirements(tmp_path, monkeypatch):
+    """A distribution shipping its maths in a second package (`mylib` beside the solver's `wrapsolv`)
+    got its old cells back from --cache and --resume after `mylib` changed: the digest covered the
+    solver's own package only (a plugin author's review). It now covers the distribution's other
+    top-level packages and the versions of what it requires (extras left out)."""
+    import numpy as np
+
+    from icl_bench import provenance
+
+    info = tmp_path / "wrap_dist-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: wrap-dist\nVersion: 1.0\nRequires-Dist: numpy>=1\n"
+                                   "Requires-Dist: not-installed-pkg\nRequires-Dist: extra-only; extra == \"fast\"\n")
+    (info / "top_level.txt").write_text("mylib\nwrapsolv\n")
+    for pkg, src in (("wrapsolv", "from mylib import shrink\n"), ("mylib", "def shrink():\n    return 1.0\n")):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text(src)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def fresh():
+        for f in (provenance._tops, provenance.distribution_parts, source_digest, module_digest):
+            f.cache_clear()
+
+    try:
+        fresh()
+        parts = provenance.distribution_parts("wrapsolv")
+        assert parts == (f"mylib:{source_digest('mylib')}", f"numpy={np.__version__}", "not-installed-pkg=absent")
+        before = provenance.code_digest("wrapsolv")
+        (tmp_path / "mylib" / "__init__.py").write_text("def shrink():\n    return 0.5\n")
+        fresh()
+        assert provenance.code_digest("wrapsolv") != before
+        assert provenance.distribution_parts("icl_bench_baselines") == ()  # icl-bench's own: code_digest has it
+    finally:
+        fresh()
