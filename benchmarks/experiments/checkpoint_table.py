@@ -61,8 +61,8 @@ def main() -> None:
                           short_commit(meta.get("git_commit"))]))
     lines += ["", "## Mechanism analysis", "",
               "`icl-bench analyze <stem> --out results/models_analysis/<stem>.json` (defaults: 2048 "
-              "prompts, N = 20, noise 0.1, seed 0). similarity: ~0.35 for random weights, 1.0 for the construction "
-              "(results/similarity_calibration.md).", "", row(["checkpoint", *ANALYSIS]), row(["---"] * (len(ANALYSIS) + 1))]
+              "prompts, N = 20, noise 0.1, seed 0). similarity: ~0.35 for random N(0, 1) weights, 0.34-0.42 "
+              "for the initialisation training starts from, 1.0 for the construction (results/similarity_calibration.md).", "", row(["checkpoint", *ANALYSIS]), row(["---"] * (len(ANALYSIS) + 1))]
     for path in sorted(analysis.glob("*.json")):
         r = json.loads(path.read_text())
         lines.append(row([path.stem, *(_fmt(r.get(c)) for c in ANALYSIS)]))

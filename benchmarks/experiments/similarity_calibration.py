@@ -12,6 +12,9 @@ Families (R = 100, masked key set, float64; the reference is build_construction(
     random       every parameter N(0, 1)
     sparse       N(0, 1) kept with probability 0.3
     uniform      U(-1, 1)
+    init         what training starts from: icl_bench.training.train.init_model of the default
+                 TrainConfig at R = 100 (N(0, 0.3^2) weight matrices, the R column of the embedding
+                 divided by R, LN gain 1 and bias 0), seed = the model's seed
     shuffled     the construction with each weight matrix's entries permuted at random
                  (icl_bench.analysis.similarity.shuffle_entries: same values and zeros, no structure)
     gd-lsa       a structured negative: the 2-layer GD construction (build_gd_construction(2, lr, 100),
@@ -38,10 +41,12 @@ from icl_bench.analysis.representation import representation_similarity
 from icl_bench.analysis.similarity import random_symmetry, shuffle_entries, similarity
 from icl_bench.solvers.gd_lsa import build_gd_construction
 from icl_bench.solvers.ln_closed_form import build_construction
+from icl_bench.training.config import TrainConfig
+from icl_bench.training.train import init_model
 
 R, N, NOISE, N_PROMPTS = 100.0, 20, 0.1, 1024
-SEEDS = {"moved": 10, "noisy-5%": 5, "half": 5, "R=10": 1, "R=1000": 1, "random": 20, "sparse": 10, "uniform": 10, "shuffled": 10,
-         "gd-lsa": 4, "gd-lsa shuffled": 4}
+SEEDS = {"moved": 10, "noisy-5%": 5, "half": 5, "R=10": 1, "R=1000": 1, "random": 20, "sparse": 10, "uniform": 10, "init": 10,
+         "shuffled": 10, "gd-lsa": 4, "gd-lsa shuffled": 4}
 GD_STEP_SIZES = (0.1, 0.2, 0.4, 0.8)  # lr of the gd-lsa family: the fingerprint's search range 0.1-0.8 (icl_bench/analysis/fingerprint.py)
 
 
@@ -56,6 +61,8 @@ def family(name: str, seed: int, ref):
         return shuffle_entries(ref, seed)
     if name == "gd-lsa":
         return build_gd_construction(2, GD_STEP_SIZES[seed], R)
+    if name == "init":
+        return init_model(TrainConfig(R=R, seed=seed)).double()
     if name == "gd-lsa shuffled":
         return shuffle_entries(build_gd_construction(2, 0.4, R), seed)
     m = copy.deepcopy(ref)

@@ -110,8 +110,8 @@ def write_tables(table: pd.DataFrame, out: Path, sweep: Sweep, command: str) -> 
     write_atomic(f"{out}.csv", table.to_csv(index=False).encode())  # a crash leaves the old table whole
     summary = summarise(table)
     summary = summary[[c for c in MD_COLUMNS if c in summary.columns]]
-    note = ("hoyer, similarity (to the LN construction, symmetry-invariant; ~0.35 for random weights, see "
-            "docs/analysis.md), repr.* (R^2 of linear maps to the construction's residual stream) "
+    note = ("hoyer, similarity (to the LN construction, symmetry-invariant; ~0.35 for random N(0, 1) weights, "
+            "0.34-0.42 for the initialisation training starts from, see docs/analysis.md), repr.* (R^2 of linear maps to the construction's residual stream) "
             "and probe.* come from `icl_bench.analysis.analyze.analyze` "
             f"(N = {_one(table, 'N')}, {sweep.analysis_prompts} prompts; the mechanism tests at N = "
             f"{_one(table, 'mechanism_N')}); the probes are passed by any accurate model, the "
