@@ -165,7 +165,11 @@ def distribution_parts(top: str) -> tuple[str, ...]:
     (a plugin author's review). Code imported from elsewhere is not seen (docs/design.md §10)."""
     parts = []
     for dist in sorted(d for d in _tops().get(top, ()) if d != "icl-bench"):
-        parts += [f"{t}:{source_digest(t)}" for t in sorted(t for t, ds in _tops().items() if dist in ds and t != top)]
+        for t in sorted(t for t, ds in _tops().items() if dist in ds and t != top and t.isidentifier()):
+            # (a name guessed from RECORD for a file outside site-packages, '..', is no package; one
+            # import cannot find would get a digest new in every process: never reused, and refused by Dask)
+            digest = source_digest(t)
+            parts.append(f"{t}:{'absent' if digest.startswith(NO_SOURCE) else digest}")
         try:
             requires = distribution(dist).requires or []
         except PackageNotFoundError:

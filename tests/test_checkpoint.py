@@ -215,3 +215,14 @@ def test_weights_copied_beside_another_runs_json_are_refused_and_older_pairs_loa
     (tmp_path / "b.json").write_text(json.dumps(meta))
     model, _ = load_checkpoint(b)
     assert torch.equal(model.embed.weight, other.embed.weight)
+
+
+@pytest.mark.parametrize("value", [5, None, "", "ABC", [1, 2]])
+def test_a_weights_sha256_that_is_no_digest_is_named(tmp_path, value):
+    """A number or a list read as 'the file is damaged', and null turned the check off (a review)."""
+    stem = save_checkpoint(_model(), tmp_path / "m")
+    meta = json.loads((tmp_path / "m.json").read_text())
+    meta["weights_sha256"] = value
+    (tmp_path / "m.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match=r"m\.json: weights_sha256 must be 64 lowercase hexadecimal characters"):
+        load_checkpoint(stem)

@@ -735,6 +735,9 @@ def test_a_plugin_that_failed_to_load_resumes_with_its_list_of_values(tmp_path, 
         cfg = _cfg(tmp_path, dict(RAW, all_solvers=False, solvers={"ols": {}, "needs-dep": {"shift": [0.0, 1.0]}}))
         assert _run(capsys, "--config", cfg, "--out", tmp_path / "run")[0] == 1
         first = pd.read_parquet(tmp_path / "run" / "results.parquet")
+        repeated = _cfg(tmp_path, dict(RAW, solvers={"needs-dep": {"shift": [1, 1.0]}}), name="r.toml")
+        code, _, err = _run(capsys, "--config", repeated, "--out", tmp_path / "r")  # one cell of a float parameter
+        assert code == 2 and err.strip().endswith("solvers.needs-dep.shift: repeated values in [1, 1.0]"), err
         broken = first[first.solver == "needs-dep"]
         assert list(broken.status) == ["error"] * 4 and broken.solver_params.nunique() == 2  # 2 N x 2 values
         (site / "dep_not_yet_installed.py").write_text("")  # the dependency is installed
@@ -763,7 +766,7 @@ def test_a_plugins_code_digest_covers_its_distributions_other_packages_and_requi
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: wrap-dist\nVersion: 1.0\nRequires-Dist: numpy>=1\n"
                                    "Requires-Dist: not-installed-pkg\nRequires-Dist: extra-only; extra == \"fast\"\n")
-    (info / "top_level.txt").write_text("mylib\nwrapsolv\n")
+    (info / "top_level.txt").write_text("mylib\nwrapsolv\n..\nnot_importable_here\n")  # (RECORD-guessed names)
     for pkg, src in (("wrapsolv", "from mylib import shrink\n"), ("mylib", "def shrink():\n    return 1.0\n")):
         (tmp_path / pkg).mkdir()
         (tmp_path / pkg / "__init__.py").write_text(src)
@@ -776,7 +779,8 @@ def test_a_plugins_code_digest_covers_its_distributions_other_packages_and_requi
     try:
         fresh()
         parts = provenance.distribution_parts("wrapsolv")
-        assert parts == (f"mylib:{source_digest('mylib')}", f"numpy={np.__version__}", "not-installed-pkg=absent")
+        assert parts == (f"mylib:{source_digest('mylib')}", "not_importable_here:absent", f"numpy={np.__version__}",
+                         "not-installed-pkg=absent")  # '..' skipped; a name import cannot find is no random digest
         before = provenance.code_digest("wrapsolv")
         (tmp_path / "mylib" / "__init__.py").write_text("def shrink():\n    return 0.5\n")
         fresh()

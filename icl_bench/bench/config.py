@@ -115,6 +115,15 @@ class Executor(ConfigModel):
         return self
 
 
+def _repeated(values: list) -> bool:
+    """Whether two of `values` are equal (a set: linear in the list, where all pairs took hours for
+    10^6 values; every pair for unhashable values)."""
+    try:
+        return len(set(values)) < len(values)
+    except TypeError:
+        return any(a == b for i, a in enumerate(values) for b in values[:i])
+
+
 def _solver_grid(name: str, params: Any) -> list[dict]:
     """Expand one [solvers.NAME] table into its parameter sets; ConfigError for bad ones."""
     from icl_bench.solvers.registry import SolverLoadError, UnknownSolverError, get_solver_class
@@ -134,6 +143,9 @@ def _solver_grid(name: str, params: Any) -> list[dict]:
     if cls is None:  # a list is a grid here too: one error row per value, and config.json records the sets that a
         # --resume validates once the plugin loads (the unexpanded list read as one value there: it was refused as
         # 'expected float', and the config file as another config; found by a review)
+        for k, v in axes.items():  # values equal in Python (1 and 1.0) would be one cell of a loaded float parameter:
+            if _repeated(v):  # refused now, as they will be then (a --resume from config.json ran them twice)
+                raise ConfigError(f"solvers.{name}.{k}: repeated values in {v!r}")
         return [dict(zip(axes, vals)) for vals in itertools.product(*axes.values())]
     declared = getattr(cls, "params", {})
     for k, v in axes.items():
@@ -141,11 +153,7 @@ def _solver_grid(name: str, params: Any) -> list[dict]:
             checked = [declared[k].check(name, k, x) for x in v]  # solver twice, under one row key
             if declared[k].same is not None:  # e.g. two spellings of one folder
                 checked = [declared[k].same(c) for c in checked]
-            try:  # a set: linear in the list (all pairs took hours for 10^6 values)
-                repeated = len(set(checked)) < len(checked)
-            except TypeError:  # unhashable values: every pair
-                repeated = any(a == b for i, a in enumerate(checked) for b in checked[:i])
-            if repeated:
+            if _repeated(checked):
                 raise ConfigError(f"solvers.{name}.{k}: repeated values in {v!r}")
     combos = [dict(zip(axes, vals)) for vals in itertools.product(*axes.values())]
     for combo in combos:

@@ -235,13 +235,17 @@ def load_checkpoint(path: str | Path, *, device: str = "cpu") -> tuple[Transform
     for k, shape in expected.items():
         if got[k] != shape:
             raise ConfigError(f"checkpoint: {spath} tensor {k!r} has shape {got[k]}, the config needs {shape}")
-    recorded = meta.get("weights_sha256")
-    if recorded is not None and recorded != weights_digest(tensors):
-        raise ConfigError(f"checkpoint: {spath} does not hold the weights {stem}.json records (weights_sha256 differs): "
-                          "the file is damaged, or the pair mixes two checkpoints; train or copy the pair again")
     dtypes = {v.dtype for v in tensors.values()}
     if len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
         raise ConfigError(f"checkpoint: {spath} tensors must share one floating dtype (got {sorted(map(str, dtypes))})")
+    if "weights_sha256" in meta:  # (absent: a pair saved before the field, loaded unchecked)
+        recorded = meta["weights_sha256"]
+        if not (isinstance(recorded, str) and re.fullmatch(r"[0-9a-f]{64}", recorded)):
+            raise ConfigError(f"checkpoint: {stem}.json: weights_sha256 must be 64 lowercase hexadecimal characters "
+                              f"(got {recorded!r:.80})")
+        if recorded != weights_digest(tensors):
+            raise ConfigError(f"checkpoint: {spath} does not hold the weights {stem}.json records (weights_sha256 "
+                              "differs): the file is damaged, or the pair mixes two checkpoints; train or copy the pair again")
     model = Transformer(cfg).to(next(iter(dtypes)))  # no bigger than the file it matches
     model.load_state_dict(tensors)
     return model.to(device).eval(), meta

@@ -118,7 +118,8 @@ class Registry:
             return "a name must be printable text (no control, format or zero-width characters)"
         scripts = _scripts(name)
         if "LATIN" in scripts and len(scripts) > 1:  # 'оls' with a Cyrillic 'о' read as `ols` in every table
-            return f"mixes letters of the {' and '.join(sorted(scripts))} scripts (a look-alike of another name)"
+            others = " and ".join(sorted(scripts - {"LATIN"}))
+            return f"mixes Latin letters with {others} ones, which include look-alikes of Latin letters"
         if name in self.builtins:
             module = self.builtins[name]
             return None if cls.__module__ == module else f"a built-in name (of {module})"
@@ -301,11 +302,16 @@ def _case_twin(name: str, reserved) -> str | None:
     return next((r for r in sorted(reserved) if r != name and key(r) == key(name)), None)
 
 
+LOOKALIKE_SCRIPTS = ("LATIN", "CYRILLIC", "GREEK", "ARMENIAN", "CHEROKEE", "COPTIC")
+
+
 def _scripts(name: str) -> set[str]:
-    """The scripts of the letters in `name`, as the first word of each letter's Unicode name
-    ('LATIN', 'CYRILLIC', 'GREEK', ...). A name mixing Latin with another script is refused: the
-    look-alike letters of Cyrillic and Greek ('о', 'ο') pass NFKC and case folding unchanged."""
-    return {unicodedata.name(ch, "?").split()[0] for ch in name if ch.isalpha()}
+    """The scripts among LOOKALIKE_SCRIPTS of the letters in `name`, read from the first word of each
+    letter's Unicode name ('CYRILLIC SMALL LETTER O'). A name mixing Latin with one of the others is
+    refused: their look-alike letters ('о', 'ο') pass NFKC and case folding unchanged. Letters whose
+    name starts otherwise (ª, µ, ℓ, ʼ, CJK, kana) are not counted: they are no look-alike of a Latin
+    letter, and the first word of their name is no script ('FEMININE ORDINAL INDICATOR'; a review)."""
+    return {w for w in (unicodedata.name(ch, "?").split()[0] for ch in name if ch.isalpha()) if w in LOOKALIKE_SCRIPTS}
 
 
 def _ep_origin(ep) -> str:
