@@ -51,7 +51,8 @@ def prediction_metrics(pred: torch.Tensor, batch: PromptBatch) -> dict[str, floa
     ols = batch.ols_prediction.detach().to("cpu", torch.float64)
     err = (p - ols).abs()
     err = err[torch.isfinite(err)]
-    q = (lambda a: float(torch.quantile(err, a))) if err.numel() else (lambda a: math.nan)
+    # both quantiles in one call (the same sort and interpolation as two calls, bit for bit; half the time)
+    median, p99 = torch.quantile(err, torch.tensor([0.5, 0.99], dtype=err.dtype)).tolist() if err.numel() else (math.nan,) * 2
     vs_ols, vs_ols_se = _mse(p, ols)
     # every solver is scored on the same prompts: the well-posed ones (a plugin's answer on a prompt
     # with no least-squares answer, where ols says NaN, had entered its error vs the target alone: a
@@ -64,8 +65,8 @@ def prediction_metrics(pred: torch.Tensor, batch: PromptBatch) -> dict[str, floa
         "mse_vs_truth": vs_truth,
         "mse_vs_truth_se": vs_truth_se,
         "mse_vs_target": _mse(well, batch.y_query.detach().to("cpu", torch.float64))[0],
-        "abs_err_median": q(0.5),
-        "abs_err_p99": q(0.99),
+        "abs_err_median": median,
+        "abs_err_p99": p99,
         "n_nonfinite": int((~torch.isfinite(p)).sum()),
         "n_ill_posed": int((~torch.isfinite(ols)).sum()),
         "n_nonfinite_well_posed": int((~torch.isfinite(p) & torch.isfinite(ols)).sum()),

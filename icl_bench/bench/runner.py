@@ -102,8 +102,9 @@ def _timed_predictions(solver, batch, cell: Cell, started=None) -> tuple[torch.T
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal values, NaN equal to NaN."""
-    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+    """Equal values, NaN equal to NaN (torch.equal first: one call where no NaN is involved, the
+    common case; five tensor operations per field had cost 0.2 ms of a trivial cell)."""
+    return a.shape == b.shape and (torch.equal(a, b) or bool(((a == b) | (a.isnan() & b.isnan())).all()))
 
 
 def _check_untouched(batch, pristine) -> None:
