@@ -74,9 +74,11 @@ class Registry:
         """Register `cls` under `name`. `declared`: `cls` is what the name's entry point loads.
 
         Raises:
-            TypeError: `cls` is not a Solver subclass, or its `params` is not a dict of icl_bench.Param.
+            TypeError: `cls` is not a Solver subclass, or its `params` is not a dict of icl_bench.Param
+                whose defaults are bool, int, float or str and pass their own checks.
             ValueError: `name` is already taken by another class, is a built-in name or an installed
-                plugin's, differs from a built-in name only in case or Unicode form, or has surrounding spaces (`_taken`).
+                plugin's, differs from a built-in name only in case or Unicode form, has surrounding
+                spaces, or mixes Latin letters with look-alike ones of another script (`_taken`).
         """
         if not (isinstance(cls, type) and issubclass(cls, Solver)):  # named without repr's memory address, which
             what = f"{type(cls).__name__} {getattr(cls, '__module__', None) or '?'}.{getattr(cls, '__qualname__', '?')}"
