@@ -59,7 +59,8 @@ ILL_ANSWERED, WEIGHTS_BROKE = "finite on ill-posed prompts", "weights(): "  # me
 def no_answer_message(pred: torch.Tensor, batch) -> str:
     """"" or what an "ok" cell's answers break, "; "-joined: NaN / inf on every well-posed prompt
     (there being at least one; its metrics are NaN and would otherwise read as "ok" with no
-    explanation), and finite answers on ill-posed prompts, where every solver answers NaN (docs/accuracy.md; a plugin that made up a number there passed silently: a review)."""
+    explanation), and finite answers on ill-posed prompts, where every solver answers NaN
+    (docs/accuracy.md; a plugin that made up a number there passed silently: a review)."""
     well_posed = torch.isfinite(batch.ols_prediction).cpu()  # (B,)
     finite = torch.isfinite(pred.detach()).cpu()
     parts = []

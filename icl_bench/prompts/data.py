@@ -273,12 +273,13 @@ def _read(source: DataSource, digest: str = "") -> tuple[np.ndarray, np.ndarray,
     if data is None:
         # another process than the driver's (a Dask worker) reads a relative path from its own folder: said so,
         # where "No such file" or "changed since the run started" (rerun: no help) pointed the wrong way (a review)
-        relative = digest and not source.path.startswith("matplotlib:") and not source.resolve().is_absolute()
+        path = source.resolve()  # (a matplotlib: sample resolves to an absolute path)
+        relative = bool(digest) and not path.is_absolute()
         why = (f"a relative path is read from each process's own folder, here {os.getcwd()}, which a Dask worker's "
                "is not the driver's: give [data] path (--data) as an absolute path on a file system the workers "
                "share (docs/scale-out.md)")
         try:
-            data = source.resolve().read_bytes()
+            data = path.read_bytes()
         except FileNotFoundError as exc:
             if not relative:
                 raise
