@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from icl_bench.solvers import fused_source
+from icl_bench.solvers import fused_cpu, fused_source
 from icl_bench.solvers.fused_pattern import Pattern, kernel_key, pattern_of, zero_fraction
 from icl_bench.solvers.fused_source import LANES
 
@@ -77,6 +77,8 @@ def available() -> bool:
             import numba as nb
         except ImportError:
             nb = False
+        else:
+            fused_cpu.wide_vectors()  # before numba compiles anything
         numba = nb
     return numba is not False
 

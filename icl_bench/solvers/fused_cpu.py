@@ -1,0 +1,40 @@
+"""numba's code generator for the fused CPU kernels: the vector width LLVM may use.
+
+fused.available() calls `wide_vectors` when it first imports numba, before anything is compiled.
+Measured effect: docs/throughput.md, "Vector width".
+"""
+from __future__ import annotations
+
+import os
+
+
+def wide_vectors() -> bool:
+    """Let LLVM write 512-bit vector code on an x86 CPU with AVX-512: set numba's CPU_FEATURES
+    (what the NUMBA_CPU_FEATURES environment variable sets) to the host's features plus
+    `-prefer-256-bit`, before numba compiles anything. Returns whether it did.
+
+    LLVM's tuning of Intel's AVX-512 server cores prefers 256-bit vectors, so the kernels'
+    blocks of 16 float32 lanes (512 bits, fused_source.LANES) became two 256-bit halves, with
+    twice the instructions and more spills: on an Emerald Rapids machine the dense d_model 4 /
+    2-head kernel took 10-11 ns per token with that preference and 6.4-7.1 ns without
+    (docs/throughput.md, "Vector width"). On the Zen 4 machine measured earlier LLVM wrote
+    512-bit code already. numba has no per-function setting, so this applies to every numba
+    function the process compiles later.
+    Left as it is: an explicit NUMBA_CPU_FEATURES, a CPU without AVX-512, and a process in
+    which numba has already compiled (its code generator is then fixed; the kernels still run).
+    Rounding: the transformer kernels (no reassociation) give the same bits at either width;
+    the `ols` kernel's sums are reassociated into vector lanes (fused_ols.py), so on such a CPU
+    their last bits follow the lane count, as they differ between CPUs (docs/design.md §11).
+    """
+    from numba.core import config, codegen
+
+    if config.CPU_FEATURES is not None or os.environ.get("NUMBA_CPU_FEATURES"):
+        return False
+    try:
+        features = codegen.get_host_cpu_features()
+    except Exception:  # (a platform llvmlite cannot query: leave numba's default)
+        return False
+    if "+avx512f" not in features.split(","):
+        return False
+    config.CPU_FEATURES = features + ",-prefer-256-bit"
+    return True

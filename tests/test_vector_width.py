@@ -1,0 +1,69 @@
+"""fused_cpu.wide_vectors: numba's code generator is told to write 512-bit vectors on AVX-512 x86
+CPUs (LLVM's Intel server tuning prefers 256 bits), before it compiles anything, and leaves every
+other machine and an explicit NUMBA_CPU_FEATURES alone (docs/throughput.md, "Vector width")."""
+import os
+
+import pytest
+
+from icl_bench.solvers import fused, fused_cpu
+
+pytestmark = pytest.mark.skipif(not fused.available(), reason="numba is not installed: no fused path to test")
+
+
+@pytest.fixture
+def host(monkeypatch):
+    """Pretend the host has the features `host(text)` says, with numba's CPU_FEATURES unset."""
+    from numba.core import codegen, config
+
+    monkeypatch.delenv("NUMBA_CPU_FEATURES", raising=False)
+    monkeypatch.setattr(config, "CPU_FEATURES", None)
+
+    def set_host(text: str):
+        monkeypatch.setattr(codegen, "get_host_cpu_features", lambda: text)
+        return config
+
+    return set_host
+
+
+def test_avx512_host_gets_wide_vectors(host):
+    config = host("+64bit,+avx2,+avx512f,+fma")
+    assert fused_cpu.wide_vectors() is True
+    assert config.CPU_FEATURES == "+64bit,+avx2,+avx512f,+fma,-prefer-256-bit"
+
+
+@pytest.mark.parametrize("features", ["+64bit,+avx2,+fma,-avx512f", "+neon,+fp-armv8", ""])
+def test_other_hosts_are_left_alone(host, features):
+    config = host(features)
+    assert fused_cpu.wide_vectors() is False
+    assert config.CPU_FEATURES is None
+
+
+def test_explicit_numba_cpu_features_is_left_alone(host, monkeypatch):
+    config = host("+64bit,+avx512f")
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", "+64bit,+avx512f")
+    assert fused_cpu.wide_vectors() is False
+    assert config.CPU_FEATURES is None
+
+
+def test_host_query_failure_is_left_alone(host, monkeypatch):
+    from numba.core import codegen
+
+    config = host("")
+
+    def fail():
+        raise RuntimeError("no host")
+
+    monkeypatch.setattr(codegen, "get_host_cpu_features", fail)
+    assert fused_cpu.wide_vectors() is False
+    assert config.CPU_FEATURES is None
+
+
+def test_the_kernels_code_generator_has_it_where_the_host_has_avx512():
+    """In effect for what this process compiles: set before numba's CPU code generator was made
+    (fused.available() runs first), on this machine's real features."""
+    from numba.core.codegen import get_host_cpu_features
+    from numba.core.registry import cpu_target
+
+    features = cpu_target.target_context.codegen().magic_tuple()[2]
+    expected = "+avx512f" in get_host_cpu_features().split(",") and not os.environ.get("NUMBA_CPU_FEATURES")
+    assert ("-prefer-256-bit" in features.split(",")) == expected
