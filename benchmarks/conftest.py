@@ -29,6 +29,7 @@ import pytest
 import torch
 
 from icl_bench.provenance import git_commit
+from icl_bench.solvers import fused, fused_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON_DIR = ROOT / "results" / "runs" / "throughput"
@@ -92,8 +93,10 @@ def _cpu_model() -> str:
 
 
 def _cpu_arch() -> str:
-    """The CPU as the kernels' compiler sees it (LLVM's host name, e.g. znver3) and its widest
-    vector instructions: the fused kernels' speed depends on both (docs/throughput.md)."""
+    """The CPU as the kernels' compiler sees it (LLVM's host name, e.g. znver3), its widest
+    vector instructions and the vector width numba's code generator was allowed
+    (icl_bench/solvers/fused_cpu.py): the fused kernels' speed depends on all three
+    (docs/throughput.md)."""
     try:
         import llvmlite.binding as llvm
 
@@ -106,7 +109,8 @@ def _cpu_arch() -> str:
     except OSError:
         flags = []
     widest = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "?"
-    return f"{name}, {widest}"
+    vectors = f"; numba vectors: {fused_cpu.describe()}" if fused.available() else ""
+    return f"{name}, {widest}{vectors}"
 
 
 def _own_output(config) -> tuple:

@@ -67,3 +67,17 @@ def test_the_kernels_code_generator_has_it_where_the_host_has_avx512():
     features = cpu_target.target_context.codegen().magic_tuple()[2]
     expected = "+avx512f" in get_host_cpu_features().split(",") and not os.environ.get("NUMBA_CPU_FEATURES")
     assert ("-prefer-256-bit" in features.split(",")) == expected
+
+
+@pytest.mark.parametrize("features, env, text", [
+    (None, None, "LLVM's default for this CPU"),
+    ("+avx512f,-prefer-256-bit", None, "-prefer-256-bit"),
+    ("+avx512f", "+avx512f", "NUMBA_CPU_FEATURES set"),
+    ("+avx512f,-prefer-256-bit", "+avx512f,-prefer-256-bit", "NUMBA_CPU_FEATURES set, -prefer-256-bit"),
+])
+def test_describe_names_the_setting(host, monkeypatch, features, env, text):
+    config = host("+avx512f")
+    monkeypatch.setattr(config, "CPU_FEATURES", features)
+    if env is not None:
+        monkeypatch.setenv("NUMBA_CPU_FEATURES", env)
+    assert fused_cpu.describe() == text

@@ -38,3 +38,16 @@ def wide_vectors() -> bool:
         return False
     config.CPU_FEATURES = features + ",-prefer-256-bit"
     return True
+
+
+def describe() -> str:
+    """The code generator's vector setting in words, for a benchmark's machine line: "LLVM's
+    default for this CPU", "-prefer-256-bit" (wide_vectors took effect) or, where
+    NUMBA_CPU_FEATURES is set, that and whether it holds -prefer-256-bit. Call after
+    fused.available() (numba imported)."""
+    from numba.core import config
+
+    wide = config.CPU_FEATURES is not None and "-prefer-256-bit" in config.CPU_FEATURES.split(",")
+    if os.environ.get("NUMBA_CPU_FEATURES"):
+        return "NUMBA_CPU_FEATURES set" + (", -prefer-256-bit" if wide else "")
+    return "-prefer-256-bit" if wide else "LLVM's default for this CPU"
