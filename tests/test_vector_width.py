@@ -14,9 +14,11 @@ pytestmark = pytest.mark.skipif(not fused.available(), reason="numba is not inst
 def host(monkeypatch):
     """Pretend the host has the features `host(text)` says, with numba's CPU_FEATURES unset."""
     from numba.core import codegen, config
+    from numba.core.registry import cpu_target
 
     monkeypatch.delenv("NUMBA_CPU_FEATURES", raising=False)
     monkeypatch.setattr(config, "CPU_FEATURES", None)
+    monkeypatch.delitem(vars(cpu_target), "_toplevel_target_context", raising=False)  # as before any compile
 
     def set_host(text: str):
         monkeypatch.setattr(codegen, "get_host_cpu_features", lambda: text)
@@ -69,15 +71,42 @@ def test_the_kernels_code_generator_has_it_where_the_host_has_avx512():
     assert ("-prefer-256-bit" in features.split(",")) == expected
 
 
+def test_a_process_where_numba_has_compiled_is_left_alone(host, monkeypatch):
+    """The code generator is made with numba's first compile; setting the features after that
+    would change nothing but the describe() line."""
+    from numba.core.registry import cpu_target
+
+    config = host("+64bit,+avx512f")
+    monkeypatch.setitem(vars(cpu_target), "_toplevel_target_context", object())
+    assert fused_cpu.wide_vectors() is False
+    assert config.CPU_FEATURES is None
+
+
+class _Context:
+    """A stand-in for numba's CPU target context whose code generator has `features`."""
+
+    def __init__(self, features: str):
+        self.features = features
+
+    def codegen(self):
+        return self
+
+    def magic_tuple(self):
+        return ("x86_64-unknown-linux-gnu", "emeraldrapids", self.features)
+
+
 @pytest.mark.parametrize("features, env, text", [
-    (None, None, "LLVM's default for this CPU"),
+    ("+avx512f", None, "LLVM's default for this CPU"),
     ("+avx512f,-prefer-256-bit", None, "-prefer-256-bit"),
     ("+avx512f", "+avx512f", "NUMBA_CPU_FEATURES set"),
     ("+avx512f,-prefer-256-bit", "+avx512f,-prefer-256-bit", "NUMBA_CPU_FEATURES set, -prefer-256-bit"),
 ])
-def test_describe_names_the_setting(host, monkeypatch, features, env, text):
-    config = host("+avx512f")
-    monkeypatch.setattr(config, "CPU_FEATURES", features)
-    if env is not None:
+def test_describe_names_the_code_generators_setting(monkeypatch, features, env, text):
+    from numba.core.registry import cpu_target
+
+    monkeypatch.setitem(vars(cpu_target), "_toplevel_target_context", _Context(features))
+    if env is None:
+        monkeypatch.delenv("NUMBA_CPU_FEATURES", raising=False)
+    else:
         monkeypatch.setenv("NUMBA_CPU_FEATURES", env)
     assert fused_cpu.describe() == text

@@ -21,14 +21,18 @@ def wide_vectors() -> bool:
     512-bit code already. numba has no per-function setting, so this applies to every numba
     function the process compiles later.
     Left as it is: an explicit NUMBA_CPU_FEATURES, a CPU without AVX-512, and a process in
-    which numba has already compiled (its code generator is then fixed; the kernels still run).
+    which numba has already compiled (its code generator is then made; the kernels still run,
+    at the host's preferred width).
     Rounding: the transformer kernels (no reassociation) give the same bits at either width;
     the `ols` kernel's sums are reassociated into vector lanes (fused_ols.py), so on such a CPU
     their last bits follow the lane count, as they differ between CPUs (docs/design.md §11).
     """
     from numba.core import config, codegen
+    from numba.core.registry import cpu_target
 
     if config.CPU_FEATURES is not None or os.environ.get("NUMBA_CPU_FEATURES"):
+        return False
+    if "_toplevel_target_context" in vars(cpu_target):  # numba has compiled: its code generator is made
         return False
     try:
         features = codegen.get_host_cpu_features()
@@ -41,13 +45,14 @@ def wide_vectors() -> bool:
 
 
 def describe() -> str:
-    """The code generator's vector setting in words, for a benchmark's machine line: "LLVM's
-    default for this CPU", "-prefer-256-bit" (wide_vectors took effect) or, where
-    NUMBA_CPU_FEATURES is set, that and whether it holds -prefer-256-bit. Call after
-    fused.available() (numba imported)."""
-    from numba.core import config
+    """The vector setting of numba's code generator in this process, in words, for a benchmark's
+    machine line: "LLVM's default for this CPU", "-prefer-256-bit" (wide_vectors took effect) or,
+    where NUMBA_CPU_FEATURES is set, that and whether it holds -prefer-256-bit. Read from the code
+    generator itself (made now if numba has not compiled yet): call after fused.available()."""
+    from numba.core.registry import cpu_target
 
-    wide = config.CPU_FEATURES is not None and "-prefer-256-bit" in config.CPU_FEATURES.split(",")
+    features = cpu_target.target_context.codegen().magic_tuple()[2]  # (triple, cpu name, features)
+    wide = "-prefer-256-bit" in features.split(",")
     if os.environ.get("NUMBA_CPU_FEATURES"):
         return "NUMBA_CPU_FEATURES set" + (", -prefer-256-bit" if wide else "")
     return "-prefer-256-bit" if wide else "LLVM's default for this CPU"
