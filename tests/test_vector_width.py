@@ -62,13 +62,59 @@ def test_host_query_failure_is_left_alone(host, monkeypatch):
 
 def test_the_kernels_code_generator_has_it_where_the_host_has_avx512():
     """In effect for what this process compiles: set before numba's CPU code generator was made
-    (fused.available() runs first), on this machine's real features."""
+    (fused.available() runs first), on this machine's real features, unless the environment
+    sets numba's features itself (NUMBA_CPU_FEATURES, or NUMBA_CPU_NAME=generic: then "")."""
     from numba.core.codegen import get_host_cpu_features
     from numba.core.registry import cpu_target
 
     features = cpu_target.target_context.codegen().magic_tuple()[2]
-    expected = "+avx512f" in get_host_cpu_features().split(",") and not os.environ.get("NUMBA_CPU_FEATURES")
+    chosen = "NUMBA_CPU_FEATURES" in os.environ or os.environ.get("NUMBA_CPU_NAME", "").lower() == "generic"
+    if chosen:
+        expected = "-prefer-256-bit" in os.environ.get("NUMBA_CPU_FEATURES", "").split(",")
+    else:
+        expected = "+avx512f" in get_host_cpu_features().split(",")
     assert ("-prefer-256-bit" in features.split(",")) == expected
+
+
+PLUGIN_WITH_NJIT = """
+import numba
+from icl_bench import Solver
+
+
+@numba.njit
+def _first(y):
+    return y[:, 0].copy()
+
+
+class FirstY(Solver):
+    \"\"\"Predict the first context y, through a numba function made when the module is imported.\"\"\"
+
+    def predict(self, batch):
+        import torch
+        return torch.from_numpy(_first(batch.y.numpy()))
+"""
+
+
+def test_a_plugin_that_uses_numba_does_not_change_the_setting(tmp_path):
+    """numba makes its code generator at a plugin's first @njit: the registry must have set the
+    vector width before it imports the plugin, so a run's kernels (and `ols`'s last bits) do not
+    depend on which plugins it loads (found by a review: they did)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import write_plugin
+
+    root = write_plugin(tmp_path / "site", "njit-plugin", {"njit-first-y": "njit_first_y:FirstY"},
+                        {"njit_first_y": PLUGIN_WITH_NJIT})
+    code = ("import icl_bench; from icl_bench.solvers import fused, fused_cpu; "
+            "names = [s.name for s in icl_bench.list_solvers() if not s.error]; "  # loads every plugin, as a run does
+            "print('njit-first-y' in names); fused.available(); print(fused_cpu.describe())")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU")}
+    plain = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    with_plugin = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert with_plugin.stdout.splitlines()[0] == "True", with_plugin.stdout + with_plugin.stderr
+    assert with_plugin.stdout.splitlines()[1] == plain.stdout.splitlines()[1]
 
 
 def test_a_process_where_numba_has_compiled_is_left_alone(host, monkeypatch):
@@ -95,18 +141,26 @@ class _Context:
         return ("x86_64-unknown-linux-gnu", "emeraldrapids", self.features)
 
 
-@pytest.mark.parametrize("features, env, text", [
-    ("+avx512f", None, "LLVM's default for this CPU"),
-    ("+avx512f,-prefer-256-bit", None, "-prefer-256-bit"),
-    ("+avx512f", "+avx512f", "NUMBA_CPU_FEATURES set"),
-    ("+avx512f,-prefer-256-bit", "+avx512f,-prefer-256-bit", "NUMBA_CPU_FEATURES set, -prefer-256-bit"),
+HOST = "+64bit,+avx2,+avx512f"
+
+
+@pytest.mark.parametrize("features, text", [
+    (HOST, "LLVM's default for this CPU"),
+    (HOST + ",-prefer-256-bit", "-prefer-256-bit"),
+    ("", "custom CPU features"),
+    ("+64bit,+avx2", "custom CPU features"),
+    ("+64bit,+avx512f,-prefer-256-bit", "custom CPU features, -prefer-256-bit"),
 ])
-def test_describe_names_the_code_generators_setting(monkeypatch, features, env, text):
+def test_describe_names_the_code_generators_setting(host, monkeypatch, features, text):
     from numba.core.registry import cpu_target
 
+    host(HOST)
     monkeypatch.setitem(vars(cpu_target), "_toplevel_target_context", _Context(features))
-    if env is None:
-        monkeypatch.delenv("NUMBA_CPU_FEATURES", raising=False)
-    else:
-        monkeypatch.setenv("NUMBA_CPU_FEATURES", env)
     assert fused_cpu.describe() == text
+
+
+def test_describe_says_when_the_jit_is_disabled(monkeypatch):
+    from numba.core import config
+
+    monkeypatch.setattr(config, "DISABLE_JIT", True)
+    assert fused_cpu.describe() == "JIT disabled"

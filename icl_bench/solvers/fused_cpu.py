@@ -16,13 +16,15 @@ def wide_vectors() -> bool:
     LLVM's tuning of Intel's AVX-512 server cores prefers 256-bit vectors, so the kernels'
     blocks of 16 float32 lanes (512 bits, fused_source.LANES) became two 256-bit halves, with
     twice the instructions and more spills: on an Emerald Rapids machine the dense d_model 4 /
-    2-head kernel took 10-11 ns per token with that preference and 6.4-7.1 ns without
-    (docs/throughput.md, "Vector width"). On the Zen 4 machine measured earlier LLVM wrote
-    512-bit code already. numba has no per-function setting, so this applies to every numba
-    function the process compiles later.
-    Left as it is: an explicit NUMBA_CPU_FEATURES, a CPU without AVX-512, and a process in
-    which numba has already compiled (its code generator is then made; the kernels still run,
-    at the host's preferred width).
+    2-head kernel's forward (`trained-nol1`) took about 11 ns per token with that preference and
+    8 without (results/vector_width.md, docs/throughput.md "Vector width"). On the Zen 4 machine
+    measured earlier LLVM wrote 512-bit code already. numba has no per-function setting, so
+    this applies to every numba function the process compiles later.
+    Left as it is: an explicit NUMBA_CPU_FEATURES (or a .numba_config.yaml's cpu_features, or
+    NUMBA_CPU_NAME=generic: numba's CPU_FEATURES is then set), a CPU without AVX-512, and a
+    process in which numba has already made its code generator (at its first @njit, not only at
+    its first compile: the registry therefore calls fused.available() before it imports a
+    plugin); the kernels then still run, at the host's preferred width.
     Rounding: the transformer kernels (no reassociation) give the same bits at either width;
     the `ols` kernel's sums are reassociated into vector lanes (fused_ols.py), so on such a CPU
     their last bits follow the lane count, as they differ between CPUs (docs/design.md §11).
@@ -46,13 +48,20 @@ def wide_vectors() -> bool:
 
 def describe() -> str:
     """The vector setting of numba's code generator in this process, in words, for a benchmark's
-    machine line: "LLVM's default for this CPU", "-prefer-256-bit" (wide_vectors took effect) or,
-    where NUMBA_CPU_FEATURES is set, that and whether it holds -prefer-256-bit. Read from the code
-    generator itself (made now if numba has not compiled yet): call after fused.available()."""
+    machine line and a run's metadata: "-prefer-256-bit" (wide_vectors took effect), "LLVM's
+    default for this CPU" (the host's own features), "custom CPU features" (NUMBA_CPU_FEATURES,
+    .numba_config.yaml, NUMBA_CPU_NAME=generic; with ", -prefer-256-bit" where they hold it), or
+    "JIT disabled" (NUMBA_DISABLE_JIT: the kernels run as Python). Read from the code generator
+    itself (made now if numba has not made it yet): call after fused.available()."""
+    from numba.core import codegen, config
     from numba.core.registry import cpu_target
 
+    if config.DISABLE_JIT:
+        return "JIT disabled"
     features = cpu_target.target_context.codegen().magic_tuple()[2]  # (triple, cpu name, features)
-    wide = "-prefer-256-bit" in features.split(",")
-    if os.environ.get("NUMBA_CPU_FEATURES"):
-        return "NUMBA_CPU_FEATURES set" + (", -prefer-256-bit" if wide else "")
-    return "-prefer-256-bit" if wide else "LLVM's default for this CPU"
+    host = codegen.get_host_cpu_features()
+    if features == host + ",-prefer-256-bit":
+        return "-prefer-256-bit"
+    if features == host:
+        return "LLVM's default for this CPU"
+    return "custom CPU features" + (", -prefer-256-bit" if "-prefer-256-bit" in features.split(",") else "")

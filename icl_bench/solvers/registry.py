@@ -211,6 +211,9 @@ class Registry:
                     return
                 self._loading.add(name)  # a decorator in the modules it imports registers `name` for it
                 try:
+                    from icl_bench.solvers import fused  # (lazy: numba's import costs ~0.5 s)
+
+                    fused.available()  # numba's vector width is set before a plugin's @njit fixes it (fused_cpu.py)
                     cls = ep.load()
                 finally:
                     self._loading.discard(name)
