@@ -164,3 +164,18 @@ def test_describe_says_when_the_jit_is_disabled(monkeypatch):
 
     monkeypatch.setattr(config, "DISABLE_JIT", True)
     assert fused_cpu.describe() == "JIT disabled"
+
+
+def test_describe_before_the_first_kernel_does_not_fix_the_narrow_width():
+    """Asking for the setting first (a benchmark's header) must not make numba's code generator
+    with the host's preferred width: describe() applies wide_vectors first (a first version did
+    not, and a measurement script ran every kernel at 256 bits)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU")}
+    code = ("from icl_bench.solvers import fused_cpu; from numba.core.codegen import get_host_cpu_features; "
+            "print(fused_cpu.describe() == ('-prefer-256-bit' if '+avx512f' in get_host_cpu_features().split(',') "
+            "else \"LLVM's default for this CPU\"))")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "True"

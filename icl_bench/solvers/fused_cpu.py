@@ -52,10 +52,12 @@ def describe() -> str:
     default for this CPU" (the host's own features), "custom CPU features" (NUMBA_CPU_FEATURES,
     .numba_config.yaml, NUMBA_CPU_NAME=generic; with ", -prefer-256-bit" where they hold it), or
     "JIT disabled" (NUMBA_DISABLE_JIT: the kernels run as Python). Read from the code generator
-    itself (made now if numba has not made it yet): call after fused.available()."""
+    itself, which this makes if numba has not made it yet: wide_vectors() runs first, so asking
+    before the first kernel does not fix the narrower width (it did, in a first version)."""
     from numba.core import codegen, config
     from numba.core.registry import cpu_target
 
+    wide_vectors()
     if config.DISABLE_JIT:
         return "JIT disabled"
     features = cpu_target.target_context.codegen().magic_tuple()[2]  # (triple, cpu name, features)
