@@ -16,8 +16,9 @@ def wide_vectors() -> bool:
     LLVM's tuning of Intel's AVX-512 server cores prefers 256-bit vectors, so the kernels'
     blocks of 16 float32 lanes (512 bits, fused_source.LANES) became two 256-bit halves, with
     twice the instructions and more spills: on an Emerald Rapids machine the dense d_model 4 /
-    2-head kernel's forward (`trained-nol1`) took about 11 ns per token with that preference and
-    8 without (results/vector_width.md, docs/throughput.md "Vector width"). On the Zen 4 machine
+    2-head kernel's forward (`trained-nol1`, float32) took 10.4-14.5 ns per token with that
+    preference and 7.7-12.6 without, faster in each of 5 pairs of processes (results/vector_width.md,
+    docs/throughput.md "Vector width"). On the Zen 4 machine
     measured earlier LLVM wrote 512-bit code already. numba has no per-function setting, so
     this applies to every numba function the process compiles later.
     Left as it is: an explicit NUMBA_CPU_FEATURES (or a .numba_config.yaml's cpu_features, or
