@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from icl_bench.provenance import git_commit
+from icl_bench.provenance import cpu_model, git_commit
 from icl_bench.solvers import fused, fused_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,16 +82,6 @@ def pytest_runtest_logreport(report):
             _RUN["skipped"].append({"test": report.nodeid, "reason": reason.removeprefix("Skipped: ")})
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _cpu_arch() -> str:
     """The CPU as the kernels' compiler sees it (LLVM's host name, e.g. znver3), its widest
     vector instructions and the vector width numba's code generator was allowed
@@ -127,7 +117,7 @@ def machine_description(config) -> dict:
 
     cuda = torch.cuda.is_available()
     return {
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_arch": _cpu_arch(),
         "logical_cpus": os.cpu_count(),
         "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),

@@ -35,6 +35,9 @@ def test_writes_three_files_with_every_design_column(tmp_path, tiny_raw):
     for key in ("config", "seed", "packages", "device", "git_commit", "started_at", "finished_at"):
         assert key in meta
     assert meta["packages"]["torch"] == torch.__version__
+    from icl_bench.solvers import fused, fused_cpu  # the CPU and numba's vector width move ols's last bits
+
+    assert meta["device"]["cpu_model"] and meta["device"]["numba_vectors"] == (fused_cpu.describe() if fused.available() else None)
     assert meta["solvers"]["ols"].startswith("plugin icl_bench_baselines.ols:OLS (icl-bench ")  # a plugin's version
     assert sorted(meta["solvers"]) == ["ols", "scipy-lstsq"]  # was on record nowhere (a new-user tryout)
     assert (table.status == "ok").all() and (table.n_nonfinite == 0).all()

@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.conftest import _cpu_arch, _cpu_model
+from benchmarks.conftest import _cpu_arch
+from icl_bench.provenance import cpu_model
 from icl_bench import PromptSpec, get_solver, sample_prompts
 from icl_bench.solvers import fused
 
@@ -183,7 +184,7 @@ def report(runs: list[tuple[str, dict, dict]], rounds: int, out: str = "") -> st
     rows = ["# Two threads against one: the machine's ceiling and the fused forward\n",
             f"Written by `python -m benchmarks.experiments.thread_ceiling --runs {len(runs)} --rounds {rounds}"
             f"{f' --out {out}' if out else ''}` "
-            f"(runs started {runs[0][0]} … {runs[-1][0]}; load average at the end {la}). CPU: {_cpu_model()} "
+            f"(runs started {runs[0][0]} … {runs[-1][0]}; load average at the end {la}). CPU: {cpu_model()} "
             f"({_cpu_arch()}), {os.cpu_count()} logical CPUs; torch {torch.__version__} with 1 thread; {rounds} "
             "alternating rounds per pair. Ratio = the first column's time / the second's (> 1: the second is "
             "faster): of the medians, and of the minima.\n",

@@ -99,13 +99,13 @@ def run_child(mode: str, narrow: bool, host: str, kernel_dir: str | None = None)
 
 
 def report(asm: dict, runs: list[dict], host_name: str, started: str, out: str) -> str:
-    from benchmarks.conftest import _cpu_model
+    from icl_bench.provenance import cpu_model
 
     widths = ("256", "512")
     rows = ["# Vector width: the fused kernels at 256 and 512 bits\n",
             f"Written by `python -m benchmarks.experiments.vector_width --runs {len(runs)}"
             f"{f' --out {out}' if out else ''}` (started {started}; load average at the end "
-            f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}). CPU: {_cpu_model()} (LLVM `{host_name}`). "
+            f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}). CPU: {cpu_model()} (LLVM `{host_name}`). "
             "256: NUMBA_CPU_FEATURES set to the host's own features; 512: the default (docs/throughput.md, "
             "\"Vector width\"). The children's own description of their setting: "
             + "; ".join(f"{w}: {asm[w]['setting']}" for w in widths) + " (asm), "
