@@ -89,22 +89,12 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def numba_vectors() -> str | None:
-    """The vector setting numba's code generator has in this process (fused_cpu.describe), None
-    where the fused path is off or numba is missing. The `ols` kernel's last bits follow it
-    (docs/design.md §11), so a run records it."""
-    from icl_bench.solvers import fused, fused_cpu
-
-    return fused_cpu.describe() if fused.available() else None
-
-
 def device_info() -> dict:
-    """CPU and (if present) CUDA device names, thread count, torch build and numba's vector setting."""
+    """CPU and (if present) CUDA device names, thread count and torch build."""
     info = {
         "platform": platform.platform(),
         "cpu": platform.processor() or platform.machine(),
         "cpu_model": cpu_model(),
-        "numba_vectors": numba_vectors(),
         "torch_threads": torch.get_num_threads(),
         "cuda_available": torch.cuda.is_available(),
         "torch_cuda_build": torch.version.cuda,

@@ -45,6 +45,7 @@ from icl_bench.bench.schema import CELL_COLUMNS, COLUMNS, METRIC_COLUMNS, NO_COU
 from icl_bench.bench.timing import sync, time_passes
 from icl_bench.files import dumps, refuse_link_loop
 from icl_bench import provenance
+from icl_bench.solvers import fused, fused_cpu
 from icl_bench.solvers.base import SkipCell
 from icl_bench.solvers.multivariate import check_regressors
 from icl_bench.errors import cell_message
@@ -388,7 +389,8 @@ def run_metadata(config, *, started: str, table, out=None) -> dict:
         "seed": config.seed,
         "packages": provenance.package_versions(),
         "solvers": {s: _origin(s) for s in sorted(table["solver"].unique())},
-        "device": provenance.device_info(),
+        # numba's vector width (None: no fused path): ols's last bits follow it (docs/design.md §10-11)
+        "device": {**provenance.device_info(), "numba_vectors": fused_cpu.describe() if fused.available() else None},
         "git_commit": provenance.git_commit(ignore=(out,) if out is not None else ()),
         "started_at": started,
         "finished_at": datetime.now(timezone.utc).isoformat(),
