@@ -179,3 +179,15 @@ def test_describe_before_the_first_kernel_does_not_fix_the_narrow_width():
             "else \"LLVM's default for this CPU\"))")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "True"
+
+
+def test_a_numba_that_fails_to_import_does_not_break_a_plugin(plugin_path, monkeypatch):
+    """The registry sets the width before a plugin loads; a numba whose import raises something
+    other than ImportError is the fused path's problem, and the plugin still loads."""
+    def broken():
+        raise RuntimeError("numba: a version clash")
+
+    monkeypatch.setattr(fused, "available", broken)
+    from icl_bench import get_solver
+
+    assert get_solver("plugin-mean-y").name == "plugin-mean-y"

@@ -17,10 +17,10 @@ def wide_vectors() -> bool:
     blocks of 16 float32 lanes (512 bits, fused_source.LANES) became two 256-bit halves, with
     twice the instructions and more spills: on an Emerald Rapids machine the dense d_model 4 /
     2-head kernel's forward (`trained-nol1`, float32) took 10.4-14.5 ns per token with that
-    preference and 7.7-12.6 without, faster in each of 5 pairs of processes (results/vector_width.md,
-    docs/throughput.md "Vector width"). On the Zen 4 machine
-    measured earlier LLVM wrote 512-bit code already. numba has no per-function setting, so
-    this applies to every numba function the process compiles later.
+    preference and 7.7-12.6 without, faster in each of 5 pairs of processes
+    (results/vector_width.md, docs/throughput.md "Vector width"). On the Zen 4 machine measured
+    earlier LLVM wrote 512-bit code already. numba has no per-function setting, so this applies
+    to every numba function the process compiles later.
     Left as it is: an explicit NUMBA_CPU_FEATURES (or a .numba_config.yaml's cpu_features, or
     NUMBA_CPU_NAME=generic: numba's CPU_FEATURES is then set), a CPU without AVX-512, and a
     process in which numba has already made its code generator (at its first @njit, not only at
@@ -35,7 +35,7 @@ def wide_vectors() -> bool:
 
     if config.CPU_FEATURES is not None or os.environ.get("NUMBA_CPU_FEATURES"):
         return False
-    if "_toplevel_target_context" in vars(cpu_target):  # numba has compiled: its code generator is made
+    if "_toplevel_target_context" in vars(cpu_target):  # numba has made its code generator (an @njit did)
         return False
     try:
         features = codegen.get_host_cpu_features()
