@@ -64,8 +64,6 @@ def prediction_metrics(pred: torch.Tensor, batch: PromptBatch) -> dict[str, floa
     truth = batch.y_query_clean.detach().to("cpu", torch.float64)
     target = batch.y_query.detach().to("cpu", torch.float64)
     vs_truth, vs_truth_se = _mse(p, truth, scored & torch.isfinite(truth))
-    n_nonfinite = int((~p_ok).sum())
-    n_ill_posed = int((~posed).sum())
     return {
         "mse_vs_ols": vs_ols,
         "mse_vs_ols_se": vs_ols_se,
@@ -74,7 +72,7 @@ def prediction_metrics(pred: torch.Tensor, batch: PromptBatch) -> dict[str, floa
         "mse_vs_target": _mse(p, target, scored & torch.isfinite(target))[0],
         "abs_err_median": median,
         "abs_err_p99": p99,
-        "n_nonfinite": n_nonfinite,
-        "n_ill_posed": n_ill_posed,
+        "n_nonfinite": int((~p_ok).sum()),
+        "n_ill_posed": int((~posed).sum()),
         "n_nonfinite_well_posed": int(posed.sum()) - int(scored.sum()),
     }
