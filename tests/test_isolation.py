@@ -56,6 +56,13 @@ BAD = {
     # BaseExceptions that are neither SystemExit nor KeyboardInterrupt crashed the run (a traceback, no table)
     "bad-genexit": (_solver("predict", _raise(GeneratorExit("x"))), "GeneratorExit: x"),
     "bad-init-genexit": (_solver("__init__", _raise(GeneratorExit("no build"))), "GeneratorExit: no build"),
+    # input_files() names what the cell key hashes: one that fails had left the key without its files
+    # (an "ok" row that --resume and --cache served after the file changed: a review)
+    "bad-files-raise": (_solver("input_files", lambda s: {}["file"]),
+                        "InputFilesError: input_files() raised KeyError: 'file' (test_isolation.py:"),
+    "bad-files-str": (_solver("input_files", lambda s: "coef.json"),
+                      "InputFilesError: input_files() returned str; expected a list of paths"),
+    "bad-files-int": (_solver("input_files", lambda s: [3]), "InputFilesError: input_files() gave a int (3); expected"),
 }
 RAW = {"seed": 0, "n_prompts": 24, "batch_size": 10, "timing": {"repeats": 1},
        "grid": {"N": [3, 8], "noise": [0.1], "R": [10.0], "dtype": ["float32", "float64"]}}
@@ -167,7 +174,7 @@ def test_a_finite_answer_on_an_ill_posed_prompt_is_named(tmp_path, capsys):
     """README's contract: NaN on ill-posed prompts, never a made-up number. A plugin answering 0
     there ran "ok" with no word (a review); now its rows say so and `run` warns, while a solver
     that keeps the contract (nan_if_ill_posed) gets no message."""
-    from icl_bench.bench.runner import ILL_ANSWERED
+    from icl_bench.bench.contract import ILL_ANSWERED
     from icl_bench.cli import main
     from icl_bench.solvers.base import nan_if_ill_posed
 
@@ -229,8 +236,8 @@ def test_a_bad_weights_return_is_named_and_keeps_the_answers_metrics(weights, ex
     assert f"WARNING: odd-weights: weight_sparsity and weight_l1 are NaN in 4 cells: {expected}" in capsys.readouterr().err
     from icl_bench.report.aggregate import no_answer_notes
 
-    assert [n for n in no_answer_notes(table) if n.startswith("odd-weights: its weights() broke the contract in 4 of 4 "
-                                                                 f"cells, whose weight sparsity is NaN ({expected}")]
+    assert [n for n in no_answer_notes(table) if n.startswith("odd-weights: its weights() gave no weight sparsity in 4 of 4 "
+                                                                 f"cells, where it is NaN ({expected}")]
 
 
 @pytest.mark.parametrize("weights, sparsity, l1", [
@@ -244,6 +251,57 @@ def test_mappings_and_integer_weights_are_weights(weights, sparsity, l1):
     table = _weights_run(weights)
     assert (table.status == "ok").all() and (table.message == "").all(), table.message.iloc[0]
     assert table.weight_sparsity.tolist() == pytest.approx([sparsity] * len(table)) and (table.weight_l1 == l1).all()
+
+
+def test_nan_weights_are_named_where_their_sparsity_is_nan(capsys):
+    """NaN weights gave NaN weight columns with an empty message and no WARNING (a review)."""
+    expected = "weights(): 1 of 4 entries are NaN / inf (no sparsity is defined)"
+    table = _weights_run({"w": torch.tensor([[float("nan"), 1.0], [0.0, 2.0]])})
+    assert (table.status == "ok").all() and table.mse_vs_ols.notna().all()
+    assert table.weight_sparsity.isna().all() and table.weight_l1.isna().all()
+    assert (table.message == expected).all(), table.message.iloc[0]
+    from icl_bench.report.run_summary import cell_warnings
+
+    cell_warnings(table)
+    assert f"WARNING: odd-weights: weight_sparsity and weight_l1 are NaN in 4 cells: {expected}" in capsys.readouterr().err
+
+
+def _set_defaults(self, b):
+    torch.set_default_dtype(torch.float64)
+    torch.set_default_device("meta")
+    return b.ols_prediction.to(b.dtype)
+
+
+def _sloppy(self, b):  # allocates with torch's defaults: right only while they are float32 on the CPU
+    return torch.empty(b.B).copy_(b.y.mean(dim=1))
+
+
+def test_a_solver_that_changes_torchs_defaults_changes_no_other_cell(capsys):
+    """One plugin's torch.set_default_dtype(torch.float64) made a later plugin's cells errors, in
+    that matrix only (a review): the runner puts the default dtype and device back after each cell
+    and says which cells changed them."""
+    register_solver("a-sets-defaults")(_solver("predict", _set_defaults))
+    register_solver("sloppy")(type("Sloppy", (Solver,), {"params": {}, "predict": _sloppy}))
+    try:
+        raw = {**RAW, "grid": {**RAW["grid"], "dtype": ["float32"]}}
+        table = run_matrix(parse_config({**raw, "solvers": {"a-sets-defaults": {}, "sloppy": {}}}), progress=False)
+        alone = run_matrix(parse_config({**raw, "solvers": {"sloppy": {}}}), progress=False)
+    finally:
+        for name in ("a-sets-defaults", "sloppy"):
+            registry.REGISTRY.unregister(name)
+    assert torch.get_default_dtype() == torch.float32 and torch.empty(1).device.type == "cpu"
+    assert (table.status == "ok").all(), table.message.tolist()
+    sloppy = table[table.solver == "sloppy"].drop(columns=list(TIMING_COLUMNS)).reset_index(drop=True)
+    pd.testing.assert_frame_equal(sloppy, alone.drop(columns=list(TIMING_COLUMNS)).reset_index(drop=True))
+    changed = table[table.solver == "a-sets-defaults"].message
+    assert changed.str.contains("the solver changed torch's default dtype to torch.float64 (put back to torch.float32 "
+                                "after its call)", regex=False).all(), changed.iloc[0]
+    assert changed.str.contains("the solver changed torch's default device to meta", regex=False).all()
+    from icl_bench.report.run_summary import cell_warnings
+
+    cell_warnings(table)
+    err = capsys.readouterr().err
+    assert "WARNING: a-sets-defaults: changed torch's default dtype or device in 2 cells" in err and "sloppy" not in err
 
 
 def test_non_finite_weights_have_no_sparsity():
@@ -260,7 +318,7 @@ def test_run_warning_and_error_lines_name_d_and_ood_when_they_tell_cells_apart(c
     it from the d = 1 cells (found by a review)."""
     import pandas as pd
 
-    from icl_bench.bench.runner import NO_ANSWER
+    from icl_bench.bench.contract import NO_ANSWER
     from icl_bench.report.run_summary import cell_warnings
 
     row = dict(solver="ols", solver_params="", N=30, R=100.0, dtype="float32", device="cpu", d=1, ood="none", prompts="")

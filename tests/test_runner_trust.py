@@ -660,7 +660,7 @@ def test_a_sigterm_that_a_c_callback_swallows_still_stops_the_run(tmp_path, caps
 def test_the_no_answer_warning_names_the_parameter_setting(capsys):
     """`mean-y: no finite prediction in 2 of 12 cells` did not say which shift answered nothing,
     and counted every shift's cells (found by a plugin author's tryout)."""
-    from icl_bench.bench.runner import NO_ANSWER
+    from icl_bench.bench.contract import NO_ANSWER
     from icl_bench.report.run_summary import cell_warnings
 
     rows = [dict(solver="mean-y", solver_params=f'{{"shift": {s}}}', N=n, R=100.0, dtype="float64", status="ok",

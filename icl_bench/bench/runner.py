@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import time
-import traceback
 import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
@@ -32,9 +31,10 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from icl_bench.solvers.sparsity import check_weights, weight_l1, weight_sparsity
 from icl_bench.startup import Terminated, sigint_recorded, sigterm_seen, torch_threads
 from icl_bench.bench import hostload, schema, store
+from icl_bench.bench.contract import (InputFilesError, check_untouched, check_well_posed, input_files, no_answer_message,
+                                      torch_defaults_kept, weight_columns, where)
 from icl_bench.bench.cache import CellCache, cache_key
 from icl_bench.bench.cells import Cell, cell_prompts, digest_mismatch, expand_cells, same_matrix
 from icl_bench.bench.config import Executor, MatrixConfig
@@ -50,28 +50,6 @@ from icl_bench.solvers.base import SkipCell
 from icl_bench.solvers.multivariate import check_regressors
 from icl_bench.errors import cell_message
 from icl_bench.solvers.registry import REGISTRY, SolverLoadError, get_solver, get_solver_class
-
-
-NO_ANSWER = "no finite prediction"  # the start of the message of a cell whose solver never answered
-NO_PROMPT = "no well-posed prompt"  # the start of the message of a cell skipped for having nothing to answer
-ILL_ANSWERED, WEIGHTS_BROKE = "finite on ill-posed prompts", "weights(): "  # message parts: a broken contract
-
-
-def no_answer_message(pred: torch.Tensor, batch) -> str:
-    """"" or what an "ok" cell's answers break, "; "-joined: NaN / inf on every well-posed prompt
-    (there being at least one; its metrics are NaN and would otherwise read as "ok" with no
-    explanation), and finite answers on ill-posed prompts, where every solver answers NaN
-    (docs/accuracy.md; a plugin that made up a number there passed silently: a review)."""
-    well_posed = torch.isfinite(batch.ols_prediction).cpu()  # (B,)
-    finite = torch.isfinite(pred.detach()).cpu()
-    parts = []
-    if well_posed.any() and not (finite & well_posed).any():
-        parts.append(f"{NO_ANSWER}: NaN/inf on all {int(well_posed.sum())} well-posed prompts")
-    made_up = int((finite & ~well_posed).sum())
-    if made_up:
-        parts.append(f"{ILL_ANSWERED}: {made_up} of {int((~well_posed).sum())} answered where every solver answers "
-                     "NaN (docs/accuracy.md)")
-    return "; ".join(parts)
 
 
 def _timed_predictions(solver, batch, cell: Cell, started=None) -> tuple[torch.Tensor, float]:
@@ -103,30 +81,6 @@ def _timed_predictions(solver, batch, cell: Cell, started=None) -> tuple[torch.T
     return torch.cat(preds), seconds
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal values, NaN equal to NaN (torch.equal first: one call where no NaN is involved, the
-    common case; five tensor operations per field had cost 0.2 ms of a trivial cell)."""
-    return a.shape == b.shape and (torch.equal(a, b) or bool(((a == b) | (a.isnan() & b.isnan())).all()))
-
-
-def _check_untouched(batch, pristine) -> None:
-    """Solvers must never modify their batch (docs/design.md, "Solver"): name the fields that changed."""
-    changed = [k for k, v in batch.tensors().items() if not _same(v, getattr(pristine, k))]
-    if changed:
-        raise RuntimeError(f"predict modified the prompt batch in place ({', '.join(changed)})")
-
-
-def check_well_posed(cell: Cell, batch) -> None:
-    """Raise SkipCell when no prompt of the batch has a least-squares answer (its OLS reference is
-    NaN everywhere: N < d + 1 examples for d slopes and an intercept, or data that are constant or
-    not finite): such a cell has nothing to measure, and an "ok" row of NaN would hide why."""
-    if batch.B == 0 or bool(torch.isfinite(batch.ols_prediction).any()):
-        return
-    why = f"N={cell.N} examples for d={cell.d} slopes and an intercept, at least {cell.d + 1} needed" \
-        if cell.N < cell.d + 1 else "constant x or non-finite values in every prompt"
-    raise SkipCell(f"{NO_PROMPT} (every OLS reference is NaN): {why}")
-
-
 def run_cell(cell: Cell, timing_slot=None) -> dict:
     """Run one cell and return its result row (never raises for a solver's failure).
 
@@ -138,30 +92,41 @@ def run_cell(cell: Cell, timing_slot=None) -> dict:
     row.update(status="ok", message="", **NO_COUNTS, started_at=datetime.now(timezone.utc).isoformat(),
                executor="local", worker="local")
     t0 = time.perf_counter()
+    changed: list[str] = []  # one solver's set_default_dtype must reach neither the metrics nor the next cell
+    _run_solver(cell, row, timing_slot, changed)
+    if changed:
+        row["message"] = "; ".join(m for m in (row["message"], *dict.fromkeys(changed)) if m)
+    row["elapsed_s"] = time.perf_counter() - t0
+    return row
+
+
+def _run_solver(cell: Cell, row: dict, timing_slot, changed: list[str]) -> None:
+    """run_cell's work: fill `row` with the solver's timing, metrics and message, or its status
+    and message when it is skipped or fails (never raises for a solver's failure). The solver's
+    own code runs in `torch_defaults_kept(changed)` blocks (bench/contract.py)."""
     try:
         if cell.device.startswith("cuda") and not torch.cuda.is_available():
             raise SkipCell("CUDA is not available on this machine (torch.cuda.is_available() is False)")
-        solver = get_solver(cell.solver, **json.loads(cell.solver_params))
+        with torch_defaults_kept(changed):
+            solver = get_solver(cell.solver, **json.loads(cell.solver_params))
+            input_files(solver)  # the files the cell key hashed: an input_files() that fails is this cell's error
         pristine = cell_prompts(cell.prompts, cell.N, cell.noise, cell.R, cell.n_prompts, cell.seed, cell.dtype,
                                 cell.device, cell.d, cell.ood, cell.data_sha256)
         batch = replace(pristine, **{k: v.clone() for k, v in pristine.tensors().items()})  # the cache stays intact
         check_well_posed(cell, batch)  # no prompt has an answer: skipped, with the reason
         check_regressors(solver, batch)  # d > 1 and no multivariate path: skipped, with the reason
-        solver.check_batch(batch)
-        with (timing_slot or (lambda: nullcontext({})))() as extra:
-            pred, seconds = _timed_predictions(solver, batch, cell, extra.get(hostload.START))
+        with torch_defaults_kept(changed):
+            solver.check_batch(batch)
+            with (timing_slot or (lambda: nullcontext({})))() as extra:
+                pred, seconds = _timed_predictions(solver, batch, cell, extra.get(hostload.START))
         row.update(extra)
-        _check_untouched(batch, pristine)
+        check_untouched(batch, pristine)
         row.update(prediction_metrics(pred, batch))
-        row["message"] = no_answer_message(pred, batch)
         row["prompts_per_s"] = batch.B / seconds if seconds > 0 else math.inf
-        try:  # a weights() that breaks its contract costs the weight columns, not the answers' metrics
-            w = check_weights(solver.weights())
-            row["weight_sparsity"], row["weight_l1"] = weight_sparsity(w), weight_l1(w)
-        except Exception as exc:  # noqa: BLE001 - named in the row's message
-            row["weight_sparsity"] = row["weight_l1"] = math.nan
-            note = cell_message(exc, prefix=f"{WEIGHTS_BROKE}{type(exc).__name__}: ")
-            row["message"] = f"{row['message']}; {note}" if row["message"] else note
+        # a weights() that breaks its contract costs the weight columns, not the answers' metrics
+        with torch_defaults_kept(changed):
+            row["weight_sparsity"], row["weight_l1"], note = weight_columns(solver)
+        row["message"] = "; ".join(m for m in (no_answer_message(pred, batch), note) if m)
     except SkipCell as exc:
         row.update(status="skipped", message=cell_message(exc))
     except SolverLoadError as exc:  # a plugin that does not import: skipped unless asked for by name
@@ -170,12 +135,9 @@ def run_cell(cell: Cell, timing_slot=None) -> dict:
     except KeyboardInterrupt:  # Ctrl-C (and SIGTERM, startup.Terminated) stops the run: the resume line
         raise
     except BaseException as exc:  # one failing cell is a row, never the end of the run (SystemExit and
-        frame = traceback.extract_tb(exc.__traceback__)[-1]  # GeneratorExit from a plugin included)
-        where = f" ({Path(frame.filename).name}:{frame.lineno})"
+        at = "" if isinstance(exc, InputFilesError) else where(exc)  # GeneratorExit from a plugin included)
         row.update({c: math.nan for c in METRIC_COLUMNS}, **NO_COUNTS)  # no half-computed numbers
-        row.update(status="error", message=cell_message(exc, prefix=f"{type(exc).__name__}: ", where=where))
-    row["elapsed_s"] = time.perf_counter() - t0
-    return row
+        row.update(status="error", message=cell_message(exc, prefix=f"{type(exc).__name__}: ", where=at))
 
 
 def failed_row(cell: Cell, status: str, message: str) -> dict:

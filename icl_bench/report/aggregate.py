@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from icl_bench.bench.contract import ILL_ANSWERED, NO_ANSWER, WEIGHTS_BROKE
 from icl_bench.errors import ConfigError
 from icl_bench.report.load import AXES, BACKFILL, KEYS, check_repeats, load_run
 from icl_bench.report.series import add_series, params_sort_key, series_order  # (also report.<name> for callers)
@@ -195,9 +196,7 @@ def no_answer_notes(table: pd.DataFrame) -> list[str]:
     every solver answers NaN: those answers are not scored, and the contract break is named; one
     per solver whose MSE vs OLS or its standard error overflowed to inf (a diverging gd: a mean of
     inf, or an interval of NaN, must come with its reason too); and one per solver whose weights()
-    broke its contract (its weight columns are NaN)."""
-    from icl_bench.bench.runner import ILL_ANSWERED, NO_ANSWER, WEIGHTS_BROKE
-
+    broke its contract or held NaN / inf (its weight columns are NaN)."""
     cell = [*KEYS, "seed"]  # a cell repeated by two run folders (or in two seeds' runs) is one cell each
     ok, message = table["status"] == "ok", table["message"].fillna("")
     label = "series" if "series" in table else "solver"  # (load_runs' tables have the series label)
@@ -218,8 +217,8 @@ def no_answer_notes(table: pd.DataFrame) -> list[str]:
             f"in {len(g.drop_duplicates(cell))} of {n_cells(name)} cells; its interval there is NaN"
             for name, g in rows.groupby(label, sort=False)]
     rows = table[ok & message.str.contains(WEIGHTS_BROKE, regex=False)]  # (runner.run_cell: weight columns NaN)
-    return out + [f"{name}: its weights() broke the contract in {len(g.drop_duplicates(cell))} of {n_cells(name)} "
-                  f"cells, whose weight sparsity is NaN ({g.message.iloc[0]})" for name, g in rows.groupby(label, sort=False)]
+    return out + [f"{name}: its weights() gave no weight sparsity in {len(g.drop_duplicates(cell))} of {n_cells(name)} "
+                  f"cells, where it is NaN ({g.message.iloc[0]})" for name, g in rows.groupby(label, sort=False)]
 
 
 def sparsity(table: pd.DataFrame) -> pd.DataFrame:

@@ -14,7 +14,7 @@ import sys
 
 import pandas as pd
 
-from icl_bench.bench.runner import ILL_ANSWERED, NO_ANSWER, NO_PROMPT, WEIGHTS_BROKE
+from icl_bench.bench.contract import DEFAULTS_CHANGED, ILL_ANSWERED, NO_ANSWER, NO_PROMPT, WEIGHTS_BROKE
 from icl_bench.report import aggregate as report
 from icl_bench.report.coverage import varied_axes
 from icl_bench.report.load import shared_timing
@@ -67,7 +67,8 @@ def cell_warnings(table: pd.DataFrame) -> None:
     """After the summary, print to stderr a line for each kind of cell that is not a plain
     success: cells with no well-posed prompt (once per reason), skipped plugins that failed to
     import (once per solver), cells whose solver answered no prompt, cells whose solver answered
-    ill-posed prompts or whose weights() broke its contract (once per series), the first five errors."""
+    ill-posed prompts, whose weights() broke its contract or held NaN / inf, or whose solver changed
+    torch's default dtype or device (once per series), the first five errors."""
     empty = table[(table.status == "skipped") & table.message.str.startswith(NO_PROMPT)]
     for message, rows in empty.groupby("message"):
         print(f"icl-bench: WARNING: {len(rows)} cells skipped: {message}", file=sys.stderr)
@@ -89,6 +90,10 @@ def cell_warnings(table: pd.DataFrame) -> None:
     for series, rows in odd.groupby("series"):  # (runner.run_cell: its weight columns are NaN)
         print(f"icl-bench: WARNING: {series}: weight_sparsity and weight_l1 are NaN in {len(rows)} cells: "
               f"{rows.message.iloc[0]}", file=sys.stderr)
+    changed = table[table.message.str.contains(DEFAULTS_CHANGED, regex=False)]  # put back after each cell
+    for series, rows in changed.groupby("series"):
+        print(f"icl-bench: WARNING: {series}: {DEFAULTS_CHANGED} dtype or device in {len(rows)} cells (e.g. {_where(rows.iloc[0])}: "
+              f"{rows.message.iloc[0]}); a solver leaves process-wide settings as it found them", file=sys.stderr)
     errors = table[table.status == "error"]
     for _, r in errors.head(5).iterrows():
         print(f"error: {r['solver']} {r['solver_params']} {_where(r)} {r['device']}: {r['message']}", file=sys.stderr)
