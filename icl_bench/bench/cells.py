@@ -14,7 +14,6 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from pathlib import Path
 
 from icl_bench.bench.axes import AXES
 from icl_bench.bench.contract import input_files
