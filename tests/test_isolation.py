@@ -266,44 +266,6 @@ def test_nan_weights_are_named_where_their_sparsity_is_nan(capsys):
     assert f"WARNING: odd-weights: weight_sparsity and weight_l1 are NaN in 4 cells: {expected}" in capsys.readouterr().err
 
 
-def _set_defaults(self, b):
-    torch.set_default_dtype(torch.float64)
-    torch.set_default_device("meta")
-    return b.ols_prediction.to(b.dtype)
-
-
-def _sloppy(self, b):  # allocates with torch's defaults: right only while they are float32 on the CPU
-    return torch.empty(b.B).copy_(b.y.mean(dim=1))
-
-
-def test_a_solver_that_changes_torchs_defaults_changes_no_other_cell(capsys):
-    """One plugin's torch.set_default_dtype(torch.float64) made a later plugin's cells errors, in
-    that matrix only (a review): the runner puts the default dtype and device back after each cell
-    and says which cells changed them."""
-    register_solver("a-sets-defaults")(_solver("predict", _set_defaults))
-    register_solver("sloppy")(type("Sloppy", (Solver,), {"params": {}, "predict": _sloppy}))
-    try:
-        raw = {**RAW, "grid": {**RAW["grid"], "dtype": ["float32"]}}
-        table = run_matrix(parse_config({**raw, "solvers": {"a-sets-defaults": {}, "sloppy": {}}}), progress=False)
-        alone = run_matrix(parse_config({**raw, "solvers": {"sloppy": {}}}), progress=False)
-    finally:
-        for name in ("a-sets-defaults", "sloppy"):
-            registry.REGISTRY.unregister(name)
-    assert torch.get_default_dtype() == torch.float32 and torch.empty(1).device.type == "cpu"
-    assert (table.status == "ok").all(), table.message.tolist()
-    sloppy = table[table.solver == "sloppy"].drop(columns=list(TIMING_COLUMNS)).reset_index(drop=True)
-    pd.testing.assert_frame_equal(sloppy, alone.drop(columns=list(TIMING_COLUMNS)).reset_index(drop=True))
-    changed = table[table.solver == "a-sets-defaults"].message
-    assert changed.str.contains("the solver changed torch's default dtype to torch.float64 (put back to torch.float32 "
-                                "after its call)", regex=False).all(), changed.iloc[0]
-    assert changed.str.contains("the solver changed torch's default device to meta", regex=False).all()
-    from icl_bench.report.run_summary import cell_warnings
-
-    cell_warnings(table)
-    err = capsys.readouterr().err
-    assert "WARNING: a-sets-defaults: changed torch's default dtype or device in 2 cells" in err and "sloppy" not in err
-
-
 def test_non_finite_weights_have_no_sparsity():
     """A NaN weight made every comparison False: weight_sparsity read 0.0 (a review)."""
     from icl_bench.solvers.sparsity import weight_sparsity

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 
 from icl_bench.bench.axes import AXES
-from icl_bench.bench.contract import input_files
+from icl_bench.bench.contract import files_digest, input_files, torch_defaults_kept
 from icl_bench.bench.config import MatrixConfig, without_generator_fields
 from icl_bench.provenance import NO_SOURCE, code_digest, module_digest
 from icl_bench.prompts.data import DataSource, sample_data_prompts, snapshot
@@ -87,25 +87,18 @@ def prompt_seed(seed: int, N: int, noise: float, d: int = 1) -> int:
 
 
 def inputs_digest(name: str, params: dict) -> str:
-    """sha256 over the names and bytes of the files solver `name` with `params` reads
-    (Solver.input_files, e.g. checkpoints); "" when it reads none, cannot be built or its
-    input_files() fails (run_cell makes that the cell's error: bench/contract.py input_files)."""
+    """files_digest of the files solver `name` with `params` reads (Solver.input_files, e.g.
+    checkpoints); "" when it reads none, cannot be built or its input_files() fails (run_cell makes
+    that the cell's error: bench/contract.py). torch's defaults are kept: a constructor that changed
+    them here, before any cell, had changed every cell's (a review)."""
     try:
-        files = input_files(get_solver(name, **params))
+        with torch_defaults_kept([]):  # (the cell's own run of the constructor notes it in the row)
+            files = input_files(get_solver(name, **params))
     except KeyboardInterrupt:
         raise
     except BaseException:  # a solver that does not load or build (GeneratorExit from a plugin too), or whose
         return ""  # input_files() fails: its cells are error / skipped rows
-    if not files:
-        return ""
-    h = hashlib.sha256()
-    for path in files:
-        h.update(path.name.encode() + b"\0")
-        try:
-            h.update(path.read_bytes())
-        except OSError as exc:
-            h.update(f"unreadable: {exc}".encode())
-    return h.hexdigest()
+    return files_digest(files)
 
 
 @lru_cache(maxsize=256)

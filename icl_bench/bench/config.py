@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 from pydantic import BeforeValidator, Field, ValidationInfo, create_model, field_validator, model_validator
 
 from icl_bench.bench.axes import AXES
+from icl_bench.bench.contract import torch_defaults_kept
 from icl_bench.config_base import (FLOAT_MAX, FLOAT_TINY, MAX_SEED, MAX_THREADS, ConfigModel, axis_list, choice, flag, integer,
                                    number, problem, read_toml, text, top_level_hint, validate)
 from icl_bench.errors import ConfigError
@@ -158,7 +159,8 @@ def _solver_grid(name: str, params: Any) -> list[dict]:
     combos = [dict(zip(axes, vals)) for vals in itertools.product(*axes.values())]
     for combo in combos:
         try:
-            cls(**combo)
+            with torch_defaults_kept([]):  # a constructor's set_default_dtype is not the run's (bench/contract.py)
+                cls(**combo)
         except ConfigError as exc:  # the solver contract's parameter errors (Param.check, unknown parameter, a
             # solver's own check of its values): already "solvers.NAME.PARAM: ...". A top-level key written
             # below [solvers.NAME] (`n_prompts = 16`) gets the hint of where it belongs (a review)

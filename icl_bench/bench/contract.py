@@ -9,8 +9,11 @@ and torch's process-wide defaults it changes are put back after the cell (one pl
 """
 from __future__ import annotations
 
+import hashlib
+import math
 import os
 import traceback
+from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -81,48 +84,75 @@ def where(exc: BaseException) -> str:
 def input_files(solver) -> list[Path]:
     """solver.input_files() as the cell key reads it: the paths, sorted.
     Raises InputFilesError when input_files() raises (its exception and where it was raised are
-    in the text) or gives anything but an iterable of str / os.PathLike. The runner makes either
-    the cell's error: an input_files() that raised used to leave the key without the files, so
-    --resume and --cache served numbers made from files since changed (a review)."""
+    in the text), gives anything but an iterable of str / os.PathLike (a mapping too: its keys
+    would be taken for the paths) or names a folder (whose files would go unhashed). The runner
+    makes either the cell's error: an input_files() that raised used to leave the key without the
+    files, so --resume and --cache served numbers made from files since changed (a review)."""
     try:
         files = solver.input_files()
-        if isinstance(files, (str, bytes, os.PathLike)) or not hasattr(files, "__iter__"):
+        if isinstance(files, (str, bytes, os.PathLike, Mapping)) or not hasattr(files, "__iter__"):
             raise InputFilesError(f"input_files() returned {type(files).__name__}; expected a list of paths "
                                   "(str or os.PathLike)")
         files = list(files)
+        odd = next((f for f in files if not isinstance(f, (str, os.PathLike))), None)
+        if odd is not None:
+            raise InputFilesError(f"input_files() gave a {type(odd).__name__} ({odd!r:.60}); expected paths "
+                                  "(str or os.PathLike)")
+        paths = sorted(Path(f) for f in files)
     except (KeyboardInterrupt, InputFilesError):
         raise
-    except BaseException as exc:  # GeneratorExit from a plugin too
-        raise InputFilesError(f"input_files() raised {type(exc).__name__}: {cell_message(exc)}{where(exc)}") from exc
-    odd = next((f for f in files if not isinstance(f, (str, os.PathLike))), None)
-    if odd is not None:
-        raise InputFilesError(f"input_files() gave a {type(odd).__name__} ({odd!r:.60}); expected paths "
-                              "(str or os.PathLike)")
-    return sorted(Path(f) for f in files)
+    except BaseException as exc:  # GeneratorExit from a plugin too; a path-like whose __fspath__ fails
+        text = cell_message(exc)
+        raise InputFilesError(f"input_files() raised {type(exc).__name__}{': ' + text if text else ''}"
+                              f"{where(exc)}") from exc
+    folder = next((p for p in paths if p.is_dir()), None)
+    if folder is not None:
+        raise InputFilesError(f"input_files() gave a folder ({str(folder)!r:.80}); name the files in it that the "
+                              "solver reads")
+    return paths
+
+
+def files_digest(paths: list[Path]) -> str:
+    """sha256 over the names and bytes of `paths` (input_files' answer, in its order); "" for none.
+    A file that cannot be read enters as the reason (a missing checkpoint is part of the key)."""
+    if not paths:
+        return ""
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(path.name.encode() + b"\0")
+        try:
+            h.update(path.read_bytes())
+        except OSError as exc:
+            h.update(f"unreadable: {exc}".encode())
+    return h.hexdigest()
 
 
 def weight_columns(solver) -> tuple[float, float, str]:
     """(weight_sparsity, weight_l1, note) of a solver's weights(): the note ("" or starting with
     WEIGHTS_BROKE) says why the two are NaN when weights() broke its contract (raised, or gave no
-    dict of real tensors: solvers/sparsity.py check_weights) or holds NaN / inf entries, where no
-    threshold, and so no sparsity, is defined. Raises nothing but KeyboardInterrupt."""
+    dict of real tensors: solvers/sparsity.py check_weights), gave tensors the two cannot be
+    computed on (sparse, meta) or holds NaN / inf entries, where no threshold, and so no sparsity,
+    is defined. Raises only what is no Exception (SystemExit, KeyboardInterrupt: the runner's)."""
     try:
         w = check_weights(solver.weights())
-    except KeyboardInterrupt:
-        raise
-    except Exception as exc:  # noqa: BLE001 - named in the row's message
-        return float("nan"), float("nan"), cell_message(exc, prefix=f"{WEIGHTS_BROKE}{type(exc).__name__}: ")
-    if w:
-        bad = sum(int((~torch.isfinite(t.detach())).sum()) for t in w.values() if t.is_floating_point())
+        bad = sum(int((~torch.isfinite(t.detach())).sum()) for t in (w or {}).values() if t.is_floating_point())
         if bad:
             total = sum(t.numel() for t in w.values())
-            return float("nan"), float("nan"), f"{WEIGHTS_BROKE}{bad} of {total} entries are NaN / inf (no sparsity is defined)"
-    return weight_sparsity(w), weight_l1(w), ""
+            return math.nan, math.nan, f"{WEIGHTS_BROKE}{bad} of {total} entries are NaN / inf (no sparsity is defined)"
+        return weight_sparsity(w), weight_l1(w), ""
+    except Exception as exc:  # noqa: BLE001 - named in the row's message
+        return math.nan, math.nan, cell_message(exc, prefix=f"{WEIGHTS_BROKE}{type(exc).__name__}: ")
 
 
-def _device_now() -> torch.device | None:
+def _device_state() -> tuple[object, torch.device | None | str]:
+    """(the device context torch.set_default_device installed, or None; the default device, None
+    before torch 2.3, or "unusable" when torch cannot resolve it: "cuda" without CUDA raises)."""
+    installed = getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)
     get = getattr(torch, "get_default_device", None)  # torch >= 2.3
-    return get() if get is not None else None
+    try:
+        return installed, (get() if get is not None else None)
+    except Exception:  # noqa: BLE001 - a default device this machine cannot make tensors on
+        return installed, "unusable"
 
 
 @contextmanager
@@ -130,8 +160,10 @@ def torch_defaults_kept(notes: list[str]):
     """Put torch's default dtype and default device back as they were when the block began, whatever
     it did (an exception included), and append to `notes` one line per default it changed. Wrap
     each stretch of a solver's own code in it, so that the runner's code between them (prompts,
-    metrics) runs with the defaults too."""
-    dtype, device = torch.get_default_dtype(), _device_now()
+    metrics) runs with the defaults too. A device set explicitly to the one in use
+    (`torch.set_default_device("cpu")`) is undone too: it routes every later torch call through
+    a device context, which slowed other cells' timing (a review)."""
+    dtype, (context, device) = torch.get_default_dtype(), _device_state()
     try:
         yield notes
     finally:
@@ -139,7 +171,9 @@ def torch_defaults_kept(notes: list[str]):
             notes.append(f"the solver {DEFAULTS_CHANGED} dtype to {torch.get_default_dtype()} (put back to {dtype} "
                          "after its call)")
             torch.set_default_dtype(dtype)
-        now = _device_now()
-        if now != device:
-            notes.append(f"the solver {DEFAULTS_CHANGED} device to {now} (put back to {device} after its call)")
-            torch.set_default_device(None if device == torch.device("cpu") else device)
+        context_now, now = _device_state()
+        if context_now is not context or now != device:
+            torch.set_default_device(getattr(context, "device", None))
+            back = _device_state()[1] == device
+            notes.append(f"the solver {DEFAULTS_CHANGED} device to {now}" + (f" (put back to {device} after its call)"
+                         if back else f" and it could not be put back to {device}: later cells may fail"))

@@ -33,8 +33,8 @@ from tqdm import tqdm
 
 from icl_bench.startup import Terminated, sigint_recorded, sigterm_seen, torch_threads
 from icl_bench.bench import hostload, schema, store
-from icl_bench.bench.contract import (InputFilesError, check_untouched, check_well_posed, input_files, no_answer_message,
-                                      torch_defaults_kept, weight_columns, where)
+from icl_bench.bench.contract import (InputFilesError, check_untouched, check_well_posed, files_digest, input_files,
+                                      no_answer_message, torch_defaults_kept, weight_columns, where)
 from icl_bench.bench.cache import CellCache, cache_key
 from icl_bench.bench.cells import Cell, cell_prompts, digest_mismatch, expand_cells, same_matrix
 from icl_bench.bench.config import Executor, MatrixConfig
@@ -109,7 +109,11 @@ def _run_solver(cell: Cell, row: dict, timing_slot, changed: list[str]) -> None:
             raise SkipCell("CUDA is not available on this machine (torch.cuda.is_available() is False)")
         with torch_defaults_kept(changed):
             solver = get_solver(cell.solver, **json.loads(cell.solver_params))
-            input_files(solver)  # the files the cell key hashed: an input_files() that fails is this cell's error
+            files = input_files(solver)  # an input_files() that fails is this cell's error
+        if files_digest(files) != cell.inputs_sha256:  # the row is stored under a key that names what it read
+            raise InputFilesError(f"input_files() named other files or bytes when the cell ran than when it was "
+                                  f"keyed (sha256 {cell.inputs_sha256[:12] or '(none)'} then, "
+                                  f"{files_digest(files)[:12] or '(none)'} now); run again")
         pristine = cell_prompts(cell.prompts, cell.N, cell.noise, cell.R, cell.n_prompts, cell.seed, cell.dtype,
                                 cell.device, cell.d, cell.ood, cell.data_sha256)
         batch = replace(pristine, **{k: v.clone() for k, v in pristine.tensors().items()})  # the cache stays intact

@@ -92,7 +92,8 @@ def cell_warnings(table: pd.DataFrame) -> None:
               f"{rows.message.iloc[0]}", file=sys.stderr)
     changed = table[table.message.str.contains(DEFAULTS_CHANGED, regex=False)]  # put back after each cell
     for series, rows in changed.groupby("series"):
-        print(f"icl-bench: WARNING: {series}: {DEFAULTS_CHANGED} dtype or device in {len(rows)} cells (e.g. {_where(rows.iloc[0])}: "
+        cells = f"{len(rows)} cell{'s' if len(rows) > 1 else ''}"
+        print(f"icl-bench: WARNING: {series}: {DEFAULTS_CHANGED} dtype or device in {cells} (e.g. {_where(rows.iloc[0])}: "
               f"{rows.message.iloc[0]}); a solver leaves process-wide settings as it found them", file=sys.stderr)
     errors = table[table.status == "error"]
     for _, r in errors.head(5).iterrows():
