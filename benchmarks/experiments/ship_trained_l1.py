@@ -12,7 +12,8 @@ R column multiplied by 100 / R'. The rounding differences grow over 12 000 steps
 at R = 10 or 1000 (`ramp12k-R10`, `-R1000` in the seed table) match the R = 100 run of the same
 seed to 2-3 digits in most seeds and land in another state in one seed of ten, so
 `icl-bench train --config train --run trained-l1-R10` (trained at R = 10) does not regenerate
-the shipped R = 10 file; only trained-l1-R100 is reproduced bit for bit by its train.toml run.
+the shipped R = 10 file; only trained-l1-R100 is reproduced bit for bit by its train.toml run, and
+that on the kind of machine that trained it (docs/training.md, "Reproducibility across machines").
 The JSON says so ("derived_from"), and every metric in it is measured again on the derived model
 at its own R (fresh prompts, functional LayerNorm tests, fingerprint, sparsity and Σ|w|), except the
 training run's own (held-out MSE, steps, time: "eval_of_R" says they are the R = 100 run's).
