@@ -4,6 +4,7 @@ run of this script, with the machine's load average recorded beside each number.
 
     python -m benchmarks.experiments.scale_out          # full: 100 000 cells; writes results/scale_out.{md,json}
     python -m benchmarks.experiments.scale_out --cells 2000 --out /tmp/so   # a quick look
+    python -m benchmarks.experiments.scale_out --render   # rewrite results/scale_out.md from its JSON
 
 Goals (docs/scale-out.md): <= 1 ms of runner overhead per cell with a trivial solver, local;
 <= 1 KB of store per cell; >= 1.6x speed-up of 2 Dask workers over local on a CPU-bound matrix.
@@ -181,19 +182,21 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="repeats of the speed-up measurement (median)")
     p.add_argument("--out", default=str(ROOT / "results" / "scale_out"), help="writes OUT.md and OUT.json")
     p.add_argument("--only", choices=("overhead", "speedup"), help="re-measure one part; the other is kept from OUT.json")
+    p.add_argument("--render", action="store_true", help="measure nothing: rewrite OUT.md from OUT.json")
     args = p.parse_args()
     torch.set_num_threads(1)
     out = Path(args.out)
-    result = json.loads(out.with_suffix(".json").read_text()) if args.only else {}
+    result = json.loads(out.with_suffix(".json").read_text()) if args.only or args.render else {}
     tmp = Path(tempfile.mkdtemp(prefix="icl-scale-"))
     try:
-        result["info"] = {"machine": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                          "torch": torch.__version__}
+        info = {"machine": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                "torch": torch.__version__}
         now = lambda: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())  # noqa: E731
-        if args.only in (None, "overhead"):
-            result["store_and_overhead"] = {"started": now(), **bench_store_and_overhead(args.cells, tmp)}
-        if args.only in (None, "speedup"):
-            result["speedup"] = {"started": now(), **bench_speedup(tmp, args.repeats)}
+        if args.only in (None, "overhead") and not args.render:  # each part records its machine: --only keeps
+            result["store_and_overhead"] = {"started": now(), "info": info, **bench_store_and_overhead(args.cells, tmp)}
+        if args.only in (None, "speedup") and not args.render:  # the other part's, measured elsewhere maybe
+            result["speedup"] = {"started": now(), "info": info, **bench_speedup(tmp, args.repeats)}
+        result["info"] = result.get("info", info) if args.render else info
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2))
@@ -209,18 +212,25 @@ def _sync_row(s: dict) -> str:
             f"{s['put_normal_ms']:.3f} ms / {s['put_full_ms']:.3f} ms | |\n")
 
 
+def _on(part: dict) -> str:
+    """" on MACHINE (N CPUs, Python V, torch V)" of a part that records where it was measured."""
+    i = part.get("info")
+    return f" on {i['machine']} ({i['cpus']} CPUs, Python {i['python']}, torch {i['torch']})" if i else ""
+
+
 def report(r: dict) -> str:
-    s, d, i = r["store_and_overhead"], r["speedup"], r["info"]
+    s, d = r["store_and_overhead"], r["speedup"]
     ok = lambda good: "meets the goal" if good else "MISSES the goal"  # noqa: E731
     return f"""# Scale-out benchmark
 
-`python -m benchmarks.experiments.scale_out` ({i['machine']}, {i['cpus']} CPUs, Python {i['python']},
-torch {i['torch']}). 1-minute load average before / after each measurement is given: this machine
-is shared, and a load above {i['cpus']} means other processes took CPU time from these numbers.
+`python -m benchmarks.experiments.scale_out` (`--only overhead|speedup` re-measures one part and keeps
+the other, so the two parts may come from different runs and machines: each names its own). The
+1-minute load average before / after each measurement is given: these machines are shared, and a
+load above the number of CPUs means other processes took CPU time from these numbers.
 
 ## Runner overhead and store, local executor, trivial solver ({s['cells']} cells, 8 prompts each)
 
-Measured {s.get('started', '?')}.
+Measured {s.get('started', '?')}{_on(s)}.
 
 | what | per cell | goal |
 |---|---|---|
@@ -234,11 +244,11 @@ Measured {s.get('started', '?')}.
 | reference, same run: one JSON file per cell (fsync + rename) | {s['json_file_put_per_cell_ms']:.3f} ms, {s['json_file_bytes_per_cell']:.0f} bytes on disk | |
 {_sync_row(s)}
 Store vs one file per cell: {s['store_vs_json_put_speedup']:.1f}x faster per put, {s['store_vs_json_bytes_ratio']:.1f}x
-smaller. Load average: run {s['load_avg']}, resume {s['resume_load_avg']}.
+smaller. Load average: run {tuple(s['load_avg'])}, resume {tuple(s['resume_load_avg'])}.
 
 ## Speed-up of a 2-worker Dask LocalCluster over local ({d['cells']} CPU-bound cells, scipy-lstsq, 1 thread)
 
-Measured {d.get('started', '?')}.
+Measured {d.get('started', '?')}{_on(d)}.
 
 | executor | seconds (each repeat) |
 |---|---|
