@@ -2,6 +2,7 @@
 is a gap, not a straight line from its neighbours; a series drawn over another on a grid within
 the other's is marked as a twin; the legend keeps series order whatever panel a series starts in."""
 import numpy as np
+import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
@@ -156,3 +157,20 @@ def test_a_note_of_wide_glyphs_is_wrapped_within_the_figure():
               for ln in text.split("\n")]
     assert n == len(widths) > 1 and max(widths) <= (8.0 - 0.2) * 72
     assert " ".join(text.split()) == " ".join(note.split())  # nothing lost
+
+
+def test_two_series_of_one_setting_written_two_ways_are_named_in_a_note():
+    """`gd` from a config that left steps out and `gd steps=16` (its default) from one that wrote
+    it are two series of equal numbers; the report says they are one setting (a review)."""
+    from icl_bench.report.series import add_series, same_setting_notes
+
+    table = pd.DataFrame({"solver": ["gd", "gd", "gd", "ols"],
+                          "solver_params": ["{}", '{"steps": 16}', '{"steps": 4}', "{}"]})
+    labelled = add_series(table)
+    assert labelled.series.tolist() == ["gd", "gd steps=16", "gd steps=4", "ols"]
+    assert same_setting_notes(labelled) == [
+        "gd and gd steps=16 are one setting of gd (parameters left out take their declared defaults): runs that wrote "
+        "a default and runs that left it out are shown apart"]
+    assert same_setting_notes(add_series(table.iloc[[0, 2, 3]])) == []  # other settings: no note
+    plugin = pd.DataFrame({"solver": ["not-installed"] * 2, "solver_params": ["{}", '{"k": 1}']})
+    assert same_setting_notes(add_series(plugin)) == []  # defaults unknown here

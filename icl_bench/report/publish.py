@@ -39,6 +39,7 @@ import pandas as pd
 from icl_bench.report import aggregate as report
 from icl_bench.report import coverage, mechanism, outdir, scaling
 from icl_bench.report.load import shared_timing_notes, unfinished_notes
+from icl_bench.report.series import same_setting_notes
 from icl_bench.report.sources import has_csv, lone_source_label
 
 PLOT_TITLES = dict(zip(outdir.PLOTS, (
@@ -250,7 +251,8 @@ def publish(run_dirs, out, *, force: bool = False, at: dict[str, str] | None = N
             report.to_markdown(typical), MEDIAN_NOTE, "", *target_md])
         drawn = report.with_failed_points(summary, table)  # for the plots and the scaling fits
         figs, notes = _figures(table, drawn, setting, checkpoints)
-        notes = unfinished_notes(metas) + silent + ill + shared_timing_notes(table) + notes  # an unfinished run first
+        notes = (unfinished_notes(metas) + silent + ill + shared_timing_notes(table) + same_setting_notes(table)
+                 + notes)  # an unfinished run first
         ctx = {"generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": command,
                "headline": head, "typical": typical, "target": target, "headline_md": headline_md, "headline_at": headline_at,
                "at_text": at_text, "plots": list(figs),

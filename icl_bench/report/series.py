@@ -5,6 +5,7 @@
     series_order(df)       the distinct series in that order
     params_sort_key(p)     sort key of a solver_params JSON string, numbers numerically
     series_styles(series)  series label -> matplotlib style
+    same_setting_notes(t)  notes naming series that are one setting written two ways
 
 Series style (docs/report.md, "Plots"): the colour names the solver *family* (the name before its
 first "-": gd and gd-lsa are one family, trained-l1 / -nol1 / -lsa another), each solver of a
@@ -96,6 +97,33 @@ def _off_default(solver: str, params: dict) -> set[str]:
         except Exception:  # a value it now refuses (ConfigError) is no default
             out.add(k)
     return out
+
+
+def same_setting_notes(table: pd.DataFrame) -> list[str]:
+    """One note per group of series (a table with "series": add_series) of one solver and prompt
+    source whose parameters are one setting once the omitted ones take their declared defaults and
+    every value is read as Param.check reads it ("mean-y" from a config that left shift out,
+    "mean-y shift=0" from one that wrote the default): their rows are other cells (the cell key is
+    the parameters as written), so they stay two series, and the note says they are one setting
+    (a plugin author's review found two series of equal numbers unexplained). A solver that does
+    not load here has unknown defaults: no note."""
+    groups: dict[tuple, list[str]] = {}
+    prompts = table["prompts"].fillna("").astype(str) if "prompts" in table else pd.Series("", index=table.index)
+    for solver, p, src, series in dict.fromkeys(zip(table["solver"], table["solver_params"], prompts, table["series"])):
+        try:
+            declared, given = get_solver_class(solver).params, json.loads(p) if p else {}
+            if not isinstance(given, dict) or set(given) - set(declared):
+                continue
+            values = {k: declared[k].check(solver, k, given.get(k, declared[k].default)) for k in declared}
+            values = {k: declared[k].same(v) if declared[k].same else v for k, v in values.items()}
+        except Exception:  # noqa: BLE001 - not loadable here, or values it now refuses: nothing to compare
+            continue
+        key = (solver, src, json.dumps(values, sort_keys=True, default=str))
+        if series not in groups.setdefault(key, []):
+            groups[key].append(series)
+    return [f"{' and '.join(labels)} are one setting of {solver} (parameters left out take their declared "
+            "defaults): runs that wrote a default and runs that left it out are shown apart"
+            for (solver, _, _), labels in groups.items() if len(labels) > 1]
 
 
 def _value(v) -> str:
