@@ -155,3 +155,30 @@ def test_weights_the_columns_cannot_use_cost_the_columns_not_the_cell(weights, e
                                                                  "weights": lambda self: weights})})
     assert (table.status == "ok").all() and table.mse_vs_ols.notna().all(), table.message.tolist()
     assert table.weight_sparsity.isna().all() and table.message.str.startswith(expected).all()
+
+
+def test_a_solver_that_writes_a_file_it_lists_gets_an_error_that_says_so(tmp_path):
+    """A cache the solver updates in predict, listed in input_files(), changes between a cell's key
+    and its run: the second cell fails in every run; the message names the files and says not to
+    list a file the solver writes (it said only "run again": a review)."""
+    cache = tmp_path / "cache.json"
+    cache.write_text("0")
+
+    def predict(self, b):
+        cache.write_text(str(int(cache.read_text()) + 1))
+        return _answer(self, b)
+
+    table = _run({"writes": type("Writes", (Solver,), {"params": {}, "predict": predict,
+                                                       "input_files": lambda self: [cache]})})
+    assert table.status.tolist() == ["ok", "error"], table.message.tolist()
+    assert table.message.iloc[1].endswith("files: cache.json): one changed during the run. List only files the "
+                                          "solver reads, never one it writes (a cache), and run again")
+
+
+def test_a_parameter_called_name_reaches_the_solver():
+    """get_solver(name, **params) took a Param called name for its own argument: every cell errored
+    with "got multiple values for argument 'name'" (a review)."""
+    from icl_bench import Param
+
+    table = _run({"named": type("Named", (Solver,), {"params": {"name": Param("x", "a label")}, "predict": _answer})})
+    assert (table.status == "ok").all(), table.message.tolist()

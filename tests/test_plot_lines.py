@@ -174,3 +174,16 @@ def test_two_series_of_one_setting_written_two_ways_are_named_in_a_note():
     assert same_setting_notes(add_series(table.iloc[[0, 2, 3]])) == []  # other settings: no note
     plugin = pd.DataFrame({"solver": ["not-installed"] * 2, "solver_params": ["{}", '{"k": 1}']})
     assert same_setting_notes(add_series(plugin)) == []  # defaults unknown here
+
+
+def test_same_setting_notes_compare_rows_of_the_same_code_and_input_files_only():
+    """models_dir = "m" in one folder and an absolute path to another "m" (other checkpoints), or a
+    default changed in the code between two runs, were called one setting (a review)."""
+    from icl_bench.report.series import add_series, same_setting_notes
+
+    table = pd.DataFrame({"solver": ["gd", "gd"], "solver_params": ["{}", '{"steps": 16}'],
+                          "code_sha256": ["a", "b"], "inputs_sha256": ["", ""]})
+    assert same_setting_notes(add_series(table)) == []
+    table = table.assign(code_sha256="a", inputs_sha256=["x", "y"])
+    assert same_setting_notes(add_series(table)) == []
+    assert len(same_setting_notes(add_series(table.assign(inputs_sha256="x")))) == 1

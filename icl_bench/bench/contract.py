@@ -152,7 +152,7 @@ def _device_state() -> tuple[object, torch.device | None | str]:
     try:
         return installed, (get() if get is not None else None)
     except Exception:  # noqa: BLE001 - a default device this machine cannot make tensors on
-        return installed, "unusable"
+        return installed, f"{getattr(installed, 'device', 'a device')} (unusable here)"
 
 
 @contextmanager
@@ -162,7 +162,10 @@ def torch_defaults_kept(notes: list[str]):
     each stretch of a solver's own code in it, so that the runner's code between them (prompts,
     metrics) runs with the defaults too. A device set explicitly to the one in use
     (`torch.set_default_device("cpu")`) is undone too: it routes every later torch call through
-    a device context, which slowed other cells' timing (a review)."""
+    a device context, which slowed other cells' timing (a review). The defaults are the process's:
+    cells run side by side in threads of one process (a Dask worker with --nthreads > 1, which
+    docs/scale-out.md advises against) see each other's changes, and the note may name the wrong
+    cell."""
     dtype, (context, device) = torch.get_default_dtype(), _device_state()
     try:
         yield notes

@@ -113,7 +113,9 @@ def _run_solver(cell: Cell, row: dict, timing_slot, changed: list[str]) -> None:
         if files_digest(files) != cell.inputs_sha256:  # the row is stored under a key that names what it read
             raise InputFilesError(f"input_files() named other files or bytes when the cell ran than when it was "
                                   f"keyed (sha256 {cell.inputs_sha256[:12] or '(none)'} then, "
-                                  f"{files_digest(files)[:12] or '(none)'} now); run again")
+                                  f"{files_digest(files)[:12] or '(none)'} now; files: "
+                                  f"{', '.join(p.name for p in files) or 'none'}): one changed during the run. "
+                                  "List only files the solver reads, never one it writes (a cache), and run again")
         pristine = cell_prompts(cell.prompts, cell.N, cell.noise, cell.R, cell.n_prompts, cell.seed, cell.dtype,
                                 cell.device, cell.d, cell.ood, cell.data_sha256)
         batch = replace(pristine, **{k: v.clone() for k, v in pristine.tensors().items()})  # the cache stays intact
@@ -163,7 +165,8 @@ def run_cell_task(cell: Cell, *, threads: int = 0, exclusive: bool = False, exec
         row = failed_row(cell, "error", f"this worker's solver code or input files differ from the driver's ({differ}): "
                                         "install the same icl-bench, solver and package versions on every worker, and "
                                         "let every worker read the driver's checkpoint files (absolute paths on a "
-                                        "shared file system)")
+                                        "shared file system); an input file that changed during the run (one the "
+                                        "solver writes itself?) reads the same")
         row.update(executor=executor, worker=worker_name())
         return row
     with torch_threads(threads), hostload.busy():

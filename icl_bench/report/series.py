@@ -105,25 +105,28 @@ def same_setting_notes(table: pd.DataFrame) -> list[str]:
     every value is read as Param.check reads it ("mean-y" from a config that left shift out,
     "mean-y shift=0" from one that wrote the default): their rows are other cells (the cell key is
     the parameters as written), so they stay two series, and the note says they are one setting
-    (a plugin author's review found two series of equal numbers unexplained). A solver that does
-    not load here has unknown defaults: no note."""
+    (a plugin author's review found two series of equal numbers unexplained). Only rows of the
+    same code and input files (`code_sha256`, `inputs_sha256`) are compared: the defaults are the
+    code's here, and a parameter may name files (models_dir = "m" in two folders). A solver that
+    does not load here has unknown defaults: no note."""
     groups: dict[tuple, list[str]] = {}
-    prompts = table["prompts"].fillna("").astype(str) if "prompts" in table else pd.Series("", index=table.index)
-    for solver, p, src, series in dict.fromkeys(zip(table["solver"], table["solver_params"], prompts, table["series"])):
+    column = lambda c: table[c].fillna("").astype(str) if c in table else pd.Series("", index=table.index)  # noqa: E731
+    rows = zip(table["solver"], table["solver_params"], column("prompts"), column("code_sha256"),
+               column("inputs_sha256"), table["series"])
+    for solver, p, src, code, inputs, series in dict.fromkeys(rows):
         try:
             declared, given = get_solver_class(solver).params, json.loads(p) if p else {}
             if not isinstance(given, dict) or set(given) - set(declared):
                 continue
             values = {k: declared[k].check(solver, k, given.get(k, declared[k].default)) for k in declared}
-            values = {k: declared[k].same(v) if declared[k].same else v for k, v in values.items()}
         except Exception:  # noqa: BLE001 - not loadable here, or values it now refuses: nothing to compare
             continue
-        key = (solver, src, json.dumps(values, sort_keys=True, default=str))
+        key = (solver, src, code, inputs, json.dumps(values, sort_keys=True, default=str))
         if series not in groups.setdefault(key, []):
             groups[key].append(series)
     return [f"{' and '.join(labels)} are one setting of {solver} (parameters left out take their declared "
             "defaults): runs that wrote a default and runs that left it out are shown apart"
-            for (solver, _, _), labels in groups.items() if len(labels) > 1]
+            for (solver, *_), labels in groups.items() if len(labels) > 1]
 
 
 def _value(v) -> str:

@@ -355,8 +355,9 @@ def get_solver_class(name: str) -> type[Solver]:
     return REGISTRY.get_class(name)
 
 
-def get_solver(name: str, **params) -> Solver:
-    """An instance of solver `name` with `params` (defaults for the rest).
+def get_solver(name: str, /, **params) -> Solver:
+    """An instance of solver `name` with `params` (defaults for the rest; `name` is positional only,
+    so a solver may have a parameter called name: a review).
 
     Raises:
         UnknownSolverError, SolverLoadError: see Registry.get_class.
