@@ -182,3 +182,26 @@ def test_a_parameter_called_name_reaches_the_solver():
 
     table = _run({"named": type("Named", (Solver,), {"params": {"name": Param("x", "a label")}, "predict": _answer})})
     assert (table.status == "ok").all(), table.message.tolist()
+
+
+def test_a_key_made_without_the_solver_is_not_checked_against_its_files(tmp_path):
+    """A solver registered on the Dask workers only is keyed by a driver that cannot load it: the
+    key names no code of its module and no files, so its files are not compared at run time (they
+    would always differ)."""
+    import dataclasses
+
+    from icl_bench.bench.cells import Cell, _no_solver_digest
+    from icl_bench.bench.runner import run_cell
+
+    data = tmp_path / "coef.json"
+    data.write_text("1")
+    register_solver("worker-only")(type("WorkerOnly", (Solver,), {"params": {}, "predict": _answer,
+                                                                  "input_files": lambda self: [data]}))
+    try:
+        cell = Cell("worker-only", "{}", 10, 0.1, 10.0, "float32", "cpu", 0, 16, 16, "{}", 1, 1.0)
+        unloaded = run_cell(dataclasses.replace(cell, code_sha256=_no_solver_digest()))
+        loaded = run_cell(cell)  # a key that names no file where the solver reads one: an error
+    finally:
+        registry.REGISTRY.unregister("worker-only")
+    assert (unloaded["status"], unloaded["message"]) == ("ok", "")
+    assert loaded["status"] == "error" and "named other files or bytes" in loaded["message"]

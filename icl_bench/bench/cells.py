@@ -116,6 +116,18 @@ def _codes_here(name: str) -> tuple[str, ...] | None:
     return code_digest(module), code_digest("")
 
 
+def keys_its_files(cell: Cell) -> bool:
+    """Whether `cell`'s key names the files its solver reads: not where the driver could not load
+    the solver (one registered on the Dask workers only), whose key has the code digest of no
+    module and no files (_codes_here)."""
+    return cell.code_sha256 != _no_solver_digest()
+
+
+@lru_cache(maxsize=1)
+def _no_solver_digest() -> str:
+    return code_digest("")
+
+
 def digest_mismatch(cell: Cell) -> str:
     """"" when this process would compute `cell` with the code and input files its key names, else
     what differs. A Dask worker with another checkout, other package versions or other checkpoints

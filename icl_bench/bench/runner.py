@@ -36,7 +36,7 @@ from icl_bench.bench import hostload, schema, store
 from icl_bench.bench.contract import (InputFilesError, check_untouched, check_well_posed, files_digest, input_files,
                                       no_answer_message, torch_defaults_kept, weight_columns, where)
 from icl_bench.bench.cache import CellCache, cache_key
-from icl_bench.bench.cells import Cell, cell_prompts, digest_mismatch, expand_cells, same_matrix
+from icl_bench.bench.cells import Cell, cell_prompts, digest_mismatch, expand_cells, keys_its_files, same_matrix
 from icl_bench.bench.config import Executor, MatrixConfig
 from icl_bench.bench.cluster import worker_name
 from icl_bench.bench.executors import make_executor
@@ -110,7 +110,7 @@ def _run_solver(cell: Cell, row: dict, timing_slot, changed: list[str]) -> None:
         with torch_defaults_kept(changed):
             solver = get_solver(cell.solver, **json.loads(cell.solver_params))
             files = input_files(solver)  # an input_files() that fails is this cell's error
-        if files_digest(files) != cell.inputs_sha256:  # the row is stored under a key that names what it read
+        if keys_its_files(cell) and files_digest(files) != cell.inputs_sha256:  # stored under a key naming what it read
             raise InputFilesError(f"input_files() named other files or bytes when the cell ran than when it was "
                                   f"keyed (sha256 {cell.inputs_sha256[:12] or '(none)'} then, "
                                   f"{files_digest(files)[:12] or '(none)'} now; files: "
