@@ -196,7 +196,7 @@ def main() -> None:
             result["store_and_overhead"] = {"started": now(), "info": info, **bench_store_and_overhead(args.cells, tmp)}
         if args.only in (None, "speedup") and not args.render:  # the other part's, measured elsewhere maybe
             result["speedup"] = {"started": now(), "info": info, **bench_speedup(tmp, args.repeats)}
-        result["info"] = result.get("info", info) if args.render else info
+        result.pop("info", None)  # (an older file's one machine line for both parts: each part has its own now)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2))

@@ -110,10 +110,11 @@ def _run_solver(cell: Cell, row: dict, timing_slot, changed: list[str]) -> None:
         with torch_defaults_kept(changed):
             solver = get_solver(cell.solver, **json.loads(cell.solver_params))
             files = input_files(solver)  # an input_files() that fails is this cell's error
-        if keys_its_files(cell) and files_digest(files) != cell.inputs_sha256:  # stored under a key naming what it read
+        now = files_digest(files) if keys_its_files(cell) else cell.inputs_sha256
+        if now != cell.inputs_sha256:  # the row is stored under a key that names what it read
             raise InputFilesError(f"input_files() named other files or bytes when the cell ran than when it was "
                                   f"keyed (sha256 {cell.inputs_sha256[:12] or '(none)'} then, "
-                                  f"{files_digest(files)[:12] or '(none)'} now; files: "
+                                  f"{now[:12] or '(none)'} now; files: "
                                   f"{', '.join(p.name for p in files) or 'none'}): one changed during the run. "
                                   "List only files the solver reads, never one it writes (a cache), and run again")
         pristine = cell_prompts(cell.prompts, cell.N, cell.noise, cell.R, cell.n_prompts, cell.seed, cell.dtype,
