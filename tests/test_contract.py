@@ -205,3 +205,18 @@ def test_a_key_made_without_the_solver_is_not_checked_against_its_files(tmp_path
         registry.REGISTRY.unregister("worker-only")
     assert (unloaded["status"], unloaded["message"]) == ("ok", "")
     assert loaded["status"] == "error" and "named other files or bytes" in loaded["message"]
+
+
+def test_no_answer_on_any_well_posed_prompt_is_named_though_an_ill_posed_one_got_a_number():
+    """A solver that answers NaN on every well-posed prompt is a "no finite prediction" cell even
+    when it made up a finite answer on an ill-posed one; both are named. The check had only been
+    tried with a solver that answers NaN everywhere (a mutation review)."""
+    from types import SimpleNamespace
+
+    from icl_bench.bench.contract import ILL_ANSWERED, NO_ANSWER, no_answer_message
+
+    nan = float("nan")
+    batch = SimpleNamespace(ols_prediction=torch.tensor([1.0, 2.0, nan], dtype=torch.float64))  # 2 well-posed
+    message = no_answer_message(torch.tensor([nan, nan, 5.0]), batch)
+    assert message.startswith(f"{NO_ANSWER}: NaN/inf on all 2 well-posed prompts") and ILL_ANSWERED in message
+    assert no_answer_message(torch.tensor([nan, 3.0, nan]), batch) == ""  # one well-posed answer: it answers

@@ -100,6 +100,9 @@ def test_a_layernorm_in_torch_sum_order_above_four_slots_runs_eager():
         slots = build_ln_construction_mv(1e5, 2, dtype=torch.float32, ln_sum="slots")
         assert fused.fused_forward(slots, t) is not None
         assert mse(torch_order(t)) > 1e3 * mse(slots(t)), (mse(torch_order(t)), mse(slots(t)))  # the order shows
+        # the eager forward (CUDA, gradients) sums in slot order too: an eager path that fell back to
+        # torch's order answered 1.4e-6 here, unseen while every CPU test ran the kernel (a mutation review)
+        assert mse(torch_order(t)) > 1e3 * mse(slots.forward_eager(t)), mse(slots.forward_eager(t))
         four = random_model(d_model=4)  # torch's order is slot order: the kernel runs
         assert four.cfg.ln_sum == "torch" and fused.fused_forward(four, tokens()) is not None
 
@@ -257,6 +260,23 @@ def test_unrolled_fold_rounds_as_the_loop_fold(monkeypatch):
         looped = fused.fused_forward(m, t)
     assert "x_0_0_0 =" not in fused_source.source(3, 3, 1, True, pattern)  # the loop form was the one compiled
     assert torch.equal(unrolled, looped)
+
+
+def test_lane_sums_are_added_in_lane_order():
+    """A key-value sum is kept as LANES lane sums that `sums_j` adds in lane order (0, 1, ...), a
+    summation order fixed by the code (docs/throughput.md). Run as plain Python on float32 values
+    whose sum depends on the order: lane 0 holds 2^24, every other lane 1, so in order each 1 is
+    lost to rounding (2^24 + 1 rounds to 2^24) and the reverse order keeps them (2^24 + 16).
+    Nothing pinned the order before (a mutation review)."""
+    ns = {"np": np}
+    exec(fused_source.source(3, 4, 2, True), ns)  # noqa: S102 - the generated source, run uncompiled
+    lanes, F = fused_source.LANES, np.float32
+    acc = np.ones(2 * 4 * 4 * lanes, dtype=F)  # (head, e, f) accumulators, LANES lanes each
+    acc[::lanes] = F(2.0**24)
+    S = np.empty((2, 4, 4), dtype=F)
+    ns["sums_0"](acc, S, 1)
+    assert (S == F(2.0**24)).all(), S  # in lane order; the reverse order gives 2^24 + 16
+    assert not acc.any()  # and the lanes are reset for the next layer
 
 
 def sparse_model(zeros=0.6, seed=0, **kw):

@@ -107,6 +107,18 @@ def test_probe_fails_on_unrelated_activations():
         mechanism_probes({"layer0.resid": torch.zeros(2, 3, 4)}, torch.zeros(2, 3, 3))
 
 
+def test_probe_fit_reads_the_slope_and_intercept_of_a_known_line():
+    """Slot 2 holds 3 + 2 t (plus a little noise) for a target t of mean 5: the probe finds that
+    slot, slope 2 and intercept 3 (the intercept draws the fitted line of probes.png; nothing
+    checked it: a mutation review)."""
+    g = torch.Generator().manual_seed(0)
+    t = 5.0 + torch.randn(400, generator=g, dtype=torch.float64)
+    noise = lambda: torch.randn(400, generator=g, dtype=torch.float64)  # noqa: E731
+    fit = probe_fit(torch.stack([noise(), noise(), 3.0 + 2.0 * t + 1e-3 * noise()], 1), t)
+    assert fit.slot == 2 and fit.r2 > 0.999
+    assert fit.slope == pytest.approx(2.0, abs=1e-3) and fit.intercept == pytest.approx(3.0, abs=1e-2)
+
+
 def test_a_probe_of_values_that_overflow_when_centred_is_refused():
     """Finite values near 1e308 (a run at noise 1e308, published) overflowed when centred, and
     lstsq failed with a torch internal-assert traceback (found by a review): a ConfigError now,
