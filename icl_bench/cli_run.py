@@ -207,9 +207,10 @@ def cmd_run(args) -> int:
             print(f"icl-bench: interrupted after the run had finished; its table is complete in {out}", file=sys.stderr)
             return _interrupt_code(exc) if isinstance(exc, KeyboardInterrupt) else 1
         what = _interrupted(exc) if isinstance(exc, KeyboardInterrupt) else f"error: {flag_named(exc)}"
-        done = getattr(exc, "cells_done", None)  # (runner._recorded: cells stored, cells of the matrix)
+        done = getattr(exc, "cells_done", None)  # (runner._recorded: cells stored, of the matrix, to run again)
         cells = f"{done[0]} of {done[1]} cells finished, kept" if done else "the finished cells are kept"
-        kept = (f"; {cells} in {out}. Resume with:\n  {_resume_command(args.argv, out)}"
+        again = (f" ({done[2]} of them skipped or failed, which --resume runs again)" if done and done[2] else "")
+        kept = (f"; {cells} in {out}{again}. Resume with:\n  {_resume_command(args.argv, out)}"
                 if out.is_dir() else f" before {out} was made")  # (no resume line for a folder never made)
         print(f"icl-bench: {what}{kept}", file=sys.stderr)
         return _interrupt_code(exc) if isinstance(exc, KeyboardInterrupt) else 1

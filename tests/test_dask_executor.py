@@ -333,7 +333,7 @@ def test_bad_executor_flags_exit_2_and_write_nothing(tmp_path, monkeypatch, caps
     for flags in (["--workers", "2"], ["--scheduler", "tcp://127.0.0.1:1"], ["--executor", "dask"]):  # executor.kind
         assert main(["run", "--config", str(cfg), "--out", str(tmp_path / "o"), "--no-progress", *flags]) == 2
         assert capsys.readouterr().err == (f'icl-bench: error: {flags[0]}: "dask" needs the optional packages dask and '
-                                           'distributed (pip install "icl-bench[dask]")\n')
+                                           'distributed (pip install -e ".[dask]" in the icl-bench checkout)\n')
 
 
 def _stub_executor(monkeypatch, cfg, cluster=None):

@@ -614,6 +614,36 @@ def test_sigterm_stops_a_run_like_ctrl_c_with_the_resume_line(tmp_path, capsys):
     assert f"; 1 of {len(table)} cells finished, kept in {out}. Resume with:" in stopped, stopped
 
 
+def test_the_interruption_line_says_which_kept_cells_resume_runs_again(tmp_path, capsys):
+    """A skipped or failed cell is stored but --resume runs it again (CellStore.load): the line
+    "173 of 288 cells finished, kept" counted 86 cuda cells skipped for want of a GPU among the
+    kept ones (a new-user tryout). It now says how many of them --resume runs again."""
+    import os
+    import signal
+
+    @register_solver("test-fails-then-sigterm")
+    class FailsThenSigterm(Solver):
+        """OLS; fails at N = 5, and the process receives SIGTERM in its cell at N = 6."""
+        params = {}
+
+        def predict(self, batch):
+            if batch.N == 5:
+                raise RuntimeError("no answer at N = 5")
+            if batch.N == 6:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return batch.ols_prediction.to(batch.dtype)
+
+    raw = dict(RAW, solvers={"test-fails-then-sigterm": {}}, grid=dict(RAW["grid"], N=[4, 5, 6]))
+    out = tmp_path / "run"
+    try:
+        code, _, err = _run(capsys, "--config", _cfg(tmp_path, raw), "--out", out)
+    finally:
+        REGISTRY.unregister("test-fails-then-sigterm")
+    assert code == 143, err
+    assert (f"; 2 of 3 cells finished, kept in {out} (1 of them skipped or failed, which --resume runs again). "
+            "Resume with:") in err, err
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # ctypes reports what it dropped
 def test_a_sigterm_that_a_c_callback_swallows_still_stops_the_run(tmp_path, capsys):
     """A SIGTERM that lands inside a C callback (llvmlite's, while numba compiles a kernel) raised

@@ -4,7 +4,7 @@
            nothing beyond the core packages)
     dask   one task per cell on a Dask cluster: the cluster at `scheduler` (tcp://host:8786), or a
            distributed.LocalCluster started for the run (`n_workers` processes, one thread each,
-           on the loopback interface). Needs the optional extra `pip install "icl-bench[dask]"`.
+           on the loopback interface). Needs the optional extra: `pip install -e ".[dask]"` in the checkout.
 
 Either way the executor only *computes*: `results(cells, work)` yields (cell, row, failure) as
 each cell finishes, and the caller (the runner, in the driver process) stores every row as it
@@ -34,7 +34,7 @@ from icl_bench.bench.config import Executor
 from icl_bench.errors import ConfigError, RunAborted
 
 Failure = tuple[str, str]  # (status, message) of a cell the executor could not get a row for
-DASK_MISSING = 'executor.kind: "dask" needs the optional packages dask and distributed (pip install "icl-bench[dask]")'
+DASK_MISSING = 'executor.kind: "dask" needs the optional packages dask and distributed (pip install -e ".[dask]" in the icl-bench checkout)'
 CONNECT_TIMEOUT = "10s"  # to reach a running scheduler
 HANDSHAKE_S = 30.0  # for the whole connection, handshake included (CONNECT_TIMEOUT does not bound that)
 PACKAGE = "icl_bench"  # what every worker must import (_check_workers)

@@ -258,7 +258,7 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
             session = {"command": provenance.command_line(), "started_at": started, "cells_reused": reused,
                        "cells_computed": 0}
             session_n = cells_db.open_session(session) if cells_db is not None else None
-            with sigint_recorded(reraise=True) as seen, _recorded(session, session_n, cells_db, ex, len(set(keys))):
+            with sigint_recorded(reraise=True) as seen, _recorded(session, session_n, cells_db, ex, len(set(keys)), rows):
                 for cell, row, failure in ex.results(todo, work):
                     if row is None:
                         row = failed_row(cell, *failure)
@@ -300,18 +300,20 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
 
 
 @contextmanager
-def _recorded(session: dict, n, cells_db, ex, n_cells: int):
+def _recorded(session: dict, n, cells_db, ex, n_cells: int, rows: dict):
     """Record the end of `session` (number `n` in the run's store: CellStore.close_session) when the
     block is interrupted or fails: its command, executor kind and cells computed stay in
     metadata.json's `sessions` once the run is finished by a --resume. (A finished session is
     recorded by the caller, with its metadata; a killed one keeps its "running" record.) The
-    exception leaves with `cells_done` = (cells stored, `n_cells` of the matrix), which the CLI's
+    exception leaves with `cells_done` = (cells stored, `n_cells` of the matrix, how many of the
+    stored `rows` are skips or errors, which --resume runs again: CellStore.load), which the CLI's
     interruption line prints."""
     try:
         yield
     except BaseException as exc:
         try:
-            exc.cells_done = (session["cells_reused"] + session["cells_computed"], n_cells)
+            again = sum(row.get("status", "ok") != "ok" for row in rows.values())
+            exc.cells_done = (session["cells_reused"] + session["cells_computed"], n_cells, again)
         except AttributeError:  # (an exception type with __slots__)
             pass
         if cells_db is not None:
