@@ -818,3 +818,31 @@ def test_a_plugins_code_digest_covers_its_distributions_other_packages_and_requi
         assert provenance.distribution_parts("icl_bench_baselines") == ()  # icl-bench's own: code_digest has it
     finally:
         fresh()
+
+
+def test_a_log_line_during_a_run_with_a_progress_bar_starts_on_its_own_line(monkeypatch, capsys):
+    """The "compiled a fused kernel" line was written straight after the progress bar, glued to
+    it ("0/144 [00:00<?, ?cell/s]icl-bench: compiled ..."; a new-user tryout): log records now go
+    through tqdm while the bar is shown, which clears the bar, prints the line and redraws it."""
+    import logging
+
+    import icl_bench.bench.runner as runner
+    from icl_bench.bench.config import parse_config
+
+    line = "icl-bench: compiled a fused kernel (a test)"
+    run_cell = runner.run_cell
+
+    def logs_then_runs(*args, **kwargs):
+        logging.getLogger("icl_bench.solvers.fused").warning(line)  # (as fused._first_call logs it)
+        return run_cell(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_cell", logs_then_runs)
+    monkeypatch.setattr(logging.root, "handlers", [])  # as in `icl-bench run` (pytest's own handlers capture logs)
+    runner.run_matrix(parse_config(RAW), None, progress=True)
+    err = capsys.readouterr().err
+    assert err.count(line) == 2 and all(err[i - 1] in "\r\n" for i in _starts(err, line)), err
+
+
+def _starts(text: str, part: str) -> list[int]:
+    """Indices where `part` starts in `text`."""
+    return [i for i in range(len(text)) if text.startswith(part, i)]

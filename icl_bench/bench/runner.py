@@ -30,6 +30,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from icl_bench.startup import Terminated, sigint_recorded, sigterm_seen, torch_threads
 from icl_bench.bench import hostload, schema, store
@@ -258,7 +259,9 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
             session = {"command": provenance.command_line(), "started_at": started, "cells_reused": reused,
                        "cells_computed": 0}
             session_n = cells_db.open_session(session) if cells_db is not None else None
-            with sigint_recorded(reraise=True) as seen, _recorded(session, session_n, cells_db, ex, len(set(keys)), rows):
+            logs = logging_redirect_tqdm() if progress else nullcontext()  # a log line (a kernel compiled) above the bar
+            with (sigint_recorded(reraise=True) as seen, logs,
+                  _recorded(session, session_n, cells_db, ex, len(set(keys)), rows)):
                 for cell, row, failure in ex.results(todo, work):
                     if row is None:
                         row = failed_row(cell, *failure)
