@@ -125,10 +125,11 @@ def test_publish_writes_markdown_csv_png_and_html(published):
     assert ", git_commit " in md  # the command that made the run first (its seed and commit follow)
     assert "Against R at N = 5, noise = 0, device = cpu; against N at R = 10, noise = 0, device = cpu;" in md
     # the interval's caveat beside the headline on the page too, not only in the markdown (a review)
-    assert ('<p class="note">The 95 % CI (over the prompts; normal theory) under-covers these heavy-tailed errors, as '
+    assert ('<p class="note">The 95 % CI (over the prompts, on the log scale: [m / f, m · f], f = exp(t · se / m), not m ± t · se) '
+            'under-covers these heavy-tailed errors, as '
             "measured and described in docs/report.md (<code>icl-bench docs report</code>)") in page
     assert "results/ci_coverage.md" not in page  # not in an installed package: the docs it ships are cited (a review)
-    assert "; the 95 % CI (over the prompts; normal theory)" in (published / "headline.md").read_text()
+    assert "; the 95 % CI (over the prompts, on the log scale: [m / f, m · f]" in (published / "headline.md").read_text()
     head = (published / "headline.md").read_text()
     assert f"icl-bench publish {published.parent / 'seed0'} --out {published}`" in head  # --force was not passed
     assert f"--out {published}</code> (add <code>--force</code> to regenerate" in page

@@ -55,8 +55,8 @@ MEDIAN_NOTE = ("A typical prompt's error: where errors are heavy-tailed a few pr
                "(docs/report.md, `icl-bench docs report`), and the median does not move with them; with several seeds, the "
                "median of their medians.")
 
-CI_NOTE = ("the 95 % CI (over the prompts; normal theory) under-covers these heavy-tailed errors, as measured and "
-           "described in docs/report.md (`icl-bench docs report`).")
+CI_NOTE = ("the 95 % CI (over the prompts, on the log scale: [m / f, m · f], f = exp(t · se / m), not m ± t · se) "
+           "under-covers these heavy-tailed errors, as measured and described in docs/report.md (`icl-bench docs report`).")
 
 TARGET_NOTE = ("CSV prompts have no clean truth: this is the held-out prediction error (mse_vs_target, the pooled mean "
                "over the prompts, no interval); the tables above say how close each solver is to OLS, not how well it "
