@@ -167,8 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="icl-bench", description="Benchmark in-context learning algorithms for linear regression.")
     p.add_argument("--version", action="version", version=f"icl-bench {version('icl-bench')}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    sub.add_parser("list", help="list solvers, their parameters and where they come from").set_defaults(func=cmd_list)
-    run = sub.add_parser("run", help="run a benchmark matrix (default: the packaged default matrix)")
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:  # its own --help says what it does too
+        return sub.add_parser(name, help=text, description=text)
+
+    command("list", "list solvers, their parameters and where they come from").set_defaults(func=cmd_list)
+    run = command("run", "run a benchmark matrix (default: the packaged default matrix)")
     run.add_argument("--config", help=f"matrix config: a TOML file or a packaged matrix ({_packaged('run')}; default: default); "
                      "training configs: `icl-bench train`, sweeps: `icl-bench sweep`")
     run.add_argument("--out", help="output folder (default: results/runs/<timestamp>)")
@@ -187,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="time at most one cell per machine at a time (others compute meanwhile)")
     run.set_defaults(func=cmd_run)
     for name in ("publish", "report"):  # `report` is an alias
-        pub = sub.add_parser(name, help="aggregate run folders into tables, plots and index.html"
+        pub = command(name, "aggregate run folders into tables, plots and index.html"
                              + (" (alias of publish)" if name == "report" else ""))
         pub.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="folders written by `icl-bench run`")
         pub.add_argument("--out", required=True, help="output folder (must be absent or empty unless --force)")
@@ -197,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
         pub.add_argument("--checkpoint", action="append", help="a trained-model checkpoint (a path, or a shipped name such as trained-l1-R100) to draw beside the construction")
         pub.add_argument("--readme", help="also rewrite the <!-- headline:begin/end --> block of this file with headline.md")
         pub.set_defaults(func=cmd_publish)
-    ana = sub.add_parser("analyze", help="mechanism analysis of a checkpoint: sparsity, similarity to the construction, probes")
+    ana = command("analyze", "mechanism analysis of a checkpoint: sparsity, similarity to the construction, probes")
     ana.add_argument("checkpoint", metavar="CHECKPOINT",
                      help="<stem>.safetensors, <stem>.json, the stem, or a shipped checkpoint's name (e.g. trained-l1-R100)")
     ana.add_argument("--out", help="write every number to this JSON file")
@@ -207,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     ana.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as run and train; 0 = torch's "
                      "default: on a shared machine more threads mostly wait, see docs/throughput.md)")
     ana.set_defaults(func=cmd_analyze)
-    tr = sub.add_parser("train", help="train transformers from a TOML config and save checkpoints")
+    tr = command("train", "train transformers from a TOML config and save checkpoints")
     tr.add_argument("--config", default="train", help="training TOML ([defaults] + [runs.NAME]) or a packaged "
                     f"training config ({_packaged('train')}; default: train)")
     tr.add_argument("--out", default="models", help="folder for <name>.safetensors + <name>.json (default: ./models)")
@@ -216,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--no-progress", action="store_true", help="no progress bars")
     tr.add_argument("--force", action="store_true", help="overwrite checkpoints of the same names in --out")
     tr.set_defaults(func=cmd_train)
-    sw = sub.add_parser("sweep", help="l1 sweep: train a lambda grid x seeds and tabulate what the penalty changes")
+    sw = command("sweep", "l1 sweep: train a lambda grid x seeds and tabulate what the penalty changes")
     sw.add_argument("--config", default="l1_sweep", help=f"sweep TOML ([sweep] + [train]) or a packaged sweep config "
                     f"({_packaged('sweep')}; default: l1_sweep)")
     sw.add_argument("--reuse", action="store_true", help="reuse checkpoints already saved by an earlier sweep")
@@ -224,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "checkpoints in <out>_models/ (with --reuse: the tables, and a saved checkpoint that cannot be reused: a half pair, a damaged file, other [train] settings)")
     sw.add_argument("--no-progress", action="store_true", help="no progress bars")
     sw.set_defaults(func=cmd_sweep)
-    doc = sub.add_parser("docs", help="list the docs that messages and tables cite (docs/<name>.md), or print one")
+    doc = command("docs", "list the docs that messages and tables cite (docs/<name>.md), or print one")
     doc.add_argument("name", nargs="?", metavar="NAME", help="a doc's name (analysis, docs/analysis.md); "
                      "without it: the list")
     doc.add_argument("--path", action="store_true", help="print the doc's path, not its text")

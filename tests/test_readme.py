@@ -1,4 +1,5 @@
 """README's examples are checked, so they stay true."""
+import re
 from pathlib import Path
 
 
@@ -143,3 +144,23 @@ def test_model_card_and_training_doc_agree_with_the_shipped_checkpoints():
         assert re.search(rf"^\| {re.escape(path.stem)} \|.*\| {re.escape(commit)} \|$", card, re.M), path.stem
     doc = " ".join((ROOT / "docs" / "training.md").read_text().split())
     assert not re.search(r"\b(\w+) of the (\w+) (shipped )?checkpoints record", doc, re.I)
+
+
+def test_readme_command_table_names_every_option_of_every_command():
+    """Each row of the README's command table names every option its command accepts (analyze's
+    --n-prompts, --seed, --N and train's --no-progress were missing: a new-user tryout)."""
+    from icl_bench.cli import build_parser
+
+    text = (ROOT / "README.md").read_text()
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `icl-bench (\w+)[^\n]*", text, re.M)}
+    commands = build_parser()._subparsers._group_actions[0].choices  # name -> its parser
+    missing = {}
+    for name, parser in commands.items():
+        if name == "report":  # the alias of publish
+            continue
+        options = {o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+        lost = sorted(o for o in options if not re.search(rf"{re.escape(o)}(?![\w-])", rows.get(name, "")))
+        if lost:
+            missing[name] = lost
+    assert set(rows) >= set(commands) - {"report"} and not missing, (sorted(rows), missing)
+    assert all(parser.description for parser in commands.values())  # `icl-bench list --help` said nothing of it
