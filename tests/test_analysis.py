@@ -188,6 +188,19 @@ def test_similarity_low_for_random_weights_and_intermediate_for_half_right(const
     assert align["components"]["layer0.out"] > 0.99 and align["components"]["layer1.out"] < 0.5
 
 
+def test_similarity_sees_layernorm_biases_the_construction_does_not_have(construction):
+    """The LayerNorm bias enters each layer's output component: a copy of the construction with
+    biases (50, -80, 30, 60) in both LayerNorms answers nothing like OLS, and its similarity must
+    say so (measured 0.76, `layer*.out` about 0.31). With the bias left out of the component it
+    read 1.0 in every component (a mutation review)."""
+    biased = copy.deepcopy(construction)
+    with torch.no_grad():
+        for block in biased.blocks:
+            block.ln.bias.copy_(torch.tensor([50.0, -80.0, 30.0, 60.0], dtype=block.ln.bias.dtype))
+    score, align = similarity(biased, construction)
+    assert score < 0.9 and max(align["components"]["layer0.out"], align["components"]["layer1.out"]) < 0.5, align
+
+
 def test_shuffled_entries_keep_values_and_zeros_and_lose_the_similarity(construction):
     """The matched null of the seed table: each weight matrix's entries permuted, LayerNorm kept."""
     from icl_bench.analysis.similarity import shuffle_entries

@@ -22,6 +22,16 @@ def test_augmentation_keeps_ols_and_changes_x():
     assert torch.equal(affine_augment(b.tokens, scale=10.0, shift=5.0, r=0.0, seed=1), b.tokens)
 
 
+def test_affine_draws_span_both_signs_of_the_shift_and_the_scale():
+    """t ~ U[-r T, r T] and s = exp(U[-r ln S, r ln S]): symmetric about 0 and 1. Only the scale's
+    range was tested; a shift drawn from [0, r T] (x moved one way only) passed (a mutation review)."""
+    from icl_bench.training.augment import affine_draws
+
+    s, t = affine_draws(100_000, scale=4.0, shift=2.0, r=0.5, seed=0)
+    assert -1.0 <= t.min() < -0.99 and 0.99 < t.max() <= 1.0 and abs(float(t.mean())) < 0.01
+    assert 0.5 <= s.min() < 0.51 and 1.98 < s.max() <= 2.0 and abs(float(s.log().mean())) < 0.01
+
+
 def test_ramp():
     assert ramp_factor(0, 300, 1 / 3) == 0 and ramp_factor(50, 300, 1 / 3) == pytest.approx(0.5)
     assert ramp_factor(200, 300, 1 / 3) == 1 and ramp_factor(1, 300, 0.0) == 1
@@ -45,6 +55,17 @@ def test_training_batch_leaves_x_draws_alone_and_is_off_by_default():
     tok_xy, tgt_xy = training_batch(TrainConfig(**base, aug_y_scale=10.0, aug_y_shift=5.0), b.tokens, b.ols_prediction, step=5)
     assert tgt_x is b.ols_prediction and torch.equal(tok_xy[..., 0], tok_x[..., 0])
     assert not torch.equal(tok_xy[..., 1], tok_x[..., 1]) and not torch.equal(tgt_xy, tgt_x)
+
+
+def test_the_proximal_step_acts_on_the_embedding_every_attention_matrix_and_the_readout():
+    """docs/training.md: the l1 penalty covers the embedding, the attention matrices and the
+    readout; only the overall zero fraction was tested, which the other matrices meet without the
+    readout (a mutation review)."""
+    model = init_model(TrainConfig(R=10.0, N=[12], steps=10, progress=False))
+    want = [model.embed.weight, model.readout.weight] + [p for n, p in model.named_parameters() if ".attn." in n]
+    got = prox_params(model)
+    assert len(got) == len(want) and {id(p) for p in got} == {id(p) for p in want}
+    assert not any(".ln." in n for n, p in model.named_parameters() if any(p is q for q in got))  # LayerNorm is not
 
 
 def test_prox_soft_threshold():

@@ -101,6 +101,7 @@ def test_state_names_each_case():
     # std ~ Cxx^1.3 is not a division by Cxx (noaug12k seed 0: slope 1.30, R^2 0.894, freeze 0.12)
     assert state(mk(none, {**div, "slope": 1.3})) == "neither"
     assert state(mk(none, {**div, "slope": 1.04})) == "layer-2 division"
+    assert state(mk(none, {**div, "r2": 0.2, "r2_raw": 0.1})) == "neither"  # the right slope, a poor fit (a mutation review)
     assert state({"has_layernorm": False}) == "neither"
     assert state({**mk(none, div), "rel_mse": 0.04}) == "neither"  # freezing added 0.02 only
     assert state({**mk(none, div), "rel_mse": math.nan}) == "neither"  # an answer of NaN is no evidence

@@ -94,6 +94,16 @@ def test_the_cell_cache_serves_rows_timed_with_the_same_threads_only(tmp_path, c
     pd.testing.assert_frame_equal(d, pd.read_parquet(tmp_path / "a" / "results.parquet"))
 
 
+def test_the_cell_cache_serves_rows_timed_exclusively_only_to_exclusive_timing(tmp_path, capsys):
+    """Rows timed while other cells ran beside them are no exclusive timing: an --exclusive-timing
+    run times its cells anew and is then served its own rows (nothing tested the tag: a mutation
+    review)."""
+    cache, cfg = tmp_path / "cache", _cfg(tmp_path, RAW)
+    for out, flags, reused in (("a", [], 0), ("b", ["--exclusive-timing"], 0), ("c", ["--exclusive-timing"], 2)):
+        assert _run(capsys, "--config", cfg, "--out", tmp_path / out, "--cache", cache, *flags)[0] == 0
+        assert json.loads((tmp_path / out / "metadata.json").read_text())["n_cells_reused"] == reused, out
+
+
 PLUGIN = """from icl_bench import Solver, register_solver
 import torch
 

@@ -2,6 +2,7 @@
 import pandas as pd
 import pytest
 
+from icl_bench import PromptSpec, sample_prompts
 from icl_bench.errors import ConfigError
 from icl_bench.cli import main
 from icl_bench.training.config import TrainConfig, read_sweep, run_name
@@ -29,6 +30,12 @@ def test_sweep_writes_tables_and_reuses(tmp_path):
     cfg.write_text(TINY.format(out=tmp_path / "out" / "l1.v1"))
     table = run_sweep(str(cfg), progress=False)
     assert len(table) == 2 and set(table.l1) == {0.0, 1e-3} and table.rel_mse.notna().all()
+    # rel_mse is mse_vs_ols over the variance of the OLS answers of the sweep's evaluation prompts (a mutation
+    # review: nothing checked the denominator); those prompts are the row's own: N = eval_N, R, seed 3e9
+    sweep = read_sweep(str(cfg)).sweep
+    ols = sample_prompts(PromptSpec(N=sweep.eval_N, noise=sweep.eval_noise, R=float(table.R.iloc[0])), 128,
+                         seed=3_000_000_000, dtype=TrainConfig().dtype).ols_prediction  # (the training dtype)
+    assert table.rel_mse.to_numpy() == pytest.approx(table.mse_vs_ols.to_numpy() / float(ols.var()), rel=1e-12)
     csv = pd.read_csv(tmp_path / "out" / "l1.v1.csv")
     assert len(csv) == 2 and {"mse_vs_ols", "sparsity", "weight_l1"} <= set(csv.columns)
     assert {"similarity", "probe.division.r2", "hoyer"} <= set(csv.columns) and csv.similarity.between(0, 1).all()

@@ -106,6 +106,8 @@ def test_schedule_warmup_then_decay():
     cfg = TrainConfig(**dict(TINY, steps=100, warmup_frac=0.1))
     f = [lr_factor(cfg, s) for s in range(100)]
     assert f[0] < f[5] < f[9] == 1.0 and f[50] < 1.0 and f[99] < 0.01
+    # the cosine starts where the warm-up ends: 1 at step 10, half way (0.5 (1 - 1e-3) + 1e-3) at step 55
+    assert f[10] == pytest.approx(1.0) and f[55] == pytest.approx(0.5005)
 
 
 def test_flatten_readout_and_noisy_target_train():

@@ -54,6 +54,16 @@ def test_trained_l1_meets_one_percent_goal(R):
         assert mse <= 0.01 * float(batch.ols_prediction.var()), (R, N, mse)
 
 
+def test_a_checkpoint_serves_its_own_R_only():
+    """checkpoint_fits matches R to rounding (rel 1e-9), not to a tolerance: R = 95 or 105 is not
+    the R = 100 model's cell (the only skip test used R = 37; a mutation review)."""
+    from icl_bench.solvers.trained import checkpoint_fits
+
+    meta = {"R": 100.0, "model_config": {"readout": "query"}}
+    assert checkpoint_fits(meta, 100.0, 10) and checkpoint_fits(meta, 100.0 * (1 + 1e-12), 10)
+    assert not any(checkpoint_fits(meta, R, 10) for R in (95.0, 99.9, 100.01, 105.0))
+
+
 @pytest.mark.parametrize("name", SOLVERS)
 def test_skips_an_R_without_checkpoint(name):
     batch = sample_prompts(PromptSpec(N=10, R=37.0), 8, seed=0)
