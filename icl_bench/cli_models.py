@@ -37,7 +37,9 @@ def cmd_analyze(args) -> int:
             raise
         raise ConfigError(f"{exc}; {args.checkpoint!r} is a solver, which analyze cannot read: its behavioural "
                           f"fingerprint is the Mechanism table of `icl-bench run --config ood --solver "
-                          f"{args.checkpoint}` then `icl-bench publish` (docs/analysis.md)") from None
+                          f"{args.checkpoint}` then `icl-bench publish`, whose verdict judges x-shifts up to 5 and "
+                          "x-scales 0.1-10 only (docs/report.md), where analyze's fingerprint of a checkpoint also "
+                          "weighs x+20, so the two can differ (docs/analysis.md)") from None
     try:
         with torch_threads(args.threads):  # the fingerprint's GD trajectories are many small ops
             result = analyze_checkpoint(path, n_prompts=args.n_prompts, seed=args.seed, N=args.N)

@@ -516,7 +516,9 @@ def test_analyze_of_a_solver_name_says_where_its_mechanism_is_read(capsys):
     assert code == 2 and err.count("\n") == 1
     assert err.rstrip().endswith("'gd-lsa' is a solver, which analyze cannot read: its behavioural fingerprint is the "
                                  "Mechanism table of `icl-bench run --config ood --solver gd-lsa` then `icl-bench "
-                                 "publish` (docs/analysis.md)")
+                                 "publish`, whose verdict judges x-shifts up to 5 and x-scales 0.1-10 only "
+                                 "(docs/report.md), where analyze's fingerprint of a checkpoint also weighs x+20, so "
+                                 "the two can differ (docs/analysis.md)")
     code, err = _run(capsys, ["analyze", "no-such-thing"])
     assert code == 2 and "is a solver" not in err
 

@@ -97,11 +97,22 @@ def test_a_huge_lambda_names_its_run_without_a_plus(tmp_path):
 
 
 def test_reuse_says_what_it_trains_because_it_was_missing(tmp_path, capsys):
-    """--reuse in a folder without the checkpoints trained all of them and said nothing."""
+    """--reuse in a folder without the checkpoints trained all of them and said nothing; then it
+    said so and trained the whole sweep, in a folder a new user had run it from by mistake (a
+    tryout): with none of them there it is refused, and with some it trains the rest and says so."""
     cfg = tmp_path / "s.toml"
     cfg.write_text(TINY.format(out=tmp_path / "l1"))
+    assert main(["sweep", "--config", str(cfg), "--reuse", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"icl-bench: error: --reuse: none of the 2 checkpoints of this sweep is in {tmp_path / 'l1_models'} "
+                   "(sweep.out is relative to the current folder); run it from the folder the sweep was made in, or "
+                   "drop --reuse to train them\n"), err
+    assert not (tmp_path / "l1_models").exists() and not (tmp_path / "l1.md").exists()
+    run_sweep(str(cfg), progress=False)
+    for suffix in (".safetensors", ".json"):
+        (tmp_path / "l1_models" / f"l1-0.001-seed0{suffix}").unlink()
     run_sweep(str(cfg), reuse=True, progress=False)
-    assert f"--reuse: 0 of 2 checkpoints found in {tmp_path / 'l1_models'}; training the other 2" in capsys.readouterr().out
+    assert f"--reuse: 1 of 2 checkpoints found in {tmp_path / 'l1_models'}; training the other 1" in capsys.readouterr().out
     run_sweep(str(cfg), reuse=True, progress=False)
     assert "--reuse:" not in capsys.readouterr().out  # every one found: nothing to say
 
