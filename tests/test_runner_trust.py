@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import json
+import re
 import sys
 import types
 
@@ -850,9 +851,5 @@ def test_a_log_line_during_a_run_with_a_progress_bar_starts_on_its_own_line(monk
     monkeypatch.setattr(logging.root, "handlers", [])  # as in `icl-bench run` (pytest's own handlers capture logs)
     runner.run_matrix(parse_config(RAW), None, progress=True)
     err = capsys.readouterr().err
-    assert err.count(line) == 2 and all(err[i - 1] in "\r\n" for i in _starts(err, line)), err
-
-
-def _starts(text: str, part: str) -> list[int]:
-    """Indices where `part` starts in `text`."""
-    return [i for i in range(len(text)) if text.startswith(part, i)]
+    starts = [m.start() for m in re.finditer(re.escape(line), err)]
+    assert len(starts) == 2 and all(err[i - 1] in "\r\n" for i in starts), err

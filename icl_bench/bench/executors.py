@@ -34,7 +34,8 @@ from icl_bench.bench.config import Executor
 from icl_bench.errors import ConfigError, RunAborted
 
 Failure = tuple[str, str]  # (status, message) of a cell the executor could not get a row for
-DASK_MISSING = 'executor.kind: "dask" needs the optional packages dask and distributed (pip install -e ".[dask]" in the icl-bench checkout)'
+DASK_MISSING = ('executor.kind: "dask" needs the optional packages dask and distributed '
+                '(pip install -e ".[dask]" in the icl-bench checkout)')
 CONNECT_TIMEOUT = "10s"  # to reach a running scheduler
 HANDSHAKE_S = 30.0  # for the whole connection, handshake included (CONNECT_TIMEOUT does not bound that)
 PACKAGE = "icl_bench"  # what every worker must import (_check_workers)

@@ -116,8 +116,9 @@ def write_tables(table: pd.DataFrame, out: Path, sweep: Sweep, command: str) -> 
             f"(N = {_one(table, 'N')}, {sweep.analysis_prompts} prompts; the mechanism tests at N = "
             f"{_one(table, 'mechanism_N')}); the probes are passed by any accurate model, the "
             "functional LayerNorm tests are the mechanism test: ln.ln1.slope (layer-2 LayerNorm std against "
-            "log Cxx; the construction 1.000), ln.ln1.freeze (the state needs the error that freezing the std adds, "
-            "freeze - the test's own rel_mse, >= 0.03; the construction reads 0.056 on 4096 prompts, 0.066 on 2048) and layer2_division, the share "
+            "log Cxx; the construction 1.000), ln.ln1.freeze (the state needs the error that freezing the "
+            "std adds, freeze - the test's own rel_mse, >= 0.03; the construction reads 0.056 on 4096 "
+            "prompts, 0.066 on 2048) and layer2_division, the share "
             "of seeds in the state 'layer-2 division' (docs/analysis.md).")
     lines = [f"# l1 sweep (R = {table.R.iloc[0]:g})", "", f"Made by: `{command}`", "",
              f"Evaluation: {sweep.eval_prompts} fresh prompts, N = {sweep.eval_N}, noise = {sweep.eval_noise}; "
@@ -227,7 +228,8 @@ def run_sweep(config: str | Path, reuse: bool = False, progress: bool = True, fo
             raise ConfigError(f"sweep.out: {old[0]} already exists; pass --reuse to use the saved checkpoints, "
                               "--force to retrain over them, or choose another out")
     check_overwrite(out, reuse, force)
-    if reuse and runs and not any(Path(f"{models / run.name}{x}").exists() for run in runs for x in (".safetensors", ".json")):
+    their_files = [Path(f"{models / run.name}{x}") for run in runs for x in (".safetensors", ".json")]
+    if reuse and runs and not any(p.exists() for p in their_files):
         # nothing of this sweep there, most likely the wrong folder: it trained the whole sweep in it (a tryout)
         raise ConfigError(f"--reuse: none of the {len(runs)} checkpoints of this sweep is in {models} (sweep.out is "
                           "relative to the current folder); run it from the folder the sweep was made in, or drop "
