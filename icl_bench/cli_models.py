@@ -135,6 +135,9 @@ def cmd_train(args) -> int:
             if p == made or any(p.iterdir()):
                 break
             p.rmdir()
+        if isinstance(exc, KeyboardInterrupt) and len(done) < len(cfgs):  # (a Ctrl-C in the final evaluation,
+            print(f"icl-bench: {cfgs[len(done)].name} is not saved: interrupted while training or "  # after every
+                  "evaluating it", file=sys.stderr, flush=True)  # step, discarded the run unsaid: a review)
         if isinstance(exc, KeyboardInterrupt) and done and len(done) < len(cfgs):  # how to train the rest
             print(f"icl-bench: saved in {out}: {', '.join(done)}; train the rest with:\n  "
                   f"{_rest_command(getattr(args, 'argv', None), [c.name for c in cfgs if c.name not in done])}",

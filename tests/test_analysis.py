@@ -448,6 +448,21 @@ def test_few_prompts_warn_that_the_verdicts_can_flip(construction):
         analyze(construction, R, n_prompts=64)
 
 
+def test_an_inaccurate_model_warns_that_its_verdicts_describe_a_poor_fit(construction):
+    """analyze printed ln.state and fp.verdict for models whose error was 35-70 % of the OLS spread,
+    with no word that such a model runs no algorithm well (a review). Random weights (rel MSE far
+    above 0.1) warn; the construction (rel MSE ~1e-6) does not."""
+    import warnings
+
+    with pytest.warns(UserWarning, match=r"ln.rel_mse = .* > 0.1: this model's error is .* so it does not solve"):
+        a = analyze(random_weights(construction, 0), R, n_prompts=512)
+    assert a["ln.rel_mse"] > 0.1 and "ln.state" in a  # every number still reported
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert analyze(construction, R, n_prompts=512)["ln.rel_mse"] < 1e-3
+    assert not [w for w in seen if "ln.rel_mse" in str(w.message)], [str(w.message) for w in seen]
+
+
 def test_analyze_says_when_a_local_checkpoint_takes_a_shipped_name(construction, tmp_path, capsys, monkeypatch):
     """`icl-bench analyze trained-l1-R100` in a folder holding a trained-l1-R100 pair of one's own
     analyses that pair (documented), but said only "trained-l1-R100": which file was analysed could

@@ -22,6 +22,7 @@ from icl_bench.errors import ConfigError
 from icl_bench.bench.config import parse_config
 from icl_bench.solvers.registry import REGISTRY
 from icl_bench.bench.runner import run_matrix
+from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
 
 class PlusInverseSteps(Solver):
@@ -1682,6 +1683,29 @@ def test_a_checkpoint_without_layernorm_is_not_probed_as_one(tables, monkeypatch
     models, notes = model_plots.collect_models(table, setting, ["trained-lsa-R10"], n_prompts=16)
     assert list(models) == ["construction (R=10)"]
     assert notes[0] == "--checkpoint trained-lsa-R10: no LayerNorm weights, not drawn beside the LayerNorm construction"
+
+
+def test_a_flatten_checkpoint_at_another_N_is_drawn_without_probes_and_gd_lsa_is_named(tables, tmp_path):
+    """A flatten-readout checkpoint trained at N = 40, given to a report at another N, was left out
+    of weights.png too (its probe failed), though its weights need no prompts; a run's gd-lsa was
+    left out of both figures without a note (a review)."""
+    from icl_bench.report import model_plots
+    from icl_bench.solvers.checkpoint import save_checkpoint
+
+    table, _, setting = tables
+    flat = Transformer(TransformerConfig(readout="flatten", N=40)).to(torch.float64)
+    stem = save_checkpoint(flat, tmp_path / "flat40", {"R": 10.0, "N": 40, "seed": 0})
+    models, notes = model_plots.collect_models(table, setting, [str(stem)], n_prompts=16)
+    label = f"checkpoint {stem}"
+    assert models[label]["trace"] is None and set(models[label]["weights"]) == set(flat.weight_matrices())
+    assert f"{label}: its flatten readout fixes N = 40, so probes.png leaves it out (the report's N = {setting['N']}); " \
+           "weights.png draws it" in notes, notes
+    assert label in [f.get_text() for f in (sf._suptitle for sf in model_plots.weight_heatmaps(models).subfigs) if f]
+    assert len(model_plots.probe_scatter(models).axes) == 3  # the construction's row only
+    ok = table[(table.status == "ok") & (table.solver == "ols")]
+    _, notes = model_plots.collect_models(pd.concat([table, ok.assign(solver="gd-lsa", series="gd-lsa")]), setting,
+                                          n_prompts=16)
+    assert "gd-lsa: no LayerNorm weights, not drawn beside the LayerNorm construction" in notes, notes
 
 
 def test_grid_differences_name_a_csv_runs_noise_as_n_a():

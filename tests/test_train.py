@@ -235,6 +235,7 @@ def test_an_interrupted_train_says_which_runs_are_saved_and_how_to_train_the_res
     err = capsys.readouterr().err
     rest = f"icl-bench train --config {shlex.quote(str(path))} --out {shlex.quote(str(tmp_path / 'm'))} --no-progress --run b --run c"
     assert f"icl-bench: saved in {tmp_path / 'm'}: a; train the rest with:\n  {rest}\n" in err, err
+    assert "icl-bench: b is not saved: interrupted while training or evaluating it\n" in err, err
     monkeypatch.setattr(train_mod, "train_and_save", real)
     assert cli_main(shlex.split(rest)[1:]) == 0  # the printed command trains the rest beside a
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == [f"{n}.{e}" for n in "abc" for e in ("json", "safetensors")]

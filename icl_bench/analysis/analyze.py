@@ -51,6 +51,8 @@ DEFAULT_N = 20  # context length of the analysis prompts when the model's readou
 # mechanism tests (ln.*, fp.*) always run at it, where their thresholds are calibrated (docs/analysis.md)
 FEW_PROMPTS = 512  # below this, a warning: the known positive's state read 'neither' at 64 prompts (a review)
 DEFAULT_NOISE = 0.1  # label noise of the analysis prompts (the evaluation setting)
+INACCURATE = 0.1  # ln.rel_mse above this: a warning that the verdicts describe a model that does not solve the
+# task (every model of results/mechanism/seeds.csv read 'layer-2 division' at <= 0.015; 'neither' went up to 0.52)
 
 
 def sparsity_report(model: Transformer) -> dict:
@@ -150,6 +152,11 @@ def analyze(model: Transformer, R: float, *, n_prompts: int = 2048, N: int | Non
                       "ln.state and fp.verdict are uncalibrated here", stacklevel=2)
     out["mechanism_N"] = mechanism_N
     out.update(mechanism_report(m, float(R), N=mechanism_N, n_prompts=n_prompts, seed=seed, noise=float(noise)))
+    rel = out.get("ln.rel_mse", math.nan)
+    if not rel <= INACCURATE:  # (NaN too: a model that answers NaN or inf)
+        warnings.warn(f"ln.rel_mse = {rel:.3g} > {INACCURATE:g}: this model's error is {rel:.0%} of the spread of the "
+                      "OLS answers, so it does not solve the task and ln.state / fp.verdict describe a poor fit, not "
+                      "an algorithm (docs/analysis.md)", stacklevel=2)
     return out
 
 

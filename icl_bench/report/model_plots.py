@@ -34,6 +34,7 @@ from icl_bench.report import style
 from icl_bench.report.plots import PlotSkipped
 from icl_bench.report.sources import has_csv
 from icl_bench.solvers.checkpoint import checkpoint_path, load_checkpoint, shadows_shipped, stem_of
+from icl_bench.solvers.gd_lsa import GDLSA
 from icl_bench.solvers.ln_closed_form import LNClosedForm, build_construction
 from icl_bench.solvers.registry import UnknownSolverError, get_solver_class
 
@@ -134,6 +135,11 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
 
     def add(label: str, model) -> None:
         model = model.to(torch.float64).eval()
+        if model.cfg.readout == "flatten" and model.cfg.N != N:  # its weights need no prompts (it was left out
+            notes.append(f"{label}: its flatten readout fixes N = {model.cfg.N}, so probes.png leaves it out (the "
+                         f"report's N = {N}); weights.png draws it")  # of both figures: a review)
+            models[label] = {"weights": model.weight_matrices(), "trace": None, "reference": False}
+            return
         with torch.no_grad():
             models[label] = {"weights": model.weight_matrices(), "trace": {"tokens": tokens, **model.probe(tokens)},
                              "reference": False, "probed_on": probed_on}
@@ -159,8 +165,10 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
         except Exception as exc:  # a broken solver: a note, not the end of the report
             notes.append(f"weights.png, probes.png: {label} not drawn ({type(exc).__name__}: {exc})")
             continue
-        if path is None:
-            continue  # not checkpoint-backed: its weights are a construction drawn from code
+        if path is None:  # not checkpoint-backed: its weights are a construction drawn from code
+            if issubclass(get_solver_class(solver), GDLSA):  # (left out without a word: a review)
+                notes.append(f"{label}: no LayerNorm weights, not drawn beside the LayerNorm construction")
+            continue
         model, _ = load_checkpoint(path)
         if not model.cfg.layernorm:
             notes.append(f"{label}: no LayerNorm weights, not drawn beside the LayerNorm construction")

@@ -63,6 +63,7 @@ def row_for(stem: Path, sweep: Sweep) -> dict:
     try:
         with torch_threads(1), warnings.catch_warnings():  # (threads: many small ops, 4-8x faster on one)
             warnings.filterwarnings("ignore", message="n_prompts = ")  # said once by run_sweep, not per run
+            warnings.filterwarnings("ignore", message="ln.rel_mse = ")  # the table's rel_mse column says it
             result = analyze(model, R, seed=int(meta["seed"]), n_prompts=sweep.analysis_prompts)
         row.update({k: v for k, v in result.items() if isinstance(v, (int, float)) and k not in row})
         row.update({k: result[k] for k in ("ln.state", "fp.verdict") if k in result})  # the mechanism verdicts
