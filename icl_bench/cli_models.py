@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -62,6 +63,9 @@ def cmd_analyze(args) -> int:
         if k.startswith("ln.ln"):  # a 1-layer model with LayerNorm has no ln1 (it read "no LayerNorm"; a review)
             none = "n/a (no second layer)" if "ln.ln0.slope" in result else "n/a (no LayerNorm)"
         print(f"{k:26s} {fmt(float(result[k])) if k in result else none} {LABELS.get(k, '') if k in result else ''}".rstrip())
+    deeper = sorted({int(m[1]) for k in result if (m := re.fullmatch(r"ln\.ln(\d+)\.slope", k)) and int(m[1]) >= 2})
+    for k in (f"ln.ln{i}.{f}" for i in deeper for f in ("slope", "r2", "r2_raw", "freeze")):  # 3+ layers: the last
+        print(f"{k:26s} {fmt(float(result[k]))}")  # LayerNorm decides ln.state (they were in --out only: a review)
     # (the gap read "worst map x*10 3.354", like a relative error: a tryout)
     closest = (f"closest gd: K={result.get('fp.gd_steps')}, lr {fmt(result.get('fp.gd_lr'))}, mean distance "
                f"{fmt(result.get('fp.gd_distance'))} decades, largest gap {fmt(result.get('fp.gd_max_gap'))} decades at "

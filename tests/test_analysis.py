@@ -463,6 +463,24 @@ def test_an_inaccurate_model_warns_that_its_verdicts_describe_a_poor_fit(constru
     assert not [w for w in seen if "ln.rel_mse" in str(w.message)], [str(w.message) for w in seen]
 
 
+def test_analyze_prints_the_last_layernorms_numbers_of_a_deeper_model(tmp_path, capsys):
+    """A 3-layer model's ln.state is decided by its third LayerNorm (ln.ln2.*), which the console
+    left out: only --out had them (a review)."""
+    import icl_bench.solvers.checkpoint as ckpt
+    from icl_bench.cli import main
+
+    three = Transformer(TransformerConfig(n_layers=3)).to(torch.float64)
+    stem = ckpt.save_checkpoint(three, tmp_path / "three", {"R": R, "N": 20, "seed": 0})
+    assert main(["analyze", str(stem), "--n-prompts", "64", "--out", str(tmp_path / "a.json")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    saved = json.loads((tmp_path / "a.json").read_text())
+    for f in ("slope", "r2", "r2_raw", "freeze"):
+        k = f"ln.ln2.{f}"
+        want = "nan" if saved[k] is None else f"{saved[k]:.4g}"  # (JSON null: NaN)
+        assert [line.split() for line in lines if line.startswith(f"{k} ")] == [[k, want]], lines
+    assert not any(line.startswith("ln.ln3.") for line in lines)
+
+
 def test_analyze_says_when_a_local_checkpoint_takes_a_shipped_name(construction, tmp_path, capsys, monkeypatch):
     """`icl-bench analyze trained-l1-R100` in a folder holding a trained-l1-R100 pair of one's own
     analyses that pair (documented), but said only "trained-l1-R100": which file was analysed could
