@@ -15,6 +15,7 @@ runs `icl-bench run`, `train`, `analyze` and the trained-* solvers from any fold
 from __future__ import annotations
 
 import difflib
+import os
 
 import shlex
 from functools import cache
@@ -111,15 +112,19 @@ def check_kind(doc: dict, given: str | Path, command: str, key: str = "--config"
 
 
 def config_path(name_or_path: str | Path, key: str = "--config") -> Path:
-    """A config file: an existing path as given, else the packaged config of that name
-    ("default" or "default.toml").
+    """A config file: a packaged config's bare name ("default": no folder, no suffix) is that packaged
+    config, whatever the current folder holds; else an existing path as given, else the packaged
+    config of that name ("default.toml"). A local file named like a packaged config is "./default".
 
     Raises:
         ConfigError (naming `key`): empty, or neither a file nor a packaged config; lists the packaged names.
     """
     if not str(name_or_path).strip():  # Path("") is ".", which exists
         raise ConfigError(f"{key}: empty path; give a TOML file or a packaged config ({', '.join(config_names())})")
-    path = Path(name_or_path)
+    raw, path = str(name_or_path), Path(name_or_path)
+    bare = not any(sep in raw for sep in {"/", os.sep}) and not path.suffix  # (Path("./x") drops its "./")
+    if bare and (configs_dir() / f"{raw}.toml").is_file():  # a folder `train/` or `default/` of the user's
+        return configs_dir() / f"{raw}.toml"  # had hidden the packaged config: `icl-bench train` failed (a tryout)
     if path.exists():
         return path
     packaged = configs_dir() / (path.name if path.suffix == ".toml" else f"{path.name}.toml")

@@ -58,3 +58,31 @@ def test_a_matrix_times_on_one_torch_thread_unless_told():
     raw = {"grid": {"N": [4]}, "solvers": {"ols": {}}}
     assert parse_config(raw).timing.threads == 1
     assert parse_config({**raw, "timing": {"threads": 0}}).timing.threads == 0
+
+
+def test_a_packaged_configs_bare_name_is_not_hidden_by_the_current_folder(tmp_path, monkeypatch, capsys):
+    """With a folder `train/` (a common data folder) or `default/` in the current folder, a bare
+    `icl-bench train` / `icl-bench run` failed with "--config: 'train' is a folder", and so did the
+    resume command a run prints (`--config ood --out ood`); a file named `l1_sweep` was read as
+    the sweep config (found by a new-user tryout). A bare name is the packaged config; a path names
+    the local one."""
+    import pytest
+    from pathlib import Path
+
+    from icl_bench import resources
+    from icl_bench.cli import main
+    from icl_bench.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("default", "train", "ood"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "l1_sweep").write_text("not = 'a sweep'\n")
+    for name in ("default", "train", "ood", "l1_sweep"):
+        assert resources.config_path(name) == resources.configs_dir() / f"{name}.toml"
+    assert resources.config_path("./l1_sweep") == Path("l1_sweep")  # the local file, by its path
+    (tmp_path / "default.toml").write_text("[grid]\nN = [5]\n")  # a path with its suffix: the local file
+    assert resources.config_path("default.toml") == Path("default.toml")
+    with pytest.raises(ConfigError, match="no such file 'mine'"):
+        resources.config_path("mine")
+    assert main(["run", "--config", "default", "--solver", "nope"]) == 2  # reaches the solver check, not "a folder"
+    assert "--solver: unknown" in capsys.readouterr().err
