@@ -2,6 +2,7 @@
 command line and calls it; exit codes there), and what it shares with the rest of the command line."""
 from __future__ import annotations
 
+import itertools
 import json
 import shlex
 import sys
@@ -22,6 +23,23 @@ def warn_conflicts(file=None) -> None:
 
     for line in conflicts():
         print(f"WARNING: {line}", file=file or sys.stdout)
+
+
+def fresh_run_folder(root: Path = Path("results/runs")) -> Path:
+    """The folder of a run without --out: root/<YYYYmmdd-HHMMSS>, made here and empty; "-2", "-3", ...
+    appended when another run took that name (runs started in one second collided: the later ones
+    were refused as "not empty"; a new-user tryout).
+
+    Raises: OSError when root cannot be made or written (main names the path)."""
+    base = root / datetime.now().strftime("%Y%m%d-%H%M%S")
+    root.mkdir(parents=True, exist_ok=True)
+    for i in itertools.count(1):
+        folder = base if i == 1 else base.with_name(f"{base.name}-{i}")
+        try:
+            folder.mkdir()  # atomic: of two runs that try one name, one makes it
+            return folder
+        except FileExistsError:
+            continue
 
 
 def _interrupted(exc: KeyboardInterrupt) -> str:
@@ -176,7 +194,7 @@ def cmd_run(args) -> int:
                               "default matrix, not the run's config.json: drop them to resume the run as "
                               "recorded)") from None  # message blamed the file for the default grid's N = 300)
         raise flag_named(exc) from None
-    out = Path(args.out) if args.out else Path("results/runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else fresh_run_folder()
     if cfg.data is not None:
         from icl_bench.prompts.data import data_summary, snapshot
 

@@ -531,3 +531,28 @@ def test_a_mistyped_solver_table_beside_solver_is_warned(tmp_path, capsys, tiny_
                  "--no-progress"]) == 0
     assert ("icl-bench: warning: --solver: the config's [solvers] scipy-lstq names no known solver (a typo?); left out "
             "with the tables --solver did not select") in capsys.readouterr().err
+
+
+def test_runs_started_in_one_second_get_folders_of_their_own(tmp_path, capsys, tiny_raw, monkeypatch):
+    """Without --out a run wrote results/runs/<second>; three runs started together in one second
+    shared the name and two were refused as "not empty; pass --resume" (found by a new-user
+    tryout). The folder is now made atomically, "-2", "-3" appended when the name is taken."""
+    import datetime as dt
+
+    import icl_bench.cli_run as cli_run
+
+    class Frozen(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return dt.datetime(2026, 12, 7, 12, 43, 47)
+
+    monkeypatch.setattr(cli_run, "datetime", Frozen)
+    monkeypatch.chdir(tmp_path)
+    assert cli_run.fresh_run_folder() == tmp_path.joinpath("results/runs/20261207-124347").relative_to(tmp_path)
+    assert cli_run.fresh_run_folder().name == "20261207-124347-2"  # (each is made: the next name is free)
+    (tmp_path / "c.toml").write_text(tomli_w.dumps({**tiny_raw, "grid": {**tiny_raw["grid"], "N": [5], "noise": [0.0],
+                                                                         "dtype": ["float64"]}}))
+    assert main(["run", "--config", "c.toml", "--no-progress"]) == 0
+    assert "wrote results/runs/20261207-124347-3/results.parquet" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "results/runs").iterdir()) == [
+        "20261207-124347", "20261207-124347-2", "20261207-124347-3"]
