@@ -208,6 +208,8 @@ def cmd_run(args) -> int:
         print(f"wrote {out / 'results.parquet'}, results.csv, metadata.json ({len(table)} cells)")
         cell_warnings(table)
     except ConfigError as exc:  # e.g. an unreachable --scheduler, found when the cluster is joined
+        if args.out is None and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # the folder fresh_run_folder made, with nothing in it: not left behind
         other = "holds a run of another config" in str(exc)  # (store.prepare's refusal of a --resume)
         changed = [f for f, v in (("--solver", args.solver), ("--data", args.data)) if v]
         if other and recorded is not None:  # the record, read back, differs from itself (a review)

@@ -556,3 +556,11 @@ def test_runs_started_in_one_second_get_folders_of_their_own(tmp_path, capsys, t
     assert "wrote results/runs/20261207-124347-3/results.parquet" in capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "results/runs").iterdir()) == [
         "20261207-124347", "20261207-124347-2", "20261207-124347-3"]
+    from icl_bench.errors import ConfigError
+
+    def refused(*a, **k):  # as an unreachable --scheduler is found, after the folder is made
+        raise ConfigError("--scheduler: cannot connect")
+
+    monkeypatch.setattr(cli_run, "_run_matrix", refused)
+    assert main(["run", "--config", "c.toml", "--no-progress"]) == 2
+    assert not (tmp_path / "results/runs/20261207-124347-4").exists()  # no empty folder left behind
