@@ -100,6 +100,11 @@ def test_a_lone_csv_source_is_named_in_the_headline_heading(csv_runs, tmp_path):
         ok = rows[(rows.N == n) & (rows.status == "ok") & (rows.dtype == report.representative(table)["dtype"])]
         want = (ok.mse_vs_target * ok.n_prompts).sum() / ok.n_prompts.sum()
         assert target.loc["gd steps=4", f"N={n}"] == f"{want:.3g}" and f"{want:.3g}" in md
+    table, _ = report.load_runs(csv_runs[:1])  # the figures name it too: a PNG used alone said "noise σ = n/a" (a tryout)
+    fig = plots.mse_vs_n(report.aggregate(table), report.representative(table))
+    assert fig._suptitle.get_text().replace("\n", " ").endswith(", prompts = a.csv x→y)"), fig._suptitle.get_text()
+    both, _ = report.load_runs(csv_runs)  # two sources: the series labels name them, the title does not
+    assert "prompts =" not in plots.mse_vs_n(report.aggregate(both), report.representative(both))._suptitle.get_text()
     assert lone_source_label(['{"x": {"dist": "normal", "loc": 0.0, "scale": 5.0}}']) == "x=normal(0, 5)"
     assert lone_source_label(['{"x": {"dist": "normal", "loc": 0.0, "scale": 1.0}}']) == ""  # the default: unnamed
     assert lone_source_label(["", ""]) == "" and lone_source_label(['{"csv": {}}', '{"x": {}}']) == ""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pandas as pd
 
 from icl_bench.report.aggregate import AXES, BACKFILL, select, setting_text
+from icl_bench.report.sources import lone_source_label
 
 FIXED = ("noise", "R", "dtype", "device", "d", "ood")  # the headline fixes these; N is its columns
 
@@ -41,8 +42,11 @@ def varied_axes(df: pd.DataFrame) -> set[str]:
 
 
 def setting_words(setting: dict, axes, df: pd.DataFrame) -> str:
-    """setting_text of `axes`, naming d / ood whenever df holds more than one value of them."""
-    return setting_text(setting, axes, _fmt, varied_axes(df))
+    """setting_text of `axes`, naming d / ood whenever df holds more than one value of them, and the
+    prompt source when df's rows share one that is not the default generator ("prompts = msft.csv
+    Open→Close", as the headline's heading: a figure of a CSV run said only "noise σ = n/a"; a tryout)."""
+    source = lone_source_label(df["prompts"].fillna("").astype(str)) if "prompts" in df else ""
+    return setting_text(setting, axes, _fmt, varied_axes(df)) + (f", prompts = {source}" if source else "")
 
 
 def hidden_values(table: pd.DataFrame, setting: dict) -> list[str]:
