@@ -77,6 +77,8 @@ def _advice(exc: ConfigError) -> str:
     if msg.startswith("data."):  # the file data.path names now is not the run's (another file of that name here)
         return ("resume where data.path names the run's own file (a relative data.path is read from the folder "
                 "the run was started in)")
+    if msg.startswith("solvers.") and ".models_dir: no such folder" in msg and "(relative to" in msg:
+        return "a relative models_dir is read from the folder the run was started in: resume from there"
     return "resume with --config FILE.toml, the config the run was started with"
 
 

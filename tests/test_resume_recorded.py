@@ -193,6 +193,32 @@ def test_a_relative_csv_path_is_read_from_the_folder_the_run_started_in(tmp_path
     assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 0
 
 
+def test_a_relative_models_dir_is_read_from_the_folder_the_run_started_in(tmp_path, monkeypatch, capsys):
+    """Resumed from another folder, a relative models_dir was missing and the advice was to give the
+    TOML, which fails the same way there (found by a new-user tryout); as for data.path, the advice
+    is now to resume from the folder the run was started in."""
+    import shutil
+
+    from icl_bench.resources import models_dir
+
+    (tmp_path / "models").mkdir()
+    for half in ("json", "safetensors"):
+        shutil.copy(models_dir() / f"trained-lsa-R10.{half}", tmp_path / "models")
+    monkeypatch.chdir(tmp_path)
+    raw = {"seed": 1, "n_prompts": 8, "batch_size": 8, "timing": {"repeats": 1}, "grid": {"N": [10, 20], "R": [10.0]},
+           "solvers": {"trained-lsa": {"models_dir": "models"}}}
+    out = _interrupted_run(tmp_path, monkeypatch, raw, after=1)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    capsys.readouterr()
+    assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "models_dir: no such folder 'models'" in err and err.endswith(
+        "a relative models_dir is read from the folder the run was started in: resume from there\n"), err
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 0
+
+
 def test_a_record_of_an_older_layout_is_not_sent_back_to_itself(tmp_path, monkeypatch, capsys):
     """A config.json written before grid.d existed parses with today's default added, which the
     store then refused with 'resume it with ... the config.json there is read', what the user did."""
