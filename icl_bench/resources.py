@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import difflib
 import os
-
 import shlex
 from functools import cache
 from importlib.resources import files
