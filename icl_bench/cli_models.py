@@ -11,7 +11,7 @@ from pathlib import Path
 from icl_bench import resources
 from icl_bench.config_base import MAX_SEED, MAX_THREADS
 from icl_bench.errors import ConfigError
-from icl_bench.files import refuse_link_loop
+from icl_bench.files import drop_made_folders, first_existing, refuse_link_loop
 
 
 def cmd_analyze(args) -> int:
@@ -58,14 +58,16 @@ def cmd_analyze(args) -> int:
     fmt = lambda v: "nan" if v is None or v != v else f"{v:.4g}"  # noqa: E731
     print(f"{'prompts':26s} N = {result['N']} (mechanism tests ln.*, fp.*: N = {result['mechanism_N']}), R = "
           f"{result['R']:g}, noise {result['noise']:g}, {result['n_prompts']} prompts, seed {result['seed']}")
-    for k in HEADLINE:
+    last = max((int(m[1]) for k in result if (m := re.fullmatch(r"ln\.ln(\d+)\.slope", k))), default=1)
+    deeper = [f"ln.ln{i}.{f}" for i in range(2, last + 1) for f in ("slope", "r2", "r2_raw", "freeze")]  # 3+ layers:
+    at = HEADLINE.index("ln.ln1.freeze") + 1  # the last LayerNorm decides ln.state (in --out only before: a review)
+    labels = {**LABELS, "ln.ln1.r2_raw": ""} if last > 1 else LABELS  # r2_raw's rule is the last LayerNorm's
+    labels = {**labels, f"ln.ln{last}.r2_raw": LABELS["ln.ln1.r2_raw"].replace("ln.ln1.", f"ln.ln{last}.")}
+    for k in (*HEADLINE[:at], *deeper, *HEADLINE[at:]):
         none = "n/a"  # not computed: not in --out either
         if k.startswith("ln.ln"):  # a 1-layer model with LayerNorm has no ln1 (it read "no LayerNorm"; a review)
             none = "n/a (no second layer)" if "ln.ln0.slope" in result else "n/a (no LayerNorm)"
-        print(f"{k:26s} {fmt(float(result[k])) if k in result else none} {LABELS.get(k, '') if k in result else ''}".rstrip())
-    deeper = sorted({int(m[1]) for k in result if (m := re.fullmatch(r"ln\.ln(\d+)\.slope", k)) and int(m[1]) >= 2})
-    for k in (f"ln.ln{i}.{f}" for i in deeper for f in ("slope", "r2", "r2_raw", "freeze")):  # 3+ layers: the last
-        print(f"{k:26s} {fmt(float(result[k]))}")  # LayerNorm decides ln.state (they were in --out only: a review)
+        print(f"{k:26s} {fmt(float(result[k])) if k in result else none} {labels.get(k, '') if k in result else ''}".rstrip())
     # (the gap read "worst map x*10 3.354", like a relative error: a tryout)
     closest = (f"closest gd: K={result.get('fp.gd_steps')}, lr {fmt(result.get('fp.gd_lr'))}, mean distance "
                f"{fmt(result.get('fp.gd_distance'))} decades, largest gap {fmt(result.get('fp.gd_max_gap'))} decades at "
@@ -122,7 +124,7 @@ def cmd_train(args) -> int:
         raise ConfigError(f"--out: {out} already holds {', '.join(used)}; choose another folder or pass --force")
     for c in cfgs:  # e.g. a folder named m.json: refused now, not after the training
         check_writable(out / c.name)
-    made = next((p for p in (out, *out.parents) if p.exists()), None)  # the folders this command makes
+    made = first_existing(out)  # above the folders this command makes
     out.mkdir(parents=True, exist_ok=True)  # an OSError here is one line, exit 2 (main)
     done = []
     try:
@@ -135,10 +137,7 @@ def cmd_train(args) -> int:
                   f"({num('eval_rel_mse', '.2%')} of var(OLS)), sparsity {num('sparsity', '.2f')} -> {stem}.safetensors",
                   flush=True)
     except (KeyboardInterrupt, ConfigError) as exc:  # (a diverged run: one line, which main prints)
-        for p in (out, *out.parents):  # nothing saved: no empty folder it made is left behind (a review)
-            if p == made or any(p.iterdir()):
-                break
-            p.rmdir()
+        drop_made_folders(out, made)  # nothing saved: no empty folder it made is left behind (a review)
         if isinstance(exc, KeyboardInterrupt) and len(done) < len(cfgs):  # (a Ctrl-C in the final evaluation,
             print(f"icl-bench: {cfgs[len(done)].name} is not saved: interrupted while training or "  # after every
                   "evaluating it", file=sys.stderr, flush=True)  # step, discarded the run unsaid: a review)

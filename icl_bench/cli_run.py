@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shlex
 import sys
 import warnings
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from icl_bench import resources
 from icl_bench.errors import ConfigError, RunAborted
+from icl_bench.files import drop_made_folders, first_existing
 from icl_bench.startup import Terminated
 
 
@@ -25,12 +27,22 @@ def warn_conflicts(file=None) -> None:
         print(f"WARNING: {line}", file=file or sys.stdout)
 
 
-def fresh_run_folder(root: Path = Path("results/runs")) -> Path:
+RUNS_ROOT = Path("results/runs")  # where a run without --out goes
+
+
+def fresh_run_folder(root: Path = RUNS_ROOT) -> Path:
     """The folder of a run without --out: root/<YYYYmmdd-HHMMSS>, made here and empty; "-2", "-3", ...
     appended when another run took that name (runs started in one second collided: the later ones
     were refused as "not empty"; a new-user tryout).
 
-    Raises: OSError when root cannot be made or written (main names the path)."""
+    Raises:
+        ConfigError: root, or a folder above it, is a file or a link to nothing.
+        OSError: root cannot be made or written (main names the path)."""
+    blocked = next((p for p in reversed((root, *root.parents)) if p.is_symlink() and not p.exists()
+                    or p.exists() and not p.is_dir()), None)
+    if blocked is not None:  # (mkdir said "File exists" of both)
+        what = f"a link to {os.readlink(blocked)}, which does not exist" if blocked.is_symlink() else "not a folder"
+        raise ConfigError(f"--out: not given, and {blocked} is {what}, so {root}/<time> cannot be made; give --out DIR")
     base = root / datetime.now().strftime("%Y%m%d-%H%M%S")
     root.mkdir(parents=True, exist_ok=True)
     for i in itertools.count(1):
@@ -196,22 +208,26 @@ def cmd_run(args) -> int:
                               "default matrix, not the run's config.json: drop them to resume the run as "
                               "recorded)") from None  # message blamed the file for the default grid's N = 300)
         raise flag_named(exc) from None
-    out = Path(args.out) if args.out else fresh_run_folder()
     if cfg.data is not None:
         from icl_bench.prompts.data import data_summary, snapshot
 
         note = data_summary(cfg.data, snapshot(cfg.data))[2]  # of the bytes checked, which the run uses
         if note:
             print(f"icl-bench: {note}", file=sys.stderr)
+    made = None if args.out else first_existing(RUNS_ROOT)  # above the folders a run without --out makes
+    out = Path(args.out) if args.out else fresh_run_folder()
     started = datetime.now().timestamp()
     try:
-        table = _run_matrix(cfg, out, resume=args.resume, progress=not args.no_progress, cache=args.cache)
+        try:
+            table = _run_matrix(cfg, out, resume=args.resume, progress=not args.no_progress, cache=args.cache)
+        except BaseException:  # refused or stopped before the store wrote to it (a review: an empty folder
+            if args.out is None:  # and a resume line that --resume refused)
+                drop_made_folders(out, made)
+            raise
         print(console_summary(table))
         print(f"wrote {out / 'results.parquet'}, results.csv, metadata.json ({len(table)} cells)")
         cell_warnings(table)
     except ConfigError as exc:  # e.g. an unreachable --scheduler, found when the cluster is joined
-        if args.out is None and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()  # the folder fresh_run_folder made, with nothing in it: not left behind
         other = "holds a run of another config" in str(exc)  # (store.prepare's refusal of a --resume)
         changed = [f for f, v in (("--solver", args.solver), ("--data", args.data)) if v]
         if other and recorded is not None:  # the record, read back, differs from itself (a review)

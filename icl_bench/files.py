@@ -89,6 +89,22 @@ def discard(*paths: str | Path | None) -> None:
                 os.unlink(p)
 
 
+def first_existing(path: str | Path) -> Path | None:
+    """The nearest of `path` and its parents that exists: what `drop_made_folders` stops at."""
+    return next((p for p in (Path(path), *Path(path).parents) if p.exists() or p.is_symlink()), None)
+
+
+def drop_made_folders(folder: str | Path, made: Path | None) -> None:
+    """Remove `folder` and its parents up to (not including) `made` (first_existing before the command
+    made them), each only while it is an empty folder: a command that saved nothing leaves none of the
+    folders it made behind. An error is ignored (cleanup only)."""
+    for p in (Path(folder), *Path(folder).parents):
+        if p == made or p.is_symlink() or not p.is_dir() or any(p.iterdir()):
+            break
+        with suppress(OSError):
+            p.rmdir()
+
+
 def write_temp(path: str | Path, data: bytes, *, mode: int | None = None) -> Path:
     """Write `data` to a new temp_path(path), flushed and fsynced, and return that name: the first
     half of write_atomic, for a caller that renames several files into place in its own order.

@@ -112,23 +112,35 @@ def check_kind(doc: dict, given: str | Path, command: str, key: str = "--config"
 
 def config_path(name_or_path: str | Path, key: str = "--config") -> Path:
     """A config file: a packaged config's bare name ("default": no folder, no suffix) is that packaged
-    config, whatever the current folder holds; else an existing path as given, else the packaged
-    config of that name ("default.toml"). A local file named like a packaged config is "./default".
+    config, whatever the current folder holds; else an existing path as given; else, for a name
+    without a folder ("default.toml"), the packaged config of that name. A name with a folder
+    ("./default", "cfg/x.toml") is only ever that file.
 
     Raises:
-        ConfigError (naming `key`): empty, or neither a file nor a packaged config; lists the packaged names.
+        ConfigError (naming `key`): empty, a path that does not exist (a link to nothing is named so),
+            or a name that is neither a file nor a packaged config; lists the packaged names.
     """
     if not str(name_or_path).strip():  # Path("") is ".", which exists
         raise ConfigError(f"{key}: empty path; give a TOML file or a packaged config ({', '.join(config_names())})")
     raw, path = str(name_or_path), Path(name_or_path)
-    bare = not any(sep in raw for sep in {"/", os.sep}) and not path.suffix  # (Path("./x") drops its "./")
-    if bare and (configs_dir() / f"{raw}.toml").is_file():  # a folder `train/` or `default/` of the user's
-        return configs_dir() / f"{raw}.toml"  # had hidden the packaged config: `icl-bench train` failed (a tryout)
+    in_folder = any(sep in raw for sep in {"/", os.sep})  # (Path("./x") drops its "./": the text decides)
+    if not in_folder and not path.suffix and _packaged(raw):  # a folder `train/` or `default/` of the user's
+        return _packaged(raw)  # had hidden the packaged config: `icl-bench train` failed (a tryout)
     if path.exists():
         return path
-    packaged = configs_dir() / (path.name if path.suffix == ".toml" else f"{path.name}.toml")
-    if path.parent == Path(".") and packaged.is_file():
-        return packaged
-    close = difflib.get_close_matches(path.stem, config_names(), n=1) if path.parent == Path(".") else []
+    if path.is_symlink():
+        raise ConfigError(f"{key}: {raw} is a link to {os.readlink(path)}, which does not exist")
+    if not in_folder and path.suffix == ".toml" and _packaged(path.stem):  # (not for "./train": missing, it had
+        return _packaged(path.stem)  # trained the 12 packaged runs; a review)
+    close = difflib.get_close_matches(path.stem, config_names(), n=1) if not in_folder else []
     hint = f" (did you mean {close[0]!r}?)" if close else ""  # as for a mistyped solver name
-    raise ConfigError(f"{key}: no such file {str(path)!r}{hint}; packaged configs: {', '.join(config_names())}")
+    raise ConfigError(f"{key}: no such file {raw!r}{hint}; packaged configs: {', '.join(config_names())}")
+
+
+def _packaged(name: str) -> Path | None:
+    """The packaged config file `name`.toml, or None (a name too long for a file name is none)."""
+    try:
+        path = configs_dir() / f"{name}.toml"
+        return path if path.is_file() else None
+    except OSError:  # ENAMETOOLONG: the error named the package's folder, not --config (a review)
+        return None

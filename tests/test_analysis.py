@@ -477,8 +477,12 @@ def test_analyze_prints_the_last_layernorms_numbers_of_a_deeper_model(tmp_path, 
     for f in ("slope", "r2", "r2_raw", "freeze"):
         k = f"ln.ln2.{f}"
         want = "nan" if saved[k] is None else f"{saved[k]:.4g}"  # (JSON null: NaN)
-        assert [line.split() for line in lines if line.startswith(f"{k} ")] == [[k, want]], lines
+        assert [line.split()[:2] for line in lines if line.startswith(f"{k} ")] == [[k, want]], lines
     assert not any(line.startswith("ln.ln3.") for line in lines)
+    keys = [line.split()[0] for line in lines if line.startswith("ln.")]  # with the other ln.* lines, before fp.*
+    assert keys[keys.index("ln.ln1.freeze") + 1] == "ln.ln2.slope" and keys.index("ln.ln2.freeze") < keys.index("ln.effective_R")
+    raw = {line.split()[0]: line for line in lines if line.startswith(("ln.ln1.r2_raw", "ln.ln2.r2_raw"))}
+    assert "must stay below ln.ln2.r2" in raw["ln.ln2.r2_raw"] and "must stay below" not in raw["ln.ln1.r2_raw"]
 
 
 def test_analyze_says_when_a_local_checkpoint_takes_a_shipped_name(construction, tmp_path, capsys, monkeypatch):

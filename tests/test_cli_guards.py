@@ -564,3 +564,32 @@ def test_runs_started_in_one_second_get_folders_of_their_own(tmp_path, capsys, t
     monkeypatch.setattr(cli_run, "_run_matrix", refused)
     assert main(["run", "--config", "c.toml", "--no-progress"]) == 2
     assert not (tmp_path / "results/runs/20261207-124347-4").exists()  # no empty folder left behind
+
+
+def test_a_run_without_out_stopped_before_it_wrote_leaves_no_folder(tmp_path, capsys, tiny_raw, monkeypatch):
+    """The folder made before the run (fresh_run_folder) outlived a refusal or a Ctrl-C that came
+    before the store wrote to it, with results/ and results/runs/, and the Ctrl-C printed a resume
+    command that --resume refused ("holds no run to continue"; found by a review)."""
+    import icl_bench.cli_run as cli_run
+    from icl_bench.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.toml").write_text(tomli_w.dumps(tiny_raw))
+    for stop, code in ((ConfigError("--cache: afile is a file, not a folder"), 2), (KeyboardInterrupt(), 130)):
+        def refused(*a, stop=stop, **k):
+            raise stop
+
+        monkeypatch.setattr(cli_run, "_run_matrix", refused)
+        assert main(["run", "--config", "c.toml", "--no-progress"]) == code
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]  # no results/, no results/runs/
+        err = capsys.readouterr().err
+        assert "Resume with" not in err and (code == 2 or " before results/runs/" in err), err
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "runs").write_text("")  # a file where the runs go; then a link to nothing
+    assert main(["run", "--config", "c.toml", "--no-progress"]) == 2
+    assert capsys.readouterr().err == ("icl-bench: error: --out: not given, and results/runs is not a folder, so "
+                                       "results/runs/<time> cannot be made; give --out DIR\n")
+    (tmp_path / "results" / "runs").unlink()
+    (tmp_path / "results" / "runs").symlink_to(tmp_path / "gone")
+    assert main(["run", "--config", "c.toml", "--no-progress"]) == 2
+    assert f"results/runs is a link to {tmp_path / 'gone'}, which does not exist" in capsys.readouterr().err

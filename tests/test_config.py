@@ -84,5 +84,15 @@ def test_a_packaged_configs_bare_name_is_not_hidden_by_the_current_folder(tmp_pa
     assert resources.config_path("default.toml") == Path("default.toml")
     with pytest.raises(ConfigError, match="no such file 'mine'"):
         resources.config_path("mine")
+    with pytest.raises(ConfigError, match=r"^--config: no such file './trained'; packaged"):  # a path is only that
+        resources.config_path("./trained")  # file: it fell back to the packaged config (`./train` ran its 12 runs)
+    (tmp_path / "ood").rmdir()
+    (tmp_path / "ood").symlink_to(tmp_path / "gone.toml")
+    with pytest.raises(ConfigError, match=rf"^--config: ./ood is a link to {tmp_path / 'gone.toml'}, which does not exist$"):
+        resources.config_path("./ood")
+    assert resources.config_path("ood.toml") == resources.configs_dir() / "ood.toml"  # a name with its suffix: as before
+    capsys.readouterr()
+    assert main(["run", "--config", "a" * 300]) == 2  # named --config, not the package's folder (a review)
+    assert capsys.readouterr().err == f"icl-bench: error: --config: {'a' * 300}: File name too long\n"
     assert main(["run", "--config", "default", "--solver", "nope"]) == 2  # reaches the solver check, not "a folder"
     assert "--solver: unknown" in capsys.readouterr().err

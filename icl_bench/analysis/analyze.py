@@ -154,9 +154,9 @@ def analyze(model: Transformer, R: float, *, n_prompts: int = 2048, N: int | Non
     out.update(mechanism_report(m, float(R), N=mechanism_N, n_prompts=n_prompts, seed=seed, noise=float(noise)))
     rel = out.get("ln.rel_mse", math.nan)
     if not rel <= INACCURATE:  # (NaN too: a model that answers NaN or inf)
-        warnings.warn(f"ln.rel_mse = {rel:.3g} > {INACCURATE:g}: this model's error is {rel:.0%} of the spread of the "
-                      "OLS answers, so it does not solve the task and ln.state / fp.verdict describe a poor fit, not "
-                      "an algorithm (docs/analysis.md)", stacklevel=2)
+        size = f"error is {rel:.0%} of the spread of the OLS answers" if math.isfinite(rel) else "answers include NaN or inf"
+        warnings.warn(f"ln.rel_mse = {rel:.3g} > {INACCURATE:g}: this model's {size}, so it does not solve the task "
+                      "and ln.state / fp.verdict describe a poor fit, not an algorithm (docs/analysis.md)", stacklevel=2)
     return out
 
 

@@ -193,7 +193,8 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
                              "the shipped model of that name")
             drawn[_file_key(resolved)] = f"checkpoint {path}"
             add(f"checkpoint {path}", model)
-            if isinstance(meta.get("R"), (int, float)) and float(meta["R"]) != R:  # its probes at another R
+            probed = models[f"checkpoint {path}"]["trace"] is not None  # (a flatten readout at another N: not probed)
+            if probed and isinstance(meta.get("R"), (int, float)) and float(meta["R"]) != R:  # its probes at another R
                 own = float(meta["R"]) in set(table.loc[table["status"] == "ok", "R"].astype(float))
                 notes.append(f"--checkpoint {path}: trained at R = {meta['R']:g}, probed at the report's R = {R:g}"
                              + (f" (--at R={meta['R']:g} probes it at its own)" if own else ""))
