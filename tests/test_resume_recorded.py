@@ -164,6 +164,17 @@ def test_stored_cells_that_match_no_cell_of_the_run_are_said_to_be_recomputed(tm
         runner.run_matrix(cfg, out, resume=True, progress=False)
 
 
+def _resumed_elsewhere(tmp_path, monkeypatch, capsys, raw: dict):
+    """(run folder, stderr) of a run of `raw` interrupted after one cell, then resumed with the
+    recorded config from tmp_path/elsewhere, which must be refused (exit 2)."""
+    out = _interrupted_run(tmp_path, monkeypatch, raw, after=1)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    capsys.readouterr()
+    assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 2
+    return out, capsys.readouterr().err
+
+
 def test_a_relative_csv_path_is_read_from_the_folder_the_run_started_in(tmp_path, monkeypatch, capsys):
     """Resumed from another folder, the recorded relative data.path was missing and the advice was
     to give the TOML, which resolves the path differently and is refused (a review)."""
@@ -171,12 +182,7 @@ def test_a_relative_csv_path_is_read_from_the_folder_the_run_started_in(tmp_path
     monkeypatch.chdir(tmp_path)
     raw = {"seed": 1, "n_prompts": 8, "batch_size": 8, "timing": {"repeats": 1}, "grid": {"N": [5, 9], "R": [30.0]},
            "solvers": {"ols": {}}, "data": {"path": "d.csv", "x": "xx", "y": "yy"}}
-    out = _interrupted_run(tmp_path, monkeypatch, raw, after=1)
-    (tmp_path / "elsewhere").mkdir()
-    monkeypatch.chdir(tmp_path / "elsewhere")
-    capsys.readouterr()
-    assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 2
-    err = capsys.readouterr().err
+    out, err = _resumed_elsewhere(tmp_path, monkeypatch, capsys, raw)
     assert err.endswith("a relative data.path is read from the folder the run was started in: resume from there\n"), err
     (tmp_path / "elsewhere" / "d.csv").write_text("p,q\n" + "".join(f"{i},{i}\n" for i in range(40)))  # another d.csv
     assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 2
@@ -207,12 +213,7 @@ def test_a_relative_models_dir_is_read_from_the_folder_the_run_started_in(tmp_pa
     monkeypatch.chdir(tmp_path)
     raw = {"seed": 1, "n_prompts": 8, "batch_size": 8, "timing": {"repeats": 1}, "grid": {"N": [10, 20], "R": [10.0]},
            "solvers": {"trained-lsa": {"models_dir": "models"}}}
-    out = _interrupted_run(tmp_path, monkeypatch, raw, after=1)
-    (tmp_path / "elsewhere").mkdir()
-    monkeypatch.chdir(tmp_path / "elsewhere")
-    capsys.readouterr()
-    assert main(["run", "--resume", "--out", str(out), "--no-progress"]) == 2
-    err = capsys.readouterr().err
+    out, err = _resumed_elsewhere(tmp_path, monkeypatch, capsys, raw)
     assert "models_dir: no such folder 'models'" in err and err.endswith(
         "a relative models_dir is read from the folder the run was started in: resume from there\n"), err
     monkeypatch.chdir(tmp_path)
