@@ -521,3 +521,15 @@ def test_analyze_of_a_model_without_layernorm_says_na_not_nan(tmp_path, capsys):
     assert main(["analyze", str(stem), "--n-prompts", "64"]) == 0  # LayerNorm in its one layer: no ln1
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("ln.")}
     assert lines["ln.ln1.slope"].split(None, 1)[1] == "n/a (no second layer)" and lines["ln.ln0.slope"].split()[1] != "n/a"
+
+
+def test_linear_map_fit_scores_held_out_rows_in_the_sources_own_units():
+    """R^2 computed on the fitting rows read 1 for pure noise, and W came back in unit-RMS units
+    rather than the source's own (found by a mutation review)."""
+    gen = torch.Generator().manual_seed(0)
+    noise = linear_map_fit(torch.randn(8, 4, generator=gen, dtype=torch.float64),
+                           torch.randn(8, 2, generator=gen, dtype=torch.float64))
+    assert noise["r2"].max() < 0.5
+    X = torch.randn(1000, 2, generator=gen, dtype=torch.float64) * torch.tensor([10.0, 0.1], dtype=torch.float64)
+    fit = linear_map_fit(X, X @ torch.diag(torch.tensor([2.0, -3.0], dtype=torch.float64)))
+    np.testing.assert_allclose(fit["W"], [[2.0, 0.0], [0.0, -3.0]], atol=1e-9)

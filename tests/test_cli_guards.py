@@ -593,3 +593,35 @@ def test_a_run_without_out_stopped_before_it_wrote_leaves_no_folder(tmp_path, ca
     (tmp_path / "results" / "runs").symlink_to(tmp_path / "gone")
     assert main(["run", "--config", "c.toml", "--no-progress"]) == 2
     assert f"results/runs is a link to {tmp_path / 'gone'}, which does not exist" in capsys.readouterr().err
+
+
+def test_the_resume_command_names_out_and_resume_once():
+    """The printed resume line read `... --resume --resume` for a resumed run (found by a mutation
+    review; argparse took it, a reader would not)."""
+    from pathlib import Path
+
+    from icl_bench.cli_run import _resume_command
+
+    assert _resume_command(["run", "--out", "o", "--resume"], Path("o")) == "icl-bench run --out o --resume"
+    assert _resume_command(["run", "--config", "my run.toml"], Path("r/x")) == \
+        "icl-bench run --config 'my run.toml' --out r/x --resume"
+
+
+def test_a_ctrl_c_in_a_resume_of_a_finished_run_is_not_read_as_finished(tmp_path, capsys, tiny_raw, monkeypatch):
+    """A finished run's metadata.json stays while --resume retries its skipped or failed cells; a
+    Ctrl-C then is not "after the run had finished" (the file predates this run): the resume line
+    is printed (found by a mutation review: the file's age was not checked)."""
+    import icl_bench.cli_run as cli_run
+
+    (tmp_path / "c.toml").write_text(tomli_w.dumps(tiny_raw))
+    argv = ["run", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / "run"), "--no-progress"]
+    assert main(argv) == 0 and (tmp_path / "run" / "metadata.json").is_file()
+    capsys.readouterr()
+
+    def stopped(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_run, "_run_matrix", stopped)
+    assert main([*argv, "--resume"]) == 130
+    err = capsys.readouterr().err
+    assert "Resume with:" in err and "after the run had finished" not in err, err

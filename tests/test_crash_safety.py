@@ -191,6 +191,8 @@ def test_resume_with_another_config_is_refused_and_changes_nothing(tmp_path, mon
     out = tmp_path / name
     monkeypatch.setattr(sys, "argv", ["/venv/bin/icl-bench", "run", "--config", "my.toml", "--out", "run"])
     run_matrix(parse_config(SMALL), out, progress=False)
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/icl-bench", "run", "--out", "run", "--resume"])  # a later session:
+    run_matrix(parse_config(SMALL), out, resume=True, progress=False)  # the hint names the first (a mutation review)
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     with pytest.raises(ConfigError, match=r"--resume: .* holds a run of another config .*; resume it with that config \(or "
                                           r"with no --config, --solver or --data: the config.json there is read\) or "
@@ -458,3 +460,24 @@ def test_a_run_made_while_threads_defaulted_to_0_resumes_with_its_threads(tmp_pa
     assert json.loads((out / "config.json").read_text())["timing"]["threads"] == 0 and len(table) > 0
     with pytest.raises(ConfigError, match=r"--resume: .* holds a run of another config"):
         run_matrix(parse_config({**raw, "timing": {"threads": 1}}), out, resume=True, progress=False)
+
+
+def test_the_cache_serves_no_row_whose_crc_fails_and_default_timing_keeps_plain_keys(tmp_path):
+    """A row edited in the cache's file (a bit flip, a tampered value) was served into a run when
+    the CRC check was dropped; the run's own store has it (found by a mutation review). Keys of
+    rows timed with the defaults carry no tags, so existing caches keep hitting."""
+    import sqlite3
+
+    from icl_bench.bench.cache import cache_key
+
+    assert cache_key("K", threads=1, exclusive=False) == "K"
+    assert cache_key("K", threads=2, exclusive=True) == "K|threads=2|exclusive"
+    cache = CellCache(tmp_path / "cache", ("x", "status"))
+    try:
+        cache.put("k", {"x": 1.0, "status": "ok"})
+        assert cache.get(["k"]) == {"k": {"x": 1.0, "status": "ok"}}
+        with sqlite3.connect(tmp_path / "cache" / "cells.sqlite") as db:
+            db.execute('UPDATE cells SET "x" = 2.0')
+        assert cache.get(["k"]) == {}
+    finally:
+        cache.close()

@@ -293,6 +293,7 @@ def test_resume_after_the_csv_was_edited_is_refused_and_changes_nothing(tmp_path
     one line naming the file, nothing in the folder touched. old_folder: a run folder written
     before config.json kept the digest (the one in its results table is used)."""
     path, out, argv = _small_csv_run(tmp_path, "mut.csv")
+    digest = json.loads((out / "config.json").read_text())["data_sha256"]
     if old_folder:
         saved = json.loads((out / "config.json").read_text())
         del saved["data_sha256"]
@@ -309,6 +310,8 @@ def test_resume_after_the_csv_was_edited_is_refused_and_changes_nothing(tmp_path
     path.write_bytes(kept)  # restored: the run resumes, every cell reused
     assert main([*argv, "--resume"]) == 0
     assert json.loads((out / "metadata.json").read_text())["n_cells_reused"] == 1
+    assert json.loads((out / "config.json").read_text())["data_sha256"] == digest  # an old record is upgraded
+    # (a mutation review: left without it, a later resume with no results table to fall back on lost the refusal)
 
 
 def test_a_csv_run_records_no_generator_settings_and_resumes_an_older_record(tmp_path, capsys):
@@ -516,3 +519,15 @@ def test_a_column_with_an_empty_header_name_can_still_be_chosen(tmp_path):
     path = tmp_path / "d.csv"
     path.write_text(",y\n" + "".join(f"{i},{2 * i + 1}\n" for i in range(8)))
     assert check_source(DataSource(path=str(path), x="Unnamed: 0", y="y"), [4]).x == "Unnamed: 0"
+
+
+def test_the_dropped_rows_note_names_data_rows_from_one_and_n_needs_n_plus_one_finite_rows(tmp_path):
+    """The note of rows left out named them 0-based, and N equal to the number of finite rows
+    passed the up-front check, so every cell failed later (found by a mutation review)."""
+    (tmp_path / "d.csv").write_text("x,y\n" + "".join(f"{i},{'' if i == 3 else 2 * i}\n" for i in range(8)))
+    src = DataSource(path=str(tmp_path / "d.csv"), x="x", y="y")
+    rows, dropped, note = data_summary(src)
+    assert (rows, dropped) == (8, 1) and note.endswith("(data rows 4)"), note  # the 4th data row: i = 3
+    check_source(src, [6])
+    with pytest.raises(ConfigError, match=r"N=7 needs at least 8 rows with finite x and y; d.csv has 7"):
+        check_source(src, [7])

@@ -185,3 +185,37 @@ def test_gd_trajectory_mv_takes_one_step_size_per_prompt():
     for bad in (torch.tensor([0.1, -0.2]), torch.tensor([[0.1]]), torch.tensor([float("nan")])):
         with pytest.raises(ConfigError, match="lr: a tensor of step sizes"):
             gd_trajectory_mv(b.x[:2], b.y[:2], b.x_query[:2], 3, bad)
+
+
+def test_the_query_noise_is_its_own_draw_at_d_2():
+    """The query's label noise reused the last context example's (eps[:, N - 1]): the right std,
+    fully correlated with that example (found by a mutation review; the 1-D check is in test_prompts)."""
+    b = sample_prompts_mv(PromptSpec(N=5, noise=1.0), 20000, d=2, seed=1, dtype="float64")
+    ctx = b.y - (b.intercept[:, None] + (b.x * b.slope[:, None, :]).sum(-1))  # (B, N) context noise
+    q = b.y_query - b.y_query_clean  # (B,)
+    assert float(q.std()) == pytest.approx(1.0, rel=0.03)
+    for i in range(5):
+        assert abs(float(torch.corrcoef(torch.stack([ctx[:, i], q]))[0, 1])) < 0.03
+
+
+def test_equicorrelated_x_takes_correlations_down_to_minus_one_over_d_minus_1():
+    """x_corr in (-1/(d-1), 1): -0.4 at d = 3 is valid (bound -0.5) and was refused with a bound of
+    -1/d (a mutation review); -0.6 is refused."""
+    spec = PromptSpec(N=5, noise=0.0)
+    assert sample_prompts_mv(spec, 4, d=3, x_corr=-0.4, seed=0, dtype="float64").x.shape == (4, 5, 3)
+    with pytest.raises(Exception, match="x_corr"):
+        sample_prompts_mv(spec, 4, d=3, x_corr=-0.6, seed=0, dtype="float64")
+
+
+def test_a_huge_y_alone_makes_ln_closed_form_mv_answer_nan():
+    """r_lost_mv looked at x only ([..., :-2]): with y ~ 1e20 and R = 100 ln-closed-form at d = 2
+    answered -133.5 instead of NaN (the reference is 9.9e19; found by a mutation review)."""
+    from icl_bench.solvers.multivariate import r_lost_mv
+    from icl_bench.solvers.registry import get_solver
+
+    gen = torch.Generator().manual_seed(0)
+    x, u = torch.randn(1, 20, 2, generator=gen, dtype=torch.float64), torch.randn(1, 2, generator=gen, dtype=torch.float64)
+    y = 1e20 + 1e19 * torch.randn(1, 20, generator=gen, dtype=torch.float64)
+    batch = make_batch_mv(x, y, u, R=100.0)
+    assert bool(r_lost_mv(batch.tokens, 100.0).all())
+    assert bool(torch.isnan(get_solver("ln-closed-form").predict(batch)).all())

@@ -85,3 +85,22 @@ def test_a_cells_ood_draws_are_seeded_apart_from_its_prompts(value):
     plain = sample_prompts(PromptSpec(N=12, noise=0.1, R=100.0), 64, seed=pseed, dtype="float64")
     assert torch.equal(got.y, apply_ood(plain, value, seed=pseed + 1).y)
     assert not torch.equal(got.y, apply_ood(plain, value, seed=pseed).y)
+
+
+def test_student_t_keeps_the_query_noise():
+    """The query's label noise was dropped under student-t (yq = yc): mse_vs_target too low by
+    noise^2 (found by a mutation review). The query keeps the batch's own noise draw."""
+    b = sample_prompts(PromptSpec(N=20, noise=0.1), 4096, seed=0, dtype="float64")
+    o = apply_ood(b, "student-t:3", seed=1)
+    assert torch.allclose(o.y_query - o.y_query_clean, b.y_query - b.y_query_clean, rtol=0, atol=1e-12)
+    assert float((o.y_query - o.y_query_clean).std()) == pytest.approx(0.1, rel=0.05)
+
+
+@pytest.mark.parametrize("value, k", [("outliers:0.01", 1), ("outliers:0.3", 2), ("outliers:1", 5)])
+def test_outliers_round_the_count_and_replace_at_least_one(value, k):
+    """k = max(1, round(F N)) labels per prompt (N = 5: 0.05 -> 1, 1.5 -> 2, 5 -> 5); F = 1 is
+    accepted, as the accepted values say (mutation review: truncation, no floor of one, F < 1)."""
+    b = sample_prompts(PromptSpec(N=5, noise=0.1), 64, seed=0, dtype="float64")
+    assert parse_ood(value)[1] == float(value.split(":")[1])
+    out = apply_ood(b, value, seed=1)
+    assert bool(((out.y != b.y).sum(1) == k).all())

@@ -1965,3 +1965,41 @@ def test_model_plots_say_what_they_draw_at_d_above_1_and_on_csv_runs():
     assert list(models) == ["construction (R=10)"]
     assert "probes.png probes on 8 generated prompts (standard-normal x and slope, at N = 12, R = 10), not on the " \
            "CSV rows of the runs" in notes
+
+
+def test_series_styles_and_summary_keep_their_documented_rules(tables):
+    """Four rules no test held (found by a mutation review): two solvers of one family on two prompt
+    sources take four line styles; a plugin's colour does not depend on row order; the summary's
+    throughput is the median of its rows; the ill-posed note gives the largest k of n."""
+    from icl_bench.report import aggregate as report
+    from icl_bench.report import series
+
+    rows = pd.DataFrame({"solver": ["gd", "gd", "gd-lsa", "gd-lsa"], "solver_params": ["{}"] * 4,
+                         "prompts": ["A", "B", "A", "B"]})
+    st = series.series_styles(report.add_series(rows))
+    assert len({s["linestyle"] for s in st.values()}) == 4
+    colours = [{s: v["color"] for s, v in series.series_styles(pd.DataFrame(
+        {"series": names, "solver": names, "series_rank": range(2)})).items()} for names in (["plug0", "plug3"],
+                                                                                            ["plug3", "plug0"])]
+    assert colours[0] == colours[1]  # (plug0 and plug3 hash to one free colour: the first by name keeps it)
+    table = tables[0]
+    one = table[table.status == "ok"].iloc[[0]]
+    three = pd.concat([one.assign(seed=s, prompts_per_s=v) for s, v in ((0, 100.0), (1, 110.0), (2, 1000.0))])
+    assert report.aggregate(three)["prompts_per_s"].tolist() == [110.0]
+    at = {"noise": 0.0, "R": 100.0, "dtype": "float64", "device": "cpu", "d": 1, "ood": "none"}
+    summary = pd.DataFrame([{**at, "N": 10, "prompts": "", "n_prompts": n, "n_ill_posed": k} for k, n in ((2, 64), (5, 128))])
+    (note,) = report.ill_posed_note(summary, {**at, "N": 10})
+    assert "N=10: 5 of 128" in note and "2 of 64" not in note, note
+
+
+def test_check_table_takes_all_zero_weights_and_refuses_more_nonfinite_well_posed_than_nonfinite():
+    """weight_sparsity 1.0 (every weight zero, as sparsity.py writes it) is a valid fraction, and an
+    ok row whose n_nonfinite_well_posed exceeds n_nonfinite (a hand-edited table: the headline's
+    "(k of n NaN/inf)" then wrong) is refused (found by a mutation review)."""
+    from icl_bench.report.validate import check_table
+
+    assert check_table(pd.DataFrame({"status": ["ok"], "weight_sparsity": [1.0]}), Path("r.parquet")).shape == (1, 2)
+    bad = pd.DataFrame({"status": ["ok"], "n_prompts": [100], "n_ill_posed": [0], "n_nonfinite_well_posed": [5],
+                        "n_nonfinite": [2]})
+    with pytest.raises(ConfigError, match="n_nonfinite_well_posed <= n_nonfinite"):
+        check_table(bad, Path("r.parquet"))
