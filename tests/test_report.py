@@ -2003,3 +2003,23 @@ def test_check_table_takes_all_zero_weights_and_refuses_more_nonfinite_well_pose
                         "n_nonfinite": [2]})
     with pytest.raises(ConfigError, match="n_nonfinite_well_posed <= n_nonfinite"):
         check_table(bad, Path("r.parquet"))
+
+
+def test_rounding_twins_and_shown_fits_stay_within_their_ood_value():
+    """A float32 OOD row was compared with the float64 row of another OOD value (ood dropped from the
+    twin's cell: flagged rounding-dominated wrongly), and --at ood=... showed the ood=none fit in the
+    'exponent vs N' / 'vs R' columns (found by a mutation review)."""
+    from icl_bench.report import scaling
+
+    cells = [("none", "float64", 1e-12), ("none", "float32", 1e-12), ("x-scale:10", "float64", 1e-6),
+             ("x-scale:10", "float32", 1.1e-6)]
+    summary = pd.DataFrame([{"series": "ols", "solver": "ols", "solver_params": "{}", "prompts": "", "N": 30, "noise": 0.1,
+                             "R": 10.0, "dtype": dt, "device": "cpu", "d": 1, "ood": ood, "mse_vs_ols": m}
+                            for ood, dt, m in cells])
+    assert not scaling.rounding_dominated(summary).any()
+    at = {"N": 10, "noise": 0.1, "R": 10.0, "device": "cpu", "d": 1}
+    fits = pd.DataFrame([{"series": "ols", "dtype": "float64", "vs": vs, **at, ("R" if vs == "R" else "N"): math.nan,
+                          "ood": ood, **scaling.fit_exponent([10, 100, 1000], m, "float64")}
+                         for vs in ("R", "N") for ood, m in (("none", [1, 0.1, 0.01]), ("x-scale:10", [1, 1, 1]))])
+    shown = scaling.scaling_at(fits, {**at, "ood": "x-scale:10"}, ["ols"]).iloc[0]
+    assert shown["exponent vs N"].startswith("0.00") and shown["exponent vs R"].startswith("0.00"), shown.to_dict()
