@@ -235,11 +235,14 @@ def test_crash_while_writing_the_tables_leaves_no_finished_mark(tmp_path, monkey
 def test_every_write_is_renamed_into_place_and_every_cell_committed_durably(tmp_path, monkeypatch):
     from icl_bench import files
 
-    synced, renamed, commits = [], [], []
-    real_fsync_dir, real_replace, real_put = files.fsync_dir, os.replace, store.CellStore.put
-    monkeypatch.setattr(files, "fsync_dir", lambda p: (synced.append(Path(p).name), real_fsync_dir(p)))
-    monkeypatch.setattr(store, "fsync_dir", lambda p: (synced.append(Path(p).name), real_fsync_dir(p)))
-    monkeypatch.setattr(files.os, "replace", lambda a, b: (renamed.append(Path(b).name), real_replace(a, b)))
+    synced, renamed, commits, events = [], [], [], []  # events: ("sync" | "replace" | "unlink", name), in order
+    real_fsync_dir, real_replace, real_put, real_unlink = files.fsync_dir, os.replace, store.CellStore.put, Path.unlink
+    sync = lambda p: (synced.append(Path(p).name), events.append(("sync", Path(p).name)), real_fsync_dir(p))  # noqa: E731
+    monkeypatch.setattr(files, "fsync_dir", sync)
+    monkeypatch.setattr(store, "fsync_dir", sync)
+    monkeypatch.setattr(files.os, "replace", lambda a, b: (renamed.append(Path(b).name), events.append(("replace", Path(b).name)),
+                                                           real_replace(a, b)))
+    monkeypatch.setattr(Path, "unlink", lambda self, *a, **k: (events.append(("unlink", self.name)), real_unlink(self, *a, **k)))
 
     def put(self, key, row):  # each put is its own committed transaction in the WAL
         assert self._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -254,6 +257,9 @@ def test_every_write_is_renamed_into_place_and_every_cell_committed_durably(tmp_
     assert len(commits) == len(set(commits)) == 8
     assert renamed == ["config.json", "results.parquet", "results.csv", "metadata.json"]
     assert synced.count("run") >= 4
+    gone, tables = events.index(("unlink", "metadata.json")), events.index(("replace", "results.parquet"))
+    assert ("sync", "run") in events[gone:tables], events  # the old "finished" mark is gone for good before new tables
+    # come in: a power cut could otherwise leave it beside them (its fsync was not checked: a mutation review)
     assert sorted(p.name for p in out.iterdir()) == [".icl-bench.lock", "cells.sqlite", "config.json", "metadata.json",
                                                       "results.csv", "results.parquet"]  # WAL checkpointed on close
 
