@@ -241,13 +241,13 @@ HELP = {"-h", "--help", "--version"}
 
 def _one_line_warning(fallback):
     """A warnings.showwarning that prints the suite's own warnings (raised from a file of this
-    package) as one line, `icl-bench: warning: <message>`, not Python's two lines with a source
+    package) as one line, `icl-bench: WARNING: <message>`, not Python's two lines with a source
     path; any other warning (torch's, a plugin's) goes to `fallback` as before."""
     package = str(Path(__file__).resolve().parent) + os.sep
 
     def show(message, category, filename, lineno, file=None, line=None):
         if str(Path(filename).resolve()).startswith(package):
-            print(f"icl-bench: warning: {' '.join(str(message).splitlines())}", file=file or sys.stderr, flush=True)
+            print(f"icl-bench: WARNING: {' '.join(str(message).splitlines())}", file=file or sys.stderr, flush=True)
         else:
             fallback(message, category, filename, lineno, file, line)
     return show

@@ -17,14 +17,15 @@ from icl_bench.files import drop_made_folders, first_existing
 from icl_bench.startup import Terminated
 
 
-def warn_conflicts(file=None) -> None:
+def warn_conflicts(file=None, prefix: str = "") -> None:
     """Print a WARNING line for each plugin entry point ignored because its name is taken (a built-in's
     or an earlier distribution's on sys.path: which one runs would otherwise be silent); `list`
-    prints them to stdout, `run` to stderr before its matrix."""
+    prints them to stdout, `run` to stderr before its matrix, with `prefix` ("icl-bench: ", as every
+    warning on stderr)."""
     from icl_bench.solvers.registry import conflicts
 
     for line in conflicts():
-        print(f"WARNING: {line}", file=file or sys.stdout)
+        print(f"{prefix}WARNING: {line}", file=file or sys.stdout)
 
 
 RUNS_ROOT = Path("results/runs")  # where a run without --out goes
@@ -194,8 +195,8 @@ def cmd_run(args) -> int:
             msg = flag + msg[len(key):] if (given is not None and msg.startswith(key)) else msg
         return ConfigError(msg)
 
-    warn_conflicts(sys.stderr)  # once, before the config is read: a shadowed plugin name must not pass silently,
-    try:                         # least of all when it explains the refusal below (a review)
+    warn_conflicts(sys.stderr, "icl-bench: ")  # once, before the config is read: a shadowed plugin name must not
+    try:  # pass silently, least of all when it explains the refusal below (a review); prefixed as every warning there
         if recorded is not None:
             cfg = parse_recorded(raw)
         else:

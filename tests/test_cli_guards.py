@@ -200,7 +200,8 @@ def test_run_warns_of_plugin_name_clashes_as_list_does(tmp_path, monkeypatch, ca
         assert len(listed) == 2 and all("shadow_mod:MeanY (shadow-plugin)" in line for line in listed), listed
         assert main(["run", "--config", str(tmp_path / "m.toml"), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
         err = capsys.readouterr().err
-        assert [line for line in err.splitlines() if line.startswith("WARNING: plugin")] == listed, err
+        assert [line for line in err.splitlines() if line.startswith("icl-bench: WARNING: plugin")] == [
+            f"icl-bench: {line}" for line in listed], err  # (stderr's warnings share one prefix)
         assert "declares 'ln-closed-form', a built-in name: ignored" in err and "declares 'ols', already declared by" in err
     finally:
         sys.modules.pop("shadow_mod", None)
@@ -529,7 +530,7 @@ def test_a_mistyped_solver_table_beside_solver_is_warned(tmp_path, capsys, tiny_
     (tmp_path / "c.toml").write_text(tomli_w.dumps(tiny_raw))
     assert main(["run", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / "o"), "--solver", "ols",
                  "--no-progress"]) == 0
-    assert ("icl-bench: warning: --solver: the config's [solvers] scipy-lstq names no known solver (a typo?); left out "
+    assert ("icl-bench: WARNING: --solver: the config's [solvers] scipy-lstq names no known solver (a typo?); left out "
             "with the tables --solver did not select") in capsys.readouterr().err
 
 

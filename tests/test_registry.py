@@ -298,7 +298,7 @@ def test_run_warns_of_a_shadowed_plugin_name_before_the_config_is_refused(tmp_pa
     cfg.write_text('[grid]\nN = [4]\n[solvers.warn-clash]\nshift = [1.0]\n')
     assert main(["run", "--config", str(cfg), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err == ["WARNING: plugin zzz_mean:MeanY (zzz-plugin) declares 'warn-clash', already declared by "
+    assert err == ["icl-bench: WARNING: plugin zzz_mean:MeanY (zzz-plugin) declares 'warn-clash', already declared by "
                    "aaa_shadow:Shadow: ignored",
                    "icl-bench: error: solvers.warn-clash.shift: unknown parameter; accepted: (none)"], err
 

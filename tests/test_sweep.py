@@ -304,7 +304,7 @@ def test_a_diverged_sweep_run_names_its_field_and_an_interrupted_sweep_says_how_
     cfg.write_text(SMALL.replace("[train]\n", "[train]\nlr = 1e30\n").format(out=tmp_path / "d"))
     assert main(["sweep", "--config", str(cfg), "--no-progress"]) == 2
     warning, err = capsys.readouterr().err.split("\n", 1)  # once per sweep, not once per run
-    assert warning.startswith("icl-bench: warning: sweep.analysis_prompts = 8: the mechanism tests' thresholds")
+    assert warning.startswith("icl-bench: WARNING: sweep.analysis_prompts = 8: the mechanism tests' thresholds")
     assert err.startswith("icl-bench: error: train.lr (sweep run l1-0-seed0): training diverged by step") and err.count("\n") == 1
     cfg.write_text(SMALL.replace("l1 = [0.0]", "l1 = [0.0, 1e-3, 1e-2]").format(out=tmp_path / "l1"))
     real, calls = train_mod.train, []

@@ -297,5 +297,5 @@ def test_the_cli_prints_the_suites_own_warning_as_one_line(tmp_path, capsys):
         warnings.simplefilter("default")
         assert main(["--config", str(path), "--out", str(tmp_path / "m"), "--no-progress", "--steps", "1"]) == 0
     out, err = capsys.readouterr()
-    assert err == "icl-bench: warning: p: proximal l1 never acts: (l1_start, l1_stop] x steps = (0.5, 0.8] holds no step\n"
+    assert err == "icl-bench: WARNING: p: proximal l1 never acts: (l1_start, l1_stop] x steps = (0.5, 0.8] holds no step\n"
     assert "p: 1 step, held-out" in out
