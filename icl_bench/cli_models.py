@@ -61,8 +61,8 @@ def cmd_analyze(args) -> int:
     last = max((int(m[1]) for k in result if (m := re.fullmatch(r"ln\.ln(\d+)\.slope", k))), default=1)
     deeper = [f"ln.ln{i}.{f}" for i in range(2, last + 1) for f in ("slope", "r2", "r2_raw", "freeze")]  # 3+ layers:
     at = HEADLINE.index("ln.ln1.freeze") + 1  # the last LayerNorm decides ln.state (in --out only before: a review)
-    labels = {**LABELS, "ln.ln1.r2_raw": ""} if last > 1 else LABELS  # r2_raw's rule is the last LayerNorm's
-    labels = {**labels, f"ln.ln{last}.r2_raw": LABELS["ln.ln1.r2_raw"].replace("ln.ln1.", f"ln.ln{last}.")}
+    labels = {k: v for k, v in LABELS.items() if k != "ln.ln1.r2_raw"}  # r2_raw's rule is the last LayerNorm's
+    labels[f"ln.ln{last}.r2_raw"] = LABELS["ln.ln1.r2_raw"].replace("ln.ln1.", f"ln.ln{last}.")
     for k in (*HEADLINE[:at], *deeper, *HEADLINE[at:]):
         none = "n/a"  # not computed: not in --out either
         if k.startswith("ln.ln"):  # a 1-layer model with LayerNorm has no ln1 (it read "no LayerNorm"; a review)

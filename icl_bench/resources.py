@@ -124,14 +124,14 @@ def config_path(name_or_path: str | Path, key: str = "--config") -> Path:
         raise ConfigError(f"{key}: empty path; give a TOML file or a packaged config ({', '.join(config_names())})")
     raw, path = str(name_or_path), Path(name_or_path)
     in_folder = any(sep in raw for sep in {"/", os.sep})  # (Path("./x") drops its "./": the text decides)
-    if not in_folder and not path.suffix and _packaged(raw):  # a folder `train/` or `default/` of the user's
-        return _packaged(raw)  # had hidden the packaged config: `icl-bench train` failed (a tryout)
+    if not in_folder and not path.suffix and (packaged := _packaged(raw)):  # a folder `train/` or `default/` of
+        return packaged  # the user's had hidden the packaged config: `icl-bench train` failed (a tryout)
     if path.exists():
         return path
     if path.is_symlink():
         raise ConfigError(f"{key}: {raw} is a link to {os.readlink(path)}, which does not exist")
-    if not in_folder and path.suffix == ".toml" and _packaged(path.stem):  # (not for "./train": missing, it had
-        return _packaged(path.stem)  # trained the 12 packaged runs; a review)
+    if not in_folder and path.suffix == ".toml" and (packaged := _packaged(path.stem)):  # (not for "./train":
+        return packaged  # missing, it had trained the 12 packaged runs; a review)
     close = difflib.get_close_matches(path.stem, config_names(), n=1) if not in_folder else []
     hint = f" (did you mean {close[0]!r}?)" if close else ""  # as for a mistyped solver name
     raise ConfigError(f"{key}: no such file {raw!r}{hint}; packaged configs: {', '.join(config_names())}")

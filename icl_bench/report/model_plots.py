@@ -92,6 +92,7 @@ def _fitting_checkpoint(solver: str, params: str, R: float, N: int) -> Path | No
     return fits[0] if fits else None
 
 
+NO_LAYERNORM = "no LayerNorm weights, not drawn beside the LayerNorm construction"  # a model's note (collect_models)
 PROBE_TOKENS = 2**18  # tokens of the probe prompts at most: n_prompts shrinks at large N (a trace holds every stream)
 
 
@@ -167,11 +168,11 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
             continue
         if path is None:  # not checkpoint-backed: its weights are a construction drawn from code
             if issubclass(get_solver_class(solver), GDLSA):  # (left out without a word: a review)
-                notes.append(f"{label}: no LayerNorm weights, not drawn beside the LayerNorm construction")
+                notes.append(f"{label}: {NO_LAYERNORM}")
             continue
         model, _ = load_checkpoint(path)
         if not model.cfg.layernorm:
-            notes.append(f"{label}: no LayerNorm weights, not drawn beside the LayerNorm construction")
+            notes.append(f"{label}: {NO_LAYERNORM}")
             continue
         if _file_key(path) in drawn:  # two settings of one solver serving the same file
             notes.append(f"{label}: drawn once, as {drawn[_file_key(path)]!r}")
@@ -186,7 +187,7 @@ def collect_models(table: pd.DataFrame, setting: dict, checkpoints=(), n_prompts
                 continue
             model, meta = load_checkpoint(resolved)
             if not model.cfg.layernorm:  # as for a run's solver above: its probes' "LayerNorm output" is not one
-                notes.append(f"--checkpoint {path}: no LayerNorm weights, not drawn beside the LayerNorm construction")
+                notes.append(f"--checkpoint {path}: {NO_LAYERNORM}")
                 continue
             if shadows_shipped(str(path), resolved):
                 notes.append(f"--checkpoint {path}: the pair in this folder ({Path(resolved).resolve().parent}), not "
