@@ -250,7 +250,8 @@ def cmd_run(args) -> int:
         cells = f"{done[0]} of {done[1]} cells finished, kept" if done else "the finished cells are kept"
         again = (f" ({done[2]} of them skipped or failed, which --resume runs again)" if done and done[2] else "")
         kept = (f"; {cells} in {out}{again}. Resume with:\n  {_resume_command(args.argv, out)}"
-                if out.is_dir() else f" before {out} was made")  # (no resume line for a folder never made)
+                if out.is_dir() else f" before {out} was made" if args.out else  # (no resume line for a folder
+                f" before anything was stored; the empty folder {out} was removed")  # never made, or made and removed)
         print(f"icl-bench: {what}{kept}", file=sys.stderr)
         return _interrupt_code(exc) if isinstance(exc, KeyboardInterrupt) else 1
     return 1 if (table.status == "error").any() else 0
