@@ -150,3 +150,37 @@ def test_a_batch_with_nothing_to_score_is_an_error_not_gd_like():
     for b, k in ((one, 1), (flat, 0)):
         with pytest.raises(ValueError, match=rf"^batch: the fingerprint needs at least 2 well-posed prompts .* has {k} of"):
             fingerprint(get_solver("ols"), b)
+
+
+def test_the_gd_reference_is_reused_for_equal_prompts_only(monkeypatch):
+    """fingerprint() keeps gd's profiles (most of an analysis' time) for the prompts it last saw:
+    an equal batch sampled again (or at another R) reuses them, and any change to the prompts, the
+    maps or the grid computes them afresh; the numbers are those of gd_reference either way."""
+    import icl_bench.analysis.fingerprint as fp
+
+    monkeypatch.setattr(fp, "_references", type(fp._references)())
+    calls = []
+    real = fp.gd_reference
+    monkeypatch.setattr(fp, "gd_reference", lambda *a, **k: calls.append(1) or real(*a, **k))
+    maps, steps, lrs = transforms()[:3], (1, 2, 8), (0.2, 0.4)
+    a = default_prompts(N=12, n_prompts=64, seed=5)
+    first = fp.reference(a, maps, steps=steps, lrs=lrs)
+    assert first == real(a, maps, steps=steps, lrs=lrs) and len(calls) == 1
+    first.clear()  # the caller's dict: the kept one is untouched
+    again = fp.reference(default_prompts(N=12, n_prompts=64, seed=5), maps, steps=steps, lrs=lrs)
+    assert len(calls) == 1 and again == real(a, maps, steps=steps, lrs=lrs)
+    at_r10 = default_prompts(N=12, n_prompts=64, seed=5, R=10.0)  # the same x and y: gd reads no token
+    assert fp.reference(at_r10, maps, steps=steps, lrs=lrs) == real(at_r10, maps, steps=steps, lrs=lrs)
+    assert len(calls) == 1
+    y = a.y.clone()
+    y[0, 0] += 1e-12  # one label of one prompt
+    others = [(default_prompts(N=12, n_prompts=64, seed=6), maps, steps, lrs),
+              (fp.make_batch(a.x, y, a.x_query, R=a.R, dtype=a.dtype), maps, steps, lrs),
+              (default_prompts(N=12, n_prompts=64, seed=5, dtype="float32"), maps, steps, lrs),
+              (a, transforms()[:4], steps, lrs), (a, maps, (1, 2), lrs), (a, maps, steps, (0.2,))]
+    for i, (b, m, k, lr) in enumerate(others):
+        assert fp.reference(b, m, steps=k, lrs=lr) == real(b, m, steps=k, lrs=lr)
+        assert len(calls) == 2 + i, i
+    assert len(fp._references) == fp.REFERENCES_KEPT  # the oldest dropped
+    fp.reference(a, maps, steps=steps, lrs=lrs)
+    assert len(calls) == 2 + len(others)  # dropped: computed again
