@@ -236,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-HELP = {"-h", "--help", "--version"}
+LIGHT = {"docs"}  # commands that need none of startup.LIBRARIES (a doc page printed in 0.3 s, not 5)
 
 
 def _one_line_warning(fallback):
@@ -256,18 +256,13 @@ def _one_line_warning(fallback):
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `icl-bench` console script; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if HELP.intersection(argv):  # answered before torch & co load (2 s): argparse prints and exits 0
-        try:
-            build_parser().parse_args(argv)
-        except ConfigError:  # a bad command line around the flag: reported below, as any other
-            pass
     try:
-        if load_libraries():  # a Ctrl-C while numpy / torch loaded: held back until they are whole
-            raise KeyboardInterrupt
-        try:
+        try:  # parsed before torch & co load (2-5 s): --help, --version and a bad flag answer at once
             args = build_parser().parse_args(argv)
         except ConfigError as exc:
             raise ConfigError(f"{exc}{_param_flag_hint(str(exc), argv)}") from None
+        if args.command not in LIGHT and load_libraries():  # a Ctrl-C while numpy / torch loaded: held
+            raise KeyboardInterrupt  # back until they are whole
         args.argv = argv  # for messages that repeat the command (the resume line)
         with sigterm_as_interrupt(), warnings.catch_warnings():  # (sigterm: `kill` / a batch time limit: stopped
             warnings.showwarning = _one_line_warning(warnings.showwarning)  # as on Ctrl-C, with the resume line)

@@ -511,6 +511,19 @@ def test_docs_lists_prints_and_refuses_in_one_line(capsys):
     assert code == 2 and "no doc 'results/analysis.md'" in err
 
 
+def test_docs_and_help_answer_without_loading_torch():
+    """`icl-bench docs NAME`, which messages cite, took 4-5 s here: every command loaded numpy,
+    torch, pandas, scipy and numba first. It and --help now load none of them."""
+    import subprocess
+
+    code = ("import sys; from icl_bench.cli import main; main(['docs', 'analysis', '--path']); "
+            "sys.argv = ['icl-bench', 'run', '--help']\ntry: main()\nexcept SystemExit: pass\n"
+            "print(sorted(m for m in ('numpy', 'torch', 'pandas', 'scipy', 'numba') if m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.splitlines()[0].endswith("docs/analysis.md"), p.stderr
+    assert "usage: icl-bench run" in p.stdout and p.stdout.splitlines()[-1] == "[]", p.stdout
+
+
 def test_analyze_of_a_solver_name_says_where_its_mechanism_is_read(capsys):
     """`icl-bench analyze ridge` said only "no checkpoint 'ridge'" (a new-user tryout)."""
     code, err = _run(capsys, ["analyze", "gd-lsa"])
