@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `icl-bench` console script; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        try:  # parsed before torch & co load (2-5 s): --help, --version and a bad flag answer at once
+        try:  # parsed before torch & co load (2-5 s): --help and --version answer at once
             args = build_parser().parse_args(argv)
         except ConfigError as exc:
             raise ConfigError(f"{exc}{_param_flag_hint(str(exc), argv)}") from None
