@@ -262,6 +262,25 @@ def test_losing_the_scheduler_before_any_worker_came_is_one_line(tmp_path):
     assert not out.exists()
 
 
+def test_a_scheduler_with_no_worker_says_it_waits_then_gives_up_in_one_line(monkeypatch, capsys):
+    """A --scheduler whose cluster has no worker: the run waited WORKER_WAIT_S (60 s) in silence
+    before its error; it now says that it waits after WORKER_NOTE_S, then refuses (ConfigError, the
+    command's exit 2) naming how to start a worker."""
+    from icl_bench.bench import executors
+
+    monkeypatch.setattr(executors, "WORKER_WAIT_S", 2.0)
+    monkeypatch.setattr(executors, "WORKER_NOTE_S", 0.5)
+    with LocalCluster(n_workers=0, processes=True, host="127.0.0.1", dashboard_address=":0",
+                      silence_logs=logging.CRITICAL) as lc:
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match=rf"^executor.scheduler: the cluster at '{lc.scheduler_address}' has no "
+                                              rf"worker after 2 s; start some \(dask worker {lc.scheduler_address} "):
+            executors.DaskExecutor(Executor(kind="dask", scheduler=lc.scheduler_address))
+        assert 1.9 < time.monotonic() - started < 30
+    assert capsys.readouterr().err == (f"icl-bench: waiting up to 2 s for a first worker of the cluster at "
+                                       f"{lc.scheduler_address}\n")
+
+
 def test_distributeds_reconnect_error_line_is_dropped_while_the_run_reports_the_loss():
     """The test above failed once in a fresh-clone CI run: distributed's client logged "Failed to
     reconnect to scheduler after 10.00 seconds, closing client" (an ERROR line) before the run's own

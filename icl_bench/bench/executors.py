@@ -40,6 +40,7 @@ CONNECT_TIMEOUT = "10s"  # to reach a running scheduler
 HANDSHAKE_S = 30.0  # for the whole connection, handshake included (CONNECT_TIMEOUT does not bound that)
 PACKAGE = "icl_bench"  # what every worker must import (_check_workers)
 WORKER_WAIT_S = 60.0  # for the first worker of a running scheduler (batch jobs start late)
+WORKER_NOTE_S = 10.0  # of those, waited before the run says that it waits
 POLL_S = 1.0  # how often a run waiting for its cells checks that its client still has a scheduler
 NO_GPU = ("no Dask worker of this cluster declares a GPU resource (start GPU workers with "
           "`dask worker SCHEDULER --nthreads 1 --resources GPU=1`)")
@@ -87,7 +88,12 @@ class DaskExecutor:
         if cfg.scheduler:
             self.client = _connect(Client, cfg.scheduler)
             try:
-                self.client.wait_for_workers(1, timeout=WORKER_WAIT_S)
+                try:
+                    self.client.wait_for_workers(1, timeout=WORKER_NOTE_S)
+                except TimeoutError:  # (silent for a minute, a run looked hung)
+                    print(f"icl-bench: waiting up to {WORKER_WAIT_S:g} s for a first worker of the cluster at "
+                          f"{cfg.scheduler}", file=sys.stderr, flush=True)
+                    self.client.wait_for_workers(1, timeout=max(WORKER_WAIT_S - WORKER_NOTE_S, 0.1))
             except Exception as exc:  # TimeoutError: no worker came; else (OSError) the scheduler went away
                 lost = not isinstance(exc, TimeoutError) or self.client.status not in ("running", "connecting")
                 self.close()
