@@ -1,14 +1,17 @@
 """Affine augmentation leaves the OLS target unchanged; the proximal l1 step makes exact zeros."""
+import numpy as np
 import pytest
 import torch
 
-from icl_bench.training.augment import ProxL1, affine_augment, training_batch, y_augment, exact_zero_fraction, prox_l1, prox_params, ramp_factor
+from icl_bench.training.augment import (ProxL1, affine_augment, exact_zero_fraction, prox_l1, prox_params, ramp_factor,
+                                        training_batch, training_tokens, y_augment)
 from icl_bench.errors import ConfigError
 from icl_bench.prompts.ols import ols_predict
 from icl_bench.prompts.generator import PromptSpec, sample_prompts
 from icl_bench.solvers import fused
 from icl_bench.training.config import TrainConfig
 from icl_bench.training.train import init_model, train
+from tests.transformer_models import random_model
 
 
 def test_augmentation_keeps_ols_and_changes_x():
@@ -141,3 +144,89 @@ def test_masked_fine_tuning_keeps_the_zeros_of_the_stop_and_frees_the_rest():
             assert torch.equal(p.detach()[z], torch.zeros_like(p.detach()[z]))
             assert torch.equal(p.detach()[~z], a[~z])  # not shrunk
     assert prox.masks is not None and all(torch.equal(m, z) for m, z in zip(prox.masks, zeros))
+
+
+def _prompts(B=256, N=10, seed=1):
+    from icl_bench import PromptSpec, sample_prompts
+
+    return sample_prompts(PromptSpec(N=N, R=100.0, noise=0.1), B, seed=seed, dtype="float64")
+
+
+def _x_map(before: torch.Tensor, after: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-prompt (s, t) of x -> s x + t, read off two x values of each prompt."""
+    s = (after[:, 1] - after[:, 0]) / (before[:, 1] - before[:, 0])
+    return s, after[:, 0] - s * before[:, 0]
+
+
+@pytest.mark.parametrize("scale, shift", [(1.0, 3.0), (10.0, 0.0)])
+def test_a_shift_alone_or_a_scale_alone_augments_x(scale, shift):
+    """TrainConfig's aug_scale = 1 and aug_shift = 0 each mean "off" for their own part only: a
+    shift-only (or scale-only) recipe still maps x and u. An `or` for the `and` in the check for
+    "no augmentation" skipped both (a mutation review)."""
+    b = _prompts()
+    cfg = TrainConfig(R=100.0, N=[10], steps=100, aug_scale=scale, aug_shift=shift, progress=False)
+    out = training_tokens(cfg, b.tokens, step=7)
+    x0, x1 = b.tokens[..., 0], out[..., 0]  # (B, N+1): the query row maps with the context
+    s, t = _x_map(x0, x1)
+    torch.testing.assert_close(x1, s[:, None] * x0 + t[:, None], rtol=1e-12, atol=1e-12)
+    if shift:
+        assert torch.allclose(s, torch.ones_like(s)) and t.abs().max() <= shift and t.abs().max() > 0.5 * shift
+    else:
+        assert torch.allclose(t, torch.zeros_like(t), atol=1e-12) and s.max() / s.min() > 10
+
+
+@pytest.mark.parametrize("scale, shift", [(1.0, 3.0), (10.0, 0.0)])
+def test_a_y_shift_alone_or_a_y_scale_alone_augments_y_and_the_target(scale, shift):
+    b = _prompts()
+    cfg = TrainConfig(R=100.0, N=[10], steps=100, aug_y_scale=scale, aug_y_shift=shift, progress=False)
+    tok, target = training_batch(cfg, b.tokens, b.ols_prediction, step=7)
+    assert torch.equal(tok[..., 0], b.tokens[..., 0])  # x untouched
+    torch.testing.assert_close(ols_predict(tok[:, :-1, 0], tok[:, :-1, 1], tok[:, -1, 0]), target, rtol=1e-9, atol=1e-9)
+    c, d = _x_map(b.tokens[:, :-1, 1], tok[:, :-1, 1])
+    if shift:
+        assert torch.allclose(c, torch.ones_like(c)) and 0.5 * shift < d.abs().max() <= shift
+    else:
+        assert torch.allclose(d, torch.zeros_like(d), atol=1e-12) and c.max() / c.min() > 10
+
+
+def test_x_and_y_maps_are_drawn_independently():
+    """The y map has its own seed stream (cfg.seed * 1e6 + step + 7e8, not the x map's + 5e8): with
+    the same stream the y factor of every prompt was its x factor (log c = log s exactly)."""
+    b = _prompts()
+    cfg = TrainConfig(R=100.0, N=[10], steps=100, aug_scale=10.0, aug_y_scale=10.0, progress=False)
+    tok, _ = training_batch(cfg, b.tokens, b.ols_prediction, step=3)
+    s, _ = _x_map(b.tokens[..., 0], tok[..., 0])
+    c, _ = _x_map(b.tokens[:, :-1, 1], tok[:, :-1, 1])
+    corr = np.corrcoef(s.log().numpy(), c.log().numpy())[0, 1]
+    assert abs(corr) < 0.3, corr  # 256 independent pairs: |corr| ~ 0.06
+
+
+def test_each_step_draws_new_maps_and_a_step_repeats_its_own():
+    """The per-step seed includes the step: steps 5 and 6 draw other maps, step 5 twice the same."""
+    b = _prompts()
+    cfg = TrainConfig(R=100.0, N=[10], steps=100, aug_scale=10.0, aug_shift=3.0, progress=False)
+    a5, a6 = training_tokens(cfg, b.tokens, 5), training_tokens(cfg, b.tokens, 6)
+    assert torch.equal(a5, training_tokens(cfg, b.tokens, 5))
+    assert not torch.allclose(a5[..., 0], a6[..., 0])
+
+
+def test_the_y_map_ramps_up_like_the_x_map():
+    """Ramp r = min(1, step / (aug_ramp * steps)) for the y map too: at r = 0.1 the factor lies in
+    [C^-0.1, C^0.1] and the shift in [-0.1 D, 0.1 D] (it ran at the full range from step 1)."""
+    b = _prompts()
+    cfg = TrainConfig(R=100.0, N=[10], steps=100, aug_ramp=0.5, aug_y_scale=100.0, aug_y_shift=10.0, progress=False)
+    tok, _ = training_batch(cfg, b.tokens, b.ols_prediction, step=5)  # r = 5 / 50
+    c, d = _x_map(b.tokens[:, :-1, 1], tok[:, :-1, 1])
+    assert c.min() >= 100.0 ** -0.1 - 1e-9 and c.max() <= 100.0 ** 0.1 + 1e-9
+    assert d.abs().max() <= 1.0 + 1e-9 and d.abs().max() > 0.5
+
+
+def test_exact_zero_fraction_counts_the_readout():
+    """Over the embedding, the attention matrices and the readout (the tensors l1 acts on), LayerNorm
+    aside: a model whose only zeros are its readout and one W_Q entry, counted by hand."""
+    m = random_model(n_layers=1, n_heads=1, d_model=2)  # embed 2x3, W_Q/K/V/O 1x2x2 each, readout 1x2
+    with torch.no_grad():
+        m.readout.weight.zero_()
+        m.blocks[0].attn.W_Q[0, 1, 0] = 0.0
+        m.blocks[0].ln.weight.zero_()  # not counted
+    assert exact_zero_fraction(m) == pytest.approx(3 / (6 + 4 * 4 + 2))

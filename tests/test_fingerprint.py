@@ -8,6 +8,7 @@ import torch
 from icl_bench.analysis.fingerprint import (CLOSED_FORM_TOL, DIVERGED, GD_MAP_TOL, GD_TOL, Transform, classify,
                                             default_prompts, gd_reference, profile, profile_distance, relative_mse,
                                             relative_mse_rows, transforms, fingerprint)
+from icl_bench.prompts.generator import make_batch
 from icl_bench.solvers.registry import get_solver
 
 
@@ -184,3 +185,64 @@ def test_the_gd_reference_is_reused_for_equal_prompts_only(monkeypatch):
     assert len(fp._references) == fp.REFERENCES_KEPT  # the oldest dropped
     fp.reference(a, maps, steps=steps, lrs=lrs)
     assert len(calls) == 2 + len(others)  # dropped: computed again
+
+
+def test_ill_posed_prompts_are_left_out_of_the_score():
+    """relative_mse scores the well-posed prompts only: a prompt whose OLS reference is NaN (all x
+    equal) neither makes the batch unscorable nor turns a solver's NaN there into DIVERGED. Hand
+    computation: a constant error of 0.1 on the others scores 0.01 / var(ols)."""
+    b = default_prompts(n_prompts=64, seed=1)
+    x = b.x.clone()
+    x[0] = 1.5
+    bad = make_batch(x, b.y, b.x_query, R=b.R, dtype=b.dtype)
+    ols = bad.ols_prediction
+    assert torch.isnan(ols[0]) and torch.isfinite(ols[1:]).all()
+    pred = ols + 0.1  # NaN at prompt 0, as a solver that screens it answers
+    assert relative_mse(pred, bad) == pytest.approx(0.01 / float(ols[1:].var()), rel=1e-9)
+
+
+def test_a_score_beyond_diverged_reads_diverged():
+    """Scores are capped at DIVERGED (module docstring): a finite answer 1e4 standard deviations
+    off scores DIVERGED, not 1e8."""
+    b = default_prompts(n_prompts=64, seed=1)
+    ols = b.ols_prediction
+    assert relative_mse(ols + 1e4 * ols.std(), b) == DIVERGED
+    assert relative_mse(ols + 10 * ols.std(), b) == pytest.approx(100.0, rel=1e-9)
+
+
+def test_the_best_gd_match_is_taken_among_the_profiles_within_the_band():
+    """(K, lr) is the best match by the mean gap among the profiles within the per-map band, and
+    among all only when none is (module docstring). Profile (1, 0.1) is closer on average (0.4
+    decades) but one map is 1.2 decades off; profile (2, 0.1) is 0.45 decades off on every map:
+    GD-like at K = 2. Taking the best mean over all profiles read 'neither'."""
+    scores = {"a": 1.0, "b": 1.0, "c": 1.0}
+    off = 10 ** 0.45
+    profiles = {(1, 0.1): {"a": 1.0, "b": 1.0, "c": 10 ** 1.2}, (2, 0.1): {"a": off, "b": off, "c": off}}
+    fp = classify(scores, profiles)
+    assert fp.verdict == "GD-like" and (fp.gd_steps, fp.gd_lr) == (2, 0.1), fp.row()
+    assert fp.gd_distance == pytest.approx(0.45) and fp.gd_max_gap == pytest.approx(0.45)
+
+
+def test_the_lr_fit_minimises_the_distance_penalised_beyond_the_band(monkeypatch):
+    """fit_lr minimises the penalised distance (mean gap + how far the worst map exceeds
+    GD_MAP_TOL), not the mean gap alone. Synthetic profiles in tau = ln(lr / 0.2) / ln 1.5 (gd_reference
+    replaced): maps a and b are 0.45 tau decades off, map c 1.2 - 0.75 tau, for 0 <= tau <= 1, and
+    steeply worse outside. The mean gap is least at tau = 0 (lr 0.2, map c 1.2 decades off: out of
+    the band); the penalised distance at tau = 0.2 / 0.75, where map c reaches the band's edge:
+    lr = 0.2 * 1.5^(0.2 / 0.75) = 0.22284. Fitting the mean alone reported lr 0.2356."""
+    import icl_bench.analysis.fingerprint as fpm
+
+    def prof(lr):
+        tau = (math.log(lr) - math.log(0.2)) / math.log(1.5)
+        ab = 0.45 * abs(tau) + 5 * max(0.0, tau - 1)
+        c = 1.2 - 0.75 * tau if 0 <= tau <= 1 else (1.2 - 5 * tau if tau < 0 else 0.45 + 5 * (tau - 1))
+        return {"a": 10 ** ab, "b": 10 ** ab, "c": 10 ** c}
+
+    monkeypatch.setattr(fpm, "gd_reference", lambda batch, maps=None, *, steps, lrs: {(k, lr): prof(lr) for k in steps
+                                                                                       for lr in lrs})
+    scores = {"a": 1.0, "b": 1.0, "c": 1.0}
+    grid = {(1, lr): prof(lr) for lr in (0.1, 0.2, 0.4)}
+    assert classify(scores, grid).verdict == "neither"  # no grid point is within the band
+    fp = classify(scores, grid, batch=object(), maps=[])
+    assert fp.verdict == "GD-like" and fp.gd_max_gap <= GD_MAP_TOL, fp.row()
+    assert fp.gd_lr == pytest.approx(0.2 * 1.5 ** (0.2 / 0.75), rel=5e-3), fp.row()

@@ -519,3 +519,120 @@ def test_a_first_compile_says_so_once_per_kernel_folder(monkeypatch, tmp_path, c
         shape = "(d_in 3, d_model 2, 1 head, LayerNorm, dense, "
         assert len(said) == expected and all(shape in s and " products, float64) in " in s and "numba keeps it in " in s
                                              for s in said), said
+
+
+def test_zero_fraction_counts_the_embedding():
+    """zero_fraction is the share of exactly-zero entries over W_E, W_K, W_V, W_Q, W_O (the LayerNorm
+    and the readout aside), counted by hand on a small model."""
+    m = random_model(n_layers=1, n_heads=1, d_model=2)  # W_E 2x3, W_Q/K/V/O 2x2 each: 22 entries
+    with torch.no_grad():
+        m.embed.weight[0].zero_()  # 3
+        m.blocks[0].attn.W_K[0, 1, 1] = 0.0  # 1
+        m.readout.weight.zero_()  # not counted
+    _, pattern, zeros = fused._weights(m, torch.float64)
+    assert zeros == pytest.approx(4 / 22) and fused_pattern.zero_fraction(pattern) == zeros
+
+
+@needs_numba
+def test_layers_that_share_a_pattern_with_layer_0_but_not_all_do_are_not_uniform():
+    """kernel_key makes one `uniform` layer of a pattern only when every layer has layer 0's zero
+    pattern. Here layers 0 and 1 share it and layer 2 does not (a dense W_V where layer 0's has
+    zeros): treating it as uniform ran layer 2 with layer 0's zeros."""
+    m = sparse_model(n_heads=1, d_model=3)
+    with torch.no_grad():
+        for name in ("W_Q", "W_K", "W_V", "W_O"):
+            getattr(m.blocks[1].attn, name).copy_(1.1 * getattr(m.blocks[0].attn, name))
+        m.blocks[2].attn.W_V.copy_(0.3 * torch.randn(1, 3, 3, generator=torch.Generator().manual_seed(5),
+                                                     dtype=torch.float64))
+    _, pattern, zeros = fused._weights(m, torch.float64)
+    assert zeros >= fused.SPARSE_MIN and pattern.wv[0] != pattern.wv[2] and pattern.wv[0] == pattern.wv[1]
+    assert not fused_pattern.kernel_key(pattern).uniform
+    t = tokens(B=5, N=21)
+    with torch.no_grad():
+        fast, eager = fused.fused_forward(m, t), m.forward_eager(t)
+    assert eager.abs().max() > 1e-3
+    assert torch.allclose(fast, eager, rtol=1e-12, atol=1e-12)
+
+
+@needs_numba
+def test_layers_that_differ_only_in_their_layernorm_gains_are_not_uniform():
+    """The LayerNorm gains' zero pattern is part of a layer's pattern: two layers alike but for a
+    gain of 0 in layer 0 (nonzero in layer 1) must not share layer 0's pattern, which leaves
+    that slot's gain product out of layer 1 too."""
+    m = sparse_model(n_layers=2, n_heads=1, d_model=3)
+    with torch.no_grad():
+        for name in ("W_Q", "W_K", "W_V", "W_O"):
+            getattr(m.blocks[1].attn, name).copy_(getattr(m.blocks[0].attn, name))
+        m.blocks[0].ln.weight[1] = 0.0
+        m.readout.weight.copy_(torch.tensor([[0.5, -0.4, 0.0]]))  # (its random zeros had left it all 0)
+    _, pattern, zeros = fused._weights(m, torch.float64)
+    assert zeros >= fused.SPARSE_MIN and pattern.wv[0] == pattern.wv[1] and pattern.gain[0] != pattern.gain[1]
+    assert not fused_pattern.kernel_key(pattern).uniform
+    t = tokens(B=5, N=21)
+    with torch.no_grad():
+        fast, eager = fused.fused_forward(m, t), m.forward_eager(t)
+    assert eager.abs().max() > 1e-3
+    assert torch.allclose(fast, eager, rtol=1e-12, atol=1e-12)
+
+
+@needs_numba
+def test_sparse_layernorm_keeps_the_terms_of_structurally_zero_slots():
+    """In a sparse LayerNorm layer a slot whose attention output is zero by structure (a zero row
+    of W_O in every head) still has c = -mean, which enters the variance; and a slot whose gain
+    is 0 still gets its bias. Leaving either out (zero products) changed the answer."""
+    m = sparse_model(n_layers=2, n_heads=1, d_model=3)
+    with torch.no_grad():
+        m.blocks[0].attn.W_O[:, 2, :] = 0.0  # slot 2 of layer 0's attention output: structurally 0
+        m.blocks[1].ln.weight[0] = 0.0  # slot 0 of layer 1: the bias alone
+        m.blocks[1].ln.bias[0] = 0.7
+        m.readout.weight.copy_(torch.tensor([[0.5, -0.4, 0.0]]))  # (its random zeros had left it all 0)
+    _, pattern, zeros = fused._weights(m, torch.float64)
+    assert zeros >= fused.SPARSE_MIN and fused.sparse_applies(m.cfg, pattern, zeros)
+    t = tokens(B=5, N=21)
+    with torch.no_grad():
+        fast, eager = fused.fused_forward(m, t), m.forward_eager(t)
+    assert eager.abs().max() > 1e-3
+    assert torch.allclose(fast, eager, rtol=1e-12, atol=1e-12)
+
+
+@needs_numba
+def test_a_layernorm_variance_that_overflows_gives_nan_as_in_the_eager_forward():
+    """var = inf makes 1 / std = 0, and the slots would read the bias alone, a finite wrong answer:
+    the eager forward adds var * 0 (NaN there), and so must the kernel. A W_O of layer 1 scaled
+    by 1e160 (attention outputs ~1e160, whose squares overflow float64) in one dense model."""
+    m = random_model()
+    t = tokens(B=4, N=20)
+    with torch.no_grad():
+        m.blocks[1].attn.W_O.mul_(1e160)
+        fast, eager = fused.fused_forward(m, t), m.forward_eager(t)
+    assert torch.isnan(eager).all()
+    assert torch.isnan(fast).all(), fast
+
+
+@needs_numba
+def test_sparse_kernel_gives_nan_for_an_overflowing_sum_in_a_later_layer():
+    """As tests/test_fused.py's check of layer 0, in the last layer: a head whose W_Q is zero, with
+    key-value sums that overflow. Only the finiteness check of the later layers' S catches it."""
+    m = sparse_model(n_layers=2, d_model=3)  # (a small kernel: a quick compile)
+    with torch.no_grad():
+        attn = m.blocks[-1].attn
+        attn.W_Q[1].zero_()
+        attn.W_K[1].mul_(1e200)
+        attn.W_V[1].mul_(1e200)
+    assert fused._weights(m, torch.float64)[2] >= fused.SPARSE_MIN
+    t = tokens(B=4, N=20)
+    with torch.no_grad():
+        out, eager = fused.fused_forward(m, t), m.forward_eager(t)
+    assert torch.isnan(eager).all() and torch.isnan(out).all(), out
+
+
+@needs_numba
+def test_tokens_of_another_width_than_d_in_take_the_eager_path():
+    """Tokens two wide for a model with d_in = 3: not the fused path (its kernel would read
+    tok[b, 3 i + j] past each prompt's row), so the forward raises torch's shape error."""
+    m = random_model()
+    t = tokens(B=3, N=20)[..., :2].contiguous()
+    with torch.no_grad():
+        assert fused.fused_forward(m, t) is None
+        with pytest.raises(RuntimeError):
+            m(t)

@@ -108,3 +108,22 @@ def test_float32_answers_in_range_from_subnormal_x_are_given():
                 assert torch.isnan(got).all()
             else:
                 assert got.item() == pytest.approx(want, rel=1e-6), got
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype, y_scale", [("float64", 1e-310), ("float64", 1e200), ("float32", 1e-40), ("float32", 1e18)])
+def test_ols_prompts_whose_y_lies_outside_the_fast_range_are_the_references(dtype, y_scale):
+    """The kernel answers a prompt only when both sums of squares, sum x'^2 and sum y'^2, lie in
+    the reference's fast range [1/r, r]; the others are ols_predict's answers, bit for bit
+    (module docstring of fused_ols.py). With y subnormal (or y'^2 beyond r) the kernel's own
+    answers were 2 to 4 times further from a long-double OLS than the reference's."""
+    from icl_bench.solvers.fused_ols import fast_ols_predict
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 30, generator=g, dtype=torch.float64)
+    y = y_scale * (2.0 + 0.5 * torch.randn(64, 30, generator=g, dtype=torch.float64))
+    u = torch.randn(64, generator=g, dtype=torch.float64)
+    x, y, u = (t.to(getattr(torch, dtype)) for t in (x, y, u))
+    ref = ols_predict(x, y, u)
+    assert torch.isfinite(ref).all()
+    assert torch.equal(fast_ols_predict(x, y, u), ref)
