@@ -167,9 +167,12 @@ def test_the_gd_reference_is_reused_for_equal_prompts_only(monkeypatch):
     a = default_prompts(N=12, n_prompts=64, seed=5)
     first = fp.reference(a, maps, steps=steps, lrs=lrs)
     assert first == real(a, maps, steps=steps, lrs=lrs) and len(calls) == 1
-    first.clear()  # the caller's dict: the kept one is untouched
+    first[(1, 0.2)]["identity"] = -1.0  # the caller's copy: the kept one is untouched
+    first.clear()
     again = fp.reference(default_prompts(N=12, n_prompts=64, seed=5), maps, steps=steps, lrs=lrs)
     assert len(calls) == 1 and again == real(a, maps, steps=steps, lrs=lrs)
+    again[(1, 0.2)]["identity"] = -1.0  # a copy again
+    assert fp.reference(a, maps, steps=steps, lrs=lrs) == real(a, maps, steps=steps, lrs=lrs) and len(calls) == 1
     at_r10 = default_prompts(N=12, n_prompts=64, seed=5, R=10.0)  # the same x and y: gd reads no token
     assert fp.reference(at_r10, maps, steps=steps, lrs=lrs) == real(at_r10, maps, steps=steps, lrs=lrs)
     assert len(calls) == 1

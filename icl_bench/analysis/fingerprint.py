@@ -207,8 +207,8 @@ def reference(batch: PromptBatch, maps: list[Transform], *, steps=GD_STEPS, lrs=
     analysis' time (5.9 of 7.3 s of `analyze` at 512 prompts, one thread): `sweep` analyses its
     runs of one seed on the same prompts. The prompts are keyed by the bytes of what the
     maps read (x, y, the query x), their dtype and device (not R: GD reads no token); an equal batch
-    sampled again hits, and so does one at another R.
-    Returns a new outer dict each call (its profiles are shared: do not modify them)."""
+    sampled again hits, and so does one at another R. Returns a copy (a caller that edits its
+    profiles, e.g. through Fingerprint.gd_profiles, changes no later answer)."""
     h = hashlib.sha256(repr((str(batch.dtype), str(batch.device), tuple(batch.x.shape), tuple(maps),
                              tuple(steps), tuple(lrs))).encode())
     for t in (batch.x, batch.y, batch.x_query):
@@ -218,13 +218,13 @@ def reference(batch: PromptBatch, maps: list[Transform], *, steps=GD_STEPS, lrs=
         hit = _references.get(key)
         if hit is not None:
             _references.move_to_end(key)
-            return dict(hit)
+            return {k: dict(p) for k, p in hit.items()}
     out = gd_reference(batch, maps, steps=steps, lrs=lrs)
     with _references_lock:
         _references[key] = out
         while len(_references) > REFERENCES_KEPT:
             _references.popitem(last=False)
-    return dict(out)
+    return {k: dict(p) for k, p in out.items()}
 
 
 def _penalised(gaps: dict[str, float]) -> float:
