@@ -80,12 +80,15 @@ def _match(src: str, name: str, path) -> tuple[int, int]:
 
 def _fenced(src: str):
     """A test of whether a position of `src` lies inside a fenced code block (``` or ~~~ at the
-    start of a line, up to three spaces in, closed by a fence of the same character)."""
+    start of a line, up to three spaces in, closed by a fence of the same character, at least as
+    long, with nothing after it but spaces: CommonMark's rule; "```python" inside a ``` block is
+    its text, not its end)."""
     spans, opened = [], None
-    for m in re.finditer(r"(?:\A|(?<=[\r\n])) {0,3}(`{3,}|~{3,})[^\r\n]*", src):
+    for m in re.finditer(r"(?:\A|(?<=[\r\n])) {0,3}(`{3,}|~{3,})([^\r\n]*)", src):
         if opened is None:
             opened = m
-        elif m.group(1)[0] == opened.group(1)[0] and len(m.group(1)) >= len(opened.group(1)):
+        elif (m.group(1)[0] == opened.group(1)[0] and len(m.group(1)) >= len(opened.group(1))
+              and not m.group(2).strip()):
             spans.append((opened.start(), m.end()))
             opened = None
     if opened is not None:  # an unclosed fence runs to the end
