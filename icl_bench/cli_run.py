@@ -249,9 +249,14 @@ def cmd_run(args) -> int:
         done = getattr(exc, "cells_done", None)  # (runner._recorded: cells stored, of the matrix, to run again)
         cells = f"{done[0]} of {done[1]} cells finished, kept" if done else "the finished cells are kept"
         again = (f" ({done[2]} of them skipped or failed, which --resume runs again)" if done and done[2] else "")
-        kept = (f"; {cells} in {out}{again}. Resume with:\n  {_resume_command(args.argv, out)}"
-                if out.is_dir() else f" before {out} was made" if args.out else  # (no resume line for a folder
-                f" before anything was stored; the empty folder {out} was removed")  # never made, or made and removed)
+        from icl_bench.bench.store import CONFIG_NAME  # (what --resume needs to find in `out`)
+
+        if (out / CONFIG_NAME).is_file():
+            kept = f"; {cells} in {out}{again}. Resume with:\n  {_resume_command(args.argv, out)}"
+        elif args.out is None:  # (no resume line where --resume would refuse: a folder made and removed,
+            kept = f" before anything was stored; the empty folder {out} was removed"  # one left empty (a
+        else:  # tryout: an empty --out named a resume that failed), or one never made)
+            kept = f" before anything was stored in {out}" if out.is_dir() else f" before {out} was made"
         print(f"icl-bench: {what}{kept}", file=sys.stderr)
         return _interrupt_code(exc) if isinstance(exc, KeyboardInterrupt) else 1
     return 1 if (table.status == "error").any() else 0

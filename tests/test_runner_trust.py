@@ -395,7 +395,8 @@ def test_train_refuses_a_used_out_and_unknown_solver_names(tmp_path, capsys):
 def test_ctrl_c_prints_the_resume_command(tmp_path, capsys, monkeypatch):
     def interrupted(cfg, out, **kwargs):
         if made:
-            out.mkdir()  # as run_matrix does before its first cell
+            out.mkdir(exist_ok=True)  # as run_matrix does before its first cell, with the config it records
+            (out / "config.json").write_text("{}")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli_run, "_run_matrix", interrupted)
@@ -407,6 +408,9 @@ def test_ctrl_c_prints_the_resume_command(tmp_path, capsys, monkeypatch):
     made = False  # interrupted before the folder was made (e.g. while joining a Dask cluster): no resume line
     code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "run2")
     assert code == 130 and err == f"icl-bench: interrupted before {tmp_path / 'run2'} was made\n"
+    (tmp_path / "run3").mkdir()  # an empty --out, stopped before the store wrote its config: --resume
+    code, _, err = _run(capsys, "--config", cfg, "--out", tmp_path / "run3")  # would refuse it (a tryout)
+    assert code == 130 and err == f"icl-bench: interrupted before anything was stored in {tmp_path / 'run3'}\n"
 
 
 def test_replacing_a_checkpoint_invalidates_its_cells(tmp_path, capsys):
