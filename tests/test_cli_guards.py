@@ -524,6 +524,24 @@ def test_docs_and_help_answer_without_loading_torch():
     assert "usage: icl-bench run" in p.stdout and p.stdout.splitlines()[-1] == "[]", p.stdout
 
 
+def test_a_full_stdout_is_named_as_stdout_by_commands_without_out(capsys, monkeypatch):
+    """`icl-bench docs > /dev/full` said "--out: No space left on device": docs has no --out (a tryout)."""
+    import errno
+
+    class Full:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self):
+            pass
+
+    for argv in (["docs"], ["docs", "analysis"], ["list"]):
+        monkeypatch.setattr(sys, "stdout", Full())
+        assert main(argv) == 2, argv
+        monkeypatch.undo()
+        assert capsys.readouterr().err == "icl-bench: error: stdout: No space left on device\n", argv
+
+
 def test_analyze_of_a_solver_name_says_where_its_mechanism_is_read(capsys):
     """`icl-bench analyze ridge` said only "no checkpoint 'ridge'" (a new-user tryout)."""
     code, err = _run(capsys, ["analyze", "gd-lsa"])
