@@ -236,3 +236,39 @@ def test_a_cell_waiting_for_the_timing_lock_is_not_counted():
     for p in procs:
         p.join()
     assert sum(c == 1 for c in counts) >= 4, counts  # (a scheduling delay may let one see the other's next cell)
+
+
+def test_a_cell_started_after_the_timed_section_ended_is_not_counted(monkeypatch):
+    """A cell that another thread starts after the timed section ended, but before timing_slot's
+    last listing, shared none of its passes (hostload docstring: it is left out); control: one
+    started inside the section counts."""
+    import threading
+
+    def other_cell(started, release):
+        with hostload.busy():
+            started.set()
+            release.wait(10)
+
+    for inside, expected in ((False, 1), (True, 2)):
+        started, release, calls = threading.Event(), threading.Event(), []
+        t = threading.Thread(target=other_cell, args=(started, release))
+        scan = hostload._scan
+
+        def late_scan():  # the listing at the section's end: the other cell starts just before it
+            calls.append(1)
+            if len(calls) == 2 and not inside:
+                t.start()
+                assert started.wait(10)
+            return scan()
+        monkeypatch.setattr(hostload, "_scan", late_scan)
+        try:
+            with hostload.busy(), hostload.timing_slot(False) as info:
+                if inside:
+                    t.start()
+                    assert started.wait(10)
+        finally:
+            release.set()
+            if t.ident is not None:  # (started)
+                t.join()
+            monkeypatch.setattr(hostload, "_scan", scan)
+        assert info["concurrency"] == expected, (inside, info)
