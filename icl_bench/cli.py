@@ -277,8 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # of a writer killed by SIGPIPE
         return 141  # (128 + 13, as `cat file | head` gives): never a success that hides errored cells
     except OSError as exc:  # an unwritable / unreadable path named on the command line: name its flag
-        where = "--out" if argv[:1] not in (["list"], ["docs"]) else "stdout"  # (a write to /dev/full named
-        if exc.filename is not None:  # an --out that `list` and `docs` lack; a tryout)  # the flag whose value is that path, a folder above it or a file below it
+        # no file name: a write to stdout (`list`, `docs`: they have no --out; a tryout) or to --out
+        where = "stdout" if argv[:1] in (["list"], ["docs"]) else "--out"
+        if exc.filename is not None:  # the flag whose value is that path, a folder above it or a file below it
             name, given = str(exc.filename), [*zip(argv, argv[1:]), *(a.split("=", 1) for a in argv if "=" in a)]
             full = lambda f: next((p for p in PATH_FLAGS if len(f) > 3 and p.startswith(f)), None)  # noqa: E731 (--ou)
             flag = next((full(f) for f, v in given if full(f) and (

@@ -179,7 +179,7 @@ def test_the_gd_reference_is_reused_for_equal_prompts_only(monkeypatch):
     y = a.y.clone()
     y[0, 0] += 1e-12  # one label of one prompt
     others = [(default_prompts(N=12, n_prompts=64, seed=6), maps, steps, lrs),
-              (fp.make_batch(a.x, y, a.x_query, R=a.R, dtype=a.dtype), maps, steps, lrs),
+              (make_batch(a.x, y, a.x_query, R=a.R, dtype=a.dtype), maps, steps, lrs),
               (default_prompts(N=12, n_prompts=64, seed=5, dtype="float32"), maps, steps, lrs),
               (a, transforms()[:4], steps, lrs), (a, maps, (1, 2), lrs), (a, maps, steps, (0.2,))]
     for i, (b, m, k, lr) in enumerate(others):

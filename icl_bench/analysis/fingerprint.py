@@ -215,16 +215,16 @@ def reference(batch: PromptBatch, maps: list[Transform], *, steps=GD_STEPS, lrs=
         h.update(t.detach().cpu().contiguous().numpy().tobytes())
     key = h.hexdigest()
     with _references_lock:
-        hit = _references.get(key)
-        if hit is not None:
+        kept = _references.get(key)
+        if kept is not None:
             _references.move_to_end(key)
-            return {k: dict(p) for k, p in hit.items()}
-    out = gd_reference(batch, maps, steps=steps, lrs=lrs)
-    with _references_lock:
-        _references[key] = out
-        while len(_references) > REFERENCES_KEPT:
-            _references.popitem(last=False)
-    return {k: dict(p) for k, p in out.items()}
+    if kept is None:
+        kept = gd_reference(batch, maps, steps=steps, lrs=lrs)
+        with _references_lock:
+            _references[key] = kept
+            while len(_references) > REFERENCES_KEPT:
+                _references.popitem(last=False)
+    return {k: dict(p) for k, p in kept.items()}
 
 
 def _penalised(gaps: dict[str, float]) -> float:
