@@ -368,6 +368,28 @@ def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path, monkeypatch, caps
     assert out == "icl_bench.solvers.registry False\n"  # subpackages as attributes, as before the lazy names
 
 
+def test_ctrl_c_while_the_command_line_imports_is_one_line():
+    """The console script starts in icl_bench/__main__.py: a Ctrl-C while icl_bench.cli itself
+    imports (0.2-0.4 s of pydantic, before cli.main can catch anything) printed a traceback; it is
+    recorded until the import is whole, then the command stops with its usual line (a tryout)."""
+    import subprocess
+
+    code = ("import builtins, os, signal, sys\n"
+            "real = builtins.__import__\n"
+            "def hook(name, *a, **k):\n"
+            "    if name == 'pydantic' and 'pydantic' not in sys.modules:\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "    return real(name, *a, **k)\n"
+            "builtins.__import__ = hook\n"
+            "from icl_bench.__main__ import main\n"
+            "rc = main()\n"
+            "print(rc, 'icl_bench.cli' in sys.modules, sys.modules['pydantic'].__name__)\n")
+    proc = subprocess.run([sys.executable, "-c", code, "list"], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "130 True pydantic\n", "icl-bench: interrupted\n")
+    proc = subprocess.run([sys.executable, "-m", "icl_bench", "--version"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("icl-bench ")  # without a Ctrl-C: the command runs
+
+
 def test_publish_force_deletes_only_what_an_earlier_publish_wrote(tmp_path, capsys, tiny_raw):
     """publish --force replaced all of --out: a --checkpoint it was drawing from there, and models or
     notes put there after the earlier publish, were deleted (found by a review). publish.json now
