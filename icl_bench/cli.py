@@ -44,12 +44,39 @@ def _packaged(kind: str) -> str:
     return ", ".join(resources.config_names(kind))
 
 
+def _field_form(message: str, prog: str) -> str:
+    """argparse's error messages in the suite's `field: problem` form, naming what it accepts:
+    "argument --workers: invalid int value: 'x'" -> "--workers: 'x' is not an integer";
+    "the following arguments are required: CHECKPOINT" -> "CHECKPOINT: required (icl-bench analyze
+    --help)". A message of another shape is kept as argparse wrote it."""
+    usage = f"({prog} --help)"
+    if m := re.fullmatch(r"the following arguments are required: (.*)", message):
+        return f"{m[1]}: required {usage}"
+    if not (m := re.fullmatch(r"argument ([^:]+): (.*)", message, re.S)):
+        return message
+    field, problem = m[1], m[2]
+    if v := re.fullmatch(r"invalid (int|float) value: (.*)", problem):
+        return f"{field}: {v[2]} is not {'an integer' if v[1] == 'int' else 'a number'}"
+    if v := re.fullmatch(r"invalid choice: (.*) \(choose from (.*)\)", problem):
+        return f"{field}: {v[1]} is not one of {v[2].replace(chr(39), '')} {usage}"
+    if v := re.fullmatch(r"expected (one|at least one) argument", problem):
+        return f"{field}: needs a value {usage}"
+    return f"{field}: {problem}"
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2 (argparse prints usage + message by default)
         if message == "the following arguments are required: command":  # a bare `icl-bench`
             commands = next(a.choices for a in self._actions if isinstance(a, argparse._SubParsersAction))
             message = f"command: give one of {', '.join(commands)} (icl-bench --help; icl-bench COMMAND --help)"
-        raise ConfigError(message)
+        raise ConfigError(_field_form(message, self.prog))
+
+    def parse_args(self, args=None, namespace=None):  # argparse's "unrecognized arguments: x" names
+        args, extra = self.parse_known_args(args, namespace)  # neither the field nor the command
+        if extra:
+            prog = f"{self.prog} {args.command}" if getattr(args, "command", None) else self.prog
+            raise ConfigError(f"{' '.join(extra)}: not an argument of {prog} ({prog} --help)")
+        return args
 
 
 LIST_FOOTER = ("Parameters are config keys, not command-line flags: set them in a matrix config's [solvers.NAME] "
@@ -58,8 +85,8 @@ LIST_FOOTER = ("Parameters are config keys, not command-line flags: set them in 
 
 def _param_flag_hint(message: str, argv: list[str]) -> str:
     """`run --steps 4`: say that a solver parameter is a key of the config's [solvers.NAME] table."""
-    flags = [a[2:].partition("=")[0].replace("-", "_") for a in message.partition("unrecognized arguments: ")[2].split()
-             if a.startswith("--")]
+    unknown = message.partition(": not an argument of ")[0] if ": not an argument of " in message else ""
+    flags = [a[2:].partition("=")[0].replace("-", "_") for a in unknown.split() if a.startswith("--")]
     if argv[:1] != ["run"] or not flags:
         return ""
     from icl_bench.solvers.registry import list_solvers

@@ -310,15 +310,17 @@ CASES = [
     # ---- CLI flags ----
     Case("cli-no-command", lambda tmp: [], "command: give one of list, run, publish, report, analyze, train, sweep, docs "
          "(icl-bench --help; icl-bench COMMAND --help)", out=False),
-    Case("cli-unknown-command", lambda tmp: ["frobnicate"], "argument command: invalid choice: 'frobnicate'"),
-    Case("cli-unknown-flag", flags("--frobnicate"), "unrecognized arguments: --frobnicate"),
-    Case("cli-flag-without-value", lambda tmp: ["run", "--config"], "argument --config: expected one argument"),
+    Case("cli-unknown-command", lambda tmp: ["frobnicate"], "command: 'frobnicate' is not one of list, run, publish, "
+         "report, analyze, train, sweep, docs (icl-bench --help)"),
+    Case("cli-unknown-flag", flags("--frobnicate"), "--frobnicate: not an argument of icl-bench run (icl-bench run --help)"),
+    Case("cli-flag-without-value", lambda tmp: ["run", "--config"], "--config: needs a value (icl-bench run --help)"),
     Case("cli-solver-unknown", flags("--solver", "nope"), "--solver: unknown name 'nope'"),  # the flag, not solvers.nope
     Case("cli-second-solver-unknown", flags("--solver", "gd", "--solver", "nope"), "--solver: unknown name 'nope'"),
     Case("cli-solver-with-a-bad-config-table", lambda tmp: [*toml(lambda r: _set(r, 3, "solvers", "gd"))(tmp), "--solver",
          "gd"], "solvers.gd: must be a table of parameters"),  # the config's own error, not --solver's
     Case("cli-solver-parameter-as-flag", flags("--solver", "gd-lsa", "--steps", "4"),
-         "unrecognized arguments: --steps 4; steps is a solver parameter: a key of the config's [solvers.NAME] table"),
+         "--steps 4: not an argument of icl-bench run (icl-bench run --help); steps is a solver parameter: a key of "
+         "the config's [solvers.NAME] table"),
     Case("cli-data-without-columns", flags("--data", "matplotlib:msft.csv"), "--data: needs --x COLUMN and --y COLUMN"),
     Case("cli-x-without-data", flags("--x", "Open"), "--x/--y: only with --data FILE"),
     Case("cli-out-not-empty", flags(), "--out: ", resume=False, fresh=False),
@@ -541,7 +543,7 @@ CASES += [
     ckpt("missing", lambda s: [Path(f"{s}{x}").unlink() for x in (".json", ".safetensors")], "checkpoint: metadata file {stem}.json is missing"),
     # ---- `icl-bench analyze` flags, on a sound checkpoint ----
     ckpt("analyze-n-prompts-zero", None, "--n-prompts: must be an integer >= 8", ("--n-prompts", "0")),
-    ckpt("analyze-n-prompts-text", None, "argument --n-prompts: invalid int value: 'many'", ("--n-prompts", "many")),
+    ckpt("analyze-n-prompts-text", None, "--n-prompts: 'many' is not an integer", ("--n-prompts", "many")),
     ckpt("analyze-n-prompts-huge", None, "--n-prompts: n_prompts * (N + 1) = ", ("--n-prompts", str(10**12))),
     ckpt("analyze-N-one", None, "--N: must be an integer >= 2", ("--N", "1")),
     ckpt("analyze-N-huge", None, "--n-prompts: n_prompts * (N + 1) = ", ("--N", str(10**8))),

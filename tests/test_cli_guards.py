@@ -680,3 +680,32 @@ def test_a_ctrl_c_in_a_resume_of_a_finished_run_is_not_read_as_finished(tmp_path
     assert main([*argv, "--resume"]) == 130
     err = capsys.readouterr().err
     assert "Resume with:" in err and "after the run had finished" not in err, err
+
+
+@pytest.mark.parametrize("message, expected", [
+    ("argument --workers: invalid int value: 'x'", "--workers: 'x' is not an integer"),
+    ("argument --at: invalid float value: 'y'", "--at: 'y' is not a number"),
+    ("argument command: invalid choice: 'nosuch' (choose from 'list', 'run')",
+     "command: 'nosuch' is not one of list, run (icl-bench P --help)"),
+    ("argument --steps: expected one argument", "--steps: needs a value (icl-bench P --help)"),
+    ("argument --run: expected at least one argument", "--run: needs a value (icl-bench P --help)"),
+    ("the following arguments are required: RUN_DIR, --out", "RUN_DIR, --out: required (icl-bench P --help)"),
+    ("argument --a: not allowed with argument --b", "--a: not allowed with argument --b"),  # other argument problems
+    ("ambiguous option: --o could match --out, --overwrite", "ambiguous option: --o could match --out, --overwrite"),
+])
+def test_argparse_messages_read_field_then_problem(message, expected):
+    """argparse's own errors in the `field: problem` form of every other bad input (a message of an
+    unknown shape is kept as argparse wrote it, never lost)."""
+    from icl_bench.cli import _field_form
+
+    assert _field_form(message, "icl-bench P") == expected
+
+
+def test_unrecognized_arguments_name_the_command(capsys):
+    """argparse reports unknown arguments from the top parser, which knows no command: the message
+    names the command they were given to and its --help."""
+    assert main(["docs", "analysis", "extra", "--more"]) == 2
+    assert capsys.readouterr().err == ("icl-bench: error: extra --more: not an argument of icl-bench docs "
+                                       "(icl-bench docs --help)\n")
+    assert main(["list", "--x"]) == 2
+    assert capsys.readouterr().err == "icl-bench: error: --x: not an argument of icl-bench list (icl-bench list --help)\n"
