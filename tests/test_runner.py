@@ -1,6 +1,8 @@
 import json
 import math
+import os
 import sqlite3
+import warnings
 
 import pandas as pd
 import pytest
@@ -214,3 +216,17 @@ def test_a_worker_with_other_code_or_checkpoints_gives_an_error_row_not_numbers(
     assert row["status"] == "error" and "code_sha256 000000000000 on the driver" in row["message"], row
     assert row["executor"] == "dask" and row["worker"]
     assert run_cell_task(other, executor="local")["status"] == "ok"  # the driver's own process: nothing to compare
+
+
+def test_more_timing_threads_than_usable_cpus_is_a_warning(tiny_raw, monkeypatch):
+    """`[timing] threads = 1000` on a 2-CPU machine was accepted without a word, and every cell's
+    time then measured threads waiting for a core: a local run says so (the config stays valid:
+    it may be meant for a larger machine)."""
+    tiny_raw["solvers"] = {"ols": {}}
+    tiny_raw["grid"].update(N=[5], noise=[0.0], dtype=["float64"])
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    with pytest.warns(UserWarning, match=r"timing.threads = 3, but this process may use 2 CPUs"):
+        run_matrix(parse_config({**tiny_raw, "timing": {"repeats": 1, "threads": 3}}), progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # as many threads as CPUs: no warning
+        run_matrix(parse_config({**tiny_raw, "timing": {"repeats": 1, "threads": 2}}), progress=False)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 import warnings
 from contextlib import contextmanager, nullcontext
@@ -229,6 +230,11 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
         if cache is not None and cache_db is None:  # a new one is made only once --out is accepted
             cache_db = CellCache(cache, RESULT_COLUMNS, out=out)
         with torch_threads(config.timing.threads):  # timing.threads = 0: torch's default
+            usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            if ex.kind == "local" and config.timing.threads > usable:  # (a worker of a cluster: its own CPUs)
+                warnings.warn(f"timing.threads = {config.timing.threads}, but this process may use {usable} CPUs: "
+                              "the threads beyond them wait for a core, and the cells' times measure that wait "
+                              "(docs/throughput.md)", stacklevel=2)
             started = datetime.now(timezone.utc).isoformat()
             stored = cells_db.load() if (cells_db is not None and resume) else {}
             keys = [cell.key for cell in cells]
