@@ -6,8 +6,20 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 import icl_bench.solvers.registry as registry
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """One torch thread per test process, as `run`, `train` and `analyze` use by default: each
+    pytest-xdist worker is a process of its own, and torch's default of one thread per core put
+    twice as many threads as cores on the machine, where the many small operations of an analysis
+    wait at barriers (one analyze call took 90 s instead of 27; docs/throughput.md). A test that
+    needs other threads sets them and puts this count back."""
+    torch.set_num_threads(1)
+    yield
 
 
 @pytest.fixture

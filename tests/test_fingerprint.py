@@ -12,16 +12,6 @@ from icl_bench.prompts.generator import make_batch
 from icl_bench.solvers.registry import get_solver
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The GD trajectories are many small ops: a second torch thread beside the other xdist worker
-    only waits at barriers (docs/throughput.md, "Threads")."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def batch():
     return default_prompts(n_prompts=256, seed=3)

@@ -118,13 +118,17 @@ def test_run_matrix_uses_timing_threads_and_restores_them(tiny_raw, monkeypatch)
     real = runner.run_cell
     monkeypatch.setattr(runner, "run_cell", lambda cell, **kw: (seen.append(torch.get_num_threads()), real(cell, **kw))[1])
     before = torch.get_num_threads()
-    tiny_raw["timing"]["threads"] = 1
-    run_matrix(parse_config(tiny_raw), progress=False)
-    assert set(seen) == {1} and torch.get_num_threads() == before
-    tiny_raw["timing"]["threads"] = 0  # 0 leaves torch's own setting alone
-    seen.clear()
-    run_matrix(parse_config(tiny_raw), progress=False)
-    assert set(seen) == {before}
+    torch.set_num_threads(2)  # not the session's 1 (tests/conftest.py): a run that sets nothing would pass
+    try:
+        tiny_raw["timing"]["threads"] = 1
+        run_matrix(parse_config(tiny_raw), progress=False)
+        assert set(seen) == {1} and torch.get_num_threads() == 2
+        tiny_raw["timing"]["threads"] = 0  # 0 leaves torch's own setting alone
+        seen.clear()
+        run_matrix(parse_config(tiny_raw), progress=False)
+        assert set(seen) == {2}
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True])
