@@ -169,11 +169,12 @@ TRAJECTORY_BYTES = 64 * 2**20  # GD trajectories held at once by gd_reference (m
 def gd_reference(batch: PromptBatch, maps: list[Transform] | None = None, *, steps=GD_STEPS,
                  lrs=GD_LRS) -> dict[tuple[int, float], dict[str, float]]:
     """(K, lr) -> the profile of K-step GD from w = 0 (masked key set) on `batch`, for K in steps,
-    lr in lrs: one GD trajectory per (map, lr), read at every K (icl_bench/solvers/gd_mv.py, the
-    iteration of the `gd` baseline, icl_bench_baselines/gd.py; a test checks the two agree). Every step size
-    and as many maps as fit TRAJECTORY_BYTES run as one batch: GD is per prompt, so batching
-    changes no number, only how many small torch ops run."""
-    from icl_bench.solvers.gd_mv import gd_trajectory_mv
+    lr in lrs: one GD trajectory per (map, lr), read at every K. The iteration is the `gd`
+    baseline's (icl_bench_baselines/gd.py), run in its Gram form (gd_mv.gd_trajectory_gram: ~10x
+    fewer operations at N = 20, the same iterates up to rounding; a test checks the scores agree
+    above FLOOR). Every step size and as many maps as fit TRAJECTORY_BYTES run as one batch: GD is
+    per prompt, so batching changes no number, only how many small torch ops run."""
+    from icl_bench.solvers.gd_mv import gd_trajectory_gram
 
     maps = maps or transforms()
     mapped = [t.apply(batch) for t in maps]
@@ -185,7 +186,7 @@ def gd_reference(batch: PromptBatch, maps: list[Transform] | None = None, *, ste
     for i in range(0, len(maps), chunk):
         group = mapped[i:i + chunk]  # (map, lr, prompt)-major below: column (g L + j) B + b
         cat = lambda f: torch.cat([f(m).repeat(L, *([1] * (f(m).ndim - 1))) for m in group])  # noqa: E731
-        traj = gd_trajectory_mv(cat(lambda m: m.x), cat(lambda m: m.y), cat(lambda m: m.x_query), K,
+        traj = gd_trajectory_gram(cat(lambda m: m.x), cat(lambda m: m.y), cat(lambda m: m.x_query), K,
                                 lr_col.repeat(len(group)))  # (K + 1, G L B)
         for g, (t, m) in enumerate(zip(maps[i:i + chunk], group)):
             rows = traj[list(steps), g * L * B:(g + 1) * L * B].reshape(len(steps) * L, B)  # row (K index, lr index)
@@ -203,9 +204,9 @@ _references_lock = threading.Lock()
 
 def reference(batch: PromptBatch, maps: list[Transform], *, steps=GD_STEPS, lrs=GD_LRS) -> dict:
     """gd_reference(batch, maps, steps=steps, lrs=lrs), kept for the REFERENCES_KEPT most recent
-    arguments. It depends on the prompts and the grid only, not on the solver, and is most of an
-    analysis' time (5.9 of 7.3 s of `analyze` at 512 prompts, one thread): `sweep` analyses its
-    runs of one seed on the same prompts. The prompts are keyed by the bytes of what the
+    arguments. It depends on the prompts and the grid only, not on the solver, and `sweep`
+    analyses its runs of one seed on the same prompts (docs/analysis.md, "How K and lr are
+    searched"). The prompts are keyed by the bytes of what the
     maps read (x, y, the query x), their dtype and device (not R: GD reads no token); an equal batch
     sampled again hits, and so does one at another R. Returns a copy (a caller that edits its
     profiles, e.g. through Fingerprint.gd_profiles, changes no later answer)."""
