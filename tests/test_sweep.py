@@ -117,12 +117,33 @@ def test_reuse_says_what_it_trains_because_it_was_missing(tmp_path, capsys):
     assert "--reuse:" not in capsys.readouterr().out  # every one found: nothing to say
 
 
+def test_analysis_prompts_are_bounded_at_the_n_the_analysis_runs_at(tmp_path):
+    """The analysis of each run is at N = 20 (a query readout; a flatten readout: train.N), not at
+    eval_N: the bound refused 200000 prompts at eval_N = 1000 and let 3e7 through at eval_N = 2,
+    whose analyses then all failed after the training (a review)."""
+    cfg = tmp_path / "s.toml"
+    cfg.write_text("[sweep]\nl1 = [0.0]\neval_N = 1000\neval_prompts = 2\nanalysis_prompts = 200000\n")
+    assert read_sweep(str(cfg)).sweep.analysis_prompts == 200000  # 200000 * 21 values
+    cfg.write_text("[sweep]\nl1 = [0.0]\neval_N = 2\neval_prompts = 2\nanalysis_prompts = 30000000\n")
+    with pytest.raises(ConfigError, match=r"^sweep.analysis_prompts: analysis_prompts \* \(N \+ 1\) = 630000000 "
+                       r"prompt values exceed 134217728 \(the analysis runs at N = 20\)"):
+        read_sweep(str(cfg))
+    cfg.write_text("[sweep]\nl1 = [0.0]\neval_N = 4000\neval_prompts = 2\nanalysis_prompts = 40000\n"
+                   "[train]\nreadout = \"flatten\"\nN = [4000]\n")  # 40000 * 4001 values: over, at train.N
+    with pytest.raises(ConfigError, match=r"^sweep.analysis_prompts: .* \(the analysis runs at N = 4000\)"):
+        read_sweep(str(cfg))
+
+
 @pytest.mark.parametrize("text, field", [
     ("[sweep]\nl1 = []\n", "sweep.l1"),
     ("[sweep]\nl1 = [-1.0]\n", "sweep.l1"),
     ("[sweep]\nl1 = [0.0]\nseeds = 3\n", "sweep.seeds"),
     ("[sweep]\nl1 = [0.0]\nlambdas = [1]\n", "sweep.lambdas"),
     ("[sweep]\nl1 = [0.0]\n[train]\nl1 = 0.1\n", "train.l1"),
+    ("[sweep]\nl1 = [0.0]\n[train]\nseed = 1\n", "train.seed"),  # (name, seed and l1 are the sweep's; a mutation review)
+    ("[sweep]\nl1 = [0.0]\nseeds = [9223372036854775807]\n", "sweep.seeds"),  # not train.seed, a key never written
+    # eval_prompts * (eval_N + 1) = 8 * (2^24 + 1) prompt values: over 2^27 by the query row alone
+    ("[sweep]\nl1 = [0.0]\neval_N = 16777216\neval_prompts = 8\nanalysis_prompts = 8\n", "sweep.eval_prompts"),
 ])
 def test_bad_sweep_config(tmp_path, text, field):
     cfg = tmp_path / "s.toml"
@@ -322,3 +343,123 @@ def test_a_diverged_sweep_run_names_its_field_and_an_interrupted_sweep_says_how_
     assert f"icl-bench: 2 of 3 checkpoints are saved in {tmp_path / 'l1_models'}; finish the sweep with:\n  {again}\n" in err, err
     assert main(shlex.split(again)[1:]) == 0 and calls[3:] == ["l1-0.01-seed0"]  # trains only the missing one
     assert "2 of 3 checkpoints found" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("key, hint", [("seeed", "; did you mean [sweep] seeds? (the sweep sets train.seed)"),
+                                       ("l1x", "; did you mean [sweep] l1? (the sweep sets train.l1)"),
+                                       ("nmae", " progress, threads")])
+def test_a_mistyped_train_key_is_pointed_to_where_the_sweep_sets_it(tmp_path, key, hint):
+    """`[train] seeed` was told "did you mean 'seed'?", a key the sweep refuses in [train]; a near
+    miss of name (which the sweep sets) gets no hint (a mutation review: nothing read the hint)."""
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(f"[sweep]\nl1 = [0.0]\n[train]\n{key} = 1\n")
+    with pytest.raises(ConfigError) as exc:
+        read_sweep(str(cfg))
+    assert str(exc.value).startswith(f"train.{key}: unknown key; accepted: ") and str(exc.value).endswith(hint), exc.value
+
+
+def test_runs_are_in_table_order_lambda_by_lambda():
+    """sweep_runs gives the order the sweep trains and the CSV lists the runs: every seed of a lambda,
+    in the config's order, then the next lambda (a mutation review)."""
+    from icl_bench.training.config import SweepConfig
+    from icl_bench.training.sweep import sweep_runs
+
+    cfg = SweepConfig.model_validate({"sweep": {"l1": [1e-3, 0.0], "seeds": [1, 0]}, "train": {"steps": 7}})
+    runs = sweep_runs(cfg, progress=False)
+    assert [(r.name, r.l1, r.seed, r.steps, r.progress) for r in runs] == [
+        ("l1-0.001-seed1", 1e-3, 1, 7, False), ("l1-0.001-seed0", 1e-3, 0, 7, False),
+        ("l1-0-seed1", 0.0, 1, 7, False), ("l1-0-seed0", 0.0, 0, 7, False)]
+
+
+def test_the_summary_gives_rel_mse_from_its_min_to_its_max():
+    """rel_mse_range reads min..max over a lambda's seeds (a mutation review: max..min passed)."""
+    from icl_bench.training.sweep import summarise
+
+    table = pd.DataFrame({"l1": [0.0, 0.0, 0.0, 1e-3], "seed": [0, 1, 2, 0], "rel_mse": [2e-3, 1e-3, 3e-3, 5e-3]})
+    got = summarise(table).set_index("l1")
+    assert got.rel_mse_range.tolist() == ["1.00e-03..3.00e-03", "5.00e-03..5.00e-03"]
+    assert got.loc[0.0, "rel_mse"] == pytest.approx(2e-3) and got.seeds.tolist() == [3, 1]
+
+
+def test_a_row_leaves_non_finite_predictions_out_of_its_mse_and_keeps_its_own_columns(tmp_path, monkeypatch):
+    """row_for: mse_vs_ols is the mean over the finite predictions (n_nonfinite counts the others),
+    analyze's own l1 / rel_mse do not replace the row's, and layer2_division is 1 exactly for the
+    state 'layer-2 division' (a mutation review: a NaN mean and an inverted share passed)."""
+    import math
+
+    import torch
+
+    from icl_bench.training import sweep as sweep_mod
+    from icl_bench.training.config import Sweep
+    from icl_bench.training.train import init_model
+
+    run = TrainConfig(name="l1-0.001-seed2", seed=2, l1=1e-3, progress=False)
+    stem = tmp_path / run.name
+    save_checkpoint(init_model(run), stem, {"R": run.R, "N": run.N, "seed": run.seed, "train_config": run.to_dict(),
+                                            "metrics": {"step": 6}})
+    real = sweep_mod.load_checkpoint
+
+    def nan_for_the_first_prompt(s):
+        model, meta = real(s)
+        model.register_forward_hook(lambda m, args, out: torch.cat([out[:1] * math.nan, out[1:]]))
+        return model, meta
+
+    state = ["layer-2 division"]
+    monkeypatch.setattr(sweep_mod, "load_checkpoint", nan_for_the_first_prompt)
+    monkeypatch.setattr(sweep_mod, "analyze", lambda model, R, **kw: {"l1": 99.0, "rel_mse": 99.0, "hoyer": 0.5,
+                                                                       "ln.state": state[0]})
+    sweep = Sweep(l1=[1e-3], eval_prompts=64)
+    row = sweep_mod.row_for(stem, sweep)
+    model = real(stem)[0]
+    batch = sample_prompts(PromptSpec(N=sweep.eval_N, noise=sweep.eval_noise, R=run.R), 64, seed=3_000_000_000)
+    with torch.no_grad():
+        err = (model(batch.tokens).double() - batch.ols_prediction) ** 2
+    assert row["n_nonfinite"] == 1 and row["mse_vs_ols"] == pytest.approx(float(err[1:].mean()), rel=1e-6)
+    assert row["rel_mse"] == pytest.approx(row["mse_vs_ols"] / float(batch.ols_prediction.var()), rel=1e-12)
+    assert (row["l1"], row["seed"], row["steps"], row["hoyer"]) == (1e-3, 2, 6, 0.5)
+    assert row["ln.state"] == "layer-2 division" and row["layer2_division"] == 1
+    state[0] = "neither"
+    assert sweep_mod.row_for(stem, sweep)["layer2_division"] == 0
+
+
+def test_a_link_is_never_read_as_a_sweeps_table_nor_a_dangling_one_as_absent(tmp_path):
+    """written_by_sweep takes a regular file only, and check_overwrite refuses a dangling link at
+    <out>.md as it refuses a file (a mutation review: neither link case was tested)."""
+    from icl_bench.training.sweep import check_overwrite, written_by_sweep
+
+    table = tmp_path / "elsewhere.md"
+    table.write_text("# l1 sweep (R = 10)\n")
+    link = tmp_path / "sw.md"
+    link.symlink_to(table)
+    assert written_by_sweep(table) and not written_by_sweep(link)
+    with pytest.raises(ConfigError, match="sw.md exists and is not a table written by icl-bench sweep"):
+        check_overwrite(tmp_path / "sw", reuse=True, force=False)
+    link.unlink()
+    link.symlink_to(tmp_path / "gone.md")  # dangling
+    with pytest.raises(ConfigError, match="sw.md already exists"):
+        check_overwrite(tmp_path / "sw", reuse=False, force=False)
+    check_overwrite(tmp_path / "sw", reuse=False, force=True)
+
+
+@pytest.mark.filterwarnings("ignore:sweep.analysis_prompts = 64")
+def test_an_interrupted_sweep_counts_its_reused_checkpoints_and_names_none_when_none_is_saved(tmp_path, capsys, monkeypatch):
+    """The Ctrl-C line counts the checkpoints --reuse would find (reused ones included), and is not
+    printed when nothing is saved: --reuse then refuses the empty folder (a mutation review)."""
+    import icl_bench.training.sweep as sweep_mod
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_mod, "train_and_save", interrupted)
+    monkeypatch.setattr(sweep_mod, "row_for", lambda stem, sweep: {"rel_mse": 0.0, "sparsity": 0.0})
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(TINY.format(out=tmp_path / "l1"))
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(str(cfg), progress=False)
+    assert "checkpoints are saved" not in capsys.readouterr().err
+    _saved(cfg, tmp_path / "l1_models")
+    for suffix in (".safetensors", ".json"):
+        (tmp_path / "l1_models" / f"l1-0.001-seed0{suffix}").unlink()
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(str(cfg), reuse=True, progress=False)
+    assert f"icl-bench: 1 of 2 checkpoints are saved in {tmp_path / 'l1_models'}; finish" in capsys.readouterr().err

@@ -299,3 +299,133 @@ def test_the_cli_prints_the_suites_own_warning_as_one_line(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert err == "icl-bench: WARNING: p: proximal l1 never acts: (l1_start, l1_stop] x steps = (0.5, 0.8] holds no step\n"
     assert "p: 1 step, held-out" in out
+
+
+def test_the_init_is_the_seeds_keeps_layernorm_at_gain_1_bias_0_and_scales_the_R_column_by_1_over_R():
+    """init_model's docstring: N(0, init_scale^2) weight matrices drawn from cfg.seed, LayerNorm gain 1 /
+    bias 0, and the embedding's R column (index 2) divided by R. Only the trained weights were
+    compared, which differ by seed through the prompts alone (a mutation review: a fixed init seed,
+    a randomised LayerNorm or another column divided by R passed)."""
+    cfg = TrainConfig(**TINY)
+    a, b, other = init_model(cfg), init_model(cfg), init_model(TrainConfig(**dict(TINY, seed=1)))
+    mats = [name for name, _ in a.named_parameters() if ".ln." not in name]
+    for name, p in a.named_parameters():
+        assert torch.equal(p, b.get_parameter(name)), name
+        if ".ln." in name:
+            assert torch.equal(p, torch.full_like(p, 1.0 if name.endswith(".weight") else 0.0)), name
+        else:
+            assert not torch.equal(p, other.get_parameter(name)), name
+    assert len(mats) == 10
+    flat = init_model(TrainConfig(**dict(TINY, embed_r_over_R=False)))
+    assert torch.equal(a.embed.weight[:, :2], flat.embed.weight[:, :2])
+    torch.testing.assert_close(a.embed.weight[:, 2], flat.embed.weight[:, 2] / TINY["R"], rtol=1e-6, atol=0)
+    wide = init_model(TrainConfig(**dict(TINY, init_scale=0.6)))  # the same draws at twice the std
+    for name in mats:
+        torch.testing.assert_close(wide.get_parameter(name), 2 * a.get_parameter(name), rtol=1e-6, atol=0)
+
+
+def test_preconditioning_stores_the_R_column_in_units_where_R_is_precondition_R():
+    """Adam sees W' = W * R / precondition_R in the R column (W = W' * precondition_R / R), so its
+    steps there shrink by precondition_R / R; the function alone (test_preconditioning_keeps_the_function)
+    holds for any scale, the inverted one included (a mutation review)."""
+    cfg = TrainConfig(**dict(TINY, R=1000.0, precondition_R=10.0))
+    model = init_model(cfg)
+    real = model.embed.weight.detach().clone()
+    precondition(model, cfg)
+    stored = model.embed.parametrizations.weight.original.detach()
+    assert torch.equal(stored[:, :2], real[:, :2])
+    torch.testing.assert_close(stored[:, 2], real[:, 2] * 100.0, rtol=1e-6, atol=0)
+    torch.testing.assert_close(model.embed.weight, real, rtol=1e-6, atol=0)
+
+
+def test_cosine_has_no_warm_up_and_constant_is_flat():
+    """Only onecycle was tested (a mutation review: a warm-up in cosine, or the constant schedule's
+    factor given to cosine, passed)."""
+    f = {s: [lr_factor(TrainConfig(**dict(TINY, steps=100, warmup_frac=0.1, schedule=s)), t) for t in range(100)]
+         for s in ("cosine", "constant")}
+    assert f["constant"] == [1.0] * 100
+    assert f["cosine"][0] == 1.0 and f["cosine"][50] == pytest.approx(0.5005) and f["cosine"][99] < 0.01
+
+
+def test_the_history_evaluates_at_0_every_eval_every_steps_and_the_last_at_the_scheduled_lr():
+    """train's docstring: a row at step 0, every eval_every steps and the end, each with the lr the
+    optimiser then holds (cfg.lr times the schedule's factor); nothing checked the rows' steps or lr
+    (a mutation review)."""
+    cfg = TrainConfig(**dict(TINY, steps=25, eval_every=10, eval_prompts=16, batch_size=8, lr=0.02))
+    _, history = train(cfg)
+    assert [row["step"] for row in history] == [0, 10, 20, 25]
+    assert [row["lr"] for row in history] == pytest.approx([0.02 * lr_factor(cfg, row["step"]) for row in history], rel=1e-12)
+
+
+def test_training_draws_step_t_from_seed_times_10_6_plus_t_and_holds_out_other_prompts(monkeypatch):
+    """The seeds train's docstring and config.py's MAX_STEPS note promise: step t trains on
+    seed * 10^6 + t (two training seeds never share a step's prompts) and the held-out prompts use
+    seed + EVAL_SEED_OFFSET, never a training step's seed (a mutation review: held-out prompts drawn
+    with step 1's seed passed)."""
+    from icl_bench.training import train as train_mod
+
+    seen, real = [], train_mod.sample_prompts
+    monkeypatch.setattr(train_mod, "sample_prompts",
+                        lambda spec, n, *, seed, **kw: seen.append((spec.N, n, seed)) or real(spec, n, seed=seed, **kw))
+    train(TrainConfig(**dict(TINY, seed=3, steps=4, eval_every=2, eval_prompts=16, batch_size=8)))
+    assert seen == [(12, 16, 3 + train_mod.EVAL_SEED_OFFSET)] + [(12, 8, 3_000_000 + t) for t in range(1, 5)]
+
+
+def test_evaluate_averages_the_metrics_of_every_training_N():
+    """The held-out metrics are the mean over the training N (a mutation review: the last N's alone passed)."""
+    from icl_bench import PromptSpec, sample_prompts
+    from icl_bench.training.train import evaluate
+
+    model = init_model(TrainConfig(**dict(TINY, N=[8, 12])))
+    batches = [sample_prompts(PromptSpec(N=n, noise=0.1, R=10.0), 64, seed=n) for n in (8, 12)]
+    each = [evaluate(model, [b]) for b in batches]
+    both = evaluate(model, batches)
+    assert set(both) == {"eval_mse_vs_ols", "eval_rel_mse"} and each[0] != each[1]
+    for k in both:
+        assert both[k] == pytest.approx((each[0][k] + each[1][k]) / 2, rel=1e-12)
+
+
+def test_gradients_are_clipped_at_clip_and_not_at_all_with_0(monkeypatch):
+    """Nothing checked the clip value reaches clip_grad_norm_ (a mutation review: a fixed 1.0 passed)."""
+    seen, real = [], torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_",
+                        lambda p, max_norm, *a, **k: seen.append(max_norm) or real(p, max_norm, *a, **k))
+    small = dict(TINY, steps=3, eval_every=3, eval_prompts=16, batch_size=8)
+    train(TrainConfig(**small, clip=0.25))
+    assert seen == [0.25] * 3
+    train(TrainConfig(**small, clip=0.0))
+    assert seen == [0.25] * 3
+
+
+def test_training_stops_at_the_first_non_finite_loss_and_at_stop_rel_mse():
+    """A diverged run stops at the evaluation that reads a non-finite loss; stop_rel_mse stops at the
+    first evaluation at or below it, and not before (a mutation review: neither stop was tested)."""
+    _, history = train(TrainConfig(**dict(TINY, R=100.0, N=[10], lr=1e30, steps=20, eval_every=1, eval_prompts=16, batch_size=8)))
+    assert history[-1]["step"] < 20 and not math.isfinite(history[-1]["loss"])
+    assert all(math.isfinite(row["loss"]) for row in history[1:-1])
+    small = dict(TINY, steps=30, eval_every=10, eval_prompts=16, batch_size=8)
+    assert [row["step"] for row in train(TrainConfig(**small, stop_rel_mse=1e9))[1]] == [0, 10]
+    assert [row["step"] for row in train(TrainConfig(**small, stop_rel_mse=1e-12))[1]] == [0, 10, 20, 30]
+
+
+def test_the_checkpoint_records_the_runs_seed(tmp_path):
+    """The sweep's table reads each run's seed from its checkpoint's JSON (sweep.row_for); the sweep
+    tests train seed 0 only (a mutation review: a JSON recording seed 0 for every run passed)."""
+    from icl_bench.solvers.checkpoint import read_meta
+    from icl_bench.training.train import train_and_save
+
+    cfg = TrainConfig(**dict(TINY, name="s2", seed=2, steps=2, eval_every=1, eval_prompts=16, batch_size=8))
+    meta = read_meta(train_and_save(cfg, tmp_path))
+    assert meta["seed"] == 2 and meta["train_config"]["seed"] == 2 and meta["R"] == 10.0 and meta["N"] == [12]
+    assert meta["metrics"]["step"] == 2 and [row["step"] for row in meta["history"]] == [0, 1, 2]
+
+
+def test_limits_hold_the_longest_N_and_let_a_model_reach_them():
+    """The prompt-value limits are of the longest training N, not the first; a folded-map count of
+    exactly MAX_VALUES is accepted ("exceed"), one layer more is not (a mutation review)."""
+    with pytest.raises(ConfigError, match=r"^train\.eval_prompts: eval_prompts \* \(N \+ 1\) = 200200000 prompt values"):
+        TrainConfig.from_dict({"N": [2, 1000], "batch_size": 1, "eval_prompts": 200_000})
+    edge = {"d_model": 16, "n_heads": 4, "batch_size": 1, "N": [2], "eval_prompts": 2}
+    assert TrainConfig.from_dict({**edge, "n_layers": 128}).n_layers == 128  # 128 * 4^2 * 16^4 = 2^27
+    with pytest.raises(ConfigError, match=r"^train\.d_model: n_layers \* n_heads\^2 \* d_model\^4 = 135266304 values"):
+        TrainConfig.from_dict({**edge, "n_layers": 129})

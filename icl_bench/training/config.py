@@ -288,10 +288,10 @@ class Sweep(ConfigModel):
     analysis_prompts: Annotated[int, BeforeValidator(integer(8))] = 2048
 
     @model_validator(mode="after")
-    def _fits(self) -> "Sweep":
-        for key in ("eval_prompts", "analysis_prompts"):
-            if getattr(self, key) * (self.eval_N + 1) > MAX_VALUES:
-                raise problem(f"{key} * (eval_N + 1) exceeds {MAX_VALUES} prompt values; lower it or eval_N", key=key)
+    def _fits(self) -> "Sweep":  # (analysis_prompts: read_sweep, which knows the N the analysis runs at)
+        if self.eval_prompts * (self.eval_N + 1) > MAX_VALUES:
+            raise problem(f"eval_prompts * (eval_N + 1) exceeds {MAX_VALUES} prompt values; lower it or eval_N",
+                          key="eval_prompts")
         return self
 
 
@@ -332,6 +332,13 @@ def read_sweep(path: str | Path) -> SweepConfig:
     if train.readout == "flatten" and cfg.sweep.eval_N != train.N[0]:  # the evaluation raised after training
         raise ConfigError(f"sweep.eval_N: a flatten readout fixes the context length at train.N = {train.N[0]}; "
                           f"set eval_N = {train.N[0]} (got {cfg.sweep.eval_N})")
+    from icl_bench.analysis.analyze import DEFAULT_N
+
+    analysis_N = train.N[0] if train.readout == "flatten" else DEFAULT_N  # the N analyze runs at (sweep.row_for):
+    if cfg.sweep.analysis_prompts * (analysis_N + 1) > MAX_VALUES:  # not eval_N, which refused 200000 prompts at
+        raise ConfigError(  # eval_N = 1000 and let 3e7 through at eval_N = 2, each row then an error (a review)
+            f"sweep.analysis_prompts: analysis_prompts * (N + 1) = {cfg.sweep.analysis_prompts * (analysis_N + 1)} "
+            f"prompt values exceed {MAX_VALUES} (the analysis runs at N = {analysis_N}); lower it")
     out = Path(cfg.sweep.out)
     for target in (Path(f"{out}.csv"), Path(f"{out}.md"), out.parent / (out.name + "_models")):
         if target.exists() and target.is_dir() != target.name.endswith("_models"):
