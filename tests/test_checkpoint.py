@@ -1,17 +1,20 @@
 """Checkpoint round trip. The rejection of bad checkpoint files (truncated, pickles, wrong shapes,
 bad JSON, ...) is in the bad-input catalogue, tests/test_bad_inputs.py."""
 import errno
+import hashlib
 import json
 import os
+import re
 import signal
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from icl_bench.errors import ConfigError
-from icl_bench.solvers.checkpoint import load_checkpoint, save_checkpoint
+from icl_bench.solvers.checkpoint import load_checkpoint, save_checkpoint, weights_digest
 from icl_bench.solvers.transformer import Transformer, TransformerConfig
 
 
@@ -226,3 +229,125 @@ def test_a_weights_sha256_that_is_no_digest_is_named(tmp_path, value):
     (tmp_path / "m.json").write_text(json.dumps(meta))
     with pytest.raises(ConfigError, match=r"m\.json: weights_sha256 must be 64 lowercase hexadecimal characters"):
         load_checkpoint(stem)
+
+
+def test_a_git_commit_the_caller_gives_is_kept(tmp_path, monkeypatch):
+    """meta's own "git_commit" is stored as given ("git_commit unless given"): a checkpoint derived
+    from another records that one's commit, not the one saving it now."""
+    from icl_bench import provenance
+
+    monkeypatch.setattr(provenance, "git_commit", lambda root=None, ignore=(): "now")
+    stem = save_checkpoint(_model(), tmp_path / "m", {"git_commit": "abc123"})
+    assert json.loads(Path(f"{stem}.json").read_text())["git_commit"] == "abc123"
+
+
+def test_weights_relabelled_to_another_dtype_of_the_same_bytes_are_refused(tmp_path):
+    """weights_sha256 covers each tensor's dtype, not only its bytes: float16 weights rewritten as
+    bfloat16 (the same bytes, other numbers) do not load as the checkpoint the JSON records."""
+    stem = save_checkpoint(_model().half(), tmp_path / "m")
+    tensors = load_file(f"{stem}.safetensors")
+    save_file({k: v.view(torch.bfloat16) for k, v in tensors.items()}, f"{stem}.safetensors")
+    with pytest.raises(ConfigError, match=r"weights_sha256 differs"):
+        load_checkpoint(stem)
+
+
+@pytest.mark.parametrize("half", ["json", "safetensors"])
+def test_replace_false_keeps_a_dangling_link_of_the_pair(tmp_path, half):
+    """A dangling link where either file of the pair goes is taken (it does not exist(), but it is
+    there): replace=False refuses it and leaves it in place, as it does a file."""
+    (tmp_path / f"m.{half}").symlink_to(tmp_path / "gone")
+    with pytest.raises(FileExistsError):
+        save_checkpoint(_model(), tmp_path / "m", {}, replace=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"m.{half}"] and (tmp_path / f"m.{half}").is_symlink()
+
+
+def test_a_checkpoint_name_is_checked_at_the_longest_name_saving_may_use(tmp_path):
+    """check_writable counts the temporary file of <stem>-pid<PID>-99, the last name train_and_save
+    falls back to when another process took <stem>: a stem whose every such name fits is accepted,
+    one character more is refused before training (not only <stem>'s or <stem>-pid<PID>'s own)."""
+    from icl_bench.files import temp_path
+    from icl_bench.solvers.checkpoint import beside, check_writable
+
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+
+    def longest(n: int) -> int:
+        return len(temp_path(f"{beside(tmp_path / ('m' * n), 99)}.safetensors").name)
+
+    n = limit - (longest(1) - 1)
+    assert longest(n) == limit
+    check_writable(tmp_path / ("m" * n))
+    with pytest.raises(ConfigError, match=r"^--out: the checkpoint name m{40}\.\.\. is too long to save"):
+        check_writable(tmp_path / ("m" * (n + 1)))
+
+
+def _edit_meta(stem: Path, **fields) -> None:
+    """Rewrite <stem>.json with `fields` set (a value of ... deletes the field)."""
+    path = Path(f"{stem}.json")
+    meta = json.loads(path.read_text())
+    for k, v in fields.items():
+        if v is ...:
+            meta.pop(k)
+        else:
+            meta[k] = v
+    path.write_text(json.dumps(meta))
+
+
+def test_a_checkpoint_without_a_version_field_loads_as_version_1(tmp_path):
+    stem = save_checkpoint(_model(), tmp_path / "m", {"R": 10.0})
+    _edit_meta(stem, version=...)
+    assert load_checkpoint(stem)[1]["R"] == 10.0
+
+
+@pytest.mark.parametrize("version", [True, 1.0, 0, "1"])
+def test_a_version_that_is_not_the_integer_1_is_refused(tmp_path, version):
+    """JSON true equals 1 in Python, but is no version number."""
+    stem = save_checkpoint(_model(), tmp_path / "m")
+    _edit_meta(stem, version=version)
+    with pytest.raises(ConfigError, match=rf"m\.json has version {re.escape(repr(version))}; this icl-bench reads version 1"):
+        load_checkpoint(stem)
+
+
+def test_weights_with_more_tensors_than_the_config_are_refused_in_one_line(tmp_path):
+    """A model_config with fewer layers than the weights hold (or any extra tensor) is a ConfigError
+    naming the first extra tensor, not torch's RuntimeError from load_state_dict."""
+    stem = save_checkpoint(_model(n_layers=2), tmp_path / "m")
+    _edit_meta(stem, model_config={**json.loads(Path(f"{stem}.json").read_text())["model_config"], "n_layers": 1})
+    with pytest.raises(ConfigError, match=r"m\.safetensors tensor names do not match the config \(first difference: "
+                                          r"'blocks\.1\."):
+        load_checkpoint(stem)
+
+
+def test_weights_of_two_dtypes_are_refused_even_with_a_matching_digest(tmp_path):
+    """One float64 tensor among float32 ones was cast silently on load; the digest recorded for
+    exactly those tensors does not make them one checkpoint's weights."""
+    stem = save_checkpoint(_model(), tmp_path / "m")
+    tensors = load_file(f"{stem}.safetensors")
+    tensors["embed.weight"] = tensors["embed.weight"].double()
+    save_file(tensors, f"{stem}.safetensors")
+    _edit_meta(stem, weights_sha256=weights_digest(tensors))
+    with pytest.raises(ConfigError, match=r"tensors must share one floating dtype \(got \['torch.float32', 'torch.float64'\]\)"):
+        load_checkpoint(stem)
+
+
+def test_an_upper_case_digest_is_named_as_malformed_not_as_other_weights(tmp_path):
+    """The right digest in upper case is a malformed field (the file says lower case), not weights
+    that differ from the JSON's: the message must not send the user to retrain."""
+    stem = save_checkpoint(_model(), tmp_path / "m")
+    _edit_meta(stem, weights_sha256=json.loads(Path(f"{stem}.json").read_text())["weights_sha256"].upper())
+    with pytest.raises(ConfigError, match=r"m\.json: weights_sha256 must be 64 lowercase hexadecimal characters"):
+        load_checkpoint(stem)
+
+
+def test_the_weights_digest_takes_a_0_dim_tensor_and_tells_it_from_a_1_element_one():
+    """weights_digest raised "self.dim() cannot be 0 to view Float as Byte" on a scalar tensor (a
+    model with a scalar buffer could not be saved; a review). Its bytes are the value's, its
+    shape () is hashed, so it differs from shape (1,); other tensors hash as before."""
+    from icl_bench.solvers.checkpoint import weights_digest
+
+    scalar, one = weights_digest({"s": torch.tensor(1.5)}), weights_digest({"s": torch.tensor([1.5])})
+    assert len(scalar) == 64 and scalar != one
+    m = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    h = hashlib.sha256()
+    h.update(b"m\0torch.float32\0(2, 3)\0")
+    h.update(m.numpy().tobytes())
+    assert weights_digest({"m": m}) == h.hexdigest()

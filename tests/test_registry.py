@@ -447,3 +447,103 @@ def test_names_with_letters_that_are_no_look_alike_are_accepted(name):
     fresh = registry.Registry(registry.BUILTINS, registry.ENTRY_POINT_GROUP)
     fresh.add(name, Fine, origin="built-in (__main__)")
     assert fresh.origin(name) == "built-in (__main__)"
+
+
+def test_a_parameter_name_that_is_no_config_key_is_refused():
+    """A parameter is a key of [solvers.NAME]: 'my-shift' or 'two words' cannot be written as a bare
+    TOML key there and no config could set it (only identifiers are accepted)."""
+    from icl_bench import Param
+    from icl_bench.solvers import registry
+
+    fresh = registry.Registry(registry.BUILTINS, registry.ENTRY_POINT_GROUP)
+    for key in ("my-shift", "two words", ""):
+        cls = type("Keyed", (Solver,), {"params": {key: Param(0.0, "x")}, "predict": lambda s, b: b.x_query})
+        with pytest.raises(TypeError, match=re.escape(f"solver 'keyed': parameter name {key!r} must be an identifier")):
+            fresh.add("keyed", cls, origin="built-in (__main__)")
+
+
+def test_a_name_taken_by_another_class_is_refused_and_the_same_class_may_register_again():
+    """Two notebook cells registering different classes as one name: the second was served in place
+    of the first, silently. It is refused, naming where the first came from; re-running the cell
+    that registered the class itself (the same class object) is fine."""
+    from icl_bench.solvers import registry
+
+    def solver_class():
+        return type("Mine", (Solver,), {"params": {}, "predict": lambda s, b: b.x_query})
+
+    first, second = solver_class(), solver_class()
+    fresh = registry.Registry(registry.BUILTINS, registry.ENTRY_POINT_GROUP)
+    fresh.add("twice-named", first, origin="built-in (notebook)")
+    fresh.add("twice-named", first, origin="built-in (notebook)")
+    with pytest.raises(ValueError, match=r"^solver 'twice-named': already registered by built-in \(notebook\)$"):
+        fresh.add("twice-named", second, origin="built-in (other)")
+    assert fresh.get_class("twice-named") is first
+
+
+OWN_DECO = '''
+    from icl_bench import Solver, register_solver
+
+    @register_solver("own-deco")
+    class Own(Solver):
+        """Declared by its entry point and registered by its own decorator."""
+        params = {}
+
+        def predict(self, batch):
+            return batch.y.mean(dim=1)
+'''
+
+
+def test_a_plugin_module_imported_directly_may_register_the_name_its_package_declares(tmp_path, monkeypatch):
+    """A plugin whose module both declares an entry point and decorates its class: importing that
+    module directly (a notebook, or another of the plugin's modules) registers the name from the
+    package that declares it, which is no impostor."""
+    import importlib
+
+    from icl_bench.solvers import registry
+
+    from conftest import write_plugin
+
+    root = write_plugin(tmp_path / "site", "own-deco-plugin", {"own-deco": "own_deco_mod:Own"}, {"own_deco_mod": OWN_DECO})
+    monkeypatch.syspath_prepend(str(root))
+    try:
+        module = importlib.import_module("own_deco_mod")
+        assert get_solver_class("own-deco") is module.Own
+    finally:
+        registry.REGISTRY.unregister("own-deco")
+        sys.modules.pop("own_deco_mod", None)
+
+
+def test_a_folder_twice_on_sys_path_ranks_by_its_first_place(tmp_path, monkeypatch):
+    """A clash between two distributions is decided by the first sys.path entry that holds each: a
+    folder listed again later (PYTHONPATH and a .pth file naming it) keeps its first place."""
+    from icl_bench.solvers import registry
+
+    from conftest import write_plugin
+
+    first = write_plugin(tmp_path / "first", "zzz-first", {"path-clash": "zzz_first:Shadow"}, {"zzz_first": SHADOW})
+    second = write_plugin(tmp_path / "second", "aaa-second", {"path-clash": "aaa_second:Shadow"}, {"aaa_second": SHADOW})
+    monkeypatch.setattr(sys, "path", [str(first), str(second), *sys.path, str(first)])
+    assert registry.REGISTRY.entry_points()["path-clash"].value == "zzz_first:Shadow"
+    assert [line for line in registry.conflicts() if "path-clash" in line] == [
+        "plugin aaa_second:Shadow (aaa-second) declares 'path-clash', already declared by zzz_first:Shadow: ignored"]
+
+
+def test_two_distributions_declaring_the_same_entry_point_are_no_conflict(tmp_path, monkeypatch):
+    """The same name for the same module:Class from two distributions (a plugin installed under an
+    old and a new name) loads one class either way: nothing is reported as ignored."""
+    from icl_bench.solvers import registry
+
+    from conftest import write_plugin
+
+    site = tmp_path / "site"
+    write_plugin(site, "oldname-plugin", {"same-clash": "same_mod:Shadow"}, {"same_mod": SHADOW})
+    write_plugin(site, "newname-plugin", {"same-clash": "same_mod:Shadow"}, {})  # (names that differ before their '-')
+    monkeypatch.syspath_prepend(str(site))
+    assert registry.REGISTRY.entry_points()["same-clash"].value == "same_mod:Shadow"
+    assert not [line for line in registry.conflicts() if "same-clash" in line]
+
+
+def test_an_unknown_name_in_other_case_suggests_the_known_one():
+    """difflib finds no match for 'OLS' ('ols' shares no letter in its case); the hint still names it."""
+    with pytest.raises(UnknownSolverError, match=r"solver: unknown name 'OLS'; known: .*; did you mean 'ols'\?$"):
+        get_solver("OLS")

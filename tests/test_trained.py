@@ -1,5 +1,6 @@
 """The checkpoint-backed solvers: shipped checkpoints load, fit the cell or skip with a reason,
 survive degenerate prompts, and trained-l1 meets the 1 % goal on fresh prompts."""
+import json
 import math
 import re
 import os
@@ -201,7 +202,10 @@ def test_a_damaged_checkpoint_is_an_error_not_a_skip(tmp_path):
     text = (tmp_path / "r100.json").read_text()
     (tmp_path / "other.json").write_text("[1, 2]")  # some other JSON file, no .safetensors: not a checkpoint
     for damaged, why in ((text[:100], "not readable as JSON"), ("[1, 2]", "a JSON list, not an object"),
-                         (text.replace('"R": 100.0', '"R": "x"'), "R = 'x' is not a positive number")):
+                         (text.replace('"R": 100.0', '"R": "x"'), "R = 'x' is not a positive number"),
+                         (json.dumps({**json.loads(text), "model_config": None}),
+                          "model_config = null is not an object of the model's settings"),
+                         (json.dumps({**json.loads(text), "model_config": [1, 2]}), "model_config = [1, 2] is not")):
         (tmp_path / "r100.json").write_text(damaged)
         with pytest.raises(ValueError, match=rf"no readable checkpoint for R=100, N=10 .*r100\.json: {re.escape(why)}"):
             solver.checkpoint_for(100.0, 10)
@@ -280,3 +284,70 @@ def test_every_shipped_checkpoint_records_its_own_sparsity_and_l1():
         w = model.weight_matrices()
         assert meta["metrics"]["sparsity"] == pytest.approx(weight_sparsity(w), abs=1e-12), path.name
         assert meta["metrics"]["weight_l1"] == pytest.approx(weight_l1(w), rel=1e-6), path.name
+
+
+def test_checkpoint_lookup_sees_a_checkpoint_rewritten_to_the_same_size(tmp_path):
+    """The kept answer is compared by name, size and modification time: a JSON rewritten to the
+    same number of bytes (R = 100 -> 200) is read afresh, not served from the cache."""
+    model = Transformer(TransformerConfig())
+    save_checkpoint(model, tmp_path / "a", {"solver": "trained-nol1", "R": 100.0, "N": [10]})
+    path = tmp_path / "a.json"
+    assert [m["R"] for _, m in find_checkpoints(tmp_path, "trained-nol1")] == [100.0]
+    size, mtime = path.stat().st_size, path.stat().st_mtime_ns
+    path.write_text(path.read_text().replace('"R": 100.0', '"R": 200.0'))
+    os.utime(path, ns=(mtime + 10**9, mtime + 10**9))  # (a coarse clock could give the old time)
+    assert path.stat().st_size == size
+    assert [m["R"] for _, m in find_checkpoints(tmp_path, "trained-nol1")] == [200.0]
+
+
+@pytest.mark.parametrize("R", [0.0, -100.0, True])
+def test_a_checkpoint_whose_R_is_not_a_positive_number_is_damaged(tmp_path, R):
+    """R = 0, a negative R or JSON true (== 1 in Python) is no R a checkpoint was trained at: the
+    file is named as damaged (an error row), not served nor skipped over."""
+    torch.manual_seed(0)
+    save_checkpoint(Transformer(TransformerConfig()), tmp_path / "m", {"solver": "trained-nol1", "R": R})
+    solver = get_solver("trained-nol1", models_dir=str(tmp_path))
+    for cell_R in (1.0, 100.0):
+        with pytest.raises(ValueError, match=rf"m\.json: R = {re.escape(repr(R))} is not a positive number"):
+            solver.checkpoint_for(cell_R, 10)
+
+
+def test_a_model_config_without_layernorm_has_transformer_configs_default(tmp_path):
+    """A model_config that does not say `layernorm` is LSA + LayerNorm (TransformerConfig's
+    default, as load_checkpoint builds it): trained-l1 takes it, trained-lsa refuses it."""
+    import json
+
+    torch.manual_seed(0)
+    for solver in ("trained-l1", "trained-lsa"):
+        save_checkpoint(Transformer(TransformerConfig()), tmp_path / solver / "m", {"solver": solver, "R": 100.0})
+        path = tmp_path / solver / "m.json"
+        meta = json.loads(path.read_text())
+        del meta["model_config"]["layernorm"]
+        path.write_text(json.dumps(meta))
+    assert get_solver("trained-l1", models_dir=str(tmp_path / "trained-l1")).checkpoint_for(100.0, 10).name == "m.json"
+    with pytest.raises(ValueError, match=r"trained-lsa: checkpoint .*m\.json is LSA \+ LayerNorm, but trained-lsa is LSA "
+                                         r"without LayerNorm"):
+        get_solver("trained-lsa", models_dir=str(tmp_path / "trained-lsa")).checkpoint_for(100.0, 10)
+
+
+def test_input_files_are_both_files_of_each_of_the_solvers_checkpoints(tmp_path):
+    """input_files() names the .json and the .safetensors of every checkpoint made for the solver
+    (new weights under the old JSON must change the cell key too), and no other solver's."""
+    torch.manual_seed(0)
+    for name, solver in (("a", "trained-nol1"), ("b", "trained-nol1"), ("c", "trained-lsa")):
+        save_checkpoint(Transformer(TransformerConfig()), tmp_path / name, {"solver": solver, "R": 10.0 if name == "a" else 100.0})
+    files = get_solver("trained-nol1", models_dir=str(tmp_path)).input_files()
+    assert sorted(p.name for p in files) == ["a.json", "a.safetensors", "b.json", "b.safetensors"]
+
+
+def test_one_solver_serves_float32_and_float64_cells_each_a_model_in_their_dtype():
+    """The model is kept per (checkpoint, dtype, device): a float64 cell after a float32 one of the
+    same checkpoint gets the checkpoint's model in float64 (model_for, which predict and probe use),
+    and the float32 one is kept for the next float32 cell."""
+    solver = get_solver("trained-l1")
+    models = {}
+    for dtype in ("float32", "float64", "float32"):
+        batch = sample_prompts(PromptSpec(N=10, noise=0.1, R=100.0), 4, seed=3, dtype=dtype)
+        model = solver.model_for(batch)
+        assert {p.dtype for p in model.parameters()} == {batch.dtype}
+        assert models.setdefault(dtype, model) is model

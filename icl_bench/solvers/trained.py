@@ -105,9 +105,11 @@ def _scan(models_dir: str | Path, solver: str) -> tuple[list, list]:
                 continue  # some other JSON file: not a checkpoint's metadata
             damaged.append(f"{path}: {meta if isinstance(meta, str) else 'a JSON ' + type(meta).__name__ + ', not an object'}")
         elif meta.get("solver") == solver:
-            r = meta.get("R")
+            r, cfg = meta.get("R"), meta.get("model_config", {})
             if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r < math.inf:
                 damaged.append(f"{path}: R = {r!r} is not a positive number")
+            elif not isinstance(cfg, dict):  # (null, a list: every cell was an AttributeError row; a review)
+                damaged.append(f"{path}: model_config = {json.dumps(cfg)[:40]} is not an object of the model's settings")
             else:
                 out.append((path, meta))
     if signature is not None:
