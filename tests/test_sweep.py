@@ -350,12 +350,15 @@ def test_a_diverged_sweep_run_names_its_field_and_an_interrupted_sweep_says_how_
                                        ("nmae", " progress, threads")])
 def test_a_mistyped_train_key_is_pointed_to_where_the_sweep_sets_it(tmp_path, key, hint):
     """`[train] seeed` was told "did you mean 'seed'?", a key the sweep refuses in [train]; a near
-    miss of name (which the sweep sets) gets no hint (a mutation review: nothing read the hint)."""
+    miss of name (which the sweep sets) gets no hint (a mutation review: nothing read the hint), and
+    the list of accepted keys leaves out name, seed and l1 (it listed them; the same review)."""
     cfg = tmp_path / "s.toml"
     cfg.write_text(f"[sweep]\nl1 = [0.0]\n[train]\n{key} = 1\n")
     with pytest.raises(ConfigError) as exc:
         read_sweep(str(cfg))
-    assert str(exc.value).startswith(f"train.{key}: unknown key; accepted: ") and str(exc.value).endswith(hint), exc.value
+    assert str(exc.value).startswith(f"train.{key}: unknown key; accepted: solver, R, N,") and str(exc.value).endswith(hint), exc.value
+    listed = str(exc.value).partition("accepted: ")[2].partition(";")[0].split(", ")
+    assert "steps" in listed and not {"name", "seed", "l1"} & set(listed)  # the keys the sweep sets are no keys of [train]
 
 
 def test_runs_are_in_table_order_lambda_by_lambda():

@@ -328,6 +328,10 @@ def read_sweep(path: str | Path) -> SweepConfig:
             hint = f"; did you mean {key!r}?"
             if msg.endswith(hint):
                 msg = msg[:-len(hint)] + (f"; did you mean {instead}? (the sweep sets train.{key})" if instead else "")
+        head, found, rest = msg.partition("unknown key; accepted: ")
+        if found:  # nor are they listed as keys [train] accepts
+            listed, semi, hint = rest.partition(";")
+            msg = head + found + ", ".join(k for k in listed.split(", ") if k not in ("name", "seed", "l1")) + semi + hint
         raise ConfigError(msg) from None
     if train.readout == "flatten" and cfg.sweep.eval_N != train.N[0]:  # the evaluation raised after training
         raise ConfigError(f"sweep.eval_N: a flatten readout fixes the context length at train.N = {train.N[0]}; "
