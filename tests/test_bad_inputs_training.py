@@ -95,7 +95,7 @@ def test_train_flags(capsys, tmp_path):
     ("[sweep]\nl1 = [0.0]\neval_prompts = 1\n", "sweep.eval_prompts: must be >= 2 (got 1)"),  # rel_mse NaN
     ("[sweep]\nl1 = [0.0]\n[train]\nseeds = [1]\n",  # suggested 'seed', which the sweep refuses (a review)
      "train.seeds: a [sweep] key; write it under [sweep] (accepted there: l1, seeds, out"),
-    ("[sweep]\nl1 = [0.0]\n[train]\nprogress = false\nl1s = [1]\n", "train.l1s: unknown key; accepted: name,"),
+    ("[sweep]\nl1 = [0.0]\n[train]\nprogress = false\nl1s = [1]\n", "train.l1s: unknown key; accepted: solver, R,"),
     ("[sweep]\nl1 = [0.0]\n[train]\nreadout = 'flatten'\nN = [12]\n" + TINY,  # raised after training the first run
      "sweep.eval_N: a flatten readout fixes the context length at train.N = 12; set eval_N = 12 (got 30)"),
     ("train = 3\n[sweep]\nl1 = [0.0]\n", "train: must be a table"),
