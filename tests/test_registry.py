@@ -480,17 +480,7 @@ def test_a_name_taken_by_another_class_is_refused_and_the_same_class_may_registe
     assert fresh.get_class("twice-named") is first
 
 
-OWN_DECO = '''
-    from icl_bench import Solver, register_solver
-
-    @register_solver("own-deco")
-    class Own(Solver):
-        """Declared by its entry point and registered by its own decorator."""
-        params = {}
-
-        def predict(self, batch):
-            return batch.y.mean(dim=1)
-'''
+OWN_DECO = DECO_CORE.replace("deco-solver", "own-deco").replace("class Deco", "class Own")  # declared and decorated
 
 
 def test_a_plugin_module_imported_directly_may_register_the_name_its_package_declares(tmp_path, monkeypatch):
