@@ -683,15 +683,18 @@ def test_a_ctrl_c_in_a_resume_of_a_finished_run_is_not_read_as_finished(tmp_path
 
 
 @pytest.mark.parametrize("message, expected", [
-    ("argument --workers: invalid int value: 'x'", "--workers: 'x' is not an integer"),
-    ("argument --at: invalid float value: 'y'", "--at: 'y' is not a number"),
+    ("argument --workers: invalid int value: 'x'", "--workers: 'x' is not an integer (icl-bench P --help)"),
+    ("argument --at: invalid float value: 'y'", "--at: 'y' is not a number (icl-bench P --help)"),
     ("argument command: invalid choice: 'nosuch' (choose from 'list', 'run')",
      "command: 'nosuch' is not one of list, run (icl-bench P --help)"),
     ("argument --steps: expected one argument", "--steps: needs a value (icl-bench P --help)"),
     ("argument --run: expected at least one argument", "--run: needs a value (icl-bench P --help)"),
     ("the following arguments are required: RUN_DIR, --out", "RUN_DIR, --out: required (icl-bench P --help)"),
     ("argument --a: not allowed with argument --b", "--a: not allowed with argument --b"),  # other argument problems
-    ("ambiguous option: --o could match --out, --overwrite", "ambiguous option: --o could match --out, --overwrite"),
+    ("ambiguous option: --s could match --solver, --scheduler", "--s: ambiguous, could be --solver, --scheduler "
+     "(icl-bench P --help)"),
+    ("argument --resume: ignored explicit argument 'yes'", "--resume: takes no value (got 'yes') (icl-bench P --help)"),
+    ("unrecognized shape: x", "unrecognized shape: x"),
 ])
 def test_argparse_messages_read_field_then_problem(message, expected):
     """argparse's own errors in the `field: problem` form of every other bad input (a message of an
@@ -709,3 +712,8 @@ def test_unrecognized_arguments_name_the_command(capsys):
                                        "(icl-bench docs --help)\n")
     assert main(["list", "--x"]) == 2
     assert capsys.readouterr().err == "icl-bench: error: --x: not an argument of icl-bench list (icl-bench list --help)\n"
+    assert main(["--bogus", "list"]) == 2  # given before the command: the top level's (a review)
+    assert capsys.readouterr().err == "icl-bench: error: --bogus: not an argument of icl-bench (icl-bench --help)\n"
+    assert main(["run", "--s", "x"]) == 2
+    assert capsys.readouterr().err == ("icl-bench: error: --s: ambiguous, could be --solver, --scheduler "
+                                       "(icl-bench run --help)\n")

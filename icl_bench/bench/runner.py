@@ -231,7 +231,8 @@ def run_matrix(config: MatrixConfig, out: str | Path | None = None, *, resume: b
             cache_db = CellCache(cache, RESULT_COLUMNS, out=out)
         with torch_threads(config.timing.threads):  # timing.threads = 0: torch's default
             usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-            if ex.kind == "local" and config.timing.threads > usable:  # (a worker of a cluster: its own CPUs)
+            on_this_machine = ex.kind == "local" or not ex_cfg.scheduler  # (a LocalCluster too; a cluster's workers: theirs)
+            if on_this_machine and config.timing.threads > usable:
                 warnings.warn(f"timing.threads = {config.timing.threads}, but this process may use {usable} CPUs: "
                               "the threads beyond them wait for a core, and the cells' times measure that wait "
                               "(docs/throughput.md)", stacklevel=2)

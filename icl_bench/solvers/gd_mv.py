@@ -90,7 +90,12 @@ def gd_trajectory_gram(x, y, x_query, steps: int, lr) -> torch.Tensor:
     reference, where scores below 1e-8 count as equal (icl_bench/analysis/fingerprint.py), runs
     14 maps x 25 step sizes x 128 steps on it; a test checks it against gd_trajectory_mv.
 
-    Args: as gd_trajectory_mv, variant "masked" (the context alone; the query is not a key).
+    H holds x^2: it overflows where x^2 does (|x| > ~1e19 in float32, ~1e154 in float64), and the
+    iterates are then NaN where the token-level ones may stay finite (the fingerprint's prompts are
+    x ~ N(0, 1) scaled by at most 10 or shifted by at most 20).
+
+    Args: as gd_trajectory_mv, variant "masked" (the context alone; the query is not a key); x,
+        y and x_query of one dtype (mixed, torch's promotion decides the result's).
     Raises: ConfigError on a bad steps / lr."""
     _check(steps, lr, "masked", min_steps=0)
     x3, u = _as3d(x, x_query)  # (B, N, d), (B, d)
