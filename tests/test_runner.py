@@ -230,3 +230,21 @@ def test_more_timing_threads_than_usable_cpus_is_a_warning(tiny_raw, monkeypatch
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # as many threads as CPUs: no warning
         run_matrix(parse_config({**tiny_raw, "timing": {"repeats": 1, "threads": 2}}), progress=False)
+
+
+@pytest.mark.parametrize("scheduler, warns", [("", True), ("tcp://elsewhere:8786", False)])
+def test_the_threads_warning_covers_a_local_cluster_and_not_a_remote_one(tiny_raw, monkeypatch, scheduler, warns):
+    """A LocalCluster's workers share this machine's CPUs, so too many threads there warn as on a
+    local run; a running cluster's workers have CPUs of their own (a review). The executor is a
+    stand-in that runs the cells here, under the dask executor's kind."""
+    import icl_bench.bench.runner as runner
+    from icl_bench.bench.executors import LocalExecutor
+
+    monkeypatch.setattr(runner, "make_executor", lambda cfg: type("Stand", (LocalExecutor,), {"kind": "dask"})())
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    tiny_raw.update(solvers={"ols": {}}, timing={"repeats": 1, "threads": 3}, executor={"kind": "dask", "scheduler": scheduler})
+    tiny_raw["grid"].update(N=[5], noise=[0.0], dtype=["float64"])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        run_matrix(parse_config(tiny_raw), progress=False)
+    assert any("timing.threads = 3, but this process may use 2 CPUs" in str(w.message) for w in seen) == warns
