@@ -82,7 +82,8 @@ class _Parser(argparse.ArgumentParser):
             command = getattr(args, "command", None)  # (an unknown option before the command is the top level's)
             before = command in argv and any(a in argv[:argv.index(command)] for a in extra)
             prog = f"{self.prog} {command}" if command and not before else self.prog
-            raise ConfigError(f"{' '.join(extra)}: not an argument of {prog} ({prog} --help)")
+            hint = _param_flag_hint(extra) if command == "run" and not before else ""
+            raise ConfigError(f"{' '.join(extra)}: not an argument of {prog} ({prog} --help){hint}")
         return args
 
 
@@ -90,11 +91,11 @@ LIST_FOOTER = ("Parameters are config keys, not command-line flags: set them in 
                "table, e.g. [solvers.gd-lsa] steps = [1, 4, 16] (a list is a grid), then icl-bench run --config FILE.toml")
 
 
-def _param_flag_hint(message: str, argv: list[str]) -> str:
-    """`run --steps 4`: say that a solver parameter is a key of the config's [solvers.NAME] table."""
-    unknown = message.partition(": not an argument of ")[0] if ": not an argument of " in message else ""
-    flags = [a[2:].partition("=")[0].replace("-", "_") for a in unknown.split() if a.startswith("--")]
-    if argv[:1] != ["run"] or not flags:
+def _param_flag_hint(extra: list[str]) -> str:
+    """`run --steps 4`: say that a solver parameter is a key of the config's [solvers.NAME] table
+    (`extra`: the arguments `run` did not recognise)."""
+    flags = [a[2:].partition("=")[0].replace("-", "_") for a in extra if a.startswith("--")]
+    if not flags:
         return ""
     from icl_bench.solvers.registry import list_solvers
 
@@ -292,10 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `icl-bench` console script; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        try:  # parsed before torch & co load (2-5 s): --help and --version answer at once
-            args = build_parser().parse_args(argv)
-        except ConfigError as exc:
-            raise ConfigError(f"{exc}{_param_flag_hint(str(exc), argv)}") from None
+        args = build_parser().parse_args(argv)  # before torch & co load (2-5 s): --help, --version at once
         if args.command not in LIGHT and load_libraries():  # a Ctrl-C while numpy / torch loaded: held
             raise KeyboardInterrupt  # back until they are whole
         args.argv = argv  # for messages that repeat the command (the resume line)
