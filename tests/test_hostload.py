@@ -272,3 +272,20 @@ def test_a_cell_started_after_the_timed_section_ended_is_not_counted(monkeypatch
                 t.join()
             monkeypatch.setattr(hostload, "_scan", scan)
         assert info["concurrency"] == expected, (inside, info)
+
+
+def test_names_parsed_once_still_follow_the_folder(monkeypatch):
+    """_scan keeps each listed name's parse: tombstones that expire leave the counts and, once the
+    folder has moved on, the kept parses too (a long-lived worker's memory stays bounded); a
+    tombstone's count still serves a scan after it was first parsed."""
+    folder = hostload._folder()
+    now = time.monotonic()
+    for k in range(600):  # dead threads of other processes, each with 3 cells started
+        open(os.path.join(folder, f"1-{k}-{k}_3_{now:.6f}.dead"), "w").close()
+    first = hostload._scan()
+    assert len(first) == 600 and first["1-7-7"] == (3, False, None)
+    assert hostload._scan() == first  # the same from the kept parses
+    monkeypatch.setattr(hostload, "KEEP_S", 0.0)
+    hostload._scan()  # expired: removed from the folder (this scan still reads them)
+    assert os.listdir(folder) == []
+    assert hostload._scan() == {} and len(hostload._state["parsed"]) <= 256  # and from the counts
