@@ -95,6 +95,43 @@ def test_exact_ols_gives_an_infinite_condition_instead_of_raising():
     assert exact_ols([1e-300, 2e-300, 3e-300], [0.1, 0.3, 0.1], 1e100).err(0.0) == math.inf  # answer beyond float64
 
 
+def test_exact_ols_condition_numerator_of_a_hand_prompt():
+    """K = max|x| sum|dy_hat/dx_i| + max|y| sum|dy_hat/dy_i| + |u| |dy_hat/du| (docs/accuracy.md)
+    from the textbook derivatives, in rationals; k = K / max|y|, kappa = K / |y_hat| and err in
+    units of max|y|. Every accuracy bound is c u K, so a K too small could fail them all later:
+    a mutation review dropped the b/N, the factor 2, the 1/N or the |u b| term, or the max|y|
+    units, and every test passed (the errors sit far below their bounds)."""
+    from fractions import Fraction
+
+    x, y, u = [0.0, 1.0, 2.0, 7.0], [1.0, -2.0, 0.5, 6.0], -2.5  # x_i - x_bar: 3 below, 1 above (uneven signs)
+    X, Y, U, N = [Fraction(v) for v in x], [Fraction(v) for v in y], Fraction(u), 4
+    xb, yb = sum(X) / N, sum(Y) / N
+    sxx = sum((a - xb) ** 2 for a in X)
+    b = sum((a - xb) * (c - yb) for a, c in zip(X, Y)) / sxx
+    d = U - xb
+    y_hat = yb + b * d
+    dx = [d * ((c - yb) - 2 * b * (a - xb)) / sxx - b / N for a, c in zip(X, Y)]
+    dy = [Fraction(1, N) + d * (a - xb) / sxx for a in X]
+    K = 7 * sum(abs(v) for v in dx) + 6 * sum(abs(v) for v in dy) + abs(U * b)  # max|x| = 7, max|y| = 6
+    e = exact_ols(x, y, u)
+    assert (e.y_hat, e.b, e.y_scale) == (y_hat, b, 6)
+    assert e.k == pytest.approx(float(K / 6), rel=1e-12)
+    assert e.kappa == pytest.approx(float(K / abs(y_hat)), rel=1e-12)
+    assert e.err(1.0) == float(abs(1 - y_hat) / 6)
+
+
+def test_a_constant_huge_y_over_tiny_x_has_slope_zero():
+    """y = 1e300 constant over x ~ 1e-300: slope exactly 0 and the answer 1e300 at any query,
+    but the scale factor 2^(ky - kx) ~ 2^1990 is beyond float64, so ldexp applies it in two halves
+    (in one, 0 * inf gave NaN: a mutation review). The query 1e10 takes the intercept + slope u
+    fallback, which scales the slope the same way."""
+    x = torch.tensor([[1e-300, 2e-300, 4e-300]], dtype=F64)
+    y = torch.full((1, 3), 1e300, dtype=F64)
+    _, _, slope, intercept = ols_fit(x, y)
+    assert float(slope[0]) == 0.0 and float(intercept[0]) == 1e300
+    assert float(ols_predict(x, y, torch.tensor([1e10], dtype=F64))[0]) == 1e300
+
+
 def test_criterion_does_not_tighten_with_N():
     """The old test Sxx <= N eps sum x^2 rejected more prompts as N grew: x = 1e6 + z."""
     for N in (10, 1000, 20000):

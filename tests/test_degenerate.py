@@ -154,6 +154,22 @@ def test_metrics_count_nonfinite_and_average_over_finite_prompts():
     assert m["n_nonfinite"] == 4 and math.isnan(m["mse_vs_ols"]) and math.isnan(m["abs_err_p99"])
 
 
+def test_metrics_quantiles_leave_out_a_difference_that_overflows_and_other_shapes_are_refused():
+    """|pred - OLS| of two finite values can overflow (OLS 1e308, an answer of -1e308): the
+    quantiles are over the finite differences (metrics.py; a mutation review masked by the finite
+    pairs instead, median 2 and p99 inf here, and no test saw it). A (B, 1) or (1, B) answer, which
+    broadcasts against the (B,) reference into (B, B) errors, is refused: analyze and API users
+    call prediction_metrics without the runner's own shape check."""
+    b = make_batch([[0.0, 1.0, 2.0]] * 3, [[0.0, 1.0, 2.0]] * 2 + [[1e308] * 3], [0.0] * 3, R=10.0)
+    assert b.ols_prediction.tolist() == [0.0, 0.0, 1e308]
+    m = prediction_metrics(torch.tensor([1.0, 2.0, -1e308], dtype=torch.float64), b)
+    assert m["abs_err_median"] == 1.5 and m["abs_err_p99"] == pytest.approx(1.99, rel=1e-14)
+    for shape in ((3, 1), (1, 3)):
+        with pytest.raises(ValueError) as exc:
+            prediction_metrics(torch.zeros(shape, dtype=torch.float64), b)
+        assert str(exc.value) == f"predict: returned shape {shape}, expected (3,)"
+
+
 @pytest.fixture
 def dirty_csv(tmp_path):
     """Real-looking data with NaN, +-inf, an empty cell and an overflowing literal."""

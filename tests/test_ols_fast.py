@@ -99,6 +99,20 @@ def test_nan_rules_stay_in_their_prompt():
     assert rel_err(pred[[0]], exact_ols(x[[0]], y[[0]], u[[0]])) <= 1e-13
 
 
+def test_ill_posed_marks_each_non_finite_value_alone_in_its_prompt():
+    """ill_posed: a NaN, +inf or -inf in x, y or the query, alone in its prompt, or all x equal;
+    an ordinary prompt is not (a mutation review: a +inf in y alone passed as well-posed, since
+    ols_predict's NaN there comes from its sums)."""
+    from icl_bench.prompts.ols import ill_posed
+
+    x = torch.arange(5, dtype=torch.float64).repeat(11, 1)
+    y, u = 2.0 * x + 1.0, torch.full((11,), 0.5, dtype=torch.float64)
+    for i, v in enumerate((float("nan"), float("inf"), float("-inf"))):
+        x[i, 2], y[3 + i, 2], u[6 + i] = v, v, v
+    x[9] = 1.5
+    assert ill_posed(x, y, u).tolist() == [True] * 10 + [False]
+
+
 def test_flat_prompt_detected_in_both_dtypes():
     for dtype in (torch.float32, torch.float64):
         x = torch.full((3, 50), 0.1, dtype=dtype)

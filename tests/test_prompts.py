@@ -74,6 +74,26 @@ def test_same_seed_same_tensors_across_processes():
     assert outs == {here + "\n"}
 
 
+def test_a_seed_draws_its_fields_in_a_fixed_order():
+    """A spec and seed name their prompts (the committed results and a cell's key give the seed,
+    not the values): slope (B), intercept (B), x (B, N), the query (B), then the noise (B, N + 1),
+    from one generator in that order. (A mutation review: drawing the intercept before the slope,
+    or taking the query from x's first column, passed every test: same distributions.)"""
+    spec = PromptSpec(N=4, noise=0.5, x=Dist("uniform", -1.0, 2.0), slope=Dist("normal", 2.0, 3.0),
+                      intercept=Dist("normal", -1.0, 0.5))
+    b = sample_prompts(spec, 3, seed=17, dtype="float64")
+    g = torch.Generator().manual_seed(17)
+    slope = 2.0 + 3.0 * torch.randn((3,), generator=g, dtype=torch.float64)
+    intercept = -1.0 + 0.5 * torch.randn((3,), generator=g, dtype=torch.float64)
+    x = -1.0 + 2.0 * torch.rand((3, 4), generator=g, dtype=torch.float64)
+    u = -1.0 + 2.0 * torch.rand((3,), generator=g, dtype=torch.float64)
+    eps = 0.5 * torch.randn(3, 5, generator=g, dtype=torch.float64)
+    assert torch.equal(b.slope, slope) and torch.equal(b.intercept, intercept)
+    assert torch.equal(b.x, x) and torch.equal(b.x_query, u)
+    assert torch.equal(b.y, intercept[:, None] + slope[:, None] * x + eps[:, :4])
+    assert torch.equal(b.y_query, intercept + slope * u + eps[:, 4])
+
+
 def test_float32_and_float64_share_prompts_and_reference_is_float64_of_cast_values():
     spec = PromptSpec(N=20, noise=0.1)
     b32 = sample_prompts(spec, 16, seed=1, dtype="float32")
@@ -86,6 +106,14 @@ def test_float32_and_float64_share_prompts_and_reference_is_float64_of_cast_valu
 def test_uniform_distribution_range():
     b = sample_prompts(PromptSpec(N=100, x=Dist("uniform", 2.0, 3.0)), 50, seed=0)
     assert b.x.min() >= 2.0 and b.x.max() <= 5.0
+
+
+def test_a_scale_of_zero_fixes_the_value():
+    """Dist takes scale >= 0 (docs/design.md): scale 0 draws loc itself, e.g. a fixed slope
+    (a mutation review: refusing scale 0 passed every test)."""
+    spec = PromptSpec(N=3, slope=Dist("normal", 2.0, 0.0), intercept=Dist("uniform", -1.5, 0.0))
+    b = sample_prompts(spec, 5, seed=0, dtype="float64")
+    assert b.slope.tolist() == [2.0] * 5 and b.intercept.tolist() == [-1.5] * 5
 
 
 def test_make_batch_single_prompt_and_batch():
@@ -164,6 +192,23 @@ def test_numpy_and_tensor_scalars_are_numbers_and_bad_api_arguments_name_their_f
         make_batch([[1.0, 2.0]], [[1.0, 2.0]], 0.0, R="1")
 
 
+def test_dtype_batch_size_seed_message_and_to_edges():
+    """A torch dtype other than float32 / float64 is refused like its name (torch.float16 and
+    torch.int64 were taken: resolve_dtype checked the type only); n_prompts refuses a bool as N
+    does; a seed up to 256 bits is shown as written; PromptBatch.to returns the batch itself
+    where it already is (its docstring). Each was a surviving mutation of a review."""
+    for dt in (torch.float16, torch.bfloat16, torch.int64):
+        with pytest.raises(ValueError, match="^dtype: unknown dtype"):
+            sample_prompts(PromptSpec(N=3), 2, seed=0, dtype=dt)
+    assert sample_prompts(PromptSpec(N=3), 2, seed=0, dtype=torch.float64).dtype == torch.float64
+    with pytest.raises(ValueError, match=re.escape("n_prompts: must be an integer >= 1 (got True)")):
+        sample_prompts(PromptSpec(N=3), True, seed=0)
+    with pytest.raises(ValueError, match=re.escape("(got 1180591620717411303424)")):
+        sample_prompts(PromptSpec(N=3), 2, seed=2**70)
+    b = sample_prompts(PromptSpec(N=3), 2, seed=0)
+    assert b.to("cpu") is b and b.to(torch.device("cpu")) is b
+
+
 def test_the_multivariate_generator_checks_its_arguments_as_the_univariate_one():
     """np.int64 n_prompts or d were refused at d > 1 only, and "cuda" / "meta" failed inside torch."""
     import numpy as np
@@ -198,3 +243,22 @@ def test_run_matrix_and_load_config_name_what_they_take():
     with pytest.raises(ConfigError, match=re.escape("config: 'train' is a training config; run it with `icl-bench "
                                                     "train --config train`")):
         load_config("train")
+
+
+def test_dist_takes_real_numbers_and_make_batch_queries_take_their_documented_shapes():
+    """Dist's loc and scale are numbers as PromptSpec's are: a bool or str is refused naming them,
+    an int of 400 digits too (OverflowError from math.isfinite), a tensor or numpy scalar becomes
+    a float (equal specs hash equal). make_batch's x_query and y_query are (B,) or a scalar: a
+    (2, 2) array for 4 prompts was flattened silently."""
+    for loc, scale, what in ((True, 1.0, "loc: must be a real number (got bool True)"),
+                             (0.0, "1", "scale: must be a real number (got str '1')"),
+                             (0.0, 10**400, "scale: an integer of 1329 bits is beyond float64's range")):
+        with pytest.raises(ValueError, match=re.escape(f"dist: {what}")):
+            Dist("normal", loc, scale)
+    d = Dist("uniform", torch.tensor(2.0), np.float32(0.5))
+    assert (type(d.loc), type(d.scale), hash(d)) == (float, float, hash(Dist("uniform", 2.0, 0.5)))
+    x = [[0.0, 1.0, 2.0]] * 4
+    with pytest.raises(ValueError, match=re.escape("x_query: must have shape (4,) or be a scalar (got (2, 2))")):
+        make_batch(x, x, [[1.0, 2.0], [3.0, 4.0]], R=10.0)
+    with pytest.raises(ValueError, match=re.escape("y_query: must have shape (4,) or be a scalar (got (2, 2))")):
+        make_batch(x, x, 0.0, R=10.0, y_query=[[1.0, 2.0], [3.0, 4.0]])

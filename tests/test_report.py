@@ -192,6 +192,26 @@ def test_standard_error_known_value():
     assert one["mse_vs_ols"] == 4.0 and math.isnan(one["mse_vs_ols_se"])
 
 
+def test_error_vs_truth_and_its_standard_error_are_over_the_well_posed_prompts():
+    """mse_vs_truth and mse_vs_truth_se are over the prompts where the answer, the OLS reference
+    and the truth are all finite: a sampled prompt with constant x has a truth but no least-squares
+    answer. OLS = 0, 0, 0, NaN; truth 1, 0, -1, 5; answers 1, 2, 4, 0: squared errors vs truth
+    0, 4, 25 (the fourth left out), vs OLS 1, 4, 16. Every answer is finite, so the shortcut for
+    all prompts scored must count the ill-posed one out. (A mutation review: scoring the fourth,
+    reporting mse_vs_ols_se as mse_vs_truth_se, or passing n_ok for n_scored passed every test.)"""
+    from dataclasses import replace
+
+    from icl_bench import make_batch
+    from icl_bench.bench.metrics import prediction_metrics
+
+    batch = make_batch([[0.0, 1.0, 2.0]] * 3 + [[1.0, 1.0, 1.0]], [[0.0, 1.0, 2.0]] * 4, [0.0] * 4, R=10.0)
+    batch = replace(batch, y_query_clean=torch.tensor([1.0, 0.0, -1.0, 5.0], dtype=torch.float64))
+    m = prediction_metrics(torch.tensor([1.0, 2.0, 4.0, 0.0], dtype=torch.float64), batch)
+    assert m["mse_vs_ols"] == 7.0 and m["mse_vs_truth"] == pytest.approx(29 / 3, rel=1e-14)
+    assert m["mse_vs_truth_se"] == pytest.approx(statistics.stdev([0, 4, 25]) / math.sqrt(3), rel=1e-14)
+    assert m["mse_vs_ols_se"] == pytest.approx(statistics.stdev([1, 4, 16]) / math.sqrt(3), rel=1e-14)
+
+
 def test_seeds_pool_by_the_prompts_each_scored_with_the_median_of_their_medians():
     """Three seeds of 100 prompts: 20 ill-posed in the second, 10 failed answers in the third, so
     each mean is over 100, 80, 90 prompts. The pooled mean and standard error weight each seed by

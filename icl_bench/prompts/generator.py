@@ -51,6 +51,11 @@ class Dist:
     def __post_init__(self):
         if self.dist not in DISTRIBUTIONS:
             raise ValueError(f"dist: unknown distribution {self.dist!r}; accepted: {', '.join(DISTRIBUTIONS)}")
+        for name in ("loc", "scale"):  # numbers as PromptSpec takes them (a spec keys caches): not bool or str
+            try:
+                object.__setattr__(self, name, as_real(name, getattr(self, name)))
+            except ValueError as exc:  # (an int of 400 digits raised OverflowError in isfinite)
+                raise ValueError(f"dist: {exc}") from None
         if not (math.isfinite(self.loc) and math.isfinite(self.scale)) or self.scale < 0:
             raise ValueError(f"dist: loc must be finite and scale finite and >= 0 (got loc={self.loc}, scale={self.scale})")
 
@@ -296,14 +301,14 @@ def make_batch(x, y, x_query, *, R: float, dtype="float64", device="cpu", y_quer
         raise ValueError(f"x, y: must both have shape (B, N) or (N,) (got {tuple(x.shape)} and {tuple(y.shape)})")
     if x.shape[1] < 2:
         raise ValueError(f"N: must be >= 2 (got {x.shape[1]})")
-    u = u.reshape(-1) if u.ndim else u.expand(x.shape[0])
-    if u.shape != (x.shape[0],):
+    u = u if u.ndim else u.expand(x.shape[0])
+    if u.shape != (x.shape[0],):  # (any shape of B values had been flattened into the queries)
         raise ValueError(f"x_query: must have shape ({x.shape[0]},) or be a scalar (got {tuple(u.shape)})")
     if not math.isfinite(R) or R <= 0:
         raise ValueError(f"R: must be finite and > 0 (got {R!r})")
     nan = torch.full_like(u, float("nan"))
     yq = nan if y_query is None else torch.as_tensor(y_query, dtype=torch.float64).cpu()
-    yq = yq.reshape(-1) if yq.ndim else yq.expand(x.shape[0])
+    yq = yq if yq.ndim else yq.expand(x.shape[0])
     if yq.shape != (x.shape[0],):  # a wrong length failed later, in the metrics (a review)
         raise ValueError(f"y_query: must have shape ({x.shape[0]},) or be a scalar (got {tuple(yq.shape)})")
     return _assemble(x, y, u, yq, nan, nan, nan, R=R, dtype=dtype, device=device)
