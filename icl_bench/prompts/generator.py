@@ -42,6 +42,10 @@ class Dist:
 
     normal:  N(loc, scale^2).
     uniform: U[loc, loc + scale]  (the scipy.stats location/scale convention).
+
+    Raises ValueError (one line starting "dist: ") for an unknown `dist`, a `loc` or `scale`
+    that is not a real number (a bool, a str; an int beyond float64's range), that is not
+    finite, or a negative `scale`. loc and scale are stored as Python floats.
     """
 
     dist: str = "normal"  # one of DISTRIBUTIONS
