@@ -200,6 +200,35 @@ def test_similarity_sees_layernorm_biases_the_construction_does_not_have(constru
     assert score < 0.9 and max(align["components"]["layer0.out"], align["components"]["layer1.out"]) < 0.5, align
 
 
+def test_similarity_of_a_biased_model_to_its_moved_copy_is_one(construction, tokens):
+    """A reference with LayerNorm biases (the construction's are 0) against itself moved by a
+    residual map, LN-input scales 5 and 0.2 (and their signs): the same function, so similarity 1.
+    Guards the alignment of beta (beta -> delta beta, it read 1 with beta / delta) and T's
+    normalisation (the LN-input scale only drops out of [G T_hat | beta] once T is normalised;
+    dropping it read 1 while every bias was 0): a mutation review."""
+    biased = copy.deepcopy(construction)
+    with torch.no_grad():
+        for block in biased.blocks:
+            block.ln.bias.copy_(torch.tensor([50.0, -80.0, 30.0, 60.0], dtype=block.ln.bias.dtype))
+    moved = transform(biased, sigma=[1, 0, 3, 2], delta=[2.0, -0.5, 3.0, 0.25], ln_scale=[5.0, -0.2])
+    ref = biased(tokens).detach()
+    assert torch.allclose(moved(tokens), ref, rtol=1e-7, atol=1e-7 * float(ref.abs().max()))
+    score, align = similarity(moved, biased)
+    assert score >= 0.999, align["components"]
+
+
+def test_similarity_of_the_gd_construction_without_layernorm(construction):
+    """The structured negative of docs/analysis.md: the 2-layer GD construction (no LayerNorm:
+    compared in the form G = I, C = I, beta = 0) scores 0.426 at every lr. Guards that form: with
+    C P applied to layers without LayerNorm, or G = 0 for them, every earlier test passed (a
+    mutation review)."""
+    from icl_bench.solvers.gd_lsa import build_gd_construction
+
+    for lr in (0.1, 0.8):
+        score, align = similarity(build_gd_construction(2, lr, R), construction)
+        assert score == pytest.approx(0.426, abs=0.005), align["components"]
+
+
 def test_shuffled_entries_keep_values_and_zeros_and_lose_the_similarity(construction):
     """The matched null of the seed table: each weight matrix's entries permuted, LayerNorm kept."""
     from icl_bench.analysis.similarity import shuffle_entries
@@ -335,6 +364,34 @@ def test_linear_map_fit_generalized_permutation_and_dense_map():
     assert noisy["r2"].max() < 0.9
     with pytest.raises(ConfigError):
         linear_map_fit(X[:3], Y[:3])
+
+
+def test_linear_map_fit_gp_of_a_flat_map_and_a_slot_that_is_zero():
+    """Hand-computable cases of the docstring: a flat map (one slot reading the sum of 4 columns)
+    has gp = 1/d_s = 0.25 (squared entries of the unit row; |entries| gave 0.5), and a target slot
+    identically 0 is left out (-1) while the others keep their own columns (the matching's rows
+    index live slots, not all slots: a mutation review)."""
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(400, 4, generator=gen, dtype=torch.float64)
+    X = X / X.pow(2).mean(0).sqrt()  # unit-RMS columns, as the fit scales them: W = (1, 1, 1, 1)
+    flat = linear_map_fit(X, X.sum(1, keepdim=True))
+    assert flat["gp"] == pytest.approx(0.25, abs=1e-9) and flat["r2"][0] == pytest.approx(1.0)
+    Y = torch.stack([torch.zeros(400, dtype=torch.float64), 2.0 * X[:, 3], -X[:, 1]], 1)
+    fit = linear_map_fit(X, Y)
+    assert fit["assignment"] == [-1, 3, 1] and fit["gp"] == pytest.approx(1.0)
+
+
+def test_representation_baseline_reads_the_raw_tokens_and_r2_mean_is_a_mean(construction, tokens):
+    """token_r2 is the fit from the raw tokens (x, y, R): x alone predicts x - x_bar with R^2 about
+    1 - 1/N = 0.95 at N = 20 (docs/analysis.md), not the model's 1; r2_mean is the mean of the
+    finite per-slot R^2 (a random model, whose slots differ). Neither was checked (a mutation review)."""
+    rep = representation_similarity(construction, construction, tokens)
+    assert 0.9 < rep["repr.layer0.token_r2.s0"] < 0.97 and rep["repr.layer0.r2.s0"] > 0.9999
+    rnd = representation_similarity(random_weights(construction, 3), construction, tokens)
+    for i in (0, 1):
+        r2 = [rnd[f"repr.layer{i}.r2.s{j}"] for j in range(4)]
+        assert rnd[f"repr.layer{i}.r2_mean"] == pytest.approx(np.nanmean(r2), rel=1e-12), r2
+        assert np.nanmax(r2) - np.nanmin(r2) > 0.01  # the mean differs from the max
 
 
 def test_representation_of_construction_against_itself_and_a_moved_copy(construction, tokens):

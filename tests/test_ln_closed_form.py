@@ -119,6 +119,17 @@ def test_probe_fit_reads_the_slope_and_intercept_of_a_known_line():
     assert fit.slope == pytest.approx(2.0, abs=1e-3) and fit.intercept == pytest.approx(3.0, abs=1e-2)
 
 
+def test_probe_fit_drops_rows_whose_target_is_not_finite_and_needs_three():
+    """Rows with a non-finite value are dropped (ProbeFit.n), the target's included: a NaN target
+    row that was kept made every number NaN; fewer than 3 finite rows are refused (a mutation review)."""
+    t = torch.tensor([0.0, 1.0, 2.0, math.nan, 4.0], dtype=torch.float64)
+    fit = probe_fit(torch.stack([torch.ones(5, dtype=torch.float64), 1.0 + 2.0 * t], 1), t)
+    assert fit.n == 4 and fit.slot == 1 and fit.r2 == pytest.approx(1.0) and fit.slope == pytest.approx(2.0)
+    assert fit.intercept == pytest.approx(1.0) and fit.r2_stream == pytest.approx(1.0)
+    with pytest.raises(ConfigError, match="at least 3"):
+        probe_fit(torch.tensor([[1.0], [2.0], [3.0]], dtype=torch.float64), torch.tensor([1.0, 2.0, math.inf]))
+
+
 def test_a_probe_of_values_that_overflow_when_centred_is_refused():
     """Finite values near 1e308 (a run at noise 1e308, published) overflowed when centred, and
     lstsq failed with a torch internal-assert traceback (found by a review): a ConfigError now,

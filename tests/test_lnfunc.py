@@ -75,6 +75,49 @@ def test_unfrozen_forward_is_the_model():
     assert set(stds) == {0, 1} and stds[0].shape == (16, 21)
 
 
+def test_unfrozen_forward_is_the_model_for_random_weights():
+    """The written-out LayerNorm centres its input: the construction's attention outputs already
+    have mean 0 over the residual slots, so dropping the centring passed with it, and so did
+    dropping the LayerNorm bias (0 in both models): a mutation review. A random model with biases."""
+    model = init_model(TrainConfig(R=100.0, seed=0)).double()
+    with torch.no_grad():
+        for block in model.blocks:  # LayerNorm biases too (init_model's are 0)
+            block.ln.bias.copy_(torch.linspace(-1.0, 1.0, block.ln.bias.numel(), dtype=torch.float64))
+    tokens = torch.randn(16, 21, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    tokens[..., 2] = 100.0
+    pred, _ = run_with_ln_std(model, tokens)
+    torch.testing.assert_close(pred, model(tokens).double(), rtol=1e-10, atol=1e-10)
+
+
+def test_effective_R_and_rel_mse_by_hand():
+    """effective_R = |column of R| R / max(|column of x|, |column of y|); rel_mse divides by the
+    variance of the OLS answers, not their mean square (hand-computed; a mutation review)."""
+    from icl_bench.analysis.lnfunc import _rel_mse
+
+    model = build_construction(100.0)
+    with torch.no_grad():
+        model.embed.weight.zero_()
+        model.embed.weight[0, 0], model.embed.weight[1, 1], model.embed.weight[2, 2] = 2.0, 1.0, 3.0
+    assert effective_R(model, 10.0) == pytest.approx(15.0)
+    ols = torch.tensor([1.0, 3.0], dtype=torch.float64)  # variance 2 (torch's unbiased var), mean square 5
+    assert _rel_mse(ols + 1.0, ols) == pytest.approx(0.5)
+
+
+def test_state_thresholds_at_their_edges():
+    """Each threshold of the module docstring rejects just outside it (slope 1 +- 0.05, R^2 0.9,
+    normaliser slope 0.5 +- 0.15 with R^2 0.5): slopes 1.3 and 1.04 alone left them free to move."""
+    div = {"slope": 1.0, "r2": 0.99, "r2_raw": 0.5, "freeze": 0.06}
+    none = {"slope": 0.1, "r2": 0.2, "r2_raw": 0.2, "freeze": 0.001}
+    mk = lambda a, b: {"has_layernorm": True, "rel_mse": 1e-3, **{f"ln0.{k}": v for k, v in a.items()}, **{f"ln1.{k}": v for k, v in b.items()}}  # noqa: E731
+    assert state(mk(none, {**div, "slope": 1.06})) == "neither"
+    assert state(mk(none, {**div, "slope": 0.94})) == "neither"
+    assert state(mk(none, {**div, "slope": 0.96})) == "layer-2 division"
+    assert state(mk(none, {**div, "r2": 0.85})) == "neither"
+    assert state(mk({"slope": 0.5, "r2": 0.45, "freeze": 0.01}, none)) == "neither"
+    assert state(mk({"slope": 0.7, "r2": 0.9, "freeze": 0.01}, none)) == "neither"
+    assert state(mk({"slope": 0.6, "r2": 0.55, "freeze": 0.01}, none)) == "layer-1 scale normaliser"
+
+
 def test_gd_lsa_has_no_layernorm_to_test():
     r = ln_functional(build_gd_construction(16, 0.4, 100.0), 100.0, n_prompts=512)
     assert r["has_layernorm"] is False and r["state"] == "neither"
