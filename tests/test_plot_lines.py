@@ -187,3 +187,42 @@ def test_same_setting_notes_compare_rows_of_the_same_code_and_input_files_only()
     table = table.assign(code_sha256="a", inputs_sha256=["x", "y"])
     assert same_setting_notes(add_series(table)) == []
     assert len(same_setting_notes(add_series(table.assign(inputs_sha256="x")))) == 1
+
+
+def _plot_summary(points):
+    """Summary rows (aggregate.aggregate's columns) for (series, solver, rank, N, noise, R, mean)."""
+    rows = []
+    for series, solver, rank, n, noise, r, m in points:
+        rows.append({"solver": solver, "solver_params": "{}", "N": n, "noise": noise, "R": r, "dtype": "float64",
+                     "device": "cpu", "d": 1, "ood": "none", "prompts": "", "series": series, "series_rank": rank,
+                     "n_seeds": 1, "n_prompts": 64, "mse_vs_ols": m, "mse_vs_ols_ci_low": m / 2,
+                     "mse_vs_ols_ci_high": m * 2})
+    return pd.DataFrame(rows)
+
+
+_SETTING = {"N": 10, "noise": 0.1, "R": 10.0, "dtype": "float64", "device": "cpu", "d": 1, "ood": "none"}
+
+
+def test_error_panels_put_a_nan_noise_last_and_label_only_the_first_columns_y_axis():
+    """mse_vs_n: one panel per noise, a NaN noise (CSV prompts) as the last panel "noise σ = n/a" (not
+    dropped), the y label on the first column only, the line at its means."""
+    from icl_bench.report import plots
+
+    s = _plot_summary([("gd", "gd", 0, n, noise, 10.0, n * 1e-3) for n in (10, 20) for noise in (0.1, float("nan"))])
+    fig = plots.mse_vs_n(s, _SETTING)
+    assert [ax.get_title() for ax in fig.axes] == ["noise σ = 0.1", "noise σ = n/a"]
+    assert fig.axes[0].get_ylabel() != "" and fig.axes[1].get_ylabel() == ""
+    (gd,) = fig.axes[1].get_lines()
+    np.testing.assert_allclose(gd.get_xdata(), [10, 20])
+    np.testing.assert_allclose(gd.get_ydata(), [0.01, 0.02])
+
+
+def test_error_lines_are_drawn_in_series_order():
+    """mse_vs_n draws its lines in series order (series_rank: ols before gd here), not by name, so
+    the z-order matches the legend."""
+    from icl_bench.report import plots
+
+    s = _plot_summary([(name, name, k, n, 0.1, 10.0, (k + 1) * n * 1e-3) for k, name in enumerate(["ols", "gd"])
+                  for n in (10, 20)])
+    (ax,) = plots.mse_vs_n(s, _SETTING).axes
+    assert [ln.get_label() for ln in ax.get_lines()] == ["ols", "gd"]

@@ -2043,3 +2043,141 @@ def test_rounding_twins_and_shown_fits_stay_within_their_ood_value():
                          for vs in ("R", "N") for ood, m in (("none", [1, 0.1, 0.01]), ("x-scale:10", [1, 1, 1]))])
     shown = scaling.scaling_at(fits, {**at, "ood": "x-scale:10"}, ["ols"]).iloc[0]
     assert shown["exponent vs N"].startswith("0.00") and shown["exponent vs R"].startswith("0.00"), shown.to_dict()
+
+
+def _agg_cell(**kw):
+    base = {"solver": "s", "solver_params": "{}", "N": 10, "noise": 0.1, "R": 10.0, "dtype": "float64", "device": "cpu",
+            "d": 1, "ood": "none", "prompts": "", "series": "s", "series_rank": 0, "status": "ok", "seed": 0,
+            "n_prompts": 8, "mse_vs_ols": 1.0, "mse_vs_ols_se": 0.1, "mse_vs_truth": 1.0, "mse_vs_truth_se": 0.1,
+            "prompts_per_s": 1.0, "message": "", "run": "r"}
+    return {**base, **kw}
+
+
+def test_sparsity_min_and_max_are_over_the_cells_of_a_solver_and_r():
+    """sparsity(): weight_sparsity is the mean over a solver's cells at one R, with its min and max
+    beside it (not swapped), and rows that are not ok or have no finite sparsity are left out."""
+    from icl_bench.report import aggregate as report
+
+    table = pd.DataFrame([_agg_cell(N=n, weight_sparsity=v, weight_l1=l1, status=st) for n, v, l1, st in
+                          ((5, 0.2, 1.0, "ok"), (10, 0.6, 3.0, "ok"), (20, np.nan, 9.0, "ok"), (40, 0.9, 9.0, "error"))])
+    (row,) = report.sparsity(table).to_dict("records")
+    assert row["n_cells"] == 2 and row["weight_sparsity"] == pytest.approx(0.4) and row["weight_l1"] == 2.0
+    assert (row["weight_sparsity_min"], row["weight_sparsity_max"]) == (0.2, 0.6)
+
+
+def test_a_point_with_an_ok_seed_beside_a_failed_one_is_no_failed_point():
+    """with_failed_points adds a failed (NaN) row only where a series has no ok cell at a point: a
+    point where one seed errored and another is ok is measured, and a second, failed row there
+    would break its line (and double the point)."""
+    from icl_bench.report import aggregate as report
+
+    table = pd.DataFrame([_agg_cell(N=5), _agg_cell(N=10), _agg_cell(N=10, seed=1, status="error", message="boom"),
+                          _agg_cell(N=20, status="error", message="boom")])
+    out = report.with_failed_points(report.aggregate(table), table)
+    assert sorted(zip(out["N"], out["failed"])) == [(5, False), (10, False), (20, True)]
+
+
+def test_failures_list_skipped_cells_beside_errored_ones():
+    """failures() keeps every cell whose status is not "ok": "skipped" cells as well as "error" ones."""
+    from icl_bench.report import aggregate as report
+
+    table = pd.DataFrame([_agg_cell(N=5), _agg_cell(N=10, status="skipped", message="too big"),
+                          _agg_cell(N=20, status="error", message="boom")])
+    got = report.failures(table)
+    assert list(zip(got["N"], got["status"], got["message"])) == [(10, "skipped", "too big"), (20, "error", "boom")]
+
+
+def test_mse_vs_target_pools_seeds_by_their_scored_prompts():
+    """mse_vs_target (no standard error) is pooled like mse_vs_ols: each seed's mean weighted by the
+    prompts it scored (100 and 50 here), not the plain mean of the seeds' means."""
+    from icl_bench.report import aggregate as report
+
+    table = pd.DataFrame([_agg_cell(seed=0, n_prompts=100, mse_vs_target=1.0),
+                          _agg_cell(seed=1, n_prompts=100, n_ill_posed=50, n_nonfinite_well_posed=0, n_nonfinite=50,
+                                mse_vs_target=4.0)])
+    table.loc[0, ["n_ill_posed", "n_nonfinite_well_posed", "n_nonfinite"]] = 0
+    (row,) = report.aggregate(table).to_dict("records")
+    assert row["mse_vs_target"] == pytest.approx((100 * 1.0 + 50 * 4.0) / 150, rel=1e-14)
+
+
+def test_throughput_lists_the_first_series_at_the_top_on_a_log_axis_from_one_decade():
+    """throughput: the y axis runs down (first series at the top), and the x axis is logarithmic as
+    soon as the values span a decade (docs/report.md), here 10 to 1000 prompts/s."""
+    from icl_bench.report import plots
+
+    rows = [{"solver": name, "solver_params": "{}", "N": 10, "noise": 0.1, "R": 10.0, "dtype": "float64", "device": "cpu",
+             "d": 1, "ood": "none", "prompts": "", "series": name, "series_rank": k, "status": "ok", "seed": 0,
+             "n_prompts": 8, "prompts_per_s": v} for k, (name, v) in enumerate([("gd", 10.0), ("ols", 1000.0)])]
+    (ax,) = plots.throughput(pd.DataFrame(rows)).axes
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["gd", "ols"] and ax.yaxis_inverted()
+    assert ax.get_xscale() == "log"
+
+
+def test_solvers_of_one_family_get_distinct_shades_of_its_colour():
+    """series_styles: gd and gd-lsa (one family) get two different shades, one darker and one lighter
+    than the family's tab10 blue; a lone solver of a family keeps the family colour."""
+    import seaborn as sns
+
+    from icl_bench.report import series
+
+    rows = pd.DataFrame({"series": ["gd", "gd-lsa", "ols"], "solver": ["gd", "gd-lsa", "ols"], "series_rank": range(3)})
+    st = series.series_styles(rows)
+    blue, green = sns.color_palette("tab10", 10)[0], sns.color_palette("tab10", 10)[2]
+    assert np.allclose(st["ols"]["color"], green)
+    assert sum(st["gd"]["color"]) < sum(blue) < sum(st["gd-lsa"]["color"])
+
+
+def test_each_heatmap_panel_is_on_its_own_colour_scale_centred_at_0():
+    """weight_heatmaps: every panel's colour limits are ±(its largest |entry|), the |max| its title
+    gives, so each map is on its own scale and 0 sits at the middle of the colour map."""
+    from icl_bench.report import model_plots
+    from icl_bench.solvers.transformer import Transformer, TransformerConfig
+
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(n_layers=1, n_heads=1)).double()
+    with torch.no_grad():
+        for i, p in enumerate(model.parameters()):
+            p.copy_(torch.randn_like(p) * 10.0 ** (i % 3 - 1))
+    maps = model_plots.reduced_maps(model.weight_matrices())
+    fig = model_plots.weight_heatmaps({"m": {"weights": model.weight_matrices()}})
+    panels = {ax.get_title().split("  (")[0]: ax for ax in fig.axes if ax.axison and ax.images}
+    assert set(panels) == set(maps)
+    tops = set()
+    for name, ax in panels.items():
+        top = float(np.abs(maps[name]).max())
+        lo, hi = ax.images[0].get_clim()
+        assert (lo, hi) == (-top, top), name
+        tops.add(round(top, 12))
+    assert len(tops) > 1  # (the maps do differ in scale)
+
+
+def test_probe_scatter_plots_each_statistic_against_its_own_closed_form():
+    """probe_scatter: the first panel's x values are x - x_bar, the second's y - y_bar (per prompt,
+    at the context tokens): each statistic against its own closed form, not one for both."""
+    from icl_bench.prompts.generator import PromptSpec, sample_prompts
+    from icl_bench.report import model_plots
+    from icl_bench.solvers.ln_closed_form import build_construction
+
+    tokens = sample_prompts(PromptSpec(N=8, noise=0.1, R=10.0), 16, seed=0, dtype="float64").tokens
+    model = build_construction(10.0).to(torch.float64).eval()
+    with torch.no_grad():
+        models = {"c": {"weights": model.weight_matrices(), "trace": {"tokens": tokens, **model.probe(tokens)}}}
+    fig = model_plots.probe_scatter(models)
+    x, y = tokens[:, :-1, 0].double(), tokens[:, :-1, 1].double()
+    for ax, v in zip(fig.axes[:2], (x, y)):
+        want = (v - v.mean(1, keepdim=True)).reshape(-1).numpy()
+        got = ax.collections[0].get_offsets()[:, 0]
+        assert len(got) == want.size and np.allclose(np.sort(got), np.sort(want), rtol=0, atol=1e-12)
+
+
+def test_a_flatten_readout_is_drawn_one_row_per_token():
+    """weight_heatmaps: a flatten readout (one weight per token slot) is drawn as a (tokens x d_model)
+    map, one row per token, not as a single long row."""
+    from icl_bench.report import model_plots
+    from icl_bench.solvers.transformer import Transformer, TransformerConfig
+
+    model = Transformer(TransformerConfig(n_layers=1, n_heads=1, readout="flatten", N=4))
+    d_model = model.weight_matrices()["embed.weight"].shape[0]
+    fig = model_plots.weight_heatmaps({"m": {"weights": model.weight_matrices()}})
+    (ax,) = [ax for ax in fig.axes if ax.axison and ax.get_title().startswith("readout  (")]
+    assert ax.images[0].get_array().shape == (5, d_model)
