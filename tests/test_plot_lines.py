@@ -226,3 +226,16 @@ def test_error_lines_are_drawn_in_series_order():
                   for n in (10, 20)])
     (ax,) = plots.mse_vs_n(s, _SETTING).axes
     assert [ln.get_label() for ln in ax.get_lines()] == ["ols", "gd"]
+
+
+def test_twins_are_found_across_a_nan_noise_panel():
+    """Two series with panels at noise 0.1 and NaN (generated and CSV prompts in one figure): the twin
+    check compares them point by point (it raised a TypeError under pandas 3, whose astype(str) keeps
+    NaN, so sorting the keys compared "0.1" with nan) and mse_vs_n draws both."""
+    from icl_bench.report import style
+
+    s = _plot_summary([(name, name, k, n, noise, 10.0, n * 1e-3) for k, name in enumerate(["gd", "ols"])
+                       for n in (10, 20) for noise in (0.1, float("nan"))])
+    assert style.identical_series(s, ["noise", "N"], "mse_vs_ols") == {"ols": ("gd", 0.0, False)}
+    fig = plots.mse_vs_n(s, _SETTING)
+    assert [ax.get_title() for ax in fig.axes] == ["noise σ = 0.1", "noise σ = n/a"]

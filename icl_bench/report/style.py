@@ -58,7 +58,10 @@ def identical_series(data: pd.DataFrame, keys: list[str], value: str) -> dict[st
     points = {}
     for s in order:
         d = data[data["series"] == s]
-        points[s] = dict(zip(map(tuple, d[keys].astype(str).to_numpy()), d[value].to_numpy(dtype=float)))
+        # (str per value: pandas 3 keeps NaN as NaN in astype(str), so a NaN noise (CSV prompts) beside 0.1 in two
+        # nested series made sorted() below compare a float with a str: a TypeError; found calling it directly)
+        keyed = [tuple(str(v) for v in row) for row in d[keys].to_numpy(dtype=object)]
+        points[s] = dict(zip(keyed, d[value].to_numpy(dtype=float)))
     finite = {s: int(np.isfinite(list(p.values())).sum()) for s, p in points.items()}  # points with a value
     same = {}
     for i, s in enumerate(order):
