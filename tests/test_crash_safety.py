@@ -2,6 +2,7 @@
 recomputing only the cells it had not finished; nothing half-written is ever merged."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sqlite3
@@ -15,7 +16,7 @@ import pytest
 import tomli_w
 
 from icl_bench.bench import store
-from icl_bench.bench.cache import CellCache
+from icl_bench.bench.cache import CellCache, cache_key
 from icl_bench.bench.cells import expand_cells
 from icl_bench.bench.config import parse_config
 from icl_bench.bench.runner import run_matrix
@@ -89,7 +90,7 @@ def test_sigkill_mid_run_then_resume_recomputes_only_unfinished_cells(tmp_path):
 KILL_AFTER_THIRD_CELL = """
 import os, signal, sys
 from icl_bench.bench import store
-from icl_bench.bench.cache import CellCache
+from icl_bench.bench.cache import CellCache, cache_key
 real, calls = store.CellStore.put, []
 def put(self, key, row):
     real(self, key, row)
@@ -487,3 +488,115 @@ def test_the_cache_serves_no_row_whose_crc_fails_and_default_timing_keeps_plain_
         assert cache.get(["k"]) == {}
     finally:
         cache.close()
+
+
+def test_a_full_disk_is_an_oserror_with_enospc_naming_the_store(tmp_path, monkeypatch):
+    # guards _write: a full disk is ENOSPC (not a generic EIO) on the store's path, for callers of the API
+    connect = sqlite3.connect
+    monkeypatch.setattr(store.sqlite3, "connect", lambda *a, **k: _FullDisk(connect(*a, **k), fail_after=0))
+    with store.CellStore(tmp_path / "o", ("x", "status"), resume=False) as db:
+        with pytest.raises(OSError) as err:
+            db.put("k", {"x": 1.0, "status": "ok"})
+    assert (err.value.errno, err.value.filename) == (errno.ENOSPC, str(tmp_path / "o" / "cells.sqlite"))
+
+
+def test_a_store_or_cache_of_an_older_schema_gains_the_new_columns_and_misses(tmp_path):
+    # guards the ALTER TABLE of both: a file written with fewer result columns is read (its rows fail
+    # the CRC: recomputed / a miss), not a "no such column" error, and takes new rows
+    old, new = ("x", "status"), ("x", "y", "status")
+    with store.CellStore(tmp_path / "o", old, resume=False) as db:
+        db.put("k", {"x": 1.0, "status": "ok"})
+    cache = CellCache(tmp_path / "cache", old)
+    cache.put("k", {"x": 1.0, "status": "ok"})
+    cache.close()
+    with store.CellStore(tmp_path / "o", new, resume=True) as db:
+        assert db.load() == {}
+        db.put("k2", {"x": 2.0, "y": 3.0, "status": "ok"})
+        assert db.load() == {"k2": {"x": 2.0, "y": 3.0, "status": "ok"}}
+    cache = CellCache(tmp_path / "cache", new)
+    try:
+        assert cache.get(["k"]) == {}
+        cache.put("k", {"x": 2.0, "y": 3.0, "status": "ok"})
+        assert cache.get(["k"]) == {"k": {"x": 2.0, "y": 3.0, "status": "ok"}}
+    finally:
+        cache.close()
+
+
+def test_a_config_json_of_another_shape_reads_as_another_config(tmp_path):
+    # guards prepare's except (AttributeError): same_matrix on a config.json whose grid is not a table
+    # raised a traceback instead of the one-line refusal
+    from icl_bench.bench.cells import same_matrix
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text('{"grid": "oops", "solvers": {}}')
+    with pytest.raises(ConfigError, match=r"^--resume: .* holds a run of another config"):
+        store.prepare(out, resume=True, config_json='{"grid": {"N": [4]}, "solvers": {}}', same=same_matrix)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"]
+
+
+@pytest.mark.parametrize("doc", ["not json", "[1]"])
+def test_an_unreadable_first_session_leaves_the_refusal_without_its_command(tmp_path, doc):
+    # guards _first_command's except (ValueError, AttributeError): a damaged session record may not
+    # turn the "another config" refusal into a traceback; the hint is left out
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text('{"seed": 1}')
+    with sqlite3.connect(out / "cells.sqlite") as db:
+        db.execute("CREATE TABLE sessions (n INTEGER PRIMARY KEY, doc TEXT NOT NULL)")
+        db.execute("INSERT INTO sessions (doc) VALUES (?)", (doc,))
+    db.close()
+    with pytest.raises(ConfigError, match=r"holds a run of another config .* or choose another --out$"):
+        store.prepare(out, resume=True, config_json='{"seed": 2}')
+
+
+def test_an_old_table_with_several_data_digests_is_not_a_digest_to_compare(tmp_path):
+    # guards _table_digest: a folder from before config.json kept the digest, whose table mixes two
+    # digests, has no known digest ("": resumed, config.json upgraded); one digest is compared
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text('{"seed": 1}')
+    new = json.dumps({"seed": 1, store.DATA_KEY: "c" * 64})
+    pd.DataFrame({"data_sha256": ["a" * 64, "b" * 64]}).to_parquet(out / "results.parquet")
+    store.prepare(out, resume=True, config_json=new).close()
+    assert json.loads((out / "config.json").read_text())[store.DATA_KEY] == "c" * 64
+    (out / "config.json").write_text('{"seed": 1}')
+    pd.DataFrame({"data_sha256": ["a" * 64, "a" * 64]}).to_parquet(out / "results.parquet")
+    with pytest.raises(ConfigError, match=r"^data\.path: the bytes of the CSV file changed .*its cells used aaaaaaaaaaaa"):
+        store.prepare(out, resume=True, config_json=new)
+
+
+def test_a_cache_key_is_tagged_for_every_thread_count_but_one():
+    # guards cache_key: threads = 0 (torch's own count) is not the default 1, so its rows get a key of their own
+    assert cache_key("K", threads=0, exclusive=False) == "K|threads=0"
+    assert cache_key("K", threads=1, exclusive=True) == "K|exclusive"
+
+
+def test_the_cache_stores_and_serves_ok_rows_only(tmp_path):
+    # guards put's and get's status checks: an error row is not stored, and a valid-CRC error row
+    # in the file (an older version, another writer) is not served
+    cache = CellCache(tmp_path / "cache", ("x", "status"))
+    try:
+        cache.put("e", {"x": 1.0, "status": "error"})
+        with sqlite3.connect(tmp_path / "cache" / "cells.sqlite") as db:
+            assert db.execute("SELECT count(*) FROM cells").fetchone() == (0,)
+            db.execute("INSERT INTO cells VALUES (?, ?, ?, ?)", ("e", 1.0, "error", store._checksum("e", [1.0, "error"])))
+        db.close()
+        assert cache.get(["e"]) == {}
+    finally:
+        cache.close()
+
+
+def test_a_foreign_cells_table_is_not_used_as_a_cache_and_left_as_it_is(tmp_path):
+    # guards CellCache's key/crc check: a database of someone else's with a `cells` table is refused, unchanged
+    (tmp_path / "cache").mkdir()
+    with sqlite3.connect(tmp_path / "cache" / "cells.sqlite") as db:
+        db.execute("CREATE TABLE cells (a, b)")
+        db.execute("INSERT INTO cells VALUES (1, 2)")
+    db.close()
+    before = (tmp_path / "cache" / "cells.sqlite").read_bytes()
+    with pytest.raises(ConfigError, match=r"^--cache: cannot use .* as a cell cache \(its table 'cells' is not a cell "
+                                          r"cache's \(columns: a, b\)\)$"):
+        CellCache(tmp_path / "cache", ("x", "status"))
+    assert (tmp_path / "cache" / "cells.sqlite").read_bytes() == before
+

@@ -295,6 +295,32 @@ def test_runs_over_other_data_or_checkpoints_for_a_cell_and_seed_are_refused(tmp
     assert len(report.load_runs([tmp_path / "c1", tmp_path / "old"])[0]) == 2  # an older run: not compared
 
 
+def _one_cell_twice(**cols):
+    """Result rows of one gd cell (steps=2) at N = 4 and 8, seed 0, from runs a and b; `cols`: per-run values."""
+    base = {"solver": "gd", "solver_params": '{"steps": 2}', "noise": 0.1, "R": 10.0, "dtype": "float64",
+            "device": "cpu", "d": 1, "ood": "none", "prompts": "", "seed": 0, "status": "ok", "n_prompts": 16,
+            "data_sha256": "", "inputs_sha256": "", "code_sha256": ""}
+    return pd.DataFrame([{**base, "N": n, "run": run, **{k: v[i] for k, v in cols.items()}}
+                         for n in (4, 8) for i, run in enumerate("ab")])
+
+
+def test_repeats_of_several_cells_name_the_first_its_parameters_and_the_count():
+    # guards check_repeats' message: the solver's parameters are named, and "one of 2 such cells"
+    from icl_bench.report.load import check_repeats
+
+    with pytest.raises(ConfigError, match=r'^RUN_DIR: gd \{"steps": 2\} N=4 noise=0.1 R=10 float64 cpu seed=0 has '
+                                          r"n_prompts 16 in a, 32 in b \(one of 2 such cells\): another n_prompts"):
+        check_repeats(_one_cell_twice(n_prompts=[16, 32]))
+
+
+def test_rows_that_are_not_ok_are_not_compared_as_repeats():
+    # guards check_repeats' ok filter: error / skipped rows (no numbers to pool) of other code or n_prompts pass
+    from icl_bench.report.load import check_repeats
+
+    check_repeats(_one_cell_twice(status=["error", "error"], n_prompts=[16, 32], code_sha256=["1" * 64, "2" * 64]))
+    check_repeats(_one_cell_twice(status=["ok", "skipped"], n_prompts=[16, 32]))
+
+
 def test_runs_without_standard_errors_get_nan_intervals(run_dir, tmp_path):
     from icl_bench.report import aggregate as report
 
@@ -1400,6 +1426,14 @@ def test_a_run_folder_without_metadata_json_is_published_with_a_note(run_dir, pu
     assert not any("no metadata.json" in n for n in json.loads((published / "publish.json").read_text())["notes"])
 
 
+def test_only_a_missing_metadata_json_makes_an_unfinished_note():
+    # guards unfinished_notes' `meta is None`: an empty metadata object is still the finished mark
+    from icl_bench.report.load import unfinished_notes
+
+    (note,) = unfinished_notes({"a": {}, "b": None})
+    assert note.startswith("run b: no metadata.json")
+
+
 def test_names_in_notes_are_escaped_for_markdown(run_dir, tmp_path, monkeypatch):
     """A plugin named `<!-- headline:end -->` read "Warning: : no finite prediction" on GitHub (its name
     hidden as an HTML comment) and `<b>` rendered bold: the notes' text is escaped in headline.md and
@@ -1458,6 +1492,20 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, run_dir
     expect = {"missing": "is not a folder", "no-parquet": "has no results.parquet", "corrupt": "cannot be read",
               "bad-at": "R=7 has no ok cells; accepted: 10.0, 100.0", "bad-at-form": "expected AXIS=VALUE"}[case]
     assert expect in err
+
+
+@pytest.mark.parametrize("how", ["no-column", "no-rows"])
+def test_a_table_without_a_required_column_or_rows_is_refused_by_name(run_dir, tmp_path, how):
+    # guards load_run's column and row checks: one line naming what is missing, not a failure further on
+    from icl_bench.report.load import load_run
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    t = pd.read_parquet(run_dir / "results.parquet")
+    (t.drop(columns=["weight_l1", "message"]) if how == "no-column" else t.iloc[:0]).to_parquet(bad / "results.parquet")
+    expect = "lacks the columns weight_l1, message" if how == "no-column" else "has no rows"
+    with pytest.raises(ConfigError, match=rf"^RUN_DIR: {bad / 'results.parquet'} {expect}$"):
+        load_run(bad)
 
 
 def test_at_values_are_read_in_the_type_of_their_axis():

@@ -2,13 +2,14 @@
 run beside another one) is labelled in the published report: a note with the count and where, and
 the throughput plot's caption (docs/design.md §10, docs/scale-out.md "Honest timing")."""
 import numpy as np
+import pandas as pd
 import pytest
 
 from icl_bench.bench.config import parse_config
 from icl_bench.bench.runner import run_matrix
 from icl_bench.report import aggregate as report
 from icl_bench.report import plots
-from icl_bench.report.load import shared_timing_notes
+from icl_bench.report.load import shared_timing, shared_timing_notes
 
 RAW = {"seed": 0, "n_prompts": 32, "batch_size": 32, "timing": {"repeats": 1},
        "grid": {"N": [4, 8], "noise": [0.1], "R": [10.0], "dtype": ["float64"]},
@@ -36,3 +37,9 @@ def test_throughput_timed_beside_other_cells_is_labelled(table):
     assert "timed while" not in _caption(plots.throughput(table))
     pd_mixed, pd_alone = report.aggregate(shared), report.aggregate(table)  # the numbers stay: only labelled
     assert (pd_mixed.prompts_per_s == pd_alone.prompts_per_s).all()
+
+
+def test_only_ok_rows_count_as_timed_beside_other_cells():
+    # guards shared_timing's status test: an error or a skip has no throughput to understate
+    rows = pd.DataFrame({"status": ["ok", "error", "skipped", "ok"], "concurrency": [2.0, 2.0, 3.0, 1.0]})
+    assert shared_timing(rows).tolist() == [True, False, False, False]

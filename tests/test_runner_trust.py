@@ -521,6 +521,33 @@ def test_bad_cache_or_out_paths_write_nothing(tmp_path, capsys):
     assert _snapshot(tmp_path / "run") == before  # ... is not a cache: its store is left as it was
 
 
+@pytest.mark.parametrize("name", ["config.json", ".icl-bench.lock", "metadata.json"])
+def test_a_folder_with_any_run_file_is_not_a_cache(tmp_path, name):
+    # guards check_path's run_files: a run folder copied without its config.json still holds a run's store
+    from icl_bench.bench.cache import CellCache
+    from icl_bench.errors import ConfigError
+
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / name).write_text("{}")
+    with pytest.raises(ConfigError, match=rf"^--cache: .* is a run folder or inside one \({name}\)"):
+        CellCache.check_path(tmp_path / "c")
+
+
+def test_a_cache_that_cannot_be_created_is_refused_by_its_path_check(tmp_path, monkeypatch):
+    # guards check_path's os.access: an unwritable nearest folder is refused before --out is made
+    import os
+
+    from icl_bench.bench.cache import CellCache
+    from icl_bench.errors import ConfigError
+
+    (tmp_path / "ro").mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, m, **k: False if str(p) == str(tmp_path / "ro") else real(p, m, **k))
+    with pytest.raises(ConfigError, match=r"^--cache: cannot create a cell cache in .*ro/a/cache \(.*ro is not a writable folder\)$"):
+        CellCache.check_path(tmp_path / "ro" / "a" / "cache")
+    CellCache.check_path(tmp_path / "ok" / "cache")  # a writable one passes
+
+
 @pytest.mark.parametrize("damage", ["foreign-table", "config-not-an-object", "config-nested-too-deep",
                                     "config-empty", "config-null", "results-is-a-folder"])
 def test_resume_into_a_damaged_folder_is_one_line_and_changes_nothing(tmp_path, capsys, damage):
