@@ -600,3 +600,48 @@ def test_a_foreign_cells_table_is_not_used_as_a_cache_and_left_as_it_is(tmp_path
         CellCache(tmp_path / "cache", ("x", "status"))
     assert (tmp_path / "cache" / "cells.sqlite").read_bytes() == before
 
+
+def test_a_numpy_or_torch_bool_in_a_row_loads_back(tmp_path):
+    """_plain stores a bool as an int (SQLite's own form), and a numpy or torch bool too: .item()
+    gave a Python bool, stored as 1 but checksummed as True, so the row failed its check and was
+    recomputed at every --resume (a mutation review)."""
+    import numpy as np
+    import torch
+
+    out = tmp_path / "o"
+    with store.CellStore(out, ("flag", "status"), resume=False) as db:
+        for key, flag in (("py", True), ("np", np.bool_(True)), ("torch", torch.tensor(False))):
+            db.put(key, {"flag": flag, "status": "ok"})
+    with store.CellStore(out, ("flag", "status"), resume=True) as db:
+        rows = db.load()
+    assert {k: r["flag"] for k, r in rows.items()} == {"py": 1, "np": 1, "torch": 0}
+
+
+def test_a_refused_resume_leaves_config_json_as_it_was(tmp_path):
+    """A --resume whose config equals the run's but is written otherwise (a grid list reordered:
+    config.json is rewritten to the new form) into a folder whose cells.sqlite is not a cell
+    store's is refused, and changes nothing: config.json was rewritten before the store was
+    checked (a mutation review). A new run writes config.json before its store (kept resumable)."""
+    raw = {"seed": 0, "n_prompts": 16, "batch_size": 16, "timing": {"repeats": 1},
+           "grid": {"N": [4, 6], "R": [10.0], "dtype": ["float64"]}, "solvers": {"ols": {}}}
+    out = tmp_path / "run"
+    run_matrix(parse_config(raw), out, progress=False)
+    (out / "cells.sqlite").unlink()
+    with sqlite3.connect(out / "cells.sqlite") as db:
+        db.execute("CREATE TABLE cells (key TEXT PRIMARY KEY, foo)")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ConfigError, match="is not a cell store's"):
+        run_matrix(parse_config({**raw, "grid": {**raw["grid"], "N": [6, 4]}}), out, resume=True, progress=False)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_new_run_writes_config_json_before_its_store(tmp_path, monkeypatch):
+    """A new run's config.json is written before cells.sqlite is opened, so a run killed at any
+    point after its folder was made has the config --resume reads."""
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store.sqlite3, "connect", killed)
+    with pytest.raises(KeyboardInterrupt):
+        store.CellStore(tmp_path / "o", ("status",), resume=False, config_json='{"seed": 0}')
+    assert (tmp_path / "o" / "config.json").read_text() == '{"seed": 0}'

@@ -112,7 +112,10 @@ class CellStore:
 
     def __init__(self, out: str | Path, columns, *, resume: bool, config_json: str | None = None, same=None):
         self.out, self.columns = Path(out), tuple(columns)
-        self._lock = prepare(self.out, resume=resume, config_json=config_json, same=same)
+        self._lock, write_config = _prepare(self.out, resume=resume, config_json=config_json, same=same)
+        if write_config and not resume:  # a new run: nothing below refuses it, and a config.json written
+            self._write_config(config_json)  # before the store keeps a run killed at any point resumable
+            write_config = False
         try:
             self._db = sqlite3.connect(self.out / STORE_NAME, isolation_level=None, check_same_thread=False)
             have = [r[1] for r in self._db.execute("PRAGMA table_info(cells)")]
@@ -131,8 +134,18 @@ class CellStore:
         except sqlite3.Error as exc:
             self.close()
             raise _refusal(exc, "--out", self.out / STORE_NAME, f"cannot use {self.out / STORE_NAME} as a cell store") from None
+        if write_config:  # --resume: only once the store is accepted (a refusal leaves config.json as it was)
+            self._write_config(config_json)
         self._insert = (f"INSERT OR REPLACE INTO cells (key, {cols}, crc) "
                         f"VALUES ({', '.join('?' * (len(self.columns) + 2))})")
+
+    def _write_config(self, config_json: str) -> None:
+        """config.json written atomically; on failure (a full disk) the store is closed and its lock let go."""
+        try:
+            write_atomic(self.out / CONFIG_NAME, config_json.encode())
+        except BaseException:
+            self.close()
+            raise
 
     def open_session(self, doc: dict) -> int:
         """Record a session of this run as it starts (table `sessions`: a JSON document per run or
@@ -228,12 +241,21 @@ def _plain(v):
     if isinstance(v, bool):
         return int(v)  # SQLite reads it back as an int
     if hasattr(v, "item") and not isinstance(v, (str, bytes)):
-        return v.item()
+        return _plain(v.item())  # (a numpy / torch bool gives a bool: stored as an int, as above)
     return v
 
 
 def prepare(out: Path, *, resume: bool, config_json: str | None, same=None):
-    """Check / create the run folder and lock it for this process; returns the open lock file.
+    """_prepare, then config.json written (new, or rewritten to the new form) at once; returns the lock."""
+    lock, write_config = _prepare(out, resume=resume, config_json=config_json, same=same)
+    if write_config:
+        write_atomic(out / CONFIG_NAME, config_json.encode())
+    return lock
+
+
+def _prepare(out: Path, *, resume: bool, config_json: str | None, same=None):
+    """Check / create the run folder and lock it for this process; returns (the open lock file, whether
+    config_json is to be written to config.json: new, or rewritten to the new form).
 
     A --resume into a folder whose config.json differs (by `same(saved, new)`, default ==; an
     equal-by-`same` config.json is rewritten to the new form), that has none (not a run folder),
@@ -304,9 +326,7 @@ def prepare(out: Path, *, resume: bool, config_json: str | None, same=None):
     for name in FINAL_FILES + (CONFIG_NAME,):  # temp files of a killed writer (we hold the lock: none is live)
         for tmp in out.glob(f".{name}.*{TMP_SUFFIX}"):
             tmp.unlink(missing_ok=True)
-    if config_json is not None and (rewrite or not saved.is_file()):
-        write_atomic(saved, config_json.encode())
-    return lock
+    return lock, config_json is not None and (rewrite or not saved.is_file())
 
 
 def _table_digest(out: Path) -> str:
