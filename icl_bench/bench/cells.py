@@ -12,8 +12,7 @@ import hashlib
 import itertools
 import json
 import math
-from dataclasses import asdict, dataclass
-from dataclasses import fields as dataclass_fields
+from dataclasses import asdict, dataclass, fields as dataclass_fields
 from functools import lru_cache
 
 from icl_bench.bench.axes import AXES

@@ -115,7 +115,6 @@ class CellStore:
         self._lock, write_config = _prepare(self.out, resume=resume, config_json=config_json, same=same)
         if write_config and not resume:  # a new run: nothing below refuses it, and a config.json written
             self._write_config(config_json)  # before the store keeps a run killed at any point resumable
-            write_config = False
         try:
             self._db = sqlite3.connect(self.out / STORE_NAME, isolation_level=None, check_same_thread=False)
             have = [r[1] for r in self._db.execute("PRAGMA table_info(cells)")]
@@ -134,7 +133,7 @@ class CellStore:
         except sqlite3.Error as exc:
             self.close()
             raise _refusal(exc, "--out", self.out / STORE_NAME, f"cannot use {self.out / STORE_NAME} as a cell store") from None
-        if write_config:  # --resume: only once the store is accepted (a refusal leaves config.json as it was)
+        if write_config and resume:  # only once the store is accepted (a refusal leaves config.json as it was)
             self._write_config(config_json)
         self._insert = (f"INSERT OR REPLACE INTO cells (key, {cols}, crc) "
                         f"VALUES ({', '.join('?' * (len(self.columns) + 2))})")
